@@ -1,0 +1,76 @@
+#include "cli/options.h"
+
+#include <fstream>
+#include <iostream>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+po::options_description common_options() {
+  po::options_description d("Common options");
+  d.add_options()
+      ("config", po::value<std::string>(), "read options from an .ini file (key = value lines)")
+      ("model", po::value<std::string>()->default_value("gpt2-tiny"), "model preset (see `dawnpiper graph --list`)")
+      ("seed", po::value<uint64_t>()->default_value(42), "seed for parameters, data and dropout")
+      ("micro-batch-size", po::value<int64_t>()->default_value(4), "samples per micro-batch")
+      ("micro-batches", po::value<int64_t>()->default_value(4), "micro-batches per step (mini-batch = size x count)")
+      ("device", po::value<std::string>()->default_value("cpu"), "cpu | cuda")
+      ("device-memory", po::value<std::string>(), "device memory capacity per rank, e.g. 512MiB, 40GiB (CPU: enforced by the counting allocator)")
+      ("quiet", po::bool_switch(), "print only errors and the final summary");
+  return d;
+}
+
+po::options_description model_override_options() {
+  po::options_description d("Model overrides (change a preset)");
+  d.add_options()
+      ("layers", po::value<std::string>(), "transformer layers / AmoebaNet normal cells per stack / MLP layers")
+      ("decoder-layers", po::value<std::string>(), "T5 decoder layers")
+      ("hidden", po::value<std::string>(), "hidden width (AmoebaNet: filters)")
+      ("heads", po::value<std::string>(), "attention heads")
+      ("ffn", po::value<std::string>(), "feed-forward width")
+      ("vocab", po::value<std::string>(), "vocabulary size")
+      ("seq-len", po::value<std::string>(), "sequence length")
+      ("image-size", po::value<std::string>(), "image side (multiple of 32)")
+      ("classes", po::value<std::string>(), "output classes")
+      ("in-features", po::value<std::string>(), "MLP input width")
+      ("dropout", po::value<std::string>(), "dropout probability");
+  return d;
+}
+
+bool parse_options(int argc, char** argv, const std::string& subcommand, const std::string& summary,
+                   const po::options_description& options, po::variables_map& vm) {
+  po::options_description all;
+  all.add_options()("help,h", "show this help");
+  all.add(options);
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: dawnpiper " << subcommand << " [options]\n" << summary << "\n\n" << all << "\n";
+      return false;
+    }
+    if (vm.count("config")) {
+      const std::string path = vm["config"].as<std::string>();
+      std::ifstream in(path);
+      if (!in) throw ConfigError("cannot read config file '" + path + "'");
+      po::store(po::parse_config_file(in, all), vm);
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw ConfigError(std::string(e.what()) + " (see `dawnpiper " + subcommand + " --help`)");
+  }
+  return true;
+}
+
+ModelConfig model_config_from(const po::variables_map& vm) {
+  ModelConfig c = preset_config(vm["model"].as<std::string>());
+  const po::options_description overrides = model_override_options();
+  for (const auto& opt : overrides.options()) {
+    const std::string key = opt->long_name();
+    if (vm.count(key)) apply_override(c, key, vm[key].as<std::string>());
+  }
+  check_config(c);
+  return c;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,30 @@
+#pragma once
+// Command-line and .ini options shared by the subcommands (Boost.Program_options). Every option
+// can be given on the command line or in the --config file (same names, "key = value" lines);
+// the command line wins.
+#include <string>
+
+#include <boost/program_options.hpp>
+
+#include "models/model_config.h"
+
+namespace dawnpiper {
+
+namespace po = boost::program_options;
+
+// --config --model --seed --micro-batch-size --micro-batches --device --device-memory --quiet
+po::options_description common_options();
+// --layers --decoder-layers --hidden --heads --ffn --vocab --seq-len --image-size --classes
+// --in-features --dropout
+po::options_description model_override_options();
+
+// Parses argv (after the subcommand) against `options` plus --help, then the --config file if
+// given. Returns false if --help was printed (the caller exits 0). Bad options, unreadable
+// config files: ConfigError.
+bool parse_options(int argc, char** argv, const std::string& subcommand, const std::string& summary,
+                   const po::options_description& options, po::variables_map& vm);
+
+// The model preset from --model with the override options applied and checked.
+ModelConfig model_config_from(const po::variables_map& vm);
+
+}  // namespace dawnpiper

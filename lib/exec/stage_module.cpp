@@ -1,0 +1,251 @@
+#include "exec/stage_module.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <stdexcept>
+
+namespace dawnpiper {
+
+uint64_t mix_seed(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ULL * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+namespace {
+
+at::Tensor init_param(const ParamSpec& spec, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  at::Tensor t = at::empty(spec.shape, at::kFloat);
+  switch (spec.init) {
+    case Init::Normal: t.normal_(0.0, spec.scale, gen); break;
+    case Init::Uniform: t.uniform_(-spec.scale, spec.scale, gen); break;
+    case Init::Zeros: t.zero_(); break;
+    case Init::Ones: t.fill_(1.0); break;
+  }
+  return t;
+}
+
+// T5's bucketing of relative positions (memory - query) into `buckets` buckets.
+int64_t t5_bucket(int64_t relative, bool bidirectional, int64_t buckets, int64_t max_distance) {
+  int64_t ret = 0;
+  int64_t n = 0;
+  if (bidirectional) {
+    buckets /= 2;
+    if (relative > 0) ret += buckets;
+    n = std::abs(relative);
+  } else {
+    n = std::max<int64_t>(-relative, 0);
+  }
+  const int64_t max_exact = buckets / 2;
+  if (n < max_exact) return ret + n;
+  double large = static_cast<double>(max_exact) +
+                 std::log(static_cast<double>(n) / max_exact) /
+                     std::log(static_cast<double>(max_distance) / max_exact) *
+                     static_cast<double>(buckets - max_exact);
+  return ret + std::min<int64_t>(static_cast<int64_t>(large), buckets - 1);
+}
+
+}  // namespace
+
+StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed, at::Device device)
+    : graph_(&graph), begin_(begin), end_(end), seed_(seed), device_(device) {
+  if (begin < 0 || end > graph.size() || begin >= end)
+    throw std::logic_error("bad stage range [" + std::to_string(begin) + ", " +
+                           std::to_string(end) + ")");
+  // Parameters: owned ones, and tied ones whose owner lies outside the range (held as a copy
+  // with the owner's initial values; the runtime keeps copies in sync).
+  for (int n = begin; n < end; ++n) {
+    const Node& node = graph.nodes[n];
+    for (int i = 0; i < static_cast<int>(node.params.size()); ++i) {
+      const ParamSpec& spec = node.params[i];
+      int owner = spec.tied() ? spec.tied_node : n;
+      int owner_index = spec.tied() ? spec.tied_param : i;
+      auto key = std::make_pair(owner, owner_index);
+      if (param_index_.count(key)) continue;
+      const ParamSpec& owner_spec = graph.nodes[owner].params[owner_index];
+      StageParameter p;
+      p.name = graph.nodes[owner].name + "." + owner_spec.name;
+      p.node = owner;
+      p.index = owner_index;
+      p.tensor = init_param(owner_spec, mix_seed(mix_seed(seed, owner), owner_index))
+                     .to(device)
+                     .set_requires_grad(true);
+      param_index_[key] = static_cast<int>(params_.size());
+      params_.push_back(std::move(p));
+    }
+  }
+  // External inputs, outputs and release points.
+  std::set<int> external;
+  release_after_.assign(end - begin, {});
+  for (int n = begin; n < end; ++n)
+    for (int t : graph.nodes[n].inputs)
+      if (graph.tensor(t).producer < begin || graph.is_data(t)) external.insert(t);
+  external_inputs_.assign(external.begin(), external.end());
+  for (const TensorInfo& t : graph.tensors) {
+    bool produced_here = t.producer >= begin && t.producer < end;
+    if (!produced_here && !external.count(t.id)) continue;
+    int last_local = -1;
+    bool read_later = false;
+    for (int c : t.consumers) {
+      if (c >= begin && c < end) last_local = std::max(last_local, c);
+      if (c >= end) read_later = true;
+    }
+    if (produced_here && read_later && !graph.is_data(t.id)) {
+      outputs_.push_back(t.id);
+      continue;
+    }
+    if (produced_here && t.consumers.empty()) continue;  // the loss: the caller reads it
+    if (last_local >= 0) release_after_[last_local - begin].push_back(t.id);
+  }
+}
+
+int64_t StageModule::parameter_count() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.tensor.numel();
+  return n;
+}
+
+at::Tensor StageModule::param(int node, int index) const {
+  const ParamSpec& spec = graph_->nodes[node].params[index];
+  auto key = spec.tied() ? std::make_pair(spec.tied_node, spec.tied_param) : std::make_pair(node, index);
+  return params_[param_index_.at(key)].tensor;
+}
+
+at::Tensor StageModule::causal_mask(int64_t size) const {
+  auto it = causal_masks_.find(size);
+  if (it != causal_masks_.end()) return it->second;
+  at::Tensor m = at::ones({size, size}, at::TensorOptions().dtype(at::kBool)).triu(1).to(device_);
+  causal_masks_[size] = m;
+  return m;
+}
+
+at::Tensor StageModule::relative_buckets(const Node& node, int64_t sq, int64_t sk) const {
+  const int64_t buckets = node.attr_int("buckets", 32);
+  const int64_t max_distance = node.attr_int("max_distance", 128);
+  const bool bidirectional = node.attr_int("bidirectional", 1) != 0;
+  std::vector<int64_t> key{sq, sk, buckets, max_distance, bidirectional ? 1 : 0};
+  auto it = bucket_cache_.find(key);
+  if (it != bucket_cache_.end()) return it->second;
+  std::vector<int64_t> ids(sq * sk);
+  for (int64_t q = 0; q < sq; ++q)
+    for (int64_t k = 0; k < sk; ++k)
+      ids[q * sk + k] = t5_bucket(k - q, bidirectional, buckets, max_distance);
+  at::Tensor t = at::tensor(ids, at::kLong).view({sq, sk}).to(device_);
+  bucket_cache_[key] = t;
+  return t;
+}
+
+void StageModule::forward(TensorEnv& env, const RunContext& ctx) const {
+  for (int t : external_inputs_)
+    if (!env.at(t).defined())
+      throw std::logic_error("stage input " + graph_->tensor(t).name + " was not provided");
+  for (int n = begin_; n < end_; ++n) {
+    run_node(n, env, ctx);
+    for (int t : release_after_[n - begin_]) env[t] = at::Tensor();
+  }
+}
+
+void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
+  const Node& node = graph_->nodes[n];
+  auto in = [&](size_t i) -> const at::Tensor& { return env[node.inputs.at(i)]; };
+  at::Tensor out;
+  switch (node.kind) {
+    case OpKind::Input:  // the data loader filled env (external_inputs() lists what is read)
+      return;
+    case OpKind::Embedding: out = at::embedding(param(n, 0), in(0)); break;
+    case OpKind::PosEmbedding: out = param(n, 0).narrow(0, 0, in(0).size(1)); break;
+    case OpKind::Linear:
+      out = at::linear(in(0), param(n, 0), node.params.size() > 1 ? param(n, 1) : at::Tensor());
+      break;
+    case OpKind::LayerNorm:
+      out = at::layer_norm(in(0), {in(0).size(-1)}, param(n, 0), param(n, 1),
+                           node.attr_real("eps", 1e-5));
+      break;
+    case OpKind::RMSNorm: {
+      at::Tensor x = in(0);
+      out = x * at::rsqrt(x.pow(2).mean(-1, true) + node.attr_real("eps", 1e-6)) * param(n, 0);
+      break;
+    }
+    case OpKind::Gelu: out = at::gelu(in(0)); break;
+    case OpKind::Relu: out = at::relu(in(0)); break;
+    case OpKind::Tanh: out = at::tanh(in(0)); break;
+    case OpKind::Dropout: {
+      const double p = node.attr_real("p", 0.1);
+      uint64_t s = mix_seed(mix_seed(mix_seed(seed_, 0x5eed0000ULL + n), ctx.step), ctx.micro_batch);
+      at::Generator gen = at::detail::createCPUGenerator(s);
+      // Drawn on the CPU so every device and every schedule sees the same mask.
+      at::Tensor keep = at::empty(in(0).sizes(), at::kFloat).bernoulli_(1.0 - p, gen).to(at::kBool);
+      out = at::mul(in(0), keep.to(device_)) * (1.0 / (1.0 - p));
+      break;
+    }
+    case OpKind::Reshape: out = in(0).reshape(node.attr_ints("shape")); break;
+    case OpKind::Transpose: out = in(0).permute(node.attr_ints("dims")); break;
+    case OpKind::MatMul: out = at::matmul(in(0), in(1)); break;
+    case OpKind::Scale: out = in(0) * node.attr_real("factor", 1.0); break;
+    case OpKind::CausalMask:
+      out = in(0).masked_fill(causal_mask(in(0).size(-1)), -std::numeric_limits<float>::infinity());
+      break;
+    case OpKind::Softmax: out = at::softmax(in(0), -1); break;
+    case OpKind::Add:
+      out = in(0) + in(1);
+      for (size_t i = 2; i < node.inputs.size(); ++i) out = out + in(i);
+      break;
+    case OpKind::Mul: out = at::mul(in(0), in(1)); break;
+    case OpKind::Sub: out = at::sub(in(0), in(1)); break;
+    case OpKind::Div: out = at::div(in(0), in(1)); break;
+    case OpKind::Erf: out = at::erf(in(0)); break;
+    case OpKind::Sqrt: out = at::sqrt(in(0)); break;
+    case OpKind::Mean: out = in(0).mean(-1, true); break;
+    case OpKind::Affine: {
+      const double scale = node.attr_real("scale", 1.0), shift = node.attr_real("shift", 0.0);
+      out = scale == 1.0 ? in(0) + shift : in(0) * scale + shift;
+      break;
+    }
+    case OpKind::ScaleShift: out = at::addcmul(param(n, 1), in(0), param(n, 0)); break;
+    case OpKind::RelPosBias: {
+      const Shape& s = graph_->tensor(node.outputs[0]).shape;  // [1, heads, Sq, Sk]
+      out = at::embedding(param(n, 0), relative_buckets(node, s[2], s[3])).permute({2, 0, 1}).unsqueeze(0);
+      break;
+    }
+    case OpKind::Conv2d:
+      out = at::conv2d(in(0), param(n, 0), node.params.size() > 1 ? param(n, 1) : at::Tensor(),
+                       node.attr_ints("stride"), node.attr_ints("padding"));
+      break;
+    case OpKind::BatchNorm2d:
+      out = at::batch_norm(in(0), param(n, 0), param(n, 1), at::Tensor(), at::Tensor(),
+                           /*training=*/true, 0.1, node.attr_real("eps", 1e-5), true);
+      break;
+    case OpKind::MaxPool2d: {
+      int64_t k = node.attr_int("kernel", 3), s = node.attr_int("stride", 1), p = node.attr_int("padding", 0);
+      out = at::max_pool2d(in(0), {k, k}, {s, s}, {p, p});
+      break;
+    }
+    case OpKind::AvgPool2d: {
+      int64_t k = node.attr_int("kernel", 3), s = node.attr_int("stride", 1), p = node.attr_int("padding", 0);
+      out = at::avg_pool2d(in(0), {k, k}, {s, s}, {p, p}, false, /*count_include_pad=*/false);
+      break;
+    }
+    case OpKind::Concat: {
+      std::vector<at::Tensor> xs;
+      for (size_t i = 0; i < node.inputs.size(); ++i) xs.push_back(in(i));
+      out = at::cat(xs, node.attr_int("dim", 1));
+      break;
+    }
+    case OpKind::GlobalAvgPool: out = in(0).mean({2, 3}); break;
+    case OpKind::CrossEntropy: {
+      at::Tensor logits = in(0);
+      out = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), in(1).reshape({-1}),
+                                   {}, at::Reduction::Mean, -100);
+      break;
+    }
+  }
+  env[node.outputs[0]] = std::move(out);
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,87 @@
+#pragma once
+// StageModule: a contiguous range [begin, end) of an OpGraph's nodes with its own parameters,
+// executed op by op with LibTorch autograd. The reference trainer uses the whole graph as one
+// stage; the pipeline runtime gives each rank one range. Only the range's parameters are
+// allocated. Parameters are initialized from (seed, owning node, parameter index) alone, so any
+// split of the graph holds exactly the same weights as the whole model.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "graph/op_graph.h"
+
+namespace dawnpiper {
+
+// What varies between executions of the same stage: which micro-batch this is (dropout masks
+// are drawn from (seed, node, step, micro_batch), so recomputation and every pipeline schedule
+// reproduce the reference trainer's masks exactly).
+struct RunContext {
+  int64_t step = 0;
+  int64_t micro_batch = 0;
+};
+
+struct StageParameter {
+  std::string name;   // "<node name>.<param name>"
+  int node = -1;      // the node that owns it (for tied parameters: the owner, maybe outside)
+  int index = -1;     // index in the owner's params
+  at::Tensor tensor;  // leaf, requires_grad
+};
+
+// Tensors of one micro-batch by OpGraph tensor id; undefined where not (or no longer) held.
+using TensorEnv = std::vector<at::Tensor>;
+
+class StageModule {
+ public:
+  StageModule(const OpGraph& graph, int begin, int end, uint64_t seed,
+              at::Device device = at::Device(at::kCPU));
+
+  int begin() const { return begin_; }
+  int end() const { return end_; }
+  const OpGraph& graph() const { return *graph_; }
+  std::vector<StageParameter>& parameters() { return params_; }
+  const std::vector<StageParameter>& parameters() const { return params_; }
+  int64_t parameter_count() const;
+
+  // A TensorEnv sized for the graph.
+  TensorEnv make_env() const { return TensorEnv(graph_->tensors.size()); }
+  // Tensors that must be present in the env before forward(): the data inputs the range reads
+  // and the activations it reads from earlier stages.
+  const std::vector<int>& external_inputs() const { return external_inputs_; }
+  // Activations produced inside the range that later stages read (what forward() leaves in
+  // env); data tensors are never among them: every stage loads its own.
+  const std::vector<int>& outputs() const { return outputs_; }
+
+  // Runs the range's nodes. Intermediate tensors are dropped from `env` after their last use in
+  // the range (autograd keeps what backward needs), so memory behaves like an ordinary module.
+  // Input nodes in the range read their tensor from env (the data loader put it there).
+  void forward(TensorEnv& env, const RunContext& ctx) const;
+
+  // Runs one node: reads its inputs from env and stores its output there.
+  void run_node(int node, TensorEnv& env, const RunContext& ctx) const;
+
+  at::Device device() const { return device_; }
+
+ private:
+  at::Tensor param(int node, int index) const;
+  at::Tensor causal_mask(int64_t size) const;
+  at::Tensor relative_buckets(const Node& node, int64_t sq, int64_t sk) const;
+
+  const OpGraph* graph_;
+  int begin_, end_;
+  uint64_t seed_;
+  at::Device device_;
+  std::vector<StageParameter> params_;
+  std::map<std::pair<int, int>, int> param_index_;  // (node, param) -> params_ index
+  std::vector<int> external_inputs_, outputs_;
+  std::vector<std::vector<int>> release_after_;  // node offset -> tensors dead after it
+  mutable std::map<int64_t, at::Tensor> causal_masks_;
+  mutable std::map<std::vector<int64_t>, at::Tensor> bucket_cache_;
+};
+
+// Deterministic 64-bit mixing of seeds (splitmix64).
+uint64_t mix_seed(uint64_t a, uint64_t b);
+
+}  // namespace dawnpiper

@@ -1,0 +1,174 @@
+#include "graph/op_graph.h"
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+const char* const kKindNames[] = {
+    "input",     "embedding",  "pos_embedding", "linear",     "layernorm",      "rmsnorm",
+    "gelu",      "relu",       "tanh",          "dropout",    "reshape",        "transpose",
+    "matmul",    "scale",      "causal_mask",   "softmax",    "add",            "conv2d",
+    "batchnorm2d", "maxpool2d", "avgpool2d",    "concat",     "global_avgpool", "mul",
+    "sub",       "div",        "erf",           "sqrt",       "mean",           "affine",
+    "scale_shift", "rel_pos_bias", "cross_entropy",
+};
+constexpr int kKindCount = sizeof(kKindNames) / sizeof(kKindNames[0]);
+static_assert(kKindCount == static_cast<int>(OpKind::CrossEntropy) + 1, "kind names out of sync");
+}  // namespace
+
+const char* op_kind_name(OpKind kind) { return kKindNames[static_cast<int>(kind)]; }
+
+OpKind op_kind_from_name(const std::string& name) {
+  for (int i = 0; i < kKindCount; ++i)
+    if (name == kKindNames[i]) return static_cast<OpKind>(i);
+  throw ConfigError("unknown op kind '" + name + "'");
+}
+
+int op_kind_count() { return kKindCount; }
+
+int dtype_size(DType dtype) { return dtype == DType::I64 ? 8 : 4; }
+
+int64_t numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+int64_t Node::attr_int(const std::string& key, int64_t fallback) const {
+  auto it = ints.find(key);
+  return it == ints.end() || it->second.empty() ? fallback : it->second[0];
+}
+
+const std::vector<int64_t>& Node::attr_ints(const std::string& key) const {
+  auto it = ints.find(key);
+  if (it == ints.end()) throw std::logic_error("node " + name + " has no attribute " + key);
+  return it->second;
+}
+
+double Node::attr_real(const std::string& key, double fallback) const {
+  auto it = reals.find(key);
+  return it == reals.end() ? fallback : it->second;
+}
+
+int OpGraph::add_block(const std::string& name) {
+  blocks.push_back(name);
+  return static_cast<int>(blocks.size()) - 1;
+}
+
+int OpGraph::add(OpKind kind, const std::string& name, std::vector<int> inputs, Shape out_shape,
+                 std::vector<ParamSpec> params, DType out_dtype) {
+  if (blocks.empty()) add_block("main");
+  Node n;
+  n.id = size();
+  n.kind = kind;
+  n.name = name;
+  n.block = static_cast<int>(blocks.size()) - 1;
+  n.inputs = std::move(inputs);
+  n.params = std::move(params);
+  TensorInfo t;
+  t.id = static_cast<int>(tensors.size());
+  t.producer = n.id;
+  t.shape = std::move(out_shape);
+  t.dtype = out_dtype;
+  t.name = name;
+  n.outputs.push_back(t.id);
+  for (int in : n.inputs) {
+    auto& cons = tensors.at(in).consumers;
+    if (cons.empty() || cons.back() != n.id) cons.push_back(n.id);
+  }
+  tensors.push_back(std::move(t));
+  nodes.push_back(std::move(n));
+  return tensors.back().id;
+}
+
+void OpGraph::validate() const {
+  if (nodes.empty() || nodes.back().kind != OpKind::CrossEntropy)
+    throw std::logic_error(preset + ": the last node must be the loss");
+  std::set<std::string> names;
+  for (const Node& n : nodes) {
+    if (!names.insert(n.name).second) throw std::logic_error("duplicate node name " + n.name);
+    if (n.kind == OpKind::CrossEntropy && n.id != loss_node())
+      throw std::logic_error("more than one loss node: " + n.name);
+    if ((n.kind == OpKind::Input) != n.inputs.empty())
+      throw std::logic_error("node " + n.name + ": only Input nodes may have no inputs");
+    for (int in : n.inputs)
+      if (tensor(in).producer >= n.id)
+        throw std::logic_error("node " + n.name + " reads a tensor produced later");
+    for (int out : n.outputs)
+      if (tensor(out).consumers.empty() && n.id != loss_node())
+        throw std::logic_error("output of " + n.name + " is never used");
+    for (const ParamSpec& p : n.params)
+      if (p.tied()) {
+        if (p.tied_node >= n.id || p.tied_param >= static_cast<int>(nodes[p.tied_node].params.size()))
+          throw std::logic_error("node " + n.name + ": bad tie");
+        if (nodes[p.tied_node].params[p.tied_param].shape != p.shape)
+          throw std::logic_error("node " + n.name + ": tied parameter shape differs");
+      }
+  }
+}
+
+std::vector<int> OpGraph::depths() const {
+  std::vector<int> depth(nodes.size(), 0);
+  for (const Node& n : nodes)
+    for (int in : n.inputs) depth[n.id] = std::max(depth[n.id], depth[tensor(in).producer] + 1);
+  return depth;
+}
+
+std::vector<int> OpGraph::consumers_of_node(int node) const {
+  std::set<int> out;
+  for (int t : nodes.at(node).outputs)
+    for (int c : tensor(t).consumers) out.insert(c);
+  return {out.begin(), out.end()};
+}
+
+bool OpGraph::is_data(int t) const { return nodes[tensor(t).producer].kind == OpKind::Input; }
+
+std::vector<CrossingTensor> OpGraph::crossing(int cut) const {
+  std::vector<CrossingTensor> out;
+  for (const TensorInfo& t : tensors)
+    if (t.producer < cut && !t.consumers.empty() && t.consumers.back() >= cut && !is_data(t.id))
+      out.push_back({t.id, t.bytes()});
+  return out;
+}
+
+int64_t OpGraph::crossing_bytes(int cut) const {
+  int64_t total = 0;
+  for (const CrossingTensor& c : crossing(cut)) total += c.bytes;
+  return total;
+}
+
+std::vector<int> OpGraph::data_inputs(int begin, int end) const {
+  std::set<int> out;
+  for (int i = begin; i < end; ++i)
+    for (int in : nodes[i].inputs)
+      if (is_data(in)) out.insert(in);
+  return {out.begin(), out.end()};
+}
+
+int64_t OpGraph::parameter_count() const {
+  int64_t n = 0;
+  for (const Node& node : nodes)
+    for (const ParamSpec& p : node.params)
+      if (!p.tied()) n += numel(p.shape);
+  return n;
+}
+
+int64_t OpGraph::parameter_bytes(int node) const {
+  int64_t b = 0;
+  for (const ParamSpec& p : nodes.at(node).params)
+    if (!p.tied()) b += numel(p.shape) * 4;
+  return b;
+}
+
+}  // namespace dawnpiper

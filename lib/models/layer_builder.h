@@ -1,0 +1,56 @@
+#pragma once
+// Shape-computing helpers the model builders share: each call appends one OpGraph node (or a
+// short, fixed sequence of nodes) and returns the output tensor id.
+#include <string>
+
+#include "graph/op_graph.h"
+
+namespace dawnpiper {
+
+class LayerBuilder {
+ public:
+  explicit LayerBuilder(OpGraph& graph) : g_(graph) {}
+  OpGraph& graph() { return g_; }
+  const Shape& shape(int t) const { return g_.tensor(t).shape; }
+
+  int input(const std::string& name, Shape shape, DType dtype);
+  int linear(const std::string& name, int x, int64_t out, bool bias = true, double std = 0.02);
+  // A linear whose weight is another node's parameter (output projection tied to an embedding).
+  int tied_linear(const std::string& name, int x, int owner_node, int owner_param, bool bias);
+  int embedding(const std::string& name, int ids, int64_t vocab, int64_t dim);
+  int tied_embedding(const std::string& name, int ids, int owner_node);
+  int pos_embedding(const std::string& name, int ids, int64_t max_positions, int64_t dim);
+  int layernorm(const std::string& name, int x, double eps = 1e-5);
+  // LayerNorm written out as primitive ops (mean, sub, mul, mean, affine, sqrt, div, scale_shift),
+  // as in the original PyTorch BERT port: every intermediate is its own saved activation.
+  int layernorm_unfused(const std::string& name, int x, double eps = 1e-12);
+  int rmsnorm(const std::string& name, int x, double eps = 1e-6);
+  int unary(OpKind kind, const std::string& name, int x);
+  // gelu(x) = x * 0.5 * (1 + erf(x / sqrt(2))), one node per op.
+  int gelu_unfused(const std::string& name, int x);
+  int dropout(const std::string& name, int x, double p);
+  int reshape(const std::string& name, int x, Shape shape);
+  int transpose(const std::string& name, int x, std::vector<int64_t> perm);
+  int matmul(const std::string& name, int a, int b);
+  int scale(const std::string& name, int x, double factor);
+  int affine(const std::string& name, int x, double scale, double shift);
+  int binary(OpKind kind, const std::string& name, int a, int b);  // Add/Mul/Sub/Div
+  int add(const std::string& name, std::vector<int> xs);
+  int softmax(const std::string& name, int x);
+  int causal_mask(const std::string& name, int x);
+  int conv2d(const std::string& name, int x, int64_t out_channels, int64_t kh, int64_t kw,
+             int64_t stride, int64_t ph, int64_t pw, bool bias = false);
+  int batchnorm2d(const std::string& name, int x, double eps = 1e-5);
+  int pool2d(OpKind kind, const std::string& name, int x, int64_t kernel, int64_t stride,
+             int64_t padding);
+  int concat(const std::string& name, std::vector<int> xs, int64_t dim);
+  int global_avgpool(const std::string& name, int x);
+  int rel_pos_bias(const std::string& name, int x, int64_t heads, int64_t buckets,
+                   int64_t max_distance, bool bidirectional, int64_t sq, int64_t sk);
+  int cross_entropy(const std::string& name, int logits, int labels);
+
+ private:
+  OpGraph& g_;
+};
+
+}  // namespace dawnpiper

@@ -1,0 +1,45 @@
+#pragma once
+// Model families, size presets and user overrides. Pure C++.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/op_graph.h"
+
+namespace dawnpiper {
+
+struct ModelConfig {
+  std::string family;  // gpt2 | bert | t5 | amoebanet | mlp
+  std::string preset;
+  int64_t layers = 0;          // transformer layers (t5: encoder layers), mlp hidden layers,
+                               // amoebanet normal cells per stack
+  int64_t decoder_layers = 0;  // t5 only
+  int64_t hidden = 0;          // transformer width, mlp width, amoebanet filters
+  int64_t heads = 0;
+  int64_t ffn = 0;             // feed-forward inner width
+  int64_t vocab = 0;
+  int64_t seq_len = 0;
+  int64_t max_positions = 0;   // learned position table rows (gpt2, bert)
+  int64_t image_size = 0;      // amoebanet
+  int64_t in_features = 0;     // mlp input width
+  int64_t classes = 0;         // amoebanet, mlp
+  double dropout = 0.1;
+  double mlm_fraction = 0.15;  // bert: share of positions with a label
+};
+
+// Known preset names, in a stable order.
+std::vector<std::string> preset_names();
+// Throws ConfigError naming the known presets.
+ModelConfig preset_config(const std::string& preset);
+// Applies "key=value" style overrides (layers, decoder-layers, hidden, heads, ffn, vocab,
+// seq-len, image-size, classes, in-features, dropout). Unknown keys or non-numbers: ConfigError.
+void apply_override(ModelConfig& config, const std::string& key, const std::string& value);
+// Throws ConfigError for inconsistent settings (hidden not divisible by heads, seq-len above the
+// position table, image size that the reduction cells cannot halve evenly, ...).
+void check_config(const ModelConfig& config);
+
+// Builds the validated OpGraph for one micro-batch of `micro_batch_size` samples.
+OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size);
+
+}  // namespace dawnpiper

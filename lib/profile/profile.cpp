@@ -1,0 +1,46 @@
+#include "profile/profile.h"
+
+#include <cmath>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+int64_t bytes_at(const LinearFit& fit, int64_t batch) {
+  return static_cast<int64_t>(std::llround(std::max(0.0, fit.at(batch))));
+}
+double ms_at(const LinearFit& fit, int64_t batch) { return std::max(0.0, fit.at(batch)); }
+}  // namespace
+
+Profile Profile::at_batch(int64_t batch) const {
+  if (batch < 1) throw ConfigError("micro-batch size must be at least 1");
+  Profile p = *this;
+  p.micro_batch_size = batch;
+  for (TensorProfile& t : p.tensors) t.bytes = bytes_at(t.bytes_fit, batch);
+  for (NodeProfile& n : p.nodes) {
+    double recompute_ratio = n.fwd_ms > 0 ? n.recompute_ms / n.fwd_ms : 1.0;
+    n.fwd_ms = ms_at(n.fwd_ms_fit, batch);
+    n.bwd_ms = ms_at(n.bwd_ms_fit, batch);
+    n.recompute_ms = n.fwd_ms * recompute_ratio;
+    n.fwd_workspace = bytes_at(n.fwd_workspace_fit, batch);
+    n.bwd_workspace = bytes_at(n.bwd_workspace_fit, batch);
+  }
+  p.measured_step_ms = 0;
+  p.measured_peak_bytes = 0;
+  return p;
+}
+
+int Profile::optimizer_state_multiplier(const std::string& optimizer) {
+  if (optimizer == "sgd") return 1;
+  if (optimizer == "adam") return 2;
+  throw ConfigError("unknown optimizer '" + optimizer + "' (choose sgd or adam)");
+}
+
+int64_t Profile::total_param_bytes() const {
+  int64_t b = 0;
+  for (const NodeProfile& n : nodes) b += n.param_bytes;
+  return b;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,73 @@
+#pragma once
+// Profile: what the planner knows about a model, per node of its OpGraph. Pure C++ (no LibTorch).
+// Produced by the profiler (measured, lib/profile) or from shapes and a device spec (analytic);
+// stored in HDF5 (profile_io.h). Times in milliseconds, sizes in bytes, all for ONE micro-batch
+// of `micro_batch_size` samples; `at_batch(B)` re-evaluates the batch-size fits for another B.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dawnpiper {
+
+// value(B) = base + per_sample * B, fitted over the profiled batch sizes.
+struct LinearFit {
+  double base = 0;
+  double per_sample = 0;
+  double at(int64_t batch) const { return base + per_sample * static_cast<double>(batch); }
+};
+
+struct TensorProfile {
+  int id = -1;                 // OpGraph tensor id
+  int producer = -1;           // node id
+  std::vector<int> consumers;  // node ids (forward data flow)
+  bool is_data = false;        // produced by an Input node: loaded by each stage, never sent
+  LinearFit bytes_fit;
+  int64_t bytes = 0;           // at micro_batch_size
+  // Nodes whose backward reads this tensor (autograd saved it). Non-empty means the tensor is
+  // an activation that lives from its forward production until the last of these backwards:
+  // the candidates for swap and recompute.
+  std::vector<int> saved_by;
+};
+
+struct NodeProfile {
+  int id = -1;
+  std::string name;
+  std::string kind;   // op_kind_name()
+  int block = 0;      // OpGraph block index (layer / cell)
+  int depth = 0;      // longest path from the inputs
+  LinearFit fwd_ms_fit, bwd_ms_fit;
+  double fwd_ms = 0, bwd_ms = 0;           // mean at micro_batch_size
+  double fwd_ms_std = 0, bwd_ms_std = 0;   // spread over the measured iterations
+  int64_t param_bytes = 0;                 // owned parameters; gradients are the same size
+  LinearFit fwd_workspace_fit, bwd_workspace_fit;
+  int64_t fwd_workspace = 0;  // transient bytes above the live set during forward
+  int64_t bwd_workspace = 0;  // ... during backward (gradient buffers of the op included)
+  std::vector<int> outputs;   // tensor ids
+  std::vector<int> saved;     // tensor ids this node's backward reads
+  // Re-running the node's forward to rebuild its output (for recompute); usually == fwd_ms.
+  double recompute_ms = 0;
+};
+
+struct Profile {
+  static constexpr int kSchemaVersion = 1;
+  std::string model, preset, device, source;  // source: "measured" | "analytic"
+  std::string torch_version, created;         // provenance
+  int64_t micro_batch_size = 1;
+  std::vector<int64_t> profiled_batch_sizes;
+  double fit_max_rel_error = 0;  // worst relative error of the batch-size fits
+  std::vector<std::string> blocks;
+  std::vector<NodeProfile> nodes;    // execution order; nodes[i].id == i
+  std::vector<TensorProfile> tensors;  // tensors[i].id == i
+  // Whole-step measurements for cross-checking (0 when not measured).
+  double measured_step_ms = 0;
+  int64_t measured_peak_bytes = 0;
+
+  int size() const { return static_cast<int>(nodes.size()); }
+  // The same profile evaluated at another micro-batch size through the fits.
+  Profile at_batch(int64_t batch) const;
+  // Optimizer state bytes per parameter byte: sgd (momentum) 1, adam 2.
+  static int optimizer_state_multiplier(const std::string& optimizer);
+  int64_t total_param_bytes() const;
+};
+
+}  // namespace dawnpiper

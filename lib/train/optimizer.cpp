@@ -1,0 +1,90 @@
+#include "train/optimizer.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+
+void zero_grad(at::Tensor& p) {
+  if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+}
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(std::vector<at::Tensor> params, double lr, double momentum)
+      : Optimizer(std::move(params)), lr_(lr), momentum_(momentum), buffers_(params_.size()) {}
+
+  void step() override {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor& p = params_[i];
+      if (!p.grad().defined()) continue;
+      at::Tensor d = p.grad();
+      if (momentum_ != 0) {
+        if (!buffers_[i].defined()) buffers_[i] = d.clone();
+        else buffers_[i].mul_(momentum_).add_(d);
+        d = buffers_[i];
+      }
+      p.add_(d, -lr_);
+      zero_grad(p);
+    }
+  }
+  std::vector<at::Tensor> state() const override { return buffers_; }
+
+ private:
+  double lr_, momentum_;
+  std::vector<at::Tensor> buffers_;
+};
+
+class Adam final : public Optimizer {
+ public:
+  Adam(std::vector<at::Tensor> params, const OptimizerConfig& c)
+      : Optimizer(std::move(params)), c_(c), m_(params_.size()), v_(params_.size()) {}
+
+  void step() override {
+    at::NoGradGuard no_grad;
+    ++t_;
+    const double bc1 = 1 - std::pow(c_.beta1, t_), bc2 = 1 - std::pow(c_.beta2, t_);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor& p = params_[i];
+      if (!p.grad().defined()) continue;
+      const at::Tensor& g = p.grad();
+      if (!m_[i].defined()) {
+        m_[i] = at::zeros_like(p);
+        v_[i] = at::zeros_like(p);
+      }
+      m_[i].mul_(c_.beta1).add_(g, 1 - c_.beta1);
+      v_[i].mul_(c_.beta2).addcmul_(g, g, 1 - c_.beta2);
+      at::Tensor denom = (v_[i].sqrt() / std::sqrt(bc2)).add_(c_.eps);
+      p.addcdiv_(m_[i], denom, -c_.lr / bc1);
+      zero_grad(p);
+    }
+  }
+  std::vector<at::Tensor> state() const override {
+    std::vector<at::Tensor> s = m_;
+    s.insert(s.end(), v_.begin(), v_.end());
+    return s;
+  }
+
+ private:
+  OptimizerConfig c_;
+  int64_t t_ = 0;
+  std::vector<at::Tensor> m_, v_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config,
+                                          std::vector<at::Tensor> params) {
+  if (!(config.lr > 0)) throw ConfigError("learning rate must be positive");
+  if (config.kind == "sgd") return std::make_unique<Sgd>(std::move(params), config.lr, config.momentum);
+  if (config.kind == "adam") return std::make_unique<Adam>(std::move(params), config);
+  throw ConfigError("unknown optimizer '" + config.kind + "' (choose sgd or adam)");
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,60 @@
+#include "train/reference_trainer.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "data/synthetic.h"
+#include "memory/counting_allocator.h"
+#include "util/error.h"
+
+namespace dawnpiper {
+
+ReferenceTrainer::ReferenceTrainer(const OpGraph& graph, const TrainConfig& config)
+    : graph_(graph), config_(config), module_(graph, 0, graph.size(), config.seed) {
+  if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
+  if (config.steps < 0) throw ConfigError("--steps must not be negative");
+  std::vector<at::Tensor> params;
+  for (const auto& p : module_.parameters()) params.push_back(p.tensor);
+  optimizer_ = make_optimizer(config.optimizer, std::move(params));
+}
+
+StepResult ReferenceTrainer::step() {
+  const auto start = std::chrono::steady_clock::now();
+  CountingAllocator* counter = CountingAllocator::instance();
+  if (counter) counter->reset_peak();
+  SyntheticData data(graph_, config_.seed);
+  const std::vector<int> data_inputs = graph_.data_inputs(0, graph_.size());
+  const int loss_tensor = graph_.nodes[graph_.loss_node()].outputs[0];
+  double loss_sum = 0;
+  for (int64_t mb = 0; mb < config_.micro_batches; ++mb) {
+    TensorEnv env = module_.make_env();
+    data.load(env, data_inputs, data.first_sample(next_step_, mb, config_.micro_batches),
+              module_.device());
+    module_.forward(env, RunContext{next_step_, next_step_ * config_.micro_batches + mb});
+    at::Tensor loss = env[loss_tensor];
+    const double value = loss.item<double>();
+    if (!std::isfinite(value))
+      throw Error("loss is " + std::to_string(value) + " at step " + std::to_string(next_step_) +
+                  ", micro-batch " + std::to_string(mb) + "; lower --lr");
+    loss_sum += value;
+    (loss / static_cast<double>(config_.micro_batches)).backward();
+  }
+  optimizer_->step();
+  StepResult r;
+  r.step = next_step_++;
+  r.loss = loss_sum / static_cast<double>(config_.micro_batches);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.peak_bytes = counter ? counter->peak_bytes() : 0;
+  return r;
+}
+
+std::vector<StepResult> ReferenceTrainer::run(const std::function<void(const StepResult&)>& report) {
+  std::vector<StepResult> results;
+  for (int64_t s = 0; s < config_.steps; ++s) {
+    results.push_back(step());
+    if (report) report(results.back());
+  }
+  return results;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,15 @@
+#pragma once
+// Byte sizes as users write them ("512MiB", "40GiB", "1.5GB", "1000") and as we print them.
+#include <cstdint>
+#include <string>
+
+namespace dawnpiper {
+
+// Parses a size; binary (KiB, MiB, GiB, TiB) and decimal (KB, MB, GB, TB) suffixes, case
+// insensitive, optional "B". Throws ConfigError naming `what` on malformed or negative input.
+int64_t parse_bytes(const std::string& text, const std::string& what = "size");
+
+// "1.50 GiB", "312.0 MiB", "17 B".
+std::string format_bytes(double bytes);
+
+}  // namespace dawnpiper

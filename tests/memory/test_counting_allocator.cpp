@@ -1,0 +1,48 @@
+// The counting CPU allocator: live/peak bytes of a hand-computed allocation sequence, capacity.
+#include "torch_test.h"
+
+
+#include "memory/counting_allocator.h"
+#include "util/error.h"
+
+using namespace dawnpiper;
+
+TEST_CASE("peak matches a hand-computed allocation sequence", "[memory]") {
+  CountingAllocator& a = CountingAllocator::install();
+  a.set_capacity(0);
+  const int64_t base = a.live_bytes();
+  a.reset_peak();
+  {
+    at::Tensor x = at::empty({1000}, at::kFloat);  // 4000 B
+    CHECK(a.live_bytes() - base == 4000);
+    at::Tensor y = at::empty({500}, at::kDouble);  // 4000 B -> 8000 live
+    {
+      at::Tensor z = at::empty({250}, at::kLong);  // 2000 B -> 10000 live (the peak)
+    }
+    CHECK(a.live_bytes() - base == 8000);
+    y.reset();
+    at::Tensor w = at::empty({100}, at::kFloat);  // 400 B -> 4400 live
+    CHECK(a.live_bytes() - base == 4400);
+  }
+  CHECK(a.live_bytes() == base);
+  CHECK(a.peak_bytes() - base == 10000);
+  a.reset_peak();
+  CHECK(a.peak_bytes() == a.live_bytes());
+}
+
+TEST_CASE("allocations beyond the capacity raise the project's out-of-memory error", "[memory]") {
+  CountingAllocator& a = CountingAllocator::install();
+  const int64_t base = a.live_bytes();
+  a.set_capacity(base + (1 << 20));  // 1 MiB of headroom
+  at::Tensor ok = at::empty({1 << 17}, at::kFloat);  // 512 KiB fits
+  try {
+    at::Tensor too_big = at::empty({1 << 18}, at::kFloat);  // 1 MiB more does not
+    FAIL("allocation should have been refused");
+  } catch (const OutOfMemoryError& e) {
+    std::string what = e.what();
+    CHECK(what.find("cannot allocate 1.00 MiB") != std::string::npos);
+    CHECK(what.find("--device-memory") != std::string::npos);
+  }
+  CHECK(a.live_bytes() == base + (1 << 19));  // the refused request left no trace
+  a.set_capacity(0);
+}
