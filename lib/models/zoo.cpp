@@ -357,6 +357,7 @@ void build_amoebanet(const ModelConfig& c, int64_t B, OpGraph& g) {
 
 void build_mlp(const ModelConfig& c, int64_t B, OpGraph& g) {
   LayerBuilder b(g);
+  g.add_block("input");
   int x = b.input("features", {B, c.in_features}, DType::F32);
   for (int64_t l = 0; l < c.layers; ++l) {
     std::string p = "layer" + std::to_string(l);

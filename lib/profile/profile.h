@@ -17,7 +17,8 @@ struct LinearFit {
 };
 
 struct TensorProfile {
-  int id = -1;                 // OpGraph tensor id
+  int id = -1;                 // OpGraph tensor id; ids past the graph's are internal buffers
+  std::string name;
   int producer = -1;           // node id
   std::vector<int> consumers;  // node ids (forward data flow)
   bool is_data = false;        // produced by an Input node: loaded by each stage, never sent
@@ -27,6 +28,18 @@ struct TensorProfile {
   // an activation that lives from its forward production until the last of these backwards:
   // the candidates for swap and recompute.
   std::vector<int> saved_by;
+  // An autograd-internal buffer (dropout mask, normalization statistics, pooling indices, the
+  // loss's log-softmax): no OpGraph tensor, no consumers, saved by its producer only. It counts
+  // as activation memory but the runtime cannot evict it, so it is never a swap/recompute
+  // candidate.
+  bool internal = false;
+  // The tensor whose storage this one shares (a view: transpose, a reshape of a contiguous
+  // tensor), -1 if it owns its storage. Views allocate nothing; when a backward saves a view,
+  // saved_by is recorded on the storage owner, the tensor whose memory stays alive.
+  int alias_of = -1;
+  // A view of a parameter (GPT-2's position table sliced to the sequence): allocates nothing.
+  bool param_view = false;
+  bool owns_storage() const { return alias_of < 0 && !param_view; }
 };
 
 struct NodeProfile {
@@ -39,9 +52,15 @@ struct NodeProfile {
   double fwd_ms = 0, bwd_ms = 0;           // mean at micro_batch_size
   double fwd_ms_std = 0, bwd_ms_std = 0;   // spread over the measured iterations
   int64_t param_bytes = 0;                 // owned parameters; gradients are the same size
+  // Bytes of parameter gradients first created by this node's backward: its own parameters,
+  // except that a tied parameter's gradient appears at its last user in execution order.
+  int64_t param_grad_bytes = 0;
   LinearFit fwd_workspace_fit, bwd_workspace_fit;
-  int64_t fwd_workspace = 0;  // transient bytes above the live set during forward
-  int64_t bwd_workspace = 0;  // ... during backward (gradient buffers of the op included)
+  // Transient bytes: the peak during the node's forward (backward) minus what is still
+  // allocated after it (forward: output and internal buffers; backward: the gradients of its
+  // inputs and parameters).
+  int64_t fwd_workspace = 0;
+  int64_t bwd_workspace = 0;
   std::vector<int> outputs;   // tensor ids
   std::vector<int> saved;     // tensor ids this node's backward reads
   // Re-running the node's forward to rebuild its output (for recompute); usually == fwd_ms.

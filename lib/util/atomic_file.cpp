@@ -11,11 +11,8 @@ namespace dawnpiper {
 
 void write_atomically(const std::string& path,
                       const std::function<void(const std::string&)>& write) {
+  check_writable(path);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream probe(tmp, std::ios::binary | std::ios::trunc);
-    if (!probe) throw ConfigError("cannot write '" + path + "' (is the directory writable?)");
-  }
   try {
     write(tmp);
   } catch (...) {
@@ -26,6 +23,15 @@ void write_atomically(const std::string& path,
     std::remove(tmp.c_str());
     throw ConfigError("cannot move the finished file to '" + path + "'");
   }
+}
+
+void check_writable(const std::string& path) {
+  const std::string probe_path = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream probe(probe_path, std::ios::binary | std::ios::trunc);
+    if (!probe) throw ConfigError("cannot write '" + path + "' (is the directory writable?)");
+  }
+  std::remove(probe_path.c_str());
 }
 
 void write_text_atomically(const std::string& path, const std::string& content) {

@@ -62,6 +62,18 @@ expect_ok "config file" "done: 2 steps" train --config "$work/good.ini"
 # The command line wins over the config file.
 expect_ok "command line overrides config" "done: 3 steps" train --config "$work/good.ini" --steps 3
 
+# profile: a real profile, and bad input without partial files.
+expect_ok "profile tiny" "wrote $work/p.h5" profile --model mlp-tiny --out "$work/p.h5" --iterations 1 --quiet
+[ -s "$work/p.h5" ] && h5dump -H "$work/p.h5" | grep -q 'GROUP "nodes"' && passed=$((passed + 1)) ||
+  { echo "FAIL: profile is not readable HDF5"; failed=$((failed + 1)); }
+expect_fail "profile without --out" "--out FILE is required" profile --model mlp-tiny
+expect_fail "profile unknown device" "unknown device 'tpu'" profile --model mlp-tiny --device tpu --out "$work/x.h5"
+expect_fail "profile cuda without GPU" "--device cuda" profile --model mlp-tiny --device cuda --out "$work/x.h5"
+expect_fail "profile unwritable" "cannot write '/no/such/dir/p.h5'" profile --model mlp-tiny --out /no/such/dir/p.h5 --iterations 1
+expect_fail "profile micro-batch 0" "micro-batch size must be at least 1" profile --model mlp-tiny --micro-batch-size 0 --out "$work/x.h5"
+expect_fail "profile bad batch sizes" "--batch-sizes" profile --model mlp-tiny --batch-sizes 2,x --out "$work/x.h5"
+[ ! -e "$work/x.h5" ] && passed=$((passed + 1)) || { echo "FAIL: partial profile left behind"; failed=$((failed + 1)); }
+
 leftovers=$(find "$work" -name '*.tmp.*' | wc -l)
 [ "$leftovers" -eq 0 ] || { echo "FAIL: $leftovers temporary files left behind"; failed=$((failed + 1)); }
 

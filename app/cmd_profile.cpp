@@ -1,0 +1,109 @@
+// dawnpiper profile: measure every node of a model's op graph and store the profile in HDF5.
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "app/commands.h"
+#include "cli/options.h"
+#include "memory/counting_allocator.h"
+#include "memory/device_memory.h"
+#include "profile/memory_replay.h"
+#include "profile/profile_io.h"
+#include "profile/profiler.h"
+#include "util/atomic_file.h"
+#include "util/error.h"
+#include "util/units.h"
+
+namespace dawnpiper {
+
+namespace {
+std::vector<int64_t> parse_batch_sizes(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      long long v = std::stoll(item, &used);
+      if (used != item.size() || v < 1) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw ConfigError("--batch-sizes '" + text + "': expected positive integers separated by commas");
+    }
+  }
+  if (out.empty()) throw ConfigError("--batch-sizes is empty");
+  return out;
+}
+}  // namespace
+
+int cmd_profile(int argc, char** argv, const MpiWorld& world) {
+  po::options_description options;
+  po::options_description own("Profile options");
+  own.add_options()
+      ("out", po::value<std::string>(), "HDF5 file to write (required)")
+      ("batch-sizes", po::value<std::string>(), "micro-batch sizes to profile for the batch-size fit "
+                                                "(default: B and 2B for --micro-batch-size B)")
+      ("warmup", po::value<int>()->default_value(2), "unmeasured iterations per node")
+      ("iterations", po::value<int>()->default_value(5), "measured iterations per node")
+      ("share-blocks", po::bool_switch(), "profile repeated layers/cells once and reuse the numbers")
+      ("optimizer", po::value<std::string>()->default_value("sgd"), "optimizer of the cross-check step")
+      ("no-step-check", po::bool_switch(), "skip the whole-step measurement (models that do not fit)");
+  options.add(own).add(common_options()).add(model_override_options());
+  po::variables_map vm;
+  if (!parse_options(argc, argv, "profile",
+                     "Measures per-node time and memory of a model's op graph and writes an HDF5 profile.",
+                     options, vm))
+    return 0;
+  if (!vm.count("out")) throw ConfigError("--out FILE is required (where to write the profile)");
+  if (world.rank != 0) return 0;
+  ProfilerOptions opt;
+  opt.device = parse_device(vm["device"].as<std::string>());
+  opt.seed = vm["seed"].as<uint64_t>();
+  opt.warmup = vm["warmup"].as<int>();
+  opt.iterations = vm["iterations"].as<int>();
+  if (opt.iterations < 1 || opt.warmup < 0) throw ConfigError("--iterations must be >= 1 and --warmup >= 0");
+  opt.share_repeated_blocks = vm["share-blocks"].as<bool>();
+  const bool quiet = vm["quiet"].as<bool>();
+  opt.progress = !quiet;
+  CountingAllocator::install();
+  if (vm.count("device-memory"))
+    DeviceMemory::set_capacity(opt.device, parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory"));
+  const int64_t B = vm["micro-batch-size"].as<int64_t>();
+  if (B < 1) throw ConfigError("micro-batch size must be at least 1");
+  const std::vector<int64_t> sizes = vm.count("batch-sizes") ? parse_batch_sizes(vm["batch-sizes"].as<std::string>())
+                                                             : std::vector<int64_t>{B, 2 * B};
+  ModelConfig model = model_config_from(vm);
+  const std::string optimizer = vm["optimizer"].as<std::string>();
+  Profile::optimizer_state_multiplier(optimizer);  // validates the name before any work
+  const std::string out = vm["out"].as<std::string>();
+  check_writable(out);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  Profile p = profile_model(model, sizes, opt);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!vm["no-step-check"].as<bool>()) {
+    StepMeasurement step = measure_step(build_model(model, sizes.front()), optimizer, opt);
+    p.measured_step_ms = step.step_ms;
+    p.measured_peak_bytes = step.peak_bytes;
+  }
+  write_profile(p, out);
+
+  double node_ms = 0;
+  for (const NodeProfile& n : p.nodes) node_ms += n.fwd_ms + n.bwd_ms;
+  const ReplayResult replay = replay_step(p, optimizer);
+  std::printf("profiled %s: %d nodes at micro-batch sizes", p.preset.c_str(), p.size());
+  for (int64_t b : sizes) std::printf(" %lld", static_cast<long long>(b));
+  std::printf(" on %s in %.1f s; batch-size fit max error %.1f%%\n", p.device.c_str(), seconds,
+              100 * p.fit_max_rel_error);
+  std::printf("micro-batch %lld: sum of node times %.2f ms", static_cast<long long>(p.micro_batch_size), node_ms);
+  if (p.measured_step_ms > 0)
+    std::printf(", measured step %.2f ms (%+.1f%%)", p.measured_step_ms, 100 * (node_ms / p.measured_step_ms - 1));
+  std::printf("\npredicted peak %s", format_bytes(double(replay.peak_bytes)).c_str());
+  if (p.measured_peak_bytes > 0)
+    std::printf(", measured peak %s (%+.1f%%)", format_bytes(double(p.measured_peak_bytes)).c_str(),
+                100 * (double(replay.peak_bytes) / double(p.measured_peak_bytes) - 1));
+  std::printf("\nwrote %s\n", out.c_str());
+  return 0;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,324 @@
+#include "profile/profile_io.h"
+
+#include <hdf5.h>
+
+#include <cstring>
+#include <ctime>
+#include <stdexcept>
+#include <vector>
+
+#include "util/atomic_file.h"
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+
+// RAII for HDF5 identifiers.
+class Handle {
+ public:
+  Handle(hid_t id, herr_t (*close)(hid_t), const std::string& what) : id_(id), close_(close) {
+    if (id < 0) throw std::runtime_error("HDF5: cannot " + what);
+  }
+  ~Handle() {
+    if (id_ >= 0) close_(id_);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  operator hid_t() const { return id_; }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+void check(herr_t status, const std::string& what) {
+  if (status < 0) throw std::runtime_error("HDF5: cannot " + what);
+}
+
+template <typename T>
+hid_t native_type();
+template <>
+hid_t native_type<int64_t>() { return H5T_NATIVE_INT64; }
+template <>
+hid_t native_type<double>() { return H5T_NATIVE_DOUBLE; }
+template <>
+hid_t native_type<int32_t>() { return H5T_NATIVE_INT32; }
+
+template <typename T>
+void write_column(hid_t group, const std::string& name, const std::vector<T>& values) {
+  hsize_t dims[1] = {values.size()};
+  Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose, "create dataspace");
+  Handle set(H5Dcreate2(group, name.c_str(), native_type<T>(), space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+             H5Dclose, "create dataset " + name);
+  if (!values.empty()) check(H5Dwrite(set, native_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "write " + name);
+}
+
+Handle string_type() {
+  Handle t(H5Tcopy(H5T_C_S1), H5Tclose, "copy string type");
+  check(H5Tset_size(t, H5T_VARIABLE), "set string size");
+  check(H5Tset_cset(t, H5T_CSET_UTF8), "set string charset");
+  return Handle(H5Tcopy(t), H5Tclose, "copy string type");
+}
+
+void write_strings(hid_t group, const std::string& name, const std::vector<std::string>& values) {
+  std::vector<const char*> ptrs;
+  for (const auto& v : values) ptrs.push_back(v.c_str());
+  hsize_t dims[1] = {values.size()};
+  Handle type = string_type();
+  Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose, "create dataspace");
+  Handle set(H5Dcreate2(group, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose,
+             "create dataset " + name);
+  if (!ptrs.empty()) check(H5Dwrite(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()), "write " + name);
+}
+
+// Variable-length integer lists as two columns: NAME (all values) and NAME_offsets (n + 1).
+void write_lists(hid_t group, const std::string& name, const std::vector<std::vector<int>>& lists) {
+  std::vector<int64_t> values, offsets{0};
+  for (const auto& l : lists) {
+    values.insert(values.end(), l.begin(), l.end());
+    offsets.push_back(static_cast<int64_t>(values.size()));
+  }
+  write_column(group, name, values);
+  write_column(group, name + "_offsets", offsets);
+}
+
+void write_attr(hid_t obj, const std::string& name, const std::string& value) {
+  Handle type = string_type();
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose, "create dataspace");
+  Handle attr(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose, "create attribute " + name);
+  const char* p = value.c_str();
+  check(H5Awrite(attr, type, &p), "write attribute " + name);
+}
+
+template <typename T>
+void write_attr(hid_t obj, const std::string& name, T value) {
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose, "create dataspace");
+  Handle attr(H5Acreate2(obj, name.c_str(), native_type<T>(), space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+              "create attribute " + name);
+  check(H5Awrite(attr, native_type<T>(), &value), "write attribute " + name);
+}
+
+template <typename T>
+std::vector<T> read_column(hid_t group, const std::string& name) {
+  Handle set(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose, "open dataset " + name);
+  Handle space(H5Dget_space(set), H5Sclose, "get dataspace");
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space, &n, nullptr);
+  std::vector<T> out(n);
+  if (n) check(H5Dread(set, native_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), "read " + name);
+  return out;
+}
+
+std::vector<std::string> read_strings(hid_t group, const std::string& name) {
+  Handle set(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose, "open dataset " + name);
+  Handle space(H5Dget_space(set), H5Sclose, "get dataspace");
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space, &n, nullptr);
+  std::vector<char*> ptrs(n, nullptr);
+  Handle type = string_type();
+  if (n) check(H5Dread(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()), "read " + name);
+  std::vector<std::string> out;
+  for (char* p : ptrs) out.emplace_back(p ? p : "");
+  if (n) H5Dvlen_reclaim(type, space, H5P_DEFAULT, ptrs.data());
+  return out;
+}
+
+std::vector<std::vector<int>> read_lists(hid_t group, const std::string& name) {
+  auto values = read_column<int64_t>(group, name);
+  auto offsets = read_column<int64_t>(group, name + "_offsets");
+  std::vector<std::vector<int>> out;
+  for (size_t i = 0; i + 1 < offsets.size(); ++i)
+    out.emplace_back(values.begin() + offsets[i], values.begin() + offsets[i + 1]);
+  return out;
+}
+
+std::string read_attr_string(hid_t obj, const std::string& name) {
+  Handle attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose, "open attribute " + name);
+  Handle type = string_type();
+  char* p = nullptr;
+  check(H5Aread(attr, type, &p), "read attribute " + name);
+  std::string s = p ? p : "";
+  H5free_memory(p);
+  return s;
+}
+
+template <typename T>
+T read_attr(hid_t obj, const std::string& name) {
+  Handle attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose, "open attribute " + name);
+  T value{};
+  check(H5Aread(attr, native_type<T>(), &value), "read attribute " + name);
+  return value;
+}
+
+std::string now_iso8601() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+template <typename Row, typename F>
+auto column(const std::vector<Row>& rows, F get) {
+  std::vector<decltype(get(rows[0]))> out;
+  for (const Row& r : rows) out.push_back(get(r));
+  return out;
+}
+
+}  // namespace
+
+void write_profile(const Profile& p, const std::string& path) {
+  write_atomically(path, [&](const std::string& tmp) {
+    Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose, "create " + path);
+    write_attr(file, "format", std::string("dawnpiper-profile"));
+    write_attr<int64_t>(file, "schema_version", Profile::kSchemaVersion);
+    write_attr(file, "model", p.model);
+    write_attr(file, "preset", p.preset);
+    write_attr(file, "device", p.device);
+    write_attr(file, "source", p.source);
+    write_attr(file, "torch_version", p.torch_version);
+    write_attr(file, "created", p.created.empty() ? now_iso8601() : p.created);
+    write_attr<int64_t>(file, "micro_batch_size", p.micro_batch_size);
+    write_attr<double>(file, "fit_max_rel_error", p.fit_max_rel_error);
+    write_attr<double>(file, "measured_step_ms", p.measured_step_ms);
+    write_attr<int64_t>(file, "measured_peak_bytes", p.measured_peak_bytes);
+    write_column(file, "profiled_batch_sizes", p.profiled_batch_sizes);
+    write_strings(file, "blocks", p.blocks);
+
+    Handle nodes(H5Gcreate2(file, "nodes", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group nodes");
+    const auto& N = p.nodes;
+    write_strings(nodes, "name", column(N, [](const NodeProfile& n) { return n.name; }));
+    write_strings(nodes, "kind", column(N, [](const NodeProfile& n) { return n.kind; }));
+    write_column<int64_t>(nodes, "block", column(N, [](const NodeProfile& n) { return int64_t(n.block); }));
+    write_column<int64_t>(nodes, "depth", column(N, [](const NodeProfile& n) { return int64_t(n.depth); }));
+    write_column<double>(nodes, "fwd_ms", column(N, [](const NodeProfile& n) { return n.fwd_ms; }));
+    write_column<double>(nodes, "fwd_ms_std", column(N, [](const NodeProfile& n) { return n.fwd_ms_std; }));
+    write_column<double>(nodes, "bwd_ms", column(N, [](const NodeProfile& n) { return n.bwd_ms; }));
+    write_column<double>(nodes, "bwd_ms_std", column(N, [](const NodeProfile& n) { return n.bwd_ms_std; }));
+    write_column<double>(nodes, "recompute_ms", column(N, [](const NodeProfile& n) { return n.recompute_ms; }));
+    write_column<double>(nodes, "fwd_ms_base", column(N, [](const NodeProfile& n) { return n.fwd_ms_fit.base; }));
+    write_column<double>(nodes, "fwd_ms_per_sample", column(N, [](const NodeProfile& n) { return n.fwd_ms_fit.per_sample; }));
+    write_column<double>(nodes, "bwd_ms_base", column(N, [](const NodeProfile& n) { return n.bwd_ms_fit.base; }));
+    write_column<double>(nodes, "bwd_ms_per_sample", column(N, [](const NodeProfile& n) { return n.bwd_ms_fit.per_sample; }));
+    write_column<int64_t>(nodes, "param_bytes", column(N, [](const NodeProfile& n) { return n.param_bytes; }));
+    write_column<int64_t>(nodes, "param_grad_bytes", column(N, [](const NodeProfile& n) { return n.param_grad_bytes; }));
+    write_column<int64_t>(nodes, "fwd_workspace", column(N, [](const NodeProfile& n) { return n.fwd_workspace; }));
+    write_column<int64_t>(nodes, "bwd_workspace", column(N, [](const NodeProfile& n) { return n.bwd_workspace; }));
+    write_column<double>(nodes, "fwd_workspace_base", column(N, [](const NodeProfile& n) { return n.fwd_workspace_fit.base; }));
+    write_column<double>(nodes, "fwd_workspace_per_sample", column(N, [](const NodeProfile& n) { return n.fwd_workspace_fit.per_sample; }));
+    write_column<double>(nodes, "bwd_workspace_base", column(N, [](const NodeProfile& n) { return n.bwd_workspace_fit.base; }));
+    write_column<double>(nodes, "bwd_workspace_per_sample", column(N, [](const NodeProfile& n) { return n.bwd_workspace_fit.per_sample; }));
+
+    Handle tensors(H5Gcreate2(file, "tensors", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group tensors");
+    const auto& T = p.tensors;
+    write_strings(tensors, "name", column(T, [](const TensorProfile& t) { return t.name; }));
+    write_column<int64_t>(tensors, "producer", column(T, [](const TensorProfile& t) { return int64_t(t.producer); }));
+    write_column<int64_t>(tensors, "is_data", column(T, [](const TensorProfile& t) { return int64_t(t.is_data); }));
+    write_column<int64_t>(tensors, "internal", column(T, [](const TensorProfile& t) { return int64_t(t.internal); }));
+    write_column<int64_t>(tensors, "alias_of", column(T, [](const TensorProfile& t) { return int64_t(t.alias_of); }));
+    write_column<int64_t>(tensors, "param_view", column(T, [](const TensorProfile& t) { return int64_t(t.param_view); }));
+    write_column<int64_t>(tensors, "bytes", column(T, [](const TensorProfile& t) { return t.bytes; }));
+    write_column<double>(tensors, "bytes_base", column(T, [](const TensorProfile& t) { return t.bytes_fit.base; }));
+    write_column<double>(tensors, "bytes_per_sample", column(T, [](const TensorProfile& t) { return t.bytes_fit.per_sample; }));
+    write_lists(tensors, "consumers", column(T, [](const TensorProfile& t) { return t.consumers; }));
+    write_lists(tensors, "saved_by", column(T, [](const TensorProfile& t) { return t.saved_by; }));
+  });
+}
+
+Profile read_profile(const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become our messages, not HDF5's dumps
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    throw ConfigError("'" + path + "' is not a readable HDF5 profile (make one with `dawnpiper profile --out`)");
+  Profile p;
+  try {
+    Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
+    if (read_attr_string(file, "format") != "dawnpiper-profile")
+      throw ConfigError("'" + path + "' is an HDF5 file but not a DawnPiper profile");
+    const int64_t version = read_attr<int64_t>(file, "schema_version");
+    if (version != Profile::kSchemaVersion)
+      throw ConfigError("'" + path + "' has profile schema version " + std::to_string(version) +
+                        "; this build reads version " + std::to_string(Profile::kSchemaVersion) + " (re-profile)");
+    p.model = read_attr_string(file, "model");
+    p.preset = read_attr_string(file, "preset");
+    p.device = read_attr_string(file, "device");
+    p.source = read_attr_string(file, "source");
+    p.torch_version = read_attr_string(file, "torch_version");
+    p.created = read_attr_string(file, "created");
+    p.micro_batch_size = read_attr<int64_t>(file, "micro_batch_size");
+    p.fit_max_rel_error = read_attr<double>(file, "fit_max_rel_error");
+    p.measured_step_ms = read_attr<double>(file, "measured_step_ms");
+    p.measured_peak_bytes = read_attr<int64_t>(file, "measured_peak_bytes");
+    p.profiled_batch_sizes = read_column<int64_t>(file, "profiled_batch_sizes");
+    p.blocks = read_strings(file, "blocks");
+
+    Handle nodes(H5Gopen2(file, "nodes", H5P_DEFAULT), H5Gclose, "open group nodes");
+    auto name = read_strings(nodes, "name");
+    auto kind = read_strings(nodes, "kind");
+    auto block = read_column<int64_t>(nodes, "block");
+    auto depth = read_column<int64_t>(nodes, "depth");
+    auto d = [&](const char* c) { return read_column<double>(nodes, c); };
+    auto i = [&](const char* c) { return read_column<int64_t>(nodes, c); };
+    auto fwd = d("fwd_ms"), fwd_std = d("fwd_ms_std"), bwd = d("bwd_ms"), bwd_std = d("bwd_ms_std"),
+         rec = d("recompute_ms"), fb = d("fwd_ms_base"), fs = d("fwd_ms_per_sample"), bb = d("bwd_ms_base"),
+         bs = d("bwd_ms_per_sample"), fwb = d("fwd_workspace_base"), fws = d("fwd_workspace_per_sample"),
+         bwb = d("bwd_workspace_base"), bws = d("bwd_workspace_per_sample");
+    auto pb = i("param_bytes"), pgb = i("param_grad_bytes"), fw = i("fwd_workspace"), bw = i("bwd_workspace");
+    for (size_t k = 0; k < name.size(); ++k) {
+      NodeProfile n;
+      n.id = static_cast<int>(k);
+      n.name = name[k];
+      n.kind = kind[k];
+      n.block = static_cast<int>(block[k]);
+      n.depth = static_cast<int>(depth[k]);
+      n.fwd_ms = fwd[k], n.fwd_ms_std = fwd_std[k], n.bwd_ms = bwd[k], n.bwd_ms_std = bwd_std[k];
+      n.recompute_ms = rec[k];
+      n.fwd_ms_fit = {fb[k], fs[k]};
+      n.bwd_ms_fit = {bb[k], bs[k]};
+      n.param_bytes = pb[k];
+      n.param_grad_bytes = pgb[k];
+      n.fwd_workspace = fw[k];
+      n.bwd_workspace = bw[k];
+      n.fwd_workspace_fit = {fwb[k], fws[k]};
+      n.bwd_workspace_fit = {bwb[k], bws[k]};
+      p.nodes.push_back(n);
+    }
+    Handle tensors(H5Gopen2(file, "tensors", H5P_DEFAULT), H5Gclose, "open group tensors");
+    auto tname = read_strings(tensors, "name");
+    auto producer = read_column<int64_t>(tensors, "producer");
+    auto is_data = read_column<int64_t>(tensors, "is_data");
+    auto internal = read_column<int64_t>(tensors, "internal");
+    auto alias = read_column<int64_t>(tensors, "alias_of");
+    auto param_view = read_column<int64_t>(tensors, "param_view");
+    auto bytes = read_column<int64_t>(tensors, "bytes");
+    auto bb2 = read_column<double>(tensors, "bytes_base");
+    auto bs2 = read_column<double>(tensors, "bytes_per_sample");
+    auto consumers = read_lists(tensors, "consumers");
+    auto saved_by = read_lists(tensors, "saved_by");
+    for (size_t k = 0; k < tname.size(); ++k) {
+      TensorProfile t;
+      t.id = static_cast<int>(k);
+      t.name = tname[k];
+      t.producer = static_cast<int>(producer[k]);
+      t.is_data = is_data[k] != 0;
+      t.internal = internal[k] != 0;
+      t.alias_of = static_cast<int>(alias[k]);
+      t.param_view = param_view[k] != 0;
+      t.bytes = bytes[k];
+      t.bytes_fit = {bb2[k], bs2[k]};
+      t.consumers = consumers[k];
+      t.saved_by = saved_by[k];
+      p.tensors.push_back(t);
+    }
+  } catch (const std::runtime_error& e) {
+    if (dynamic_cast<const Error*>(&e)) throw;
+    throw ConfigError("'" + path + "' is not a complete DawnPiper profile (" + e.what() + ")");
+  }
+  // Derived lists: a node's outputs and what its backward saved.
+  for (const TensorProfile& t : p.tensors) {
+    if (t.producer >= 0 && t.producer < p.size()) p.nodes[t.producer].outputs.push_back(t.id);
+    for (int s : t.saved_by) p.nodes.at(s).saved.push_back(t.id);
+  }
+  return p;
+}
+
+}  // namespace dawnpiper

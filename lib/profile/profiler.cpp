@@ -1,0 +1,436 @@
+#include "profile/profiler.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "data/synthetic.h"
+#include "exec/stage_module.h"
+#include "exec/torch_compat.h"
+#include "memory/device_memory.h"
+#include "train/optimizer.h"
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct Stats {
+  double mean = 0, std = 0;
+};
+
+Stats stats(const std::vector<double>& xs) {
+  Stats s;
+  if (xs.empty()) return s;
+  s.mean = std::accumulate(xs.begin(), xs.end(), 0.0) / xs.size();
+  double var = 0;
+  for (double x : xs) var += (x - s.mean) * (x - s.mean);
+  s.std = xs.size() > 1 ? std::sqrt(var / (xs.size() - 1)) : 0;
+  return s;
+}
+
+// Which tensors carry gradients: outputs of nodes with parameters or with such inputs.
+std::vector<bool> requires_grad(const OpGraph& g) {
+  std::vector<bool> rg(g.tensors.size(), false);
+  for (const Node& n : g.nodes) {
+    bool r = !n.params.empty();
+    for (int t : n.inputs) r = r || rg[t];
+    if (n.kind == OpKind::Input) r = false;
+    for (int t : n.outputs) rg[t] = r;
+  }
+  return rg;
+}
+
+struct NodeMeasurement {
+  std::vector<double> fwd_ms, bwd_ms;
+  int64_t fwd_workspace = 0, bwd_workspace = 0;
+  int64_t internal_bytes = 0;
+  std::vector<int> saved_inputs;  // tensor ids
+  bool output_saved = false;
+  int output_alias_of = -1;       // input tensor id whose storage the output shares
+  bool output_param_view = false; // the output is a view of one of the node's parameters
+};
+
+bool same_storage(const at::Tensor& a, const at::Tensor& b) {
+  return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
+}
+
+// Runs node n alone: fresh inputs shaped (and strided) as in the real graph, its parameters,
+// warm-up and measured iterations of forward + backward.
+NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& rg,
+                             const SyntheticData& data, const ProfilerOptions& opt) {
+  const Node& node = g.nodes[n];
+  const c10::Device dev = opt.device;
+  NodeMeasurement m;
+  StageModule module(g, n, n + 1, opt.seed, dev);
+  std::vector<int> ins(node.inputs.begin(), node.inputs.end());
+  std::sort(ins.begin(), ins.end());
+  ins.erase(std::unique(ins.begin(), ins.end()), ins.end());
+
+  TensorEnv env = module.make_env();
+  std::vector<at::Tensor> inputs, leaves;
+  for (int t : ins) {
+    const TensorInfo& info = g.tensor(t);
+    at::Tensor x;
+    if (g.is_data(t)) {
+      data.load(env, {t}, 0, dev);
+      x = env[t];
+    } else {
+      // A transposed input is a non-contiguous view in the real graph: rebuild it as one, so
+      // ops that copy or view depending on strides (reshape, matmul) behave as they will.
+      const Node& producer = g.nodes[info.producer];
+      const bool permuted = producer.kind == OpKind::Transpose;
+      const Shape& base_shape = permuted ? g.tensor(producer.inputs[0]).shape : info.shape;
+      at::Tensor leaf = (at::rand(base_shape, at::kFloat) + 0.5).to(dev);
+      if (rg[t]) leaf.requires_grad_(true);
+      leaves.push_back(leaf);
+      x = permuted ? leaf.permute(producer.attr_ints("dims")) : leaf.view(leaf.sizes());
+    }
+    inputs.push_back(x);
+  }
+  const int out_id = node.outputs[0];
+  const int total = opt.warmup + opt.iterations;
+  for (int it = 0; it < total; ++it) {
+    const bool measured = it >= opt.warmup;
+    const bool last = it == total - 1;
+    for (size_t i = 0; i < ins.size(); ++i) env[ins[i]] = inputs[i];
+    // References to each input's storage before the node runs (its leaf, the view we pass):
+    // any reference autograd adds, to the input or to a view of it, means it was saved.
+    std::vector<size_t> storage_uses;
+    for (const at::Tensor& x : inputs) storage_uses.push_back(x.storage().use_count());
+    synchronize(dev);
+    const int64_t live0 = DeviceMemory::live_bytes(dev);
+    DeviceMemory::reset_peak(dev);
+    auto t0 = Clock::now();
+    module.run_node(n, env, RunContext{0, it});
+    synchronize(dev);
+    const double fwd = ms_since(t0);
+    at::Tensor out = env[out_id];
+    const int64_t fwd_peak = DeviceMemory::peak_bytes(dev) - live0;
+    const int64_t held = DeviceMemory::live_bytes(dev) - live0;  // output (if new) + internal
+    int alias = -1;
+    for (size_t i = 0; i < ins.size(); ++i)
+      if (!g.is_data(ins[i]) && same_storage(out, inputs[i])) alias = ins[i];
+    if (measured) {
+      m.fwd_ms.push_back(fwd);
+      m.fwd_workspace = std::max(m.fwd_workspace, fwd_peak - held);
+    }
+    bool param_view = false;
+    for (const auto& param : module.parameters()) param_view = param_view || same_storage(out, param.tensor);
+    if (last) {
+      const int64_t out_bytes = alias >= 0 || param_view ? 0 : out.numel() * out.element_size();
+      m.output_param_view = param_view;
+      m.internal_bytes = std::max<int64_t>(0, held - out_bytes);
+      m.output_alias_of = alias;
+      // Drop every reference but ours: what autograd still references, it saved.
+      for (int t : ins) env[t] = at::Tensor();
+      env[out_id] = at::Tensor();
+      for (size_t i = 0; i < ins.size(); ++i) {
+        const size_t own_views = same_storage(out, inputs[i]) ? 1 : 0;
+        if (inputs[i].use_count() > 1 || inputs[i].storage().use_count() > storage_uses[i] + own_views)
+          m.saved_inputs.push_back(ins[i]);
+      }
+      // Our handle holds the output's storage once, and once more through its base if it is a
+      // view (e.g. T5's bias: a permuted embedding); a further reference is autograd's.
+      const size_t expected_uses = out.is_view() ? 2 : 1;
+      m.output_saved = alias < 0 && out.requires_grad() && out.storage().use_count() > expected_uses;
+    }
+    if (out.requires_grad()) {
+      at::Tensor grad = out.dim() == 0 ? at::ones_like(out) : at::rand_like(out);
+      synchronize(dev);
+      const int64_t lb0 = DeviceMemory::live_bytes(dev);
+      DeviceMemory::reset_peak(dev);
+      t0 = Clock::now();
+      // Keep the graph (and so the saved tensors) alive until we have read the memory: what
+      // remains allocated beyond it are the gradients.
+      out.backward(grad, /*retain_graph=*/true);
+      synchronize(dev);
+      const double bwd = ms_since(t0);
+      const int64_t bwd_peak = DeviceMemory::peak_bytes(dev) - lb0;
+      const int64_t grads = DeviceMemory::live_bytes(dev) - lb0;
+      if (measured) {
+        m.bwd_ms.push_back(bwd);
+        m.bwd_workspace = std::max(m.bwd_workspace, bwd_peak - grads);
+      }
+      for (at::Tensor& leaf : leaves) leaf.mutable_grad() = at::Tensor();
+      for (auto& p : module.parameters()) p.tensor.mutable_grad() = at::Tensor();
+    }
+    env[out_id] = at::Tensor();
+  }
+  return m;
+}
+
+// Blocks whose nodes match the first block of the same shape: (kinds, output shapes, params).
+std::string block_signature(const OpGraph& g, int begin, int end) {
+  std::string s;
+  for (int i = begin; i < end; ++i) {
+    const Node& n = g.nodes[i];
+    s += op_kind_name(n.kind);
+    s += shape_str(g.tensor(n.outputs[0]).shape);
+    for (const ParamSpec& p : n.params) s += "p" + shape_str(p.shape);
+    for (int t : n.inputs) s += "i" + std::to_string(i - g.tensor(t).producer);
+    s += ";";
+  }
+  return s;
+}
+
+}  // namespace
+
+Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
+  if (g.micro_batch_size < 1) throw ConfigError("micro-batch size must be at least 1");
+  const std::vector<bool> rg = requires_grad(g);
+  SyntheticData data(g, opt.seed);
+  Profile p;
+  p.model = g.model;
+  p.preset = g.preset;
+  p.device = opt.device.str();
+  p.source = "measured";
+  p.torch_version = torch_version_string();
+  p.micro_batch_size = g.micro_batch_size;
+  p.profiled_batch_sizes = {g.micro_batch_size};
+  p.blocks = g.blocks;
+  const auto depth = g.depths();
+  for (const TensorInfo& t : g.tensors) {
+    TensorProfile tp;
+    tp.id = t.id;
+    tp.name = t.name;
+    tp.producer = t.producer;
+    tp.consumers = t.consumers;
+    tp.is_data = g.is_data(t.id);
+    tp.bytes = t.bytes();
+    tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
+    p.tensors.push_back(tp);
+  }
+  // Block ranges, for sharing measurements of repeated blocks.
+  std::vector<std::pair<int, int>> block_range(g.blocks.size(), {g.size(), 0});
+  for (const Node& n : g.nodes) {
+    auto& r = block_range[n.block];
+    r.first = std::min(r.first, n.id);
+    r.second = std::max(r.second, n.id + 1);
+  }
+  std::map<std::string, int> first_block_with;  // signature -> block index
+  std::vector<NodeMeasurement> measured(g.size());
+  for (size_t b = 0; b < g.blocks.size(); ++b) {
+    auto [begin, end] = block_range[b];
+    if (begin >= end) continue;
+    int source_block = -1;
+    if (opt.share_repeated_blocks) {
+      auto [it, inserted] = first_block_with.emplace(block_signature(g, begin, end), static_cast<int>(b));
+      if (!inserted) source_block = it->second;
+    }
+    if (opt.progress) std::fprintf(stderr, "profiling %s (%d nodes)%s\n", g.blocks[b].c_str(), end - begin,
+                                   source_block >= 0 ? ", shared" : "");
+    for (int n = begin; n < end; ++n) {
+      if (source_block >= 0) {
+        // Same structure: copy the measurement, translating tensor ids by the node offset.
+        const int offset = n - begin;
+        const int src = block_range[source_block].first + offset;
+        NodeMeasurement m = measured[src];
+        for (int& t : m.saved_inputs) {
+          const int k = static_cast<int>(std::find(g.nodes[src].inputs.begin(), g.nodes[src].inputs.end(), t) -
+                                         g.nodes[src].inputs.begin());
+          t = g.nodes[n].inputs.at(k);
+        }
+        if (m.output_alias_of >= 0) {
+          const int k = static_cast<int>(std::find(g.nodes[src].inputs.begin(), g.nodes[src].inputs.end(),
+                                                   m.output_alias_of) - g.nodes[src].inputs.begin());
+          m.output_alias_of = g.nodes[n].inputs.at(k);
+        }
+        measured[n] = m;
+        continue;
+      }
+      if (g.nodes[n].kind == OpKind::Input) continue;
+      measured[n] = measure_node(g, n, rg, data, opt);
+    }
+  }
+  // Assemble: node rows, aliases, saved_by (on storage owners), internal buffers.
+  for (const Node& n : g.nodes) {
+    const NodeMeasurement& m = measured[n.id];
+    NodeProfile np;
+    np.id = n.id;
+    np.name = n.name;
+    np.kind = op_kind_name(n.kind);
+    np.block = n.block;
+    np.depth = depth[n.id];
+    const Stats f = stats(m.fwd_ms), b = stats(m.bwd_ms);
+    np.fwd_ms = f.mean;
+    np.fwd_ms_std = f.std;
+    np.bwd_ms = b.mean;
+    np.bwd_ms_std = b.std;
+    np.recompute_ms = f.mean;
+    np.param_bytes = g.parameter_bytes(n.id);
+    np.fwd_workspace = std::max<int64_t>(0, m.fwd_workspace);
+    np.bwd_workspace = std::max<int64_t>(0, m.bwd_workspace);
+    np.outputs = n.outputs;
+    p.nodes.push_back(np);
+    if (m.output_alias_of >= 0) p.tensors[n.outputs[0]].alias_of = m.output_alias_of;
+    p.tensors[n.outputs[0]].param_view = m.output_param_view;
+  }
+  auto owner = [&](int t) {
+    while (p.tensors[t].alias_of >= 0) t = p.tensors[t].alias_of;
+    return t;
+  };
+  auto add_saved = [&](int t, int node) {
+    auto& sb = p.tensors[t].saved_by;
+    if (std::find(sb.begin(), sb.end(), node) == sb.end()) sb.push_back(node);
+  };
+  for (const Node& n : g.nodes) {
+    const NodeMeasurement& m = measured[n.id];
+    for (int t : m.saved_inputs) add_saved(owner(t), n.id);
+    if (m.output_saved) add_saved(owner(n.outputs[0]), n.id);
+    if (m.internal_bytes > 0) {
+      TensorProfile tp;
+      tp.id = static_cast<int>(p.tensors.size());
+      tp.name = n.name + ".internal";
+      tp.producer = n.id;
+      tp.bytes = m.internal_bytes;
+      tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
+      tp.saved_by = {n.id};
+      tp.internal = true;
+      p.tensors.push_back(tp);
+      p.nodes[n.id].outputs.push_back(tp.id);
+    }
+  }
+  // Parameter gradients appear at the last user of each parameter (first in backward order).
+  std::map<std::pair<int, int>, int> last_user;
+  for (const Node& n : g.nodes)
+    for (size_t i = 0; i < n.params.size(); ++i) {
+      const ParamSpec& ps = n.params[i];
+      last_user[ps.tied() ? std::make_pair(ps.tied_node, ps.tied_param) : std::make_pair(n.id, int(i))] = n.id;
+    }
+  for (const auto& [key, user] : last_user)
+    p.nodes[user].param_grad_bytes += numel(g.nodes[key.first].params[key.second].shape) * 4;
+  for (TensorProfile& t : p.tensors) {
+    std::sort(t.saved_by.begin(), t.saved_by.end());
+    for (int s : t.saved_by) p.nodes[s].saved.push_back(t.id);
+  }
+  for (NodeProfile& n : p.nodes) {
+    n.fwd_ms_fit = {n.fwd_ms, 0};
+    n.bwd_ms_fit = {n.bwd_ms, 0};
+    n.fwd_workspace_fit = {static_cast<double>(n.fwd_workspace), 0};
+    n.bwd_workspace_fit = {static_cast<double>(n.bwd_workspace), 0};
+  }
+  return p;
+}
+
+namespace {
+// Least-squares line through (x, y); with one point, a flat line.
+LinearFit fit_line(const std::vector<double>& x, const std::vector<double>& y) {
+  if (x.size() < 2) return {y.empty() ? 0 : y[0], 0};
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < x.size(); ++i) mx += x[i], my += y[i];
+  mx /= x.size();
+  my /= y.size();
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < x.size(); ++i) sxy += (x[i] - mx) * (y[i] - my), sxx += (x[i] - mx) * (x[i] - mx);
+  const double slope = sxx > 0 ? sxy / sxx : 0;
+  return {my - slope * mx, slope};
+}
+
+// Worst relative error of a fit over its points, ignoring values too small to matter.
+double fit_error(const LinearFit& f, const std::vector<double>& x, const std::vector<double>& y, double floor) {
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (std::fabs(y[i]) > floor) worst = std::max(worst, std::fabs(f.at(static_cast<int64_t>(x[i])) - y[i]) / std::fabs(y[i]));
+  return worst;
+}
+}  // namespace
+
+Profile profile_model(const ModelConfig& config, std::vector<int64_t> batch_sizes,
+                      const ProfilerOptions& options) {
+  if (batch_sizes.empty()) throw ConfigError("no micro-batch size to profile");
+  for (int64_t b : batch_sizes)
+    if (b < 1) throw ConfigError("micro-batch size must be at least 1");
+  std::vector<Profile> profiles;
+  for (int64_t b : batch_sizes) profiles.push_back(profile_graph(build_model(config, b), options));
+  Profile p = profiles.front();
+  p.profiled_batch_sizes = batch_sizes;
+  if (profiles.size() == 1) return p;
+  std::vector<double> x(batch_sizes.begin(), batch_sizes.end());
+  double worst_bytes = 0, worst_time = 0;
+  const double time_floor = 0.05;  // ms: below this, timer noise dominates
+  const double bytes_floor = 4096;
+  auto column = [&](auto get) {
+    std::vector<double> y;
+    for (const Profile& q : profiles) y.push_back(get(q));
+    return y;
+  };
+  for (size_t t = 0; t < p.tensors.size(); ++t) {
+    // Internal buffers are matched by producer and position; a structure change across batch
+    // sizes (it does not happen for these models) would leave the flat fit.
+    bool same = true;
+    for (const Profile& q : profiles) same = same && q.tensors.size() == p.tensors.size();
+    if (!same) break;
+    auto y = column([&](const Profile& q) { return static_cast<double>(q.tensors[t].bytes); });
+    p.tensors[t].bytes_fit = fit_line(x, y);
+    worst_bytes = std::max(worst_bytes, fit_error(p.tensors[t].bytes_fit, x, y, bytes_floor));
+  }
+  for (size_t n = 0; n < p.nodes.size(); ++n) {
+    NodeProfile& np = p.nodes[n];
+    auto f = column([&](const Profile& q) { return q.nodes[n].fwd_ms; });
+    auto b = column([&](const Profile& q) { return q.nodes[n].bwd_ms; });
+    auto fw = column([&](const Profile& q) { return static_cast<double>(q.nodes[n].fwd_workspace); });
+    auto bw = column([&](const Profile& q) { return static_cast<double>(q.nodes[n].bwd_workspace); });
+    np.fwd_ms_fit = fit_line(x, f);
+    np.bwd_ms_fit = fit_line(x, b);
+    np.fwd_workspace_fit = fit_line(x, fw);
+    np.bwd_workspace_fit = fit_line(x, bw);
+    worst_time = std::max({worst_time, fit_error(np.fwd_ms_fit, x, f, time_floor),
+                           fit_error(np.bwd_ms_fit, x, b, time_floor)});
+  }
+  p.fit_max_rel_error = std::max(worst_bytes, worst_time);
+  return p;
+}
+
+StepMeasurement measure_step(const OpGraph& g, const std::string& optimizer,
+                             const ProfilerOptions& opt, int steps) {
+  const c10::Device dev = opt.device;
+  StageModule module(g, 0, g.size(), opt.seed, dev);
+  std::vector<at::Tensor> params;
+  for (auto& p : module.parameters()) params.push_back(p.tensor);
+  OptimizerConfig oc;
+  oc.kind = optimizer;
+  oc.lr = 1e-4;
+  auto opt_impl = make_optimizer(oc, params);
+  SyntheticData data(g, opt.seed);
+  const auto wanted = g.data_inputs(0, g.size());
+  const int loss_id = g.nodes[g.loss_node()].outputs[0];
+  std::vector<double> times;
+  StepMeasurement r;
+  for (int s = 0; s < steps + 2; ++s) {
+    TensorEnv env = module.make_env();
+    data.load(env, wanted, data.first_sample(s, 0, 1), dev);
+    synchronize(dev);
+    DeviceMemory::reset_peak(dev);
+    auto t0 = Clock::now();
+    module.forward(env, RunContext{s, s});
+    at::Tensor loss = env[loss_id];
+    env.clear();
+    loss.backward();
+    loss = at::Tensor();
+    opt_impl->step();
+    synchronize(dev);
+    if (s >= 2) {
+      times.push_back(ms_since(t0));
+      r.peak_bytes = DeviceMemory::peak_bytes(dev);
+    }
+  }
+  std::sort(times.begin(), times.end());
+  r.step_ms = times[times.size() / 2];
+  return r;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,158 @@
+// The measured profiler: saved tensors captured from autograd, memory replay against the
+// counting allocator's measured peak, batch-size fits, repeated-block sharing, HDF5 round trip.
+#include "torch_test.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "memory/counting_allocator.h"
+#include "models/model_config.h"
+#include "profile/memory_replay.h"
+#include "profile/profile_io.h"
+#include "profile/profiler.h"
+#include "util/error.h"
+
+using namespace dawnpiper;
+
+namespace {
+ProfilerOptions quick() {
+  ProfilerOptions o;
+  o.warmup = 1;
+  o.iterations = 1;
+  return o;
+}
+
+const NodeProfile& node(const Profile& p, const std::string& name) {
+  for (const NodeProfile& n : p.nodes)
+    if (n.name == name) return n;
+  throw std::runtime_error("no node " + name);
+}
+
+bool saves(const Profile& p, const std::string& node_name, int tensor) {
+  const auto& s = node(p, node_name).saved;
+  return std::find(s.begin(), s.end(), tensor) != s.end();
+}
+}  // namespace
+
+TEST_CASE("saved tensors are what autograd really keeps", "[profile]") {
+  CountingAllocator::install();
+  at::set_num_threads(1);
+  OpGraph g = build_model(preset_config("gpt2-tiny"), 2);
+  Profile p = profile_graph(g, quick());
+  auto output_of = [&](const std::string& n) { return g.nodes[node(p, n).id].outputs[0]; };
+  // linear saves its input; softmax saves its output; gelu saves its input; add saves nothing.
+  CHECK(saves(p, "layer0.mlp.fc", output_of("layer0.ln2")));
+  CHECK(saves(p, "layer0.attn.softmax", output_of("layer0.attn.softmax")));
+  CHECK(saves(p, "layer0.mlp.gelu", output_of("layer0.mlp.fc")));
+  CHECK(node(p, "layer0.attn_residual").saved.empty());
+  // The embedding saves the token ids (data), not a float activation.
+  CHECK(saves(p, "wte", output_of("tokens")));
+  // Dropout keeps a one-byte-per-element mask as an internal buffer.
+  const NodeProfile& drop = node(p, "layer0.attn.attn_drop");
+  int64_t internal = 0;
+  for (int t : drop.saved)
+    if (p.tensors[t].internal) internal += p.tensors[t].bytes;
+  CHECK(internal == g.tensor(output_of("layer0.attn.attn_drop")).bytes() / 4);
+  // Views allocate nothing and what they save is recorded on the storage owner.
+  const TensorProfile& heads = p.tensors[output_of("layer0.attn.q_heads")];
+  CHECK(heads.alias_of >= 0);
+  CHECK(heads.saved_by.empty());
+  CHECK(p.tensors[output_of("wpe")].param_view);
+}
+
+TEST_CASE("replaying the profile predicts the measured step peak within 5%", "[profile]") {
+  CountingAllocator::install();
+  at::set_num_threads(1);
+  for (const char* preset : {"mlp-tiny", "gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny",
+                             "mlp-mini", "gpt2-mini", "bert-mini", "t5-mini", "amoebanet-mini"}) {
+    for (const char* optimizer : {"sgd", "adam"}) {
+      INFO(preset << " " << optimizer);
+      const bool mini = std::string(preset).find("mini") != std::string::npos;
+      OpGraph g = build_model(preset_config(preset), mini ? 2 : 4);
+      Profile p = profile_graph(g, quick());
+      StepMeasurement m = measure_step(g, optimizer, quick(), 1);
+      ReplayResult r = replay_step(p, optimizer);
+      const double error = double(r.peak_bytes) / double(m.peak_bytes) - 1;
+      WARN(preset << " " << optimizer << ": predicted " << r.peak_bytes << " measured " << m.peak_bytes
+                  << " (" << 100 * error << "%)");
+      CHECK(std::abs(error) < 0.05);
+      if (mini) break;  // adam only for the tiny ones (time)
+    }
+  }
+}
+
+TEST_CASE("batch-size fits reproduce a direct profile's bytes", "[profile]") {
+  CountingAllocator::install();
+  ModelConfig c = preset_config("bert-tiny");
+  Profile fitted = profile_model(c, {2, 4}, quick());
+  CHECK(fitted.profiled_batch_sizes == std::vector<int64_t>{2, 4});
+  Profile at6 = fitted.at_batch(6);
+  OpGraph g6 = build_model(c, 6);
+  for (const TensorInfo& t : g6.tensors) CHECK(at6.tensors[t.id].bytes == t.bytes());
+  CHECK(at6.micro_batch_size == 6);
+  CHECK_THROWS_AS(fitted.at_batch(0), ConfigError);
+}
+
+TEST_CASE("sharing repeated blocks keeps the memory structure", "[profile]") {
+  CountingAllocator::install();
+  ModelConfig c = preset_config("gpt2-tiny");
+  c.layers = 3;
+  OpGraph g = build_model(c, 2);
+  ProfilerOptions shared = quick();
+  shared.share_repeated_blocks = true;
+  Profile full = profile_graph(g, quick()), reused = profile_graph(g, shared);
+  REQUIRE(full.tensors.size() == reused.tensors.size());
+  for (size_t t = 0; t < full.tensors.size(); ++t) {
+    CHECK(full.tensors[t].saved_by == reused.tensors[t].saved_by);
+    CHECK(full.tensors[t].bytes == reused.tensors[t].bytes);
+  }
+  CHECK(replay_step(full, "sgd").peak_bytes == replay_step(reused, "sgd").peak_bytes);
+}
+
+TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]") {
+  CountingAllocator::install();
+  Profile p = profile_model(preset_config("t5-tiny"), {1, 3}, quick());
+  p.measured_step_ms = 12.5;
+  p.measured_peak_bytes = 123456;
+  const std::string path = "test_profile_roundtrip.h5";
+  write_profile(p, path);
+  Profile q = read_profile(path);
+  CHECK(q.preset == p.preset);
+  CHECK(q.model == p.model);
+  CHECK(q.micro_batch_size == p.micro_batch_size);
+  CHECK(q.profiled_batch_sizes == p.profiled_batch_sizes);
+  CHECK(q.fit_max_rel_error == p.fit_max_rel_error);
+  CHECK(q.measured_step_ms == p.measured_step_ms);
+  CHECK(q.measured_peak_bytes == p.measured_peak_bytes);
+  CHECK(q.blocks == p.blocks);
+  REQUIRE(q.nodes.size() == p.nodes.size());
+  for (size_t i = 0; i < p.nodes.size(); ++i) {
+    const NodeProfile &a = p.nodes[i], &b = q.nodes[i];
+    CHECK(a.name == b.name);
+    CHECK(a.kind == b.kind);
+    CHECK(a.fwd_ms == b.fwd_ms);
+    CHECK(a.bwd_ms_fit.per_sample == b.bwd_ms_fit.per_sample);
+    CHECK(a.param_grad_bytes == b.param_grad_bytes);
+    CHECK(a.bwd_workspace == b.bwd_workspace);
+    CHECK(a.outputs == b.outputs);
+    CHECK(a.saved == b.saved);
+  }
+  REQUIRE(q.tensors.size() == p.tensors.size());
+  for (size_t i = 0; i < p.tensors.size(); ++i) {
+    const TensorProfile &a = p.tensors[i], &b = q.tensors[i];
+    CHECK(a.bytes == b.bytes);
+    CHECK(a.bytes_fit.per_sample == b.bytes_fit.per_sample);
+    CHECK(a.consumers == b.consumers);
+    CHECK(a.saved_by == b.saved_by);
+    CHECK(a.internal == b.internal);
+    CHECK(a.alias_of == b.alias_of);
+    CHECK(a.param_view == b.param_view);
+  }
+  std::remove(path.c_str());
+  // Not HDF5, missing, unwritable.
+  { std::ofstream("not_a_profile.h5") << "hello"; }
+  CHECK_THROWS_AS(read_profile("not_a_profile.h5"), ConfigError);
+  std::remove("not_a_profile.h5");
+  CHECK_THROWS_AS(read_profile("no_such_profile.h5"), ConfigError);
+  CHECK_THROWS_AS(write_profile(p, "/no/such/dir/p.h5"), ConfigError);
+}
