@@ -86,6 +86,16 @@ ReplayResult replay_step(const Profile& p, const std::string& optimizer) {
     if (has_grad[out] && !view) live -= p.tensors[out].bytes;  // output gradient consumed
     for (int t : n.saved) release(t);
   }
+  // The optimizer step updates parameters in node order and frees each gradient after its
+  // update; Adam needs one temporary the size of the parameter it updates (see
+  // train/optimizer.cpp), bounded here by the node's parameter bytes.
+  if (optimizer == "adam") {
+    for (const NodeProfile& n : p.nodes) {
+      if (n.param_bytes == 0) continue;
+      note_peak(live + std::min(n.param_bytes, p.largest_param_bytes), n.id, true);
+      live -= n.param_bytes;  // this node's gradients are released after its update
+    }
+  }
   r.activation_peak = r.peak_bytes - r.static_bytes;
   return r;
 }

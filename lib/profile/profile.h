@@ -78,6 +78,7 @@ struct Profile {
   std::vector<NodeProfile> nodes;    // execution order; nodes[i].id == i
   std::vector<TensorProfile> tensors;  // tensors[i].id == i
   // Whole-step measurements for cross-checking (0 when not measured).
+  int64_t largest_param_bytes = 0;  // the largest single parameter tensor (optimizer temporaries)
   double measured_step_ms = 0;
   int64_t measured_peak_bytes = 0;
 

@@ -311,8 +311,11 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
       const ParamSpec& ps = n.params[i];
       last_user[ps.tied() ? std::make_pair(ps.tied_node, ps.tied_param) : std::make_pair(n.id, int(i))] = n.id;
     }
-  for (const auto& [key, user] : last_user)
-    p.nodes[user].param_grad_bytes += numel(g.nodes[key.first].params[key.second].shape) * 4;
+  for (const auto& [key, user] : last_user) {
+    const int64_t bytes = numel(g.nodes[key.first].params[key.second].shape) * 4;
+    p.nodes[user].param_grad_bytes += bytes;
+    p.largest_param_bytes = std::max(p.largest_param_bytes, bytes);
+  }
   for (TensorProfile& t : p.tensors) {
     std::sort(t.saved_by.begin(), t.saved_by.end());
     for (int s : t.saved_by) p.nodes[s].saved.push_back(t.id);

@@ -60,7 +60,9 @@ class Adam final : public Optimizer {
       }
       m_[i].mul_(c_.beta1).add_(g, 1 - c_.beta1);
       v_[i].mul_(c_.beta2).addcmul_(g, g, 1 - c_.beta2);
-      at::Tensor denom = (v_[i].sqrt() / std::sqrt(bc2)).add_(c_.eps);
+      // One temporary the size of the parameter (the memory replay accounts for it).
+      at::Tensor denom = v_[i].sqrt();
+      denom.div_(std::sqrt(bc2)).add_(c_.eps);
       p.addcdiv_(m_[i], denom, -c_.lr / bc1);
       zero_grad(p);
     }

@@ -124,6 +124,7 @@ TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]
   CHECK(q.fit_max_rel_error == p.fit_max_rel_error);
   CHECK(q.measured_step_ms == p.measured_step_ms);
   CHECK(q.measured_peak_bytes == p.measured_peak_bytes);
+  CHECK(q.largest_param_bytes == p.largest_param_bytes);
   CHECK(q.blocks == p.blocks);
   REQUIRE(q.nodes.size() == p.nodes.size());
   for (size_t i = 0; i < p.nodes.size(); ++i) {
