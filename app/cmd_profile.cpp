@@ -7,6 +7,7 @@
 #include "cli/options.h"
 #include "memory/counting_allocator.h"
 #include "memory/device_memory.h"
+#include "profile/analytic.h"
 #include "profile/memory_replay.h"
 #include "profile/profile_io.h"
 #include "profile/profiler.h"
@@ -47,7 +48,9 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
       ("iterations", po::value<int>()->default_value(5), "measured iterations per node")
       ("share-blocks", po::bool_switch(), "profile repeated layers/cells once and reuse the numbers")
       ("optimizer", po::value<std::string>()->default_value("sgd"), "optimizer of the cross-check step")
-      ("no-step-check", po::bool_switch(), "skip the whole-step measurement (models that do not fit)");
+      ("no-step-check", po::bool_switch(), "skip the whole-step measurement (models that do not fit)")
+      ("analytic", po::bool_switch(), "estimate from shapes and a device spec instead of measuring")
+      ("device-spec", po::value<std::string>(), "with --analytic: a100-40gb | h100-80gb | spec file");
   options.add(own).add(common_options()).add(model_override_options());
   po::variables_map vm;
   if (!parse_options(argc, argv, "profile",
@@ -78,10 +81,14 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   const std::string out = vm["out"].as<std::string>();
   check_writable(out);
 
+  const bool analytic = vm["analytic"].as<bool>();
+  if (vm.count("device-spec") && !analytic) throw ConfigError("--device-spec needs --analytic");
+  if (analytic && !vm.count("device-spec")) throw ConfigError("--analytic needs --device-spec (e.g. a100-40gb)");
   const auto t0 = std::chrono::steady_clock::now();
-  Profile p = profile_model(model, sizes, opt);
+  Profile p = analytic ? analytic_profile_model(model, sizes, device_spec(vm["device-spec"].as<std::string>()))
+                       : profile_model(model, sizes, opt);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!vm["no-step-check"].as<bool>()) {
+  if (!analytic && !vm["no-step-check"].as<bool>()) {
     StepMeasurement step = measure_step(build_model(model, sizes.front()), optimizer, opt);
     p.measured_step_ms = step.step_ms;
     p.measured_peak_bytes = step.peak_bytes;

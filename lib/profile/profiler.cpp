@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -82,22 +83,26 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
 
   TensorEnv env = module.make_env();
   std::vector<at::Tensor> inputs, leaves;
-  for (int t : ins) {
+  // An input that is a view in the real graph (transposes, reshapes of them) is rebuilt as the
+  // same chain of views over a fresh leaf, so it has the real strides: ops that copy or view
+  // depending on strides (reshape, matmul) then behave as they will in training.
+  std::function<at::Tensor(int)> rebuild = [&](int t) -> at::Tensor {
     const TensorInfo& info = g.tensor(t);
+    const Node& producer = g.nodes[info.producer];
+    if (producer.kind == OpKind::Transpose) return rebuild(producer.inputs[0]).permute(producer.attr_ints("dims"));
+    if (producer.kind == OpKind::Reshape) return rebuild(producer.inputs[0]).reshape(info.shape);
+    at::Tensor leaf = (at::rand(info.shape, at::kFloat) + 0.5).to(dev);
+    if (rg[t]) leaf.requires_grad_(true);
+    leaves.push_back(leaf);
+    return leaf.view(leaf.sizes());  // a non-leaf handle: autograd's references to it show
+  };
+  for (int t : ins) {
     at::Tensor x;
     if (g.is_data(t)) {
       data.load(env, {t}, 0, dev);
       x = env[t];
     } else {
-      // A transposed input is a non-contiguous view in the real graph: rebuild it as one, so
-      // ops that copy or view depending on strides (reshape, matmul) behave as they will.
-      const Node& producer = g.nodes[info.producer];
-      const bool permuted = producer.kind == OpKind::Transpose;
-      const Shape& base_shape = permuted ? g.tensor(producer.inputs[0]).shape : info.shape;
-      at::Tensor leaf = (at::rand(base_shape, at::kFloat) + 0.5).to(dev);
-      if (rg[t]) leaf.requires_grad_(true);
-      leaves.push_back(leaf);
-      x = permuted ? leaf.permute(producer.attr_ints("dims")) : leaf.view(leaf.sizes());
+      x = rebuild(t);
     }
     inputs.push_back(x);
   }

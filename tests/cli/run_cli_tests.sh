@@ -72,6 +72,9 @@ expect_fail "profile cuda without GPU" "--device cuda" profile --model mlp-tiny 
 expect_fail "profile unwritable" "cannot write '/no/such/dir/p.h5'" profile --model mlp-tiny --out /no/such/dir/p.h5 --iterations 1
 expect_fail "profile micro-batch 0" "micro-batch size must be at least 1" profile --model mlp-tiny --micro-batch-size 0 --out "$work/x.h5"
 expect_fail "profile bad batch sizes" "--batch-sizes" profile --model mlp-tiny --batch-sizes 2,x --out "$work/x.h5"
+expect_ok "analytic profile" "on a100-40gb" profile --model bert-large --micro-batch-size 1 --analytic --device-spec a100-40gb --out "$work/a.h5"
+expect_fail "analytic without spec" "--analytic needs --device-spec" profile --model mlp-tiny --analytic --out "$work/x.h5"
+expect_fail "unknown device spec" "unknown device spec 'tpu'" profile --model mlp-tiny --analytic --device-spec tpu --out "$work/x.h5"
 [ ! -e "$work/x.h5" ] && passed=$((passed + 1)) || { echo "FAIL: partial profile left behind"; failed=$((failed + 1)); }
 
 leftovers=$(find "$work" -name '*.tmp.*' | wc -l)

@@ -1,0 +1,344 @@
+#include "profile/analytic.h"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "util/error.h"
+#include "util/units.h"
+
+namespace dawnpiper {
+
+DeviceSpec device_spec(const std::string& name) {
+  DeviceSpec s;
+  if (name == "a100-40gb") {
+    // FP32 19.5 TFLOP/s and 1555 GB/s peak, at 80% achievable; PCIe 4.0 x16 to the host;
+    // NVLink 3 between GPUs.
+    s = {"a100-40gb", 40LL << 30, 0.8 * 19.5e12, 0.8 * 1555e9, 24e9, 240e9, 5e-6};
+    return s;
+  }
+  if (name == "h100-80gb") {
+    // SXM: FP32 67 TFLOP/s, 3.35 TB/s, PCIe 5.0 x16, NVLink 4.
+    s = {"h100-80gb", 80LL << 30, 0.8 * 67e12, 0.8 * 3350e9, 50e9, 360e9, 4e-6};
+    return s;
+  }
+  std::ifstream in(name);
+  if (!in)
+    throw ConfigError("unknown device spec '" + name + "' (use a100-40gb, h100-80gb or a spec file)");
+  std::map<std::string, std::string> kv;
+  std::string line;
+  while (std::getline(in, line)) {
+    line = line.substr(0, line.find('#'));
+    auto eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    auto trim = [](std::string x) {
+      x.erase(0, x.find_first_not_of(" \t"));
+      x.erase(x.find_last_not_of(" \t\r") + 1);
+      return x;
+    };
+    kv[trim(line.substr(0, eq))] = trim(line.substr(eq + 1));
+  }
+  auto need = [&](const std::string& key) {
+    auto it = kv.find(key);
+    if (it == kv.end()) throw ConfigError("device spec '" + name + "' lacks '" + key + "'");
+    return it->second;
+  };
+  auto number = [&](const std::string& key) {
+    try {
+      return std::stod(need(key));
+    } catch (const std::invalid_argument&) {
+      throw ConfigError("device spec '" + name + "': '" + key + "' is not a number");
+    }
+  };
+  s.name = kv.count("name") ? kv["name"] : name;
+  s.memory_bytes = parse_bytes(need("memory"), "device spec memory");
+  s.flops = number("flops");
+  s.bandwidth = number("bandwidth");
+  s.host_bandwidth = number("host_bandwidth");
+  s.link_bandwidth = number("link_bandwidth");
+  if (kv.count("kernel_overhead_us")) s.kernel_overhead_s = number("kernel_overhead_us") * 1e-6;
+  if (s.flops <= 0 || s.bandwidth <= 0 || s.host_bandwidth <= 0 || s.link_bandwidth <= 0)
+    throw ConfigError("device spec '" + name + "': rates must be positive");
+  return s;
+}
+
+namespace {
+
+// What one op costs and keeps, by kind: mirrors LibTorch autograd (checked against the
+// measured profiler in tests/profile).
+struct OpFacts {
+  std::vector<int> saved_inputs;  // input positions whose tensors the backward keeps
+  bool saves_output = false;
+  int64_t internal_bytes = 0;     // buffers only autograd holds
+  bool output_is_view = false;    // alias of input 0
+  bool output_is_param_view = false;
+  double flops = 0, bwd_flops = 0;
+  double bytes = 0, bwd_bytes = 0;
+  int kernels = 1, bwd_kernels = 1;
+};
+
+using Strides = std::vector<int64_t>;
+
+Strides contiguous_strides(const Shape& shape) {
+  Strides s(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
+  return s;
+}
+
+// Strides of `new_shape` viewing a tensor of (shape, strides) without a copy, if possible
+// (the rule of ATen's computeStride, which decides whether reshape views or copies).
+bool view_strides(const Shape& shape, const Strides& strides, const Shape& new_shape, Strides& out) {
+  out.assign(new_shape.size(), 0);
+  if (shape.empty()) return false;
+  int view_d = static_cast<int>(new_shape.size()) - 1;
+  int64_t chunk_base = strides.back(), tensor_numel = 1, view_numel = 1;
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= shape[d];
+    if (d == 0 || (shape[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base;
+        view_numel *= new_shape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return false;
+      if (d > 0) {
+        chunk_base = strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  return view_d == -1;
+}
+
+// Strides of every graph tensor as the executor produces them: views keep their base's memory
+// layout, everything else is contiguous.
+std::vector<Strides> tensor_strides(const OpGraph& g) {
+  std::vector<Strides> st(g.tensors.size());
+  for (const Node& n : g.nodes) {
+    const int out = n.outputs[0];
+    const Shape& shape = g.tensor(out).shape;
+    st[out] = contiguous_strides(shape);
+    if (n.kind == OpKind::Transpose) {
+      const auto& dims = n.attr_ints("dims");
+      for (size_t i = 0; i < dims.size(); ++i) st[out][i] = st[n.inputs[0]][dims[i]];
+    } else if (n.kind == OpKind::Reshape) {
+      Strides v;
+      if (view_strides(g.tensor(n.inputs[0]).shape, st[n.inputs[0]], shape, v)) st[out] = v;
+    }
+  }
+  return st;
+}
+
+bool reshape_is_view(const OpGraph& g, const std::vector<Strides>& st, int input, const Shape& to) {
+  Strides v;
+  return view_strides(g.tensor(input).shape, st[input], to, v);
+}
+
+OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n) {
+  OpFacts f;
+  const TensorInfo& out = g.tensor(n.outputs[0]);
+  const double ob = static_cast<double>(out.bytes());
+  auto in_bytes = [&](size_t i) { return static_cast<double>(g.tensor(n.inputs.at(i)).bytes()); };
+  auto in_shape = [&](size_t i) -> const Shape& { return g.tensor(n.inputs.at(i)).shape; };
+  double all_in = 0;
+  for (size_t i = 0; i < n.inputs.size(); ++i) all_in += in_bytes(i);
+  f.bytes = all_in + ob;
+  f.bwd_bytes = 2 * f.bytes;
+  const int64_t rows = out.shape.empty() ? 1 : numel(out.shape) / out.shape.back();
+  switch (n.kind) {
+    case OpKind::Input: f.kernels = f.bwd_kernels = 0; f.bytes = f.bwd_bytes = 0; break;
+    case OpKind::Embedding: f.saved_inputs = {0}; break;
+    case OpKind::PosEmbedding: f.output_is_param_view = true; f.kernels = 0; f.bytes = 0; break;
+    case OpKind::Linear: {
+      f.saved_inputs = {0};
+      const double k = static_cast<double>(in_shape(0).back());
+      f.flops = 2.0 * static_cast<double>(numel(in_shape(0))) / k * k * static_cast<double>(out.shape.back());
+      f.bwd_flops = 2 * f.flops;
+      f.bytes += static_cast<double>(g.parameter_bytes(n.id));
+      break;
+    }
+    case OpKind::LayerNorm: f.saved_inputs = {0}; f.internal_bytes = rows * 8; break;
+    case OpKind::RMSNorm: f.saved_inputs = {0}; f.internal_bytes = out.bytes() + rows * 4; f.kernels = 5; f.bwd_kernels = 8; break;
+    case OpKind::Gelu: case OpKind::Erf: f.saved_inputs = {0}; break;
+    case OpKind::Relu: case OpKind::Tanh: case OpKind::Sqrt: case OpKind::Softmax: f.saves_output = true; break;
+    case OpKind::Dropout: f.internal_bytes = numel(out.shape); f.kernels = 3; break;  // bool mask
+    case OpKind::Reshape:
+      f.output_is_view = reshape_is_view(g, st, n.inputs[0], out.shape);
+      if (f.output_is_view) f.kernels = 0, f.bytes = 0;
+      break;
+    case OpKind::Transpose: f.output_is_view = true; f.kernels = 0; f.bytes = 0; break;
+    case OpKind::MatMul: {
+      // Batched matmul folds each operand's batch dimensions into one; an operand whose
+      // layout does not allow that view becomes a contiguous copy, which the backward keeps
+      // instead of the operand.
+      for (int i = 0; i < 2; ++i) {
+        const Shape& s = in_shape(i);
+        Shape folded{numel(s) / (s[s.size() - 2] * s.back()), s[s.size() - 2], s.back()};
+        if (reshape_is_view(g, st, n.inputs[i], folded)) f.saved_inputs.push_back(i);
+        else f.internal_bytes += g.tensor(n.inputs[i]).bytes();
+      }
+      const Shape& a = in_shape(0);
+      const double m = static_cast<double>(a[a.size() - 2]), k = static_cast<double>(a.back());
+      const double batch = static_cast<double>(numel(a)) / (m * k);
+      f.flops = 2.0 * batch * m * k * static_cast<double>(out.shape.back());
+      f.bwd_flops = 2 * f.flops;
+      break;
+    }
+    case OpKind::Scale: case OpKind::Add: case OpKind::Sub: case OpKind::Mean:
+    case OpKind::Affine: case OpKind::Concat: case OpKind::GlobalAvgPool: case OpKind::CausalMask:
+      break;
+    case OpKind::Mul: f.saved_inputs = {0, 1}; break;
+    case OpKind::Div: f.saved_inputs = {0, 1}; break;
+    case OpKind::ScaleShift: f.saved_inputs = {0}; break;
+    case OpKind::RelPosBias: break;
+    case OpKind::Conv2d: {
+      f.saved_inputs = {0};
+      const Shape& w = n.params[0].shape;  // [Co, Ci, kh, kw]
+      f.flops = 2.0 * static_cast<double>(numel(out.shape)) * static_cast<double>(w[1] * w[2] * w[3]);
+      f.bwd_flops = 2 * f.flops;
+      break;
+    }
+    case OpKind::BatchNorm2d: f.saved_inputs = {0}; f.internal_bytes = out.shape[1] * 8; f.kernels = 2; break;
+    case OpKind::MaxPool2d: f.saved_inputs = {0}; f.internal_bytes = numel(out.shape) * 8; break;
+    case OpKind::AvgPool2d: f.saved_inputs = {0}; break;
+    case OpKind::CrossEntropy: {
+      f.saved_inputs = {1};  // the labels
+      // log-softmax of the logits, and nll_loss's total weight (one float)
+      f.internal_bytes = g.tensor(n.inputs[0]).bytes() + 4;
+      f.kernels = 2;
+      break;
+    }
+  }
+  // Only tensors that carry gradients matter for a backward's needs; data is always kept.
+  return f;
+}
+
+}  // namespace
+
+Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec) {
+  Profile p;
+  p.model = g.model;
+  p.preset = g.preset;
+  p.device = spec.name;
+  p.source = "analytic";
+  p.micro_batch_size = g.micro_batch_size;
+  p.profiled_batch_sizes = {g.micro_batch_size};
+  p.blocks = g.blocks;
+  const auto depth = g.depths();
+  for (const TensorInfo& t : g.tensors) {
+    TensorProfile tp;
+    tp.id = t.id;
+    tp.name = t.name;
+    tp.producer = t.producer;
+    tp.consumers = t.consumers;
+    tp.is_data = g.is_data(t.id);
+    tp.bytes = t.bytes();
+    tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
+    p.tensors.push_back(tp);
+  }
+  std::vector<OpFacts> all;
+  const std::vector<Strides> strides = tensor_strides(g);
+  for (const Node& n : g.nodes) {
+    OpFacts f = facts(g, strides, n);
+    all.push_back(f);
+    NodeProfile np;
+    np.id = n.id;
+    np.name = n.name;
+    np.kind = op_kind_name(n.kind);
+    np.block = n.block;
+    np.depth = depth[n.id];
+    auto seconds = [&](double flops, double bytes, int kernels) {
+      return std::max(flops / spec.flops, bytes / spec.bandwidth) + kernels * spec.kernel_overhead_s;
+    };
+    np.fwd_ms = 1e3 * seconds(f.flops, f.bytes, f.kernels);
+    np.bwd_ms = n.kind == OpKind::Input ? 0 : 1e3 * seconds(f.bwd_flops, f.bwd_bytes, f.bwd_kernels);
+    np.recompute_ms = np.fwd_ms;
+    np.param_bytes = g.parameter_bytes(n.id);
+    np.outputs = n.outputs;
+    p.nodes.push_back(np);
+    TensorProfile& out = p.tensors[n.outputs[0]];
+    if (f.output_is_view) out.alias_of = n.inputs[0];
+    out.param_view = f.output_is_param_view;
+  }
+  auto owner = [&](int t) {
+    while (p.tensors[t].alias_of >= 0) t = p.tensors[t].alias_of;
+    return t;
+  };
+  // Which tensors carry gradients: a backward keeps float operands only when some input or
+  // parameter needs a gradient.
+  std::vector<bool> rg(g.tensors.size(), false);
+  for (const Node& n : g.nodes) {
+    bool r = !n.params.empty() && n.kind != OpKind::Input;
+    for (int t : n.inputs) r = r || rg[t];
+    rg[n.outputs[0]] = r;
+  }
+  for (const Node& n : g.nodes) {
+    const OpFacts& f = all[n.id];
+    if (!rg[n.outputs[0]]) continue;  // no backward
+    auto add_saved = [&](int t) {
+      auto& sb = p.tensors[owner(t)].saved_by;
+      if (std::find(sb.begin(), sb.end(), n.id) == sb.end()) sb.push_back(n.id);
+    };
+    for (int i : f.saved_inputs) add_saved(n.inputs.at(i));
+    if (f.saves_output) add_saved(n.outputs[0]);
+    if (f.internal_bytes > 0) {
+      TensorProfile tp;
+      tp.id = static_cast<int>(p.tensors.size());
+      tp.name = n.name + ".internal";
+      tp.producer = n.id;
+      tp.bytes = f.internal_bytes;
+      tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
+      tp.saved_by = {n.id};
+      tp.internal = true;
+      p.tensors.push_back(tp);
+      p.nodes[n.id].outputs.push_back(tp.id);
+    }
+  }
+  std::map<std::pair<int, int>, int> last_user;
+  for (const Node& n : g.nodes)
+    for (size_t i = 0; i < n.params.size(); ++i) {
+      const ParamSpec& ps = n.params[i];
+      last_user[ps.tied() ? std::make_pair(ps.tied_node, ps.tied_param) : std::make_pair(n.id, int(i))] = n.id;
+    }
+  for (const auto& [key, user] : last_user) {
+    const int64_t bytes = numel(g.nodes[key.first].params[key.second].shape) * 4;
+    p.nodes[user].param_grad_bytes += bytes;
+    p.largest_param_bytes = std::max(p.largest_param_bytes, bytes);
+  }
+  for (TensorProfile& t : p.tensors) {
+    std::sort(t.saved_by.begin(), t.saved_by.end());
+    for (int s : t.saved_by) p.nodes[s].saved.push_back(t.id);
+  }
+  for (NodeProfile& n : p.nodes) {
+    n.fwd_ms_fit = {n.fwd_ms, 0};
+    n.bwd_ms_fit = {n.bwd_ms, 0};
+  }
+  return p;
+}
+
+Profile analytic_profile_model(const ModelConfig& config, const std::vector<int64_t>& sizes,
+                               const DeviceSpec& spec) {
+  if (sizes.empty()) throw ConfigError("no micro-batch size to profile");
+  std::vector<Profile> ps;
+  for (int64_t b : sizes) ps.push_back(analytic_profile(build_model(config, b), spec));
+  Profile p = ps.front();
+  p.profiled_batch_sizes = sizes;
+  if (ps.size() < 2) return p;
+  const double x0 = static_cast<double>(sizes[0]), x1 = static_cast<double>(sizes.back());
+  auto line = [&](double y0, double y1) {
+    const double slope = (y1 - y0) / (x1 - x0);
+    return LinearFit{y0 - slope * x0, slope};
+  };
+  for (size_t t = 0; t < p.tensors.size(); ++t)
+    p.tensors[t].bytes_fit = line(static_cast<double>(ps.front().tensors[t].bytes),
+                                  static_cast<double>(ps.back().tensors[t].bytes));
+  for (size_t n = 0; n < p.nodes.size(); ++n) {
+    p.nodes[n].fwd_ms_fit = line(ps.front().nodes[n].fwd_ms, ps.back().nodes[n].fwd_ms);
+    p.nodes[n].bwd_ms_fit = line(ps.front().nodes[n].bwd_ms, ps.back().nodes[n].bwd_ms);
+  }
+  return p;
+}
+
+}  // namespace dawnpiper

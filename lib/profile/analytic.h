@@ -1,0 +1,34 @@
+#pragma once
+// Analytic profiles for hardware we do not have: bytes exactly from shapes (what autograd saves
+// per op kind, the same facts the measured profiler reads off autograd), times from a roofline
+// estimate per op (FLOPs / peak, bytes / bandwidth, plus a per-kernel overhead). Pure C++.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/op_graph.h"
+#include "models/model_config.h"
+#include "profile/profile.h"
+
+namespace dawnpiper {
+
+struct DeviceSpec {
+  std::string name;
+  int64_t memory_bytes = 0;        // device memory capacity
+  double flops = 0;                // achievable FP32 FLOP/s for matmul and conv
+  double bandwidth = 0;            // achievable device-memory bytes/s
+  double host_bandwidth = 0;       // device <-> host bytes/s (swap)
+  double link_bandwidth = 0;       // device <-> device bytes/s (pipeline activations)
+  double kernel_overhead_s = 5e-6; // per kernel launch
+};
+
+// "a100-40gb", "h100-80gb", or a spec file of `key = value` lines (name, memory, flops,
+// bandwidth, host_bandwidth, link_bandwidth, kernel_overhead_us). ConfigError otherwise.
+DeviceSpec device_spec(const std::string& name_or_file);
+
+Profile analytic_profile(const OpGraph& graph, const DeviceSpec& spec);
+// At each batch size, with exact linear fits (bytes) and fitted times; result at sizes.front().
+Profile analytic_profile_model(const ModelConfig& config, const std::vector<int64_t>& batch_sizes,
+                               const DeviceSpec& spec);
+
+}  // namespace dawnpiper
