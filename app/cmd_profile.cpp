@@ -43,7 +43,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   own.add_options()
       ("out", po::value<std::string>(), "HDF5 file to write (required)")
       ("batch-sizes", po::value<std::string>(), "micro-batch sizes to profile for the batch-size fit "
-                                                "(default: B and 2B for --micro-batch-size B)")
+                                                "(default: B, 2B and 3B for --micro-batch-size B)")
       ("warmup", po::value<int>()->default_value(2), "unmeasured iterations per node")
       ("iterations", po::value<int>()->default_value(5), "measured iterations per node")
       ("share-blocks", po::bool_switch(), "profile repeated layers/cells once and reuse the numbers")
@@ -74,7 +74,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   const int64_t B = vm["micro-batch-size"].as<int64_t>();
   if (B < 1) throw ConfigError("micro-batch size must be at least 1");
   const std::vector<int64_t> sizes = vm.count("batch-sizes") ? parse_batch_sizes(vm["batch-sizes"].as<std::string>())
-                                                             : std::vector<int64_t>{B, 2 * B};
+                                                             : std::vector<int64_t>{B, 2 * B, 3 * B};
   ModelConfig model = model_config_from(vm);
   const std::string optimizer = vm["optimizer"].as<std::string>();
   Profile::optimizer_state_multiplier(optimizer);  // validates the name before any work
@@ -91,6 +91,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   if (!analytic && !vm["no-step-check"].as<bool>()) {
     StepMeasurement step = measure_step(build_model(model, sizes.front()), optimizer, opt);
     p.measured_step_ms = step.step_ms;
+    p.measured_fwd_bwd_ms = step.fwd_bwd_ms;
     p.measured_peak_bytes = step.peak_bytes;
   }
   write_profile(p, out);
@@ -100,11 +101,13 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   const ReplayResult replay = replay_step(p, optimizer);
   std::printf("profiled %s: %d nodes at micro-batch sizes", p.preset.c_str(), p.size());
   for (int64_t b : sizes) std::printf(" %lld", static_cast<long long>(b));
-  std::printf(" on %s in %.1f s; batch-size fit max error %.1f%%\n", p.device.c_str(), seconds,
-              100 * p.fit_max_rel_error);
+  std::printf(" on %s in %.1f s", p.device.c_str(), seconds);
+  if (sizes.size() > 2) std::printf("; batch-size fit max error %.1f%%", 100 * p.fit_max_rel_error);
+  std::printf("\n");
   std::printf("micro-batch %lld: sum of node times %.2f ms", static_cast<long long>(p.micro_batch_size), node_ms);
-  if (p.measured_step_ms > 0)
-    std::printf(", measured step %.2f ms (%+.1f%%)", p.measured_step_ms, 100 * (node_ms / p.measured_step_ms - 1));
+  if (p.measured_fwd_bwd_ms > 0)
+    std::printf(", measured forward+backward %.2f ms (%+.1f%%), whole step with optimizer %.2f ms",
+                p.measured_fwd_bwd_ms, 100 * (node_ms / p.measured_fwd_bwd_ms - 1), p.measured_step_ms);
   std::printf("\npredicted peak %s", format_bytes(double(replay.peak_bytes)).c_str());
   if (p.measured_peak_bytes > 0)
     std::printf(", measured peak %s (%+.1f%%)", format_bytes(double(p.measured_peak_bytes)).c_str(),

@@ -27,6 +27,7 @@ Profile Profile::at_batch(int64_t batch) const {
     n.bwd_workspace = bytes_at(n.bwd_workspace_fit, batch);
   }
   p.measured_step_ms = 0;
+  p.measured_fwd_bwd_ms = 0;
   p.measured_peak_bytes = 0;
   return p;
 }

@@ -73,13 +73,16 @@ struct Profile {
   std::string torch_version, created;         // provenance
   int64_t micro_batch_size = 1;
   std::vector<int64_t> profiled_batch_sizes;
-  double fit_max_rel_error = 0;  // worst relative error of the batch-size fits
+  // Worst relative error of the batch-size fits at the profiled sizes: per tensor for bytes,
+  // of the whole model's summed forward+backward time for times.
+  double fit_max_rel_error = 0;
   std::vector<std::string> blocks;
   std::vector<NodeProfile> nodes;    // execution order; nodes[i].id == i
   std::vector<TensorProfile> tensors;  // tensors[i].id == i
   // Whole-step measurements for cross-checking (0 when not measured).
   int64_t largest_param_bytes = 0;  // the largest single parameter tensor (optimizer temporaries)
-  double measured_step_ms = 0;
+  double measured_step_ms = 0;      // forward + backward + optimizer
+  double measured_fwd_bwd_ms = 0;   // forward + backward alone
   int64_t measured_peak_bytes = 0;
 
   int size() const { return static_cast<int>(nodes.size()); }

@@ -42,8 +42,6 @@ template <>
 hid_t native_type<int64_t>() { return H5T_NATIVE_INT64; }
 template <>
 hid_t native_type<double>() { return H5T_NATIVE_DOUBLE; }
-template <>
-hid_t native_type<int32_t>() { return H5T_NATIVE_INT32; }
 
 template <typename T>
 void write_column(hid_t group, const std::string& name, const std::vector<T>& values) {
@@ -181,6 +179,7 @@ void write_profile(const Profile& p, const std::string& path) {
     write_attr<int64_t>(file, "micro_batch_size", p.micro_batch_size);
     write_attr<double>(file, "fit_max_rel_error", p.fit_max_rel_error);
     write_attr<double>(file, "measured_step_ms", p.measured_step_ms);
+    write_attr<double>(file, "measured_fwd_bwd_ms", p.measured_fwd_bwd_ms);
     write_attr<int64_t>(file, "largest_param_bytes", p.largest_param_bytes);
     write_attr<int64_t>(file, "measured_peak_bytes", p.measured_peak_bytes);
     write_column(file, "profiled_batch_sizes", p.profiled_batch_sizes);
@@ -248,6 +247,7 @@ Profile read_profile(const std::string& path) {
     p.micro_batch_size = read_attr<int64_t>(file, "micro_batch_size");
     p.fit_max_rel_error = read_attr<double>(file, "fit_max_rel_error");
     p.measured_step_ms = read_attr<double>(file, "measured_step_ms");
+    p.measured_fwd_bwd_ms = read_attr<double>(file, "measured_fwd_bwd_ms");
     p.largest_param_bytes = read_attr<int64_t>(file, "largest_param_bytes");
     p.measured_peak_bytes = read_attr<int64_t>(file, "measured_peak_bytes");
     p.profiled_batch_sizes = read_column<int64_t>(file, "profiled_batch_sizes");

@@ -38,6 +38,7 @@ Profile profile_model(const ModelConfig& config, std::vector<int64_t> batch_size
 
 struct StepMeasurement {
   double step_ms = 0;      // median of the measured steps: forward + backward + optimizer
+  double fwd_bwd_ms = 0;   // median of forward + backward alone (what the node times sum to)
   int64_t peak_bytes = 0;  // peak live bytes in the last measured step
 };
 
