@@ -1,47 +1,115 @@
-// dawnpiper train: with --stages 1 the reference trainer (whole model, one process).
-#include <cinttypes>
-#include <cstdio>
+// dawnpiper train: the reference trainer for one stage; for several stages the SPMD pipeline:
+// rank 0 profiles and plans (or loads a profile / a plan), broadcasts the plan, and every rank
+// builds and trains only its own stage.
+#include <mpi.h>
 
+#include <chrono>
+#include <cinttypes>
+#include <climits>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "app/commands.h"
 #include "cli/options.h"
 #include "memory/counting_allocator.h"
+#include "memory/device_memory.h"
+#include "plan/planner.h"
+#include "profile/profile_io.h"
+#include "profile/profiler.h"
+#include "runtime/pipeline.h"
 #include "train/reference_trainer.h"
+#include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/units.h"
 
 namespace dawnpiper {
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot read '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Rank 0: the plan (loaded, or made from a loaded or freshly measured profile) as JSON.
+std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int stages, int64_t capacity) {
+  if (vm.count("plan-in")) return read_text(vm["plan-in"].as<std::string>());
+  Profile profile;
+  if (vm.count("profile-in")) {
+    profile = read_profile(vm["profile-in"].as<std::string>());
+    if (profile.preset != graph.preset || profile.size() != graph.size())
+      throw ConfigError("--profile-in is a profile of " + profile.preset + " (" + std::to_string(profile.size()) +
+                        " nodes), not of this " + graph.preset + " graph (" + std::to_string(graph.size()) + " nodes)");
+    profile = profile.at_batch(graph.micro_batch_size);
+  } else {
+    ProfilerOptions quick;
+    quick.warmup = 1;
+    quick.iterations = 2;
+    quick.seed = vm["seed"].as<uint64_t>();
+    profile = profile_graph(graph, quick);
+  }
+  PlanOptions o;
+  o.stages = stages;
+  o.schedule = vm["schedule"].as<std::string>();
+  o.micro_batches = vm["micro-batches"].as<int64_t>();
+  o.optimizer = vm["optimizer"].as<std::string>();
+  o.capacity_bytes = capacity > 0 ? capacity : INT64_MAX;
+  o.planner = vm["planner"].as<std::string>();
+  o.memopt = vm["memopt"].as<std::string>();
+  Plan plan = make_plan(profile, o);
+  return plan.to_json();
+}
+
+void broadcast(std::string& text) {
+  int64_t n = static_cast<int64_t>(text.size());
+  MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  text.resize(static_cast<size_t>(n));
+  MPI_Bcast(text.data(), static_cast<int>(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+}
+
+}  // namespace
 
 int cmd_train(int argc, char** argv, const MpiWorld& world) {
   po::options_description options;
   po::options_description own("Training options");
   own.add_options()
       ("stages", po::value<int>(), "pipeline stages (default: the number of MPI ranks)")
+      ("schedule", po::value<std::string>()->default_value("1f1b"), "gpipe | 1f1b | async (PipeDream, weight stashing)")
+      ("planner", po::value<std::string>()->default_value("dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
+      ("memopt", po::value<std::string>()->default_value("none"), "memory optimization: none (the runtime does not execute swap/recompute yet)")
+      ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
+      ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
+      ("plan-out", po::value<std::string>(), "write the plan used to this file")
+      ("in-process", po::bool_switch(), "run every stage in this one process (validates a plan without MPI)")
       ("steps", po::value<int64_t>()->default_value(10), "training steps")
       ("optimizer", po::value<std::string>()->default_value("sgd"), "sgd (with momentum) | adam")
       ("lr", po::value<double>()->default_value(0.01), "learning rate")
       ("momentum", po::value<double>()->default_value(0.9), "SGD momentum");
   options.add(own).add(common_options()).add(model_override_options());
   po::variables_map vm;
-  if (!parse_options(argc, argv, "train", "Trains a model; --stages 1 is the single-process reference trainer.",
+  if (!parse_options(argc, argv, "train", "Trains a model: one stage with the reference trainer, several as a pipeline.",
                      options, vm))
     return 0;
+  const bool in_process = vm["in-process"].as<bool>();
   const int stages = vm.count("stages") ? vm["stages"].as<int>() : world.size;
   if (stages < 1) throw ConfigError("--stages must be at least 1");
-  if (stages != world.size)
+  if (in_process && world.size != 1) throw ConfigError("--in-process runs every stage in one process: launch one rank");
+  if (!in_process && stages != world.size)
     throw ConfigError("--stages " + std::to_string(stages) + " but " + std::to_string(world.size) +
-                      " MPI ranks: launch with `mpirun -np " + std::to_string(stages) + "`");
-  if (stages > 1)
-    throw ConfigError("pipeline training over " + std::to_string(stages) +
-                      " stages needs the distributed runtime, which this build does not have yet; "
-                      "run with --stages 1 (one rank)");
-
-  const std::string device = vm["device"].as<std::string>();
-  if (device != "cpu" && device != "cuda") throw ConfigError("--device must be cpu or cuda, got '" + device + "'");
-  if (device == "cuda") throw ConfigError("--device cuda: the trainer runs on the CPU in this build");
+                      " MPI ranks: launch with `mpirun -np " + std::to_string(stages) + "` (or use --in-process)");
+  if (vm["memopt"].as<std::string>() != "none")
+    throw ConfigError("--memopt " + vm["memopt"].as<std::string>() +
+                      ": the runtime does not execute swap/recompute decisions yet; use --memopt none "
+                      "(`dawnpiper plan` plans with them)");
+  const c10::Device device = parse_device(vm["device"].as<std::string>());
+  if (device.is_cuda()) throw ConfigError("--device cuda: training runs on the CPU in this build");
   CountingAllocator& counter = CountingAllocator::install();
-  if (vm.count("device-memory"))
-    counter.set_capacity(parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory"));
+  int64_t capacity = 0;
+  if (vm.count("device-memory")) capacity = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
 
   ModelConfig model = model_config_from(vm);
   const int64_t micro_batch_size = vm["micro-batch-size"].as<int64_t>();
@@ -53,30 +121,95 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   config.optimizer.kind = vm["optimizer"].as<std::string>();
   config.optimizer.lr = vm["lr"].as<double>();
   config.optimizer.momentum = vm["momentum"].as<double>();
+  make_optimizer(config.optimizer, {});  // validates before any work
+  if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
+  if (config.steps < 0) throw ConfigError("--steps must not be negative");
   const bool quiet = vm["quiet"].as<bool>();
+  const double samples_per_step = static_cast<double>(config.micro_batches * micro_batch_size);
 
-  ReferenceTrainer trainer(graph, config);
-  if (!quiet)
-    std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64
-                ", %s lr %g, 1 stage\n",
-                graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size,
-                config.micro_batches, config.optimizer.kind.c_str(), config.optimizer.lr);
-  double seconds = 0;
-  int64_t peak = 0;
-  double last_loss = 0;
-  trainer.run([&](const StepResult& r) {
-    seconds += r.seconds;
-    peak = std::max(peak, r.peak_bytes);
-    last_loss = r.loss;
+  if (stages == 1 && !in_process) {
+    counter.set_capacity(capacity);
+    ReferenceTrainer trainer(graph, config);
     if (!quiet)
-      std::printf("step %" PRId64 " loss %.9g time %.3fs peak %s\n", r.step, r.loss, r.seconds,
-                  format_bytes(static_cast<double>(r.peak_bytes)).c_str());
+      std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, 1 stage\n",
+                  graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size,
+                  config.micro_batches, config.optimizer.kind.c_str(), config.optimizer.lr);
+    double seconds = 0, last_loss = 0;
+    int64_t peak = 0;
+    trainer.run([&](const StepResult& r) {
+      seconds += r.seconds;
+      peak = std::max(peak, r.peak_bytes);
+      last_loss = r.loss;
+      if (!quiet)
+        std::printf("step %" PRId64 " loss %.9g time %.3fs peak %s\n", r.step, r.loss, r.seconds,
+                    format_bytes(static_cast<double>(r.peak_bytes)).c_str());
+      std::fflush(stdout);
+    });
+    std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s, peak memory %s\n", config.steps, last_loss,
+                seconds > 0 ? samples_per_step * config.steps / seconds : 0.0,
+                format_bytes(static_cast<double>(peak)).c_str());
+    return 0;
+  }
+
+  // --- pipeline: plan on rank 0, broadcast, one stage per rank ---
+  std::string plan_json;
+  if (vm.count("plan-out")) check_writable(vm["plan-out"].as<std::string>());
+  if (world.rank == 0) plan_json = plan_on_rank0(vm, graph, stages, capacity);
+  broadcast(plan_json);
+  Plan plan = plan_from_json(plan_json);
+  if (static_cast<int>(plan.stages.size()) != stages)
+    throw ConfigError("the plan has " + std::to_string(plan.stages.size()) + " stages, but " + std::to_string(stages) +
+                      " are launched");
+  if (world.rank == 0 && vm.count("plan-out")) write_text_atomically(vm["plan-out"].as<std::string>(), plan_json);
+  PipelineConfig pc;
+  pc.schedule = schedule_kind_from_name(vm["schedule"].as<std::string>());
+  for (const StagePlan& s : plan.stages) pc.ranges.push_back({s.begin, s.end});
+  pc.micro_batches = config.micro_batches;
+  pc.steps = config.steps;
+  pc.seed = config.seed;
+  pc.optimizer = config.optimizer;
+  check_ranges(graph, pc.ranges);
+  counter.set_capacity(capacity);
+  if (world.rank == 0 && !quiet) {
+    std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, %d stages, %s\n",
+                graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size,
+                config.micro_batches, config.optimizer.kind.c_str(), config.optimizer.lr, stages,
+                schedule_kind_name(pc.schedule));
+    for (const StagePlan& s : plan.stages)
+      std::printf("  stage %d: nodes [%d, %d), predicted peak %s\n", s.index, s.begin, s.end,
+                  format_bytes(static_cast<double>(s.memory.total())).c_str());
+  }
+  counter.reset_peak();
+  auto start = std::chrono::steady_clock::now();
+  auto last = start;
+  double last_loss = 0;
+  auto on_loss = [&](const StepLoss& s) {
+    auto now = std::chrono::steady_clock::now();
+    last_loss = s.loss;
+    if (!quiet)
+      std::printf("step %" PRId64 " loss %.9g time %.3fs\n", s.step, s.loss,
+                  std::chrono::duration<double>(now - last).count());
     std::fflush(stdout);
-  });
-  const double samples = static_cast<double>(config.steps * config.micro_batches * micro_batch_size);
-  std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s, peak memory %s\n",
-              config.steps, last_loss, seconds > 0 ? samples / seconds : 0.0,
-              format_bytes(static_cast<double>(peak)).c_str());
+    last = now;
+  };
+  if (in_process) {
+    for (const StepLoss& s : run_pipeline_in_process(graph, pc).losses) on_loss(s);
+  } else {
+    run_pipeline_mpi(graph, pc, MPI_COMM_WORLD, on_loss);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Per-stage measured peaks, gathered on rank 0 next to the plan's predictions.
+  int64_t peak = counter.peak_bytes();
+  std::vector<int64_t> peaks(static_cast<size_t>(world.size));
+  MPI_Gather(&peak, 1, MPI_INT64_T, peaks.data(), 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  if (world.rank == 0) {
+    if (!in_process)
+      for (int r = 0; r < world.size; ++r)
+        std::printf("  stage %d: measured peak %s (predicted %s)\n", r, format_bytes(double(peaks[r])).c_str(),
+                    format_bytes(double(plan.stages[r].memory.total())).c_str());
+    std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s\n", config.steps, last_loss,
+                seconds > 0 ? samples_per_step * config.steps / seconds : 0.0);
+  }
   return 0;
 }
 

@@ -96,8 +96,8 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
       if (c >= begin && c < end) last_local = std::max(last_local, c);
       if (c >= end) read_later = true;
     }
-    if (produced_here && read_later && !graph.is_data(t.id)) {
-      outputs_.push_back(t.id);
+    if (read_later) {  // later stages read it: keep it (and send it, if it is ours)
+      if (produced_here && !graph.is_data(t.id)) outputs_.push_back(t.id);
       continue;
     }
     if (produced_here && t.consumers.empty()) continue;  // the loss: the caller reads it

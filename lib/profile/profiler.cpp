@@ -186,7 +186,13 @@ std::string block_signature(const OpGraph& g, int begin, int end) {
     s += op_kind_name(n.kind);
     s += shape_str(g.tensor(n.outputs[0]).shape);
     for (const ParamSpec& p : n.params) s += "p" + shape_str(p.shape);
-    for (int t : n.inputs) s += "i" + std::to_string(i - g.tensor(t).producer);
+    // Inputs from inside the block by distance to their producer; inputs from outside (BERT's
+    // mask, T5's position bias and encoder output, the previous block) by kind and shape.
+    for (int t : n.inputs) {
+      const int producer = g.tensor(t).producer;
+      s += producer >= begin ? "i" + std::to_string(i - producer)
+                             : std::string("o") + op_kind_name(g.nodes[producer].kind) + shape_str(g.tensor(t).shape);
+    }
     s += ";";
   }
   return s;

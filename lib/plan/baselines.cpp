@@ -1,0 +1,282 @@
+#include "plan/baselines.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::vector<int> units_for(const CostModel& model, const char* planner) {
+  std::vector<int> units = block_boundaries(model);
+  int blocks = static_cast<int>(units.size()) - 1;
+  if (blocks < model.stages())
+    throw ConfigError(std::string("planner '") + planner +
+                      "' partitions at block granularity: the profile has " +
+                      std::to_string(blocks) + " blocks, fewer than " +
+                      std::to_string(model.stages()) + " stages");
+  return units;
+}
+
+Bounds to_node_bounds(const std::vector<int>& units, const std::vector<int>& unit_bounds) {
+  Bounds bounds;
+  for (int u : unit_bounds) bounds.push_back(units[static_cast<size_t>(u)]);
+  return bounds;
+}
+
+// Unit-level min-max partition (PipeDream's DP without replication). A stage's cost is its
+// compute time, and with `with_comm` also the activation + gradient transfer at its input.
+std::vector<int> min_max_units(const CostModel& model, const std::vector<int>& units,
+                               bool with_comm) {
+  const int blocks = static_cast<int>(units.size()) - 1, l = model.stages();
+  auto time = [&](int i, int j) { return model.compute_ms(units[i], units[j]); };
+  auto comm = [&](int i) {
+    return with_comm ? 2 * model.link_ms(model.crossing_bytes(units[i])) : 0.0;
+  };
+  // best[x][j]: x+1 stages over units [0, j); from[x][j]: where the last of them starts.
+  std::vector<std::vector<double>> best(static_cast<size_t>(l),
+                                        std::vector<double>(static_cast<size_t>(blocks) + 1, kInf));
+  std::vector<std::vector<int>> from(static_cast<size_t>(l),
+                                     std::vector<int>(static_cast<size_t>(blocks) + 1, -1));
+  for (int j = 1; j <= blocks; ++j) best[0][j] = time(0, j);
+  for (int x = 1; x < l; ++x) {
+    for (int j = x + 1; j <= blocks; ++j) {
+      double& b = best[x][j];
+      for (int i = j - 1; i >= x; --i) {
+        double t = time(i, j);
+        if (t >= b) break;  // grows as i moves left
+        double v = std::max({best[x - 1][i], comm(i), t});
+        if (v < b) {
+          b = v;
+          from[x][j] = i;
+        }
+      }
+    }
+  }
+  std::vector<int> unit_bounds(static_cast<size_t>(l) + 1);
+  unit_bounds[static_cast<size_t>(l)] = blocks;
+  for (int x = l - 1, j = blocks; x > 0; --x) {
+    j = from[x][j];
+    unit_bounds[static_cast<size_t>(x)] = j;
+  }
+  unit_bounds[0] = 0;
+  return unit_bounds;
+}
+
+}  // namespace
+
+std::vector<int> block_boundaries(const CostModel& model) {
+  const Profile& p = model.profile();
+  std::vector<int> out;
+  for (int i = 0; i < p.size(); ++i)
+    if (i == 0 || p.nodes[static_cast<size_t>(i)].block != p.nodes[static_cast<size_t>(i) - 1].block)
+      out.push_back(i);
+  out.push_back(p.size());
+  return out;
+}
+
+Bounds even_partition(const CostModel& model) {
+  std::vector<int> units = units_for(model, "even");
+  const int blocks = static_cast<int>(units.size()) - 1, l = model.stages();
+  std::vector<int> unit_bounds{0};
+  for (int x = 0; x < l; ++x)
+    unit_bounds.push_back(unit_bounds.back() + blocks / l + (x < blocks % l ? 1 : 0));
+  return to_node_bounds(units, unit_bounds);
+}
+
+std::vector<int> barany_block_partition(const std::vector<double>& costs, int partitions) {
+  const int n = static_cast<int>(costs.size());
+  if (partitions < 1 || n < partitions)
+    throw ConfigError("cannot split " + std::to_string(n) + " blocks into " +
+                      std::to_string(partitions) + " partitions");
+  // Normalize into [0, 1] as torchgpipe does; the stopping rule compares with 1.
+  double lo = *std::min_element(costs.begin(), costs.end());
+  double range = *std::max_element(costs.begin(), costs.end()) - lo;
+  std::vector<double> normal(costs.size(), 0.0);
+  if (range > 0)
+    for (size_t i = 0; i < costs.size(); ++i) normal[i] = (costs[i] - lo) / range;
+  std::vector<int> splits;
+  for (int x = 0; x + 1 < partitions; ++x) splits.push_back(n / partitions * (x + 1));
+  splits.push_back(n);
+  auto block_size = [&](int i) {
+    int start = i > 0 ? splits[static_cast<size_t>(i) - 1] : 0;
+    double sum = 0;
+    for (int j = start; j < splits[static_cast<size_t>(i)]; ++j) sum += normal[static_cast<size_t>(j)];
+    return sum;
+  };
+  // max() / min() over (size, index) tuples, as in Python: ties go to the larger / smaller index.
+  auto largest = [&](int& p) {
+    double m = -kInf;
+    for (int i = 0; i < partitions; ++i)
+      if (block_size(i) >= m) m = block_size(i), p = i;
+    return m;
+  };
+  auto smallest = [&](int& q) {
+    double m = kInf;
+    for (int i = 0; i < partitions; ++i)
+      if (block_size(i) < m) m = block_size(i), q = i;
+    return m;
+  };
+  for (int guard = 0; guard < 100000; ++guard) {
+    int p = 0;
+    double max_size = largest(p);
+    bool done = false;
+    for (int inner = 0; inner < 100000; ++inner) {
+      int q = 0;
+      double min_size = smallest(q);
+      if (max_size <= min_size + 1) {
+        done = true;
+        break;
+      }
+      int h;
+      if (p < q) {
+        h = q - 1;
+        splits[static_cast<size_t>(h)] -= 1;
+      } else {
+        h = q + 1;
+        splits[static_cast<size_t>(q)] += 1;
+      }
+      if (p == h) break;
+    }
+    if (done) break;
+  }
+  // torchgpipe can leave a partition empty; every stage here needs a block.
+  int prev = 0;
+  for (int x = 0; x + 1 < partitions; ++x) {
+    splits[static_cast<size_t>(x)] = std::max(splits[static_cast<size_t>(x)], prev + 1);
+    prev = splits[static_cast<size_t>(x)];
+  }
+  for (int x = partitions - 2; x >= 0; --x)
+    splits[static_cast<size_t>(x)] =
+        std::min(splits[static_cast<size_t>(x)], splits[static_cast<size_t>(x) + 1] - 1);
+  std::vector<int> sizes;
+  int start = 0;
+  for (int s : splits) {
+    sizes.push_back(s - start);
+    start = s;
+  }
+  return sizes;
+}
+
+Bounds gpipe_partition(const CostModel& model) {
+  std::vector<int> units = units_for(model, "gpipe");
+  std::vector<double> times;
+  for (size_t u = 0; u + 1 < units.size(); ++u)
+    times.push_back(model.compute_ms(units[u], units[u + 1]));
+  std::vector<int> sizes = barany_block_partition(times, model.stages());
+  std::vector<int> unit_bounds{0};
+  for (int s : sizes) unit_bounds.push_back(unit_bounds.back() + s);
+  return to_node_bounds(units, unit_bounds);
+}
+
+Bounds pipedream_partition(const CostModel& model) {
+  std::vector<int> units = units_for(model, "pipedream");
+  return to_node_bounds(units, min_max_units(model, units, /*with_comm=*/true));
+}
+
+Bounds vpipe_partition(StageEvaluator& evaluator) {
+  const CostModel& model = evaluator.model();
+  std::vector<int> units = units_for(model, "vpipe");
+  const int l = model.stages();
+  std::vector<int> ub = min_max_units(model, units, /*with_comm=*/false);
+
+  // Lexicographic cost: bytes over capacity first, then the slowest fitting stage.
+  using Cost = std::pair<double, double>;
+  auto cost_of = [&](const std::vector<int>& b) {
+    double overflow = 0, slowest = 0;
+    for (int x = 0; x < l; ++x) {
+      const StageEval& ev = evaluator.evaluate(units[static_cast<size_t>(b[x])],
+                                               units[static_cast<size_t>(b[x + 1])], x);
+      if (ev.feasible) slowest = std::max(slowest, ev.time_ms());
+      else overflow += static_cast<double>(std::max<int64_t>(1, ev.peak - evaluator.capacity()));
+    }
+    return Cost{overflow, slowest};
+  };
+
+  Cost current = cost_of(ub);
+  for (int pass = 0; pass < 16; ++pass) {
+    // One Kernighan-Lin pass: keep moving the best unlocked boundary block, even uphill, lock
+    // it, and finally return to the best state seen.
+    std::vector<char> locked(units.size(), 0);
+    std::vector<int> state = ub, best_state = ub;
+    Cost best = current;
+    for (size_t step = 0; step + 1 < units.size(); ++step) {
+      Cost move_cost{kInf, kInf};
+      std::vector<int> move_state;
+      int move_unit = -1;
+      for (int j = 1; j < l; ++j) {
+        // Last block of stage j-1 to stage j, or first block of stage j to stage j-1.
+        for (int dir : {-1, +1}) {
+          std::vector<int> trial = state;
+          int unit = dir < 0 ? trial[j] - 1 : trial[j];
+          if (locked[static_cast<size_t>(unit)]) continue;
+          trial[j] += dir;
+          if (trial[j] <= trial[j - 1] || trial[j] >= trial[j + 1]) continue;
+          Cost c = cost_of(trial);
+          if (c < move_cost) {
+            move_cost = c;
+            move_state = std::move(trial);
+            move_unit = unit;
+          }
+        }
+      }
+      if (move_unit < 0) break;
+      locked[static_cast<size_t>(move_unit)] = 1;
+      state = std::move(move_state);
+      if (move_cost < best) {
+        best = move_cost;
+        best_state = state;
+      }
+    }
+    if (!(best < current)) break;
+    current = best;
+    ub = best_state;
+  }
+  if (current.first > 0) return {};
+  return to_node_bounds(units, ub);
+}
+
+Bounds exact_partition(StageEvaluator& evaluator) {
+  const CostModel& model = evaluator.model();
+  const int n = model.size(), l = model.stages();
+  if (n > kExactMaxNodes)
+    throw ConfigError("planner 'exact' is limited to " + std::to_string(kExactMaxNodes) +
+                      " nodes (the profile has " + std::to_string(n) + ")");
+  // best[x][e]: slowest stage of stages 0..x over nodes [0, e); from[x][e]: where x starts.
+  std::vector<std::vector<double>> best(static_cast<size_t>(l),
+                                        std::vector<double>(static_cast<size_t>(n) + 1, kInf));
+  std::vector<std::vector<int>> from(static_cast<size_t>(l),
+                                     std::vector<int>(static_cast<size_t>(n) + 1, -1));
+  for (int e = 1; e <= n - (l - 1); ++e) best[0][e] = evaluator.evaluate(0, e, 0).time_ms();
+  for (int x = 1; x < l; ++x) {
+    for (int e = x + 1; e <= n - (l - 1 - x); ++e) {
+      double& b = best[x][e];
+      for (int s = e - 1; s >= x; --s) {
+        if (model.compute_ms(s, e) >= b) break;  // a stage is never faster than its compute
+        double before = best[x - 1][s];
+        if (before >= b) continue;
+        double v = std::max(before, evaluator.evaluate(s, e, x).time_ms());
+        if (v < b) {
+          b = v;
+          from[x][e] = s;
+        }
+      }
+    }
+  }
+  if (best[l - 1][n] == kInf) return {};
+  Bounds bounds(static_cast<size_t>(l) + 1);
+  bounds[static_cast<size_t>(l)] = n;
+  for (int x = l - 1, e = n; x > 0; --x) {
+    e = from[x][e];
+    bounds[static_cast<size_t>(x)] = e;
+  }
+  bounds[0] = 0;
+  return bounds;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,203 @@
+#include "plan/cost_model.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+int64_t simulated_micro_batches(ScheduleKind kind, int stages, int64_t micro_batches) {
+  if (kind == ScheduleKind::Async) return std::max<int64_t>(micro_batches, 2 * stages);
+  return micro_batches;
+}
+
+namespace {
+[[noreturn]] void bad_profile(const std::string& what) {
+  throw ConfigError("malformed profile: " + what);
+}
+}  // namespace
+
+CostModel::CostModel(const Profile& profile, const PlanOptions& options)
+    : profile_(&profile), n_(profile.size()), stages_(options.stages) {
+  if (stages_ < 1) throw ConfigError("the number of stages must be at least 1");
+  if (options.micro_batches < 1) throw ConfigError("the number of micro-batches must be >= 1");
+  if (!(options.host_bandwidth > 0) || !(options.link_bandwidth > 0))
+    throw ConfigError("host and link bandwidths must be positive");
+  schedule_ = schedule_kind_from_name(options.schedule);
+  optimizer_multiplier_ = Profile::optimizer_state_multiplier(options.optimizer);
+  host_bw_ = options.host_bandwidth;
+  link_bw_ = options.link_bandwidth;
+  Schedule schedule = make_schedule(
+      schedule_, stages_, simulated_micro_batches(schedule_, stages_, options.micro_batches));
+  stats_ = simulate_stages(schedule);
+
+  const int n = n_;
+  const int t_count = static_cast<int>(profile.tensors.size());
+  for (int i = 0; i < n; ++i)
+    if (profile.nodes[static_cast<size_t>(i)].id != i)
+      bad_profile("node " + std::to_string(i) + " has id " +
+                  std::to_string(profile.nodes[static_cast<size_t>(i)].id));
+  auto check_node = [&](int node, int tensor) {
+    if (node < 0 || node >= n)
+      bad_profile("tensor " + std::to_string(tensor) + " refers to node " + std::to_string(node));
+  };
+
+  fwd_.assign(static_cast<size_t>(n) + 1, 0);
+  bwd_.assign(static_cast<size_t>(n) + 1, 0);
+  params_.assign(static_cast<size_t>(n) + 1, 0);
+  std::vector<int64_t> transient(static_cast<size_t>(n), 0);
+  for (int i = 0; i < n; ++i) {
+    const NodeProfile& node = profile.nodes[static_cast<size_t>(i)];
+    fwd_[i + 1] = fwd_[i] + node.fwd_ms;
+    bwd_[i + 1] = bwd_[i] + node.bwd_ms;
+    params_[i + 1] = params_[i] + node.param_bytes;
+    transient[static_cast<size_t>(i)] = std::max(node.fwd_workspace, node.bwd_workspace);
+  }
+  transient_ = RangeMax(transient);
+
+  inputs_.assign(static_cast<size_t>(n), {});
+  saved_by_.assign(static_cast<size_t>(t_count), {});
+  saved_at_.assign(static_cast<size_t>(n), {});
+  last_consumer_.assign(static_cast<size_t>(t_count), -1);
+  std::vector<int64_t> saved_node_bytes(static_cast<size_t>(n), 0);
+  std::vector<DominanceSum::Point> repeats, spans;
+  std::vector<int64_t> count_diff(static_cast<size_t>(n) + 2, 0),
+      bytes_diff(static_cast<size_t>(n) + 2, 0);
+
+  for (int t = 0; t < t_count; ++t) {
+    const TensorProfile& tp = profile.tensors[static_cast<size_t>(t)];
+    if (tp.id != t) bad_profile("tensor " + std::to_string(t) + " has id " + std::to_string(tp.id));
+    check_node(tp.producer, t);
+    int last = -1;
+    for (int c : tp.consumers) {
+      check_node(c, t);
+      if (c < tp.producer)
+        bad_profile("tensor " + std::to_string(t) + " is consumed by node " + std::to_string(c) +
+                    " before its producer " + std::to_string(tp.producer));
+      std::vector<int>& in = inputs_[static_cast<size_t>(c)];
+      if (std::find(in.begin(), in.end(), t) == in.end()) in.push_back(t);
+      last = std::max(last, c);
+    }
+    last_consumer_[static_cast<size_t>(t)] = last;
+
+    std::vector<int> savers = tp.saved_by;
+    for (int s : savers) check_node(s, t);
+    // Views (of another tensor or of a parameter) allocate nothing: the profiler records
+    // their saving on the storage owner.
+    if (!tp.owns_storage()) savers.clear();
+    std::sort(savers.begin(), savers.end());
+    savers.erase(std::unique(savers.begin(), savers.end()), savers.end());
+    for (size_t j = 0; j < savers.size(); ++j) {
+      saved_node_bytes[static_cast<size_t>(savers[j])] += tp.bytes;
+      saved_at_[static_cast<size_t>(savers[j])].push_back(t);
+      if (j > 0) repeats.push_back({savers[j - 1], savers[j], tp.bytes});
+    }
+    saved_by_[static_cast<size_t>(t)] = std::move(savers);
+
+    // Sent between stages: non-data tensors read after the node that produced them.
+    if (!tp.is_data && last > tp.producer) {
+      count_diff[static_cast<size_t>(tp.producer) + 1] += 1;
+      count_diff[static_cast<size_t>(last) + 1] -= 1;
+      bytes_diff[static_cast<size_t>(tp.producer) + 1] += tp.bytes;
+      bytes_diff[static_cast<size_t>(last) + 1] -= tp.bytes;
+      spans.push_back({n - tp.producer, n - last, tp.bytes});
+    }
+  }
+  saved_sum_.assign(static_cast<size_t>(n) + 1, 0);
+  for (int i = 0; i < n; ++i) saved_sum_[i + 1] = saved_sum_[i] + saved_node_bytes[i];
+  saved_repeats_ = DominanceSum(n, repeats);
+  spanning_ = DominanceSum(n + 1, spans);
+
+  cross_count_.assign(static_cast<size_t>(n) + 1, 0);
+  cross_bytes_.assign(static_cast<size_t>(n) + 1, 0);
+  int64_t c = 0, bytes = 0;
+  for (int cut = 0; cut <= n; ++cut) {
+    c += count_diff[static_cast<size_t>(cut)];
+    bytes += bytes_diff[static_cast<size_t>(cut)];
+    cross_count_[static_cast<size_t>(cut)] = c;
+    cross_bytes_[static_cast<size_t>(cut)] = bytes;
+  }
+}
+
+int64_t CostModel::activation_bytes(int b, int e) const {
+  if (e <= b) return 0;
+  // Every (tensor, saver) pair in range, minus consecutive savers of the same tensor that are
+  // both in range, leaves each tensor counted once.
+  return saved_sum_[e] - saved_sum_[b] - saved_repeats_.weight(b, e);
+}
+
+MemoryBreakdown CostModel::memory(int b, int e, int x, int64_t activation_per_micro_batch) const {
+  MemoryBreakdown m;
+  m.weights = param_bytes(b, e);
+  m.weight_versions = std::max(1, weight_versions(x));
+  m.stashed_weights = static_cast<int64_t>(m.weight_versions - 1) * m.weights;
+  m.gradients = m.weights;
+  m.optimizer = optimizer_multiplier_ * m.weights;
+  m.activation_per_micro_batch = activation_per_micro_batch;
+  m.in_flight = in_flight(x);
+  m.activations = m.in_flight * activation_per_micro_batch;
+  m.transient = transient_bytes(b, e);
+  return m;
+}
+
+double CostModel::balanced_group_peak(int b, int e, int x0, int x1) const {
+  const double weights = static_cast<double>(param_bytes(b, e));
+  const double acts = static_cast<double>(activation_bytes(b, e));
+  // Stage x holding a fraction f of the range peaks at f * (a_x W + c_x A) + transient; equal
+  // peaks P across the group give sum_x (P - T) / (a_x W + c_x A) = 1.
+  double inverse_sum = 0;
+  for (int x = x0; x <= x1; ++x) {
+    double per_stage = (std::max(1, weight_versions(x)) + 1 + optimizer_multiplier_) * weights +
+                       in_flight(x) * acts;
+    if (per_stage <= 0) return static_cast<double>(transient_bytes(b, e));
+    inverse_sum += 1.0 / per_stage;
+  }
+  return static_cast<double>(transient_bytes(b, e)) + 1.0 / inverse_sum;
+}
+
+std::vector<TensorBytes> CostModel::crossing(int cut) const {
+  std::vector<TensorBytes> out;
+  for (const TensorProfile& t : profile_->tensors)
+    if (!t.is_data && t.producer < cut && last_consumer_[static_cast<size_t>(t.id)] >= cut)
+      out.push_back({t.id, t.bytes});
+  return out;
+}
+
+int CostModel::spanning_count(int lo, int hi) const {
+  // producer < lo  <=>  n - producer >= n - lo + 1;  last >= hi  <=>  n - last < n - hi + 1.
+  return static_cast<int>(spanning_.count(n_ - lo + 1, n_ - hi + 1));
+}
+
+int64_t CostModel::spanning_bytes(int lo, int hi) const {
+  return spanning_.weight(n_ - lo + 1, n_ - hi + 1);
+}
+
+void CostModel::spanning(int lo, int hi, int& count, int64_t& bytes) const {
+  int64_t c;
+  spanning_.query(n_ - lo + 1, n_ - hi + 1, bytes, c);
+  count = static_cast<int>(c);
+}
+
+int CostModel::producer(int tensor) const {
+  return profile_->tensors[static_cast<size_t>(tensor)].producer;
+}
+
+bool CostModel::is_data(int tensor) const {
+  return profile_->tensors[static_cast<size_t>(tensor)].is_data;
+}
+
+bool CostModel::evictable(int tensor) const {
+  return !profile_->tensors[static_cast<size_t>(tensor)].internal;
+}
+
+int64_t CostModel::tensor_bytes(int tensor) const {
+  return profile_->tensors[static_cast<size_t>(tensor)].bytes;
+}
+
+double CostModel::recompute_ms(int node) const {
+  // A profile without recompute measurements (0) falls back to the forward time.
+  const NodeProfile& p = profile_->nodes[static_cast<size_t>(node)];
+  return p.recompute_ms > 0 ? p.recompute_ms : p.fwd_ms;
+}
+
+}  // namespace dawnpiper

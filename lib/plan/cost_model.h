@@ -1,0 +1,112 @@
+#pragma once
+// CostModel: what a contiguous node range [begin, end) costs as pipeline stage x of l, over a
+// Profile. Everything is precomputed (prefix sums, a sparse table, dominance trees) so that the
+// time, the activation bytes and the peak memory of any range are O(1) / O(log^2 n) lookups:
+// the partition search asks for many ranges.
+//
+// Per micro-batch activation bytes of a stage = the bytes of the distinct tensors that some node
+// of the stage saves for backward (TensorProfile::saved_by meets the range). A tensor produced in
+// an earlier stage and saved here counts here. Views own no storage and count nothing;
+// autograd-internal buffers count but can never be evicted (TensorProfile::internal).
+//
+// In-flight micro-batches and weight versions per stage come from simulating the schedule's
+// action lists (schedule/simulate.h), the same lists the runtime executes.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+#include "plan/range_query.h"
+#include "profile/profile.h"
+#include "schedule/schedule.h"
+#include "schedule/simulate.h"
+
+namespace dawnpiper {
+
+// The micro-batch count the planner simulates: m for gpipe / 1f1b; for async a stream long
+// enough to reach the steady state (max(m, 2l)), since PipeDream has no flush.
+int64_t simulated_micro_batches(ScheduleKind kind, int stages, int64_t micro_batches);
+
+class CostModel {
+ public:
+  // Throws ConfigError on an unknown schedule or optimizer, stages < 1, non-positive
+  // bandwidths or a malformed profile (ids out of range).
+  CostModel(const Profile& profile, const PlanOptions& options);
+
+  const Profile& profile() const { return *profile_; }
+  int size() const { return n_; }
+  int stages() const { return stages_; }
+  ScheduleKind schedule() const { return schedule_; }
+  const StageStats& stage_stats(int x) const { return stats_[static_cast<size_t>(x)]; }
+  int in_flight(int x) const { return stage_stats(x).max_in_flight; }
+  int weight_versions(int x) const { return stage_stats(x).max_weight_versions; }
+
+  // --- time (ms, per micro-batch) ---
+  double fwd_ms(int b, int e) const { return fwd_[e] - fwd_[b]; }
+  double bwd_ms(int b, int e) const { return bwd_[e] - bwd_[b]; }
+  double compute_ms(int b, int e) const { return fwd_ms(b, e) + bwd_ms(b, e); }
+  double host_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / host_bw_; }
+  double link_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / link_bw_; }
+
+  // --- memory (bytes) ---
+  int64_t param_bytes(int b, int e) const { return params_[e] - params_[b]; }
+  int64_t activation_bytes(int b, int e) const;  // distinct saved tensors, one micro-batch
+  int64_t transient_bytes(int b, int e) const { return transient_.max(b, e); }
+  // The breakdown for stage x holding `activation_per_micro_batch` saved bytes per micro-batch.
+  MemoryBreakdown memory(int b, int e, int x, int64_t activation_per_micro_batch) const;
+  int64_t peak_without_memopt(int b, int e, int x) const {
+    return memory(b, e, x, activation_bytes(b, e)).total();
+  }
+  // Peak of stages x0..x1 holding [b, e), if the range were split so that all of them peak
+  // equally (exact for one stage): the memory-balanced cut of Alg. 1 compares these.
+  double balanced_group_peak(int b, int e, int x0, int x1) const;
+
+  // --- communication at a cut (the boundary before node `cut`) ---
+  // Non-data tensors produced before the cut and consumed at or after it.
+  int crossing_count(int cut) const { return static_cast<int>(cross_count_[cut]); }
+  int64_t crossing_bytes(int cut) const { return cross_bytes_[cut]; }
+  std::vector<TensorBytes> crossing(int cut) const;
+  // Tensors crossing every cut in [lo, hi] (unavoidable there, e.g. an embedding output that
+  // every layer reads).
+  int spanning_count(int lo, int hi) const;
+  int64_t spanning_bytes(int lo, int hi) const;
+  void spanning(int lo, int hi, int& count, int64_t& bytes) const;
+
+  // --- graph (derived from the profile's producer / consumer lists) ---
+  const std::vector<int>& inputs(int node) const { return inputs_[static_cast<size_t>(node)]; }
+  const std::vector<int>& saved_by(int tensor) const {
+    return saved_by_[static_cast<size_t>(tensor)];
+  }
+  // Tensors whose saved_by contains `node` (the inverse of saved_by).
+  const std::vector<int>& saved_at(int node) const { return saved_at_[static_cast<size_t>(node)]; }
+  int last_consumer(int tensor) const { return last_consumer_[static_cast<size_t>(tensor)]; }
+  int producer(int tensor) const;
+  bool is_data(int tensor) const;
+  // Whether the runtime can swap or recompute it (autograd-internal buffers it cannot).
+  bool evictable(int tensor) const;
+  int64_t tensor_bytes(int tensor) const;
+  double recompute_ms(int node) const;
+
+ private:
+  const Profile* profile_;
+  int n_ = 0;
+  int stages_ = 0;
+  ScheduleKind schedule_ = ScheduleKind::Async;
+  std::vector<StageStats> stats_;
+  int optimizer_multiplier_ = 1;
+  double host_bw_ = 0, link_bw_ = 0;
+
+  std::vector<double> fwd_, bwd_;    // prefix sums, size n+1
+  std::vector<int64_t> params_;      // prefix sums
+  std::vector<int64_t> saved_sum_;   // prefix sums of each node's distinct saved bytes
+  DominanceSum saved_repeats_;       // consecutive savers of one tensor, to count it once
+  RangeMax transient_;
+  std::vector<int64_t> cross_count_, cross_bytes_;  // per cut 0..n
+  DominanceSum spanning_;            // (n - producer, n - last consumer) per sent tensor
+  std::vector<std::vector<int>> inputs_;
+  std::vector<std::vector<int>> saved_by_;  // sorted, distinct
+  std::vector<std::vector<int>> saved_at_;
+  std::vector<int> last_consumer_;
+};
+
+}  // namespace dawnpiper

@@ -1,0 +1,377 @@
+#include "plan/memory_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <queue>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+const char* memopt_mode_name(MemoptMode mode) {
+  switch (mode) {
+    case MemoptMode::None: return "none";
+    case MemoptMode::Recompute: return "r";
+    case MemoptMode::SwapRecompute: return "sr";
+  }
+  return "?";
+}
+
+MemoptMode memopt_mode_from_name(const std::string& name) {
+  if (name == "none") return MemoptMode::None;
+  if (name == "r") return MemoptMode::Recompute;
+  if (name == "sr") return MemoptMode::SwapRecompute;
+  throw ConfigError("unknown memopt '" + name + "' (choose none, r or sr)");
+}
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+enum TensorState { kNotSaved = 0, kKeep = 1, kSwap = 2, kRecompute = 3 };
+}  // namespace
+
+MemoryOptimizer::MemoryOptimizer(const CostModel& model, MemoptMode mode, int64_t capacity,
+                                 MemoptGranularity granularity)
+    : model_(model), mode_(mode), capacity_(capacity), granularity_(granularity) {
+  size_t tensors = model.profile().tensors.size();
+  size_t nodes = static_cast<size_t>(model.size());
+  tensor_epoch_.assign(tensors, 0);
+  tensor_state_.assign(tensors, kNotSaved);
+  node_epoch_.assign(nodes, 0);
+  visit_epoch_.assign(nodes, 0);
+}
+
+void MemoryOptimizer::gather(int b, int e, int x) {
+  candidates_.clear();
+  unit_members_.clear();
+  unit_recompute_ms_.clear();
+  const Profile& profile = model_.profile();
+  auto block_of = [&](int node) { return profile.nodes[static_cast<size_t>(node)].block; };
+  std::map<int, int> unit_of_block;
+  for (int node = b; node < e; ++node) {
+    for (int t : model_.saved_at(node)) {
+      if (tensor_epoch_[static_cast<size_t>(t)] == epoch_) continue;
+      tensor_epoch_[static_cast<size_t>(t)] = epoch_;
+      tensor_state_[static_cast<size_t>(t)] = kKeep;
+      const int p = model_.producer(t);
+      const bool in_stage = p >= b && p < e && !model_.is_data(t);
+      const bool sent_on = model_.last_consumer(t) >= e;
+      const std::vector<int>& savers = model_.saved_by(t);
+      const int first_bwd = *(std::lower_bound(savers.begin(), savers.end(), e) - 1);
+      int last_fwd = std::max(first_bwd, in_stage ? p : b);
+      for (int c : profile.tensors[static_cast<size_t>(t)].consumers)
+        if (c < e) last_fwd = std::max(last_fwd, c);
+      const int64_t bytes = model_.tensor_bytes(t);
+      if (!model_.evictable(t)) continue;  // stays, counted in the activations
+      if (granularity_ == MemoptGranularity::Tensor) {
+        candidates_.push_back({t, bytes, last_fwd, first_bwd, sent_on, in_stage});
+        continue;
+      }
+      // Block granularity: only tensors produced and read inside one block of this stage.
+      if (!in_stage || sent_on) continue;
+      const int block = block_of(p);
+      bool internal = true;
+      for (int c : profile.tensors[static_cast<size_t>(t)].consumers)
+        internal = internal && block_of(c) == block;
+      for (int s : savers) internal = internal && s >= b && s < e && block_of(s) == block;
+      if (!internal) continue;
+      auto found = unit_of_block.find(block);
+      if (found == unit_of_block.end()) {
+        found = unit_of_block.emplace(block, static_cast<int>(candidates_.size())).first;
+        candidates_.push_back({-1, 0, last_fwd, first_bwd, false, true});
+        unit_members_.emplace_back();
+      }
+      Candidate& unit = candidates_[static_cast<size_t>(found->second)];
+      unit.bytes += bytes;
+      unit.last_fwd = std::max(unit.last_fwd, last_fwd);
+      unit.first_bwd = std::max(unit.first_bwd, first_bwd);
+      unit_members_[static_cast<size_t>(found->second)].push_back(t);
+    }
+  }
+  if (granularity_ == MemoptGranularity::Block) {
+    unit_recompute_ms_.assign(candidates_.size(), 0);
+    for (int node = b; node < e; ++node) {
+      auto found = unit_of_block.find(block_of(node));
+      if (found != unit_of_block.end())
+        unit_recompute_ms_[static_cast<size_t>(found->second)] += model_.recompute_ms(node);
+    }
+  }
+  // Idle from the last forward use to the first backward use: the rest of this forward, the
+  // passes the schedule runs in between (the shortest such gap), the backward of later nodes.
+  const double tf = model_.fwd_ms(b, e), tb = model_.bwd_ms(b, e);
+  const double gap = model_.stage_stats(x).min_gap_ms(tf, tb);
+  for (Candidate& c : candidates_) {
+    double fwd_end = c.sent_on ? tf : model_.fwd_ms(b, c.last_fwd + 1);
+    double idle = (tf - fwd_end) + gap + model_.bwd_ms(c.first_bwd + 1, e);
+    c.swap_ms = model_.host_ms(c.bytes);
+    c.free_ms = idle - 2 * c.swap_ms;
+  }
+}
+
+bool MemoryOptimizer::available_in_backward(int t, int b, int e) const {
+  if (model_.is_data(t)) return true;  // every stage loads its data itself
+  if (tensor_epoch_[static_cast<size_t>(t)] == epoch_) {
+    int state = tensor_state_[static_cast<size_t>(t)];
+    if (state == kKeep || state == kSwap) return true;
+  }
+  int p = model_.producer(t);
+  return p >= b && p < e && node_epoch_[static_cast<size_t>(p)] == rerun_;  // re-run already
+}
+
+double MemoryOptimizer::marginal_recompute_ms(int i, int b, int e) {
+  const Candidate& c = candidates_[static_cast<size_t>(i)];
+  if (!c.recomputable) return kInf;
+  if (granularity_ == MemoptGranularity::Block) return unit_recompute_ms_[static_cast<size_t>(i)];
+  // Nodes that would have to re-run, beyond those already re-running: the producer, and the
+  // producers of its inputs that are not on the device in backward, recursively.
+  ++visit_;
+  double cost = 0;
+  std::vector<int> stack{model_.producer(c.tensor)};
+  while (!stack.empty()) {
+    int node = stack.back();
+    stack.pop_back();
+    if (node_epoch_[static_cast<size_t>(node)] == rerun_ ||
+        visit_epoch_[static_cast<size_t>(node)] == visit_)
+      continue;
+    visit_epoch_[static_cast<size_t>(node)] = visit_;
+    cost += model_.recompute_ms(node);
+    for (int in : model_.inputs(node)) {
+      if (available_in_backward(in, b, e)) continue;
+      int q = model_.producer(in);
+      if (q < b || q >= e) return kInf;  // an input from another stage that is not kept
+      stack.push_back(q);
+    }
+  }
+  return cost;
+}
+
+void MemoryOptimizer::commit_recompute(int i, int b, int e) {
+  const Candidate& c = candidates_[static_cast<size_t>(i)];
+  if (granularity_ == MemoptGranularity::Block) {
+    recompute_total_ms_ += unit_recompute_ms_[static_cast<size_t>(i)];
+    return;
+  }
+  tensor_state_[static_cast<size_t>(c.tensor)] = kRecompute;
+  std::vector<int> stack{model_.producer(c.tensor)};
+  while (!stack.empty()) {
+    int node = stack.back();
+    stack.pop_back();
+    if (node_epoch_[static_cast<size_t>(node)] == rerun_) continue;
+    node_epoch_[static_cast<size_t>(node)] = rerun_;
+    recompute_total_ms_ += model_.recompute_ms(node);
+    for (int in : model_.inputs(node))
+      if (!available_in_backward(in, b, e)) stack.push_back(model_.producer(in));
+  }
+}
+
+void MemoryOptimizer::rebuild_recompute(int b, int e, const std::vector<char>& decided) {
+  ++rerun_;
+  recompute_total_ms_ = 0;
+  for (size_t i = 0; i < candidates_.size(); ++i)
+    if (decided[i] == 2) commit_recompute(static_cast<int>(i), b, e);
+}
+
+void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out) {
+  const int64_t k = std::max(1, model_.in_flight(x));
+  const bool swaps = mode_ == MemoptMode::SwapRecompute;
+  const size_t count = candidates_.size();
+  std::vector<char> decided(count, 0);  // 0 keep, 1 swap, 2 recompute
+  std::vector<double> paid(count, 0);   // cost when taken
+  // The host link carries, each way, at most one F+B period of traffic per micro-batch.
+  double link_left = model_.compute_ms(b, e);
+  double swap_overhead = 0;
+  ++rerun_;
+  recompute_total_ms_ = 0;
+
+  auto saving = [&](size_t i) { return k * candidates_[i].bytes; };
+  auto take_swap = [&](size_t i, double overhead) {
+    decided[i] = 1;
+    paid[i] = overhead;
+    need -= saving(i);
+    link_left -= candidates_[i].swap_ms;
+    swap_overhead += overhead;
+  };
+  auto take_recompute = [&](size_t i, double cost) {
+    decided[i] = 2;
+    paid[i] = cost;
+    need -= saving(i);
+    commit_recompute(static_cast<int>(i), b, e);
+  };
+  auto swap_overhead_of = [&](size_t i) {
+    const Candidate& c = candidates_[i];
+    return std::max(0.0, -c.free_ms) + std::max(0.0, c.swap_ms - std::max(0.0, link_left));
+  };
+
+  // Phase 1: free swaps, largest FreeTime first.
+  if (swaps) {
+    std::vector<size_t> order;
+    for (size_t i = 0; i < count; ++i)
+      if (candidates_[i].free_ms > 0) order.push_back(i);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t c) {
+      if (candidates_[a].free_ms != candidates_[c].free_ms)
+        return candidates_[a].free_ms > candidates_[c].free_ms;
+      return a < c;
+    });
+    for (size_t i : order) {
+      if (need <= 0) break;
+      if (candidates_[i].swap_ms <= link_left) take_swap(i, 0);
+    }
+  }
+
+  // Phase 2: the option saving the most memory per millisecond of added time.
+  using Entry = std::pair<double, size_t>;  // (bytes saved per ms, candidate)
+  std::priority_queue<Entry> swap_heap, recompute_heap;
+  auto ratio = [&](size_t i, double cost) {
+    return cost <= 0 ? kInf : static_cast<double>(saving(i)) / cost;
+  };
+  if (need > 0) {
+    for (size_t i = 0; i < count; ++i) {
+      if (decided[i]) continue;
+      if (swaps) swap_heap.push({ratio(i, swap_overhead_of(i)), i});
+      if (candidates_[i].recomputable) {
+        double cost = marginal_recompute_ms(static_cast<int>(i), b, e);
+        if (cost < kInf) recompute_heap.push({ratio(i, cost), i});
+      }
+    }
+  }
+  // Takes the best current entry off a heap. Keys go stale towards worse (the link fills up,
+  // inputs get evicted) or, for recompute, better (nodes already re-running are shared); a
+  // popped entry whose fresh key is no longer the best goes back and the next is tried.
+  auto pop_best = [&](std::priority_queue<Entry>& heap, bool is_swap, size_t& index,
+                      double& cost) -> bool {
+    while (!heap.empty()) {
+      Entry top = heap.top();
+      heap.pop();
+      if (decided[top.second]) continue;
+      cost = is_swap ? swap_overhead_of(top.second)
+                     : marginal_recompute_ms(static_cast<int>(top.second), b, e);
+      if (cost == kInf) continue;  // an input it needs is no longer on the device
+      double r = ratio(top.second, cost);
+      if (r < top.first && !heap.empty() && r < heap.top().first) {
+        heap.push({r, top.second});
+        continue;
+      }
+      index = top.second;
+      return true;
+    }
+    return false;
+  };
+  while (need > 0) {
+    size_t swap_i = 0, recompute_i = 0;
+    double swap_cost = 0, recompute_cost = 0;
+    bool has_swap = swaps && pop_best(swap_heap, true, swap_i, swap_cost);
+    bool has_recompute = pop_best(recompute_heap, false, recompute_i, recompute_cost);
+    if (!has_swap && !has_recompute) break;
+    bool pick_swap = has_swap && (!has_recompute || ratio(swap_i, swap_cost) >=
+                                                        ratio(recompute_i, recompute_cost));
+    size_t pick = pick_swap ? swap_i : recompute_i;
+    double pick_cost = pick_swap ? swap_cost : recompute_cost;
+    if (saving(pick) >= need) {
+      // The last step: a single candidate that covers what is left at a lower absolute cost
+      // beats the best ratio (which may save far more than needed).
+      for (size_t i = 0; i < count; ++i) {
+        if (decided[i] || saving(i) < need) continue;
+        if (swaps) {
+          double c = swap_overhead_of(i);
+          if (c < pick_cost) pick = i, pick_cost = c, pick_swap = true;
+        }
+        if (candidates_[i].recomputable) {
+          double c = marginal_recompute_ms(static_cast<int>(i), b, e);
+          if (c < pick_cost) pick = i, pick_cost = c, pick_swap = false;
+        }
+      }
+      if (pick_swap) take_swap(pick, pick_cost);
+      else take_recompute(pick, pick_cost);
+      break;
+    }
+    if (pick_swap) {
+      take_swap(swap_i, swap_cost);
+      if (has_recompute) recompute_heap.push({ratio(recompute_i, recompute_cost), recompute_i});
+    } else {
+      take_recompute(recompute_i, recompute_cost);
+      if (has_swap) swap_heap.push({ratio(swap_i, swap_cost), swap_i});
+    }
+  }
+
+  if (need <= 0) {
+    // Trim: give back the costliest evictions that are no longer needed.
+    std::vector<size_t> taken;
+    for (size_t i = 0; i < count; ++i)
+      if (decided[i] && paid[i] > 0) taken.push_back(i);
+    std::sort(taken.begin(), taken.end(), [&](size_t a, size_t c) { return paid[a] > paid[c]; });
+    bool recompute_changed = false;
+    for (size_t i : taken) {
+      if (need + saving(i) > 0) continue;
+      need += saving(i);
+      if (decided[i] == 1) {
+        swap_overhead -= paid[i];
+        link_left += candidates_[i].swap_ms;
+      } else {
+        if (granularity_ == MemoptGranularity::Tensor)
+          tensor_state_[static_cast<size_t>(candidates_[i].tensor)] = kKeep;
+        recompute_changed = true;
+      }
+      decided[i] = 0;
+    }
+    if (recompute_changed) rebuild_recompute(b, e, decided);
+  }
+
+  out.feasible = need <= 0;
+  out.overhead_ms = std::max(0.0, swap_overhead) + recompute_total_ms_;
+  int64_t evicted = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (!decided[i]) continue;
+    evicted += candidates_[i].bytes;
+    if (decided[i] == 1) ++out.swapped;
+    else ++out.recomputed;
+    // Record the decision on every member tensor (for the output below).
+    auto mark = [&](int t) {
+      tensor_state_[static_cast<size_t>(t)] = decided[i] == 1 ? kSwap : kRecompute;
+    };
+    if (granularity_ == MemoptGranularity::Block)
+      for (int t : unit_members_[i]) mark(t);
+    else
+      mark(candidates_[i].tensor);
+  }
+  out.activation_per_micro_batch -= evicted;
+  out.peak = out.peak_before - k * evicted;
+}
+
+StageMemopt MemoryOptimizer::optimize(int b, int e, int x, bool with_decisions) {
+  StageMemopt out;
+  out.peak_before = model_.peak_without_memopt(b, e, x);
+  out.peak = out.peak_before;
+  out.activation_per_micro_batch = model_.activation_bytes(b, e);
+  const int64_t need = out.peak_before - capacity_;
+  if (need <= 0 && !with_decisions) {
+    out.feasible = true;
+    return out;
+  }
+  ++epoch_;
+  gather(b, e, x);
+  if (need <= 0) {
+    out.feasible = true;
+  } else if (mode_ == MemoptMode::None) {
+    out.feasible = false;
+  } else {
+    greedy(b, e, x, need, out);
+  }
+  if (with_decisions) {
+    std::vector<int> tensors;
+    for (int node = b; node < e; ++node)
+      for (int t : model_.saved_at(node)) tensors.push_back(t);
+    std::sort(tensors.begin(), tensors.end());
+    tensors.erase(std::unique(tensors.begin(), tensors.end()), tensors.end());
+    for (int t : tensors) {
+      int state = tensor_state_[static_cast<size_t>(t)];
+      TensorAction action = state == kSwap        ? TensorAction::Swap
+                            : state == kRecompute ? TensorAction::Recompute
+                                                  : TensorAction::Keep;
+      out.decisions.push_back({t, model_.tensor_bytes(t), action});
+    }
+  }
+  return out;
+}
+
+}  // namespace dawnpiper

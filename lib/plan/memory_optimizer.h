@@ -1,0 +1,98 @@
+#pragma once
+// Per-stage memory optimization with Capuchin's cost model (Peng et al., ASPLOS'20), as DawnPiper
+// uses it: make a stage fit the device at the least added time by swapping saved tensors to host
+// memory or recomputing them in backward.
+//
+// Candidates are the stage's saved tensors, except autograd-internal buffers (dropout masks,
+// normalization statistics) that the runtime cannot evict. A tensor is idle from its last forward use until its
+// first backward use; between the two the stage runs the rest of this forward, the passes of
+// other micro-batches the schedule puts between a forward and its backward (taken from the
+// simulated action list: the shortest such gap), and the backward of later nodes. With
+// swap = bytes / host bandwidth each way, FreeTime = idle - swap_out - swap_in.
+//   1. (sr) swap tensors with the largest FreeTime > 0 first: fully overlapped, no cost, as long
+//      as the host link has room (each direction carries at most one F+B period per micro-batch);
+//   2. then repeatedly take the cheapest way to save memory: a swap costing its stall
+//      (-FreeTime, plus any link overflow) or a recomputation costing the forward time of the
+//      nodes that must re-run (recompute chains: re-running a node needs its inputs, which
+//      may have to be rebuilt too; nodes re-run once are shared), ranked by memory saved per
+//      millisecond (MSPS). Keys go stale as decisions change; lazy heaps re-evaluate them.
+//      The last step takes the cheapest single candidate that covers what is still missing,
+//      and a final trim gives back the costliest evictions that turned out unnecessary.
+// Saving a tensor removes it from every in-flight micro-batch: in_flight * bytes.
+//
+// vPipe's block granularity (MemoptGranularity::Block): the unit is a block's internal saved
+// tensors (those only read inside the block); block outputs stay as checkpoints, so recomputing
+// a block costs its forward time and never chains.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/cost_model.h"
+#include "plan/plan.h"
+
+namespace dawnpiper {
+
+enum class MemoptMode { None, Recompute, SwapRecompute };
+const char* memopt_mode_name(MemoptMode mode);  // "none" | "r" | "sr"
+MemoptMode memopt_mode_from_name(const std::string& name);  // throws ConfigError
+
+enum class MemoptGranularity { Tensor, Block };
+
+struct StageMemopt {
+  bool feasible = false;
+  double overhead_ms = 0;  // added time per micro-batch (T_x^moo)
+  int64_t peak_before = 0;
+  int64_t peak = 0;        // after the decisions (the smallest reachable when infeasible)
+  int64_t activation_per_micro_batch = 0;  // saved bytes still kept on the device
+  int swapped = 0, recomputed = 0;
+  std::vector<TensorDecision> decisions;  // every saved tensor (when asked for), by tensor id
+};
+
+class MemoryOptimizer {
+ public:
+  MemoryOptimizer(const CostModel& model, MemoptMode mode, int64_t capacity,
+                  MemoptGranularity granularity = MemoptGranularity::Tensor);
+
+  // Stage x holding nodes [b, e). Nothing is evicted when the stage fits as it is.
+  StageMemopt optimize(int b, int e, int x, bool with_decisions);
+
+  MemoptMode mode() const { return mode_; }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  // A tensor (block granularity: a block's internal tensors) that could be evicted.
+  struct Candidate {
+    int tensor;         // -1 for a block unit (members in unit_members_)
+    int64_t bytes;
+    int last_fwd;       // node of the last forward use in the stage
+    int first_bwd;      // node whose backward reads it first (backward runs in reverse)
+    bool sent_on;       // also sent to a later stage: in use until the forward's end
+    bool recomputable;  // produced in the stage, not data
+    double swap_ms = 0;  // one direction
+    double free_ms = 0;  // idle - 2 * swap_ms
+  };
+  void gather(int b, int e, int x);
+  void greedy(int b, int e, int x, int64_t need, StageMemopt& out);
+  // Recompute cost model: marginal cost of evicting candidate i, and committing it.
+  double marginal_recompute_ms(int i, int b, int e);
+  void commit_recompute(int i, int b, int e);
+  bool available_in_backward(int tensor, int b, int e) const;
+  // Recomputes the set of re-run nodes and its cost from the current recompute decisions.
+  void rebuild_recompute(int b, int e, const std::vector<char>& decided);
+
+  const CostModel& model_;
+  MemoptMode mode_;
+  int64_t capacity_;
+  MemoptGranularity granularity_;
+
+  std::vector<Candidate> candidates_;
+  // Epoch-stamped scratch indexed by tensor / node so that each call costs O(stage), not O(n).
+  std::vector<int> tensor_epoch_, tensor_state_, node_epoch_, visit_epoch_;
+  int epoch_ = 0, visit_ = 0, rerun_ = 0;  // stamps: this call, one DFS, the re-run set
+  double recompute_total_ms_ = 0;
+  // Block granularity: per unit, its tensors and the block's forward time in the stage.
+  std::vector<std::vector<int>> unit_members_;
+  std::vector<double> unit_recompute_ms_;
+};
+
+}  // namespace dawnpiper

@@ -1,0 +1,231 @@
+#include "plan/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <ostream>
+
+#include "util/error.h"
+#include "util/json.h"
+#include "util/units.h"
+
+namespace dawnpiper {
+
+const char* tensor_action_name(TensorAction action) {
+  switch (action) {
+    case TensorAction::Keep: return "keep";
+    case TensorAction::Swap: return "swap";
+    case TensorAction::Recompute: return "recompute";
+  }
+  return "?";
+}
+
+TensorAction tensor_action_from_name(const std::string& name) {
+  if (name == "keep") return TensorAction::Keep;
+  if (name == "swap") return TensorAction::Swap;
+  if (name == "recompute") return TensorAction::Recompute;
+  throw ConfigError("unknown tensor action '" + name + "' (keep, swap or recompute)");
+}
+
+double Plan::bottleneck_ms() const {
+  double worst = 0;
+  for (const StagePlan& s : stages) worst = std::max(worst, s.time_ms());
+  return worst;
+}
+
+int64_t Plan::max_peak_bytes() const {
+  int64_t worst = 0;
+  for (const StagePlan& s : stages) worst = std::max(worst, s.memory.total());
+  return worst;
+}
+
+namespace {
+
+Json memory_json(const MemoryBreakdown& m) {
+  Json j = Json::object();
+  j["weights"] = m.weights;
+  j["weight_versions"] = m.weight_versions;
+  j["stashed_weights"] = m.stashed_weights;
+  j["gradients"] = m.gradients;
+  j["optimizer"] = m.optimizer;
+  j["activation_per_micro_batch"] = m.activation_per_micro_batch;
+  j["in_flight"] = m.in_flight;
+  j["activations"] = m.activations;
+  j["transient"] = m.transient;
+  j["peak"] = m.total();
+  return j;
+}
+
+MemoryBreakdown memory_from_json(const Json& j) {
+  MemoryBreakdown m;
+  m.weights = j.at("weights").as_int();
+  m.weight_versions = static_cast<int>(j.at("weight_versions").as_int());
+  m.stashed_weights = j.at("stashed_weights").as_int();
+  m.gradients = j.at("gradients").as_int();
+  m.optimizer = j.at("optimizer").as_int();
+  m.activation_per_micro_batch = j.at("activation_per_micro_batch").as_int();
+  m.in_flight = static_cast<int>(j.at("in_flight").as_int());
+  m.activations = j.at("activations").as_int();
+  m.transient = j.at("transient").as_int();
+  if (j.contains("peak") && j.at("peak").as_int() != m.total())
+    throw ConfigError("plan: a stage's memory peak does not match its breakdown");
+  return m;
+}
+
+}  // namespace
+
+std::string Plan::to_json(int indent) const {
+  Json j = Json::object();
+  j["format"] = "dawnpiper-plan";
+  j["version"] = version;
+  j["planner"] = options.planner;
+  j["model"] = model;
+  j["preset"] = preset;
+  Json in = Json::object();
+  in["stages"] = options.stages;
+  in["schedule"] = options.schedule;
+  in["micro_batches"] = options.micro_batches;
+  in["micro_batch_size"] = micro_batch_size;
+  in["optimizer"] = options.optimizer;
+  in["capacity_bytes"] = options.capacity_bytes;
+  in["host_bandwidth"] = options.host_bandwidth;
+  in["link_bandwidth"] = options.link_bandwidth;
+  in["memopt"] = options.memopt;
+  in["nodes"] = nodes;
+  j["inputs"] = in;
+  j["planning_ms"] = planning_ms;
+  j["bottleneck_ms"] = bottleneck_ms();
+  j["max_peak_bytes"] = max_peak_bytes();
+  Json list = Json::array();
+  for (const StagePlan& s : stages) {
+    Json st = Json::object();
+    st["index"] = s.index;
+    st["begin"] = s.begin;
+    st["end"] = s.end;
+    st["compute_ms"] = s.compute_ms;
+    st["memopt_ms"] = s.memopt_ms;
+    st["time_ms"] = s.time_ms();
+    st["memory"] = memory_json(s.memory);
+    st["peak_without_memopt"] = s.peak_without_memopt;
+    Json crossing = Json::array();
+    for (const TensorBytes& c : s.crossing) {
+      Json t = Json::object();
+      t["tensor"] = c.tensor;
+      t["bytes"] = c.bytes;
+      crossing.push_back(t);
+    }
+    st["crossing"] = crossing;
+    st["crossing_bytes"] = s.crossing_bytes;
+    Json decisions = Json::array();
+    for (const TensorDecision& d : s.decisions) {
+      Json t = Json::object();
+      t["tensor"] = d.tensor;
+      t["bytes"] = d.bytes;
+      t["action"] = tensor_action_name(d.action);
+      decisions.push_back(t);
+    }
+    st["decisions"] = decisions;
+    list.push_back(st);
+  }
+  j["stages"] = list;
+  return j.dump(indent);
+}
+
+Plan plan_from_json(const std::string& text) {
+  Json j = Json::parse(text);
+  if (!j.is_object() || !j.contains("format") || j.at("format").as_string() != "dawnpiper-plan")
+    throw ConfigError("not a DawnPiper plan (missing \"format\": \"dawnpiper-plan\")");
+  Plan p;
+  p.version = static_cast<int>(j.at("version").as_int());
+  if (p.version != Plan::kVersion)
+    throw ConfigError("plan version " + std::to_string(p.version) + " is not supported (this " +
+                      "build reads version " + std::to_string(Plan::kVersion) + ")");
+  p.options.planner = j.at("planner").as_string();
+  p.model = j.at("model").as_string();
+  p.preset = j.at("preset").as_string();
+  const Json& in = j.at("inputs");
+  p.options.stages = static_cast<int>(in.at("stages").as_int());
+  p.options.schedule = in.at("schedule").as_string();
+  p.options.micro_batches = in.at("micro_batches").as_int();
+  p.micro_batch_size = in.at("micro_batch_size").as_int();
+  p.options.optimizer = in.at("optimizer").as_string();
+  p.options.capacity_bytes = in.at("capacity_bytes").as_int();
+  p.options.host_bandwidth = in.at("host_bandwidth").as_double();
+  p.options.link_bandwidth = in.at("link_bandwidth").as_double();
+  p.options.memopt = in.at("memopt").as_string();
+  p.nodes = static_cast<int>(in.at("nodes").as_int());
+  p.planning_ms = j.at("planning_ms").as_double();
+  for (const Json& st : j.at("stages").items()) {
+    StagePlan s;
+    s.index = static_cast<int>(st.at("index").as_int());
+    s.begin = static_cast<int>(st.at("begin").as_int());
+    s.end = static_cast<int>(st.at("end").as_int());
+    s.compute_ms = st.at("compute_ms").as_double();
+    s.memopt_ms = st.at("memopt_ms").as_double();
+    s.memory = memory_from_json(st.at("memory"));
+    s.peak_without_memopt = st.at("peak_without_memopt").as_int();
+    for (const Json& c : st.at("crossing").items())
+      s.crossing.push_back({static_cast<int>(c.at("tensor").as_int()), c.at("bytes").as_int()});
+    s.crossing_bytes = st.at("crossing_bytes").as_int();
+    for (const Json& d : st.at("decisions").items())
+      s.decisions.push_back({static_cast<int>(d.at("tensor").as_int()), d.at("bytes").as_int(),
+                             tensor_action_from_name(d.at("action").as_string())});
+    p.stages.push_back(std::move(s));
+  }
+  // The runtime relies on these: contiguous stages covering every node, in order.
+  if (static_cast<int>(p.stages.size()) != p.options.stages)
+    throw ConfigError("plan lists " + std::to_string(p.stages.size()) + " stages but says " +
+                      std::to_string(p.options.stages));
+  int expected_begin = 0;
+  for (size_t x = 0; x < p.stages.size(); ++x) {
+    const StagePlan& s = p.stages[x];
+    if (s.index != static_cast<int>(x) || s.begin != expected_begin || s.end <= s.begin)
+      throw ConfigError("plan stage " + std::to_string(x) + " has a bad node range [" +
+                        std::to_string(s.begin) + ", " + std::to_string(s.end) + ")");
+    expected_begin = s.end;
+  }
+  if (expected_begin != p.nodes)
+    throw ConfigError("plan stages cover " + std::to_string(expected_begin) + " of " +
+                      std::to_string(p.nodes) + " nodes");
+  return p;
+}
+
+void Plan::print_table(std::ostream& out) const {
+  char line[512];
+  std::string capacity = options.capacity_bytes == INT64_MAX
+                             ? std::string("unlimited")
+                             : format_bytes(static_cast<double>(options.capacity_bytes));
+  out << "plan: planner " << options.planner << ", " << options.stages << " stages, schedule "
+      << options.schedule << ", " << options.micro_batches << " micro-batches of "
+      << micro_batch_size << ", optimizer " << options.optimizer << ", memopt " << options.memopt
+      << ", capacity " << capacity << "\n";
+  std::snprintf(line, sizeof line, "%5s %13s %10s %10s %10s %11s %11s %11s %11s %4s %4s %11s %7s\n",
+                "stage", "nodes", "compute", "memopt", "time", "peak", "weights*v", "grad+opt",
+                "act/mb", "in", "ver", "sent/mb", "sw/rc");
+  out << line;
+  for (const StagePlan& s : stages) {
+    int swaps = 0, recomputes = 0;
+    for (const TensorDecision& d : s.decisions) {
+      swaps += d.action == TensorAction::Swap;
+      recomputes += d.action == TensorAction::Recompute;
+    }
+    char range[32], sw[24];
+    std::snprintf(range, sizeof range, "[%d,%d)", s.begin, s.end);
+    std::snprintf(sw, sizeof sw, "%d/%d", swaps, recomputes);
+    const MemoryBreakdown& m = s.memory;
+    std::snprintf(
+        line, sizeof line, "%5d %13s %8.2fms %8.2fms %8.2fms %11s %11s %11s %11s %4d %4d %11s %7s\n",
+        s.index, range, s.compute_ms, s.memopt_ms, s.time_ms(),
+        format_bytes(static_cast<double>(m.total())).c_str(),
+        format_bytes(static_cast<double>(m.weights + m.stashed_weights)).c_str(),
+        format_bytes(static_cast<double>(m.gradients + m.optimizer)).c_str(),
+        format_bytes(static_cast<double>(m.activation_per_micro_batch)).c_str(), m.in_flight,
+        m.weight_versions, format_bytes(static_cast<double>(s.crossing_bytes)).c_str(), sw);
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "bottleneck %.3f ms per micro-batch, max peak %s, planned in %.2f ms\n",
+                bottleneck_ms(), format_bytes(static_cast<double>(max_peak_bytes())).c_str(),
+                planning_ms);
+  out << line;
+}
+
+}  // namespace dawnpiper

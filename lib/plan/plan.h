@@ -1,0 +1,91 @@
+#pragma once
+// Plan: the planner's output, the runtime's input. Stage boundaries over the profile's node order,
+// a decision per saved tensor (keep, swap to host, recompute), and the cost model's predictions
+// (time, peak memory with its breakdown) so runs can be compared with what was promised.
+// Serialized as JSON (schema in docs/planner.md; `version` changes when fields change meaning).
+#include <cstdint>
+#include <climits>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace dawnpiper {
+
+struct PlanOptions {
+  int stages = 1;
+  std::string schedule = "async";  // gpipe | 1f1b | async
+  int64_t micro_batches = 4;       // per mini-batch (per optimizer step for gpipe / 1f1b)
+  std::string optimizer = "sgd";   // sgd | adam
+  int64_t capacity_bytes = INT64_MAX;  // device memory per stage
+  double host_bandwidth = 16e9;    // bytes/s, device <-> host (swap)
+  double link_bandwidth = 10e9;    // bytes/s, stage <-> stage
+  std::string planner = "dawnpiper";  // dawnpiper | gpipe | pipedream | vpipe | even | exact
+  std::string memopt = "sr";       // none | r (recompute) | sr (swap + recompute)
+};
+
+enum class TensorAction { Keep, Swap, Recompute };
+const char* tensor_action_name(TensorAction action);  // "keep" | "swap" | "recompute"
+TensorAction tensor_action_from_name(const std::string& name);  // throws ConfigError
+
+struct TensorDecision {
+  int tensor = -1;
+  int64_t bytes = 0;  // per micro-batch
+  TensorAction action = TensorAction::Keep;
+};
+
+struct TensorBytes {
+  int tensor = -1;
+  int64_t bytes = 0;
+};
+
+// Predicted peak memory of one stage: parameters (with stashed versions), gradients, optimizer
+// states, the saved activations of the micro-batches in flight, and the largest transient
+// workspace of one op.
+struct MemoryBreakdown {
+  int64_t weights = 0;          // one copy of the stage's parameters
+  int weight_versions = 1;      // copies alive at once (async weight stashing), from simulation
+  int64_t stashed_weights = 0;  // (weight_versions - 1) * weights
+  int64_t gradients = 0;
+  int64_t optimizer = 0;        // optimizer_state_multiplier * weights
+  int64_t activation_per_micro_batch = 0;  // saved tensors kept on the device, one micro-batch
+  int in_flight = 0;            // micro-batches alive at once, from simulation
+  int64_t activations = 0;      // in_flight * activation_per_micro_batch
+  int64_t transient = 0;
+  int64_t total() const {
+    return weights + stashed_weights + gradients + optimizer + activations + transient;
+  }
+};
+
+struct StagePlan {
+  int index = 0;
+  int begin = 0, end = 0;      // node range [begin, end) in profile order
+  double compute_ms = 0;       // sum of fwd + bwd of the nodes, per micro-batch
+  double memopt_ms = 0;        // swap stalls + recomputation, per micro-batch
+  double time_ms() const { return compute_ms + memopt_ms; }
+  MemoryBreakdown memory;      // after memory optimization
+  int64_t peak_without_memopt = 0;
+  std::vector<TensorBytes> crossing;  // tensors sent towards later stages at `end`
+  int64_t crossing_bytes = 0;
+  std::vector<TensorDecision> decisions;  // every saved tensor of the stage
+};
+
+struct Plan {
+  static constexpr int kVersion = 1;
+  int version = kVersion;
+  std::string model, preset;  // from the profile, for the reader's orientation
+  PlanOptions options;        // the inputs; options.stages == stages.size()
+  int64_t micro_batch_size = 1;
+  int nodes = 0;              // profile size the node ranges refer to
+  double planning_ms = 0;     // wall time of the search
+  std::vector<StagePlan> stages;
+
+  double bottleneck_ms() const;   // slowest stage: the pipeline's per-micro-batch period
+  int64_t max_peak_bytes() const;
+  std::string to_json(int indent = 2) const;
+  void print_table(std::ostream& out) const;
+};
+
+// Throws ConfigError when the text is not a plan of a version this build reads.
+Plan plan_from_json(const std::string& text);
+
+}  // namespace dawnpiper

@@ -1,0 +1,187 @@
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "plan/baselines.h"
+#include "plan/bipar.h"
+#include "plan/cost_model.h"
+#include "plan/stage_evaluator.h"
+#include "util/error.h"
+#include "util/units.h"
+
+namespace dawnpiper {
+
+const std::vector<std::string>& planner_names() {
+  static const std::vector<std::string> names{"dawnpiper", "gpipe", "pipedream",
+                                              "vpipe",     "even",  "exact"};
+  return names;
+}
+
+namespace {
+
+void validate(const Profile& profile, const PlanOptions& options) {
+  const std::vector<std::string>& names = planner_names();
+  if (std::find(names.begin(), names.end(), options.planner) == names.end())
+    throw ConfigError("unknown planner '" + options.planner +
+                      "' (choose dawnpiper, gpipe, pipedream, vpipe, even or exact)");
+  memopt_mode_from_name(options.memopt);
+  schedule_kind_from_name(options.schedule);
+  Profile::optimizer_state_multiplier(options.optimizer);
+  if (options.stages < 1) throw ConfigError("the number of stages must be at least 1");
+  if (options.stages > profile.size())
+    throw ConfigError("cannot split " + std::to_string(profile.size()) + " nodes into " +
+                      std::to_string(options.stages) + " stages");
+  if (options.capacity_bytes <= 0) throw ConfigError("device memory capacity must be positive");
+}
+
+bool has_batch_fits(const Profile& profile) {
+  for (const TensorProfile& t : profile.tensors)
+    if (t.bytes_fit.base != 0 || t.bytes_fit.per_sample != 0) return true;
+  for (const NodeProfile& n : profile.nodes)
+    if (n.fwd_ms_fit.per_sample != 0 || n.bwd_ms_fit.per_sample != 0) return true;
+  return false;
+}
+
+std::string capacity_text(int64_t bytes) {
+  if (bytes == INT64_MAX) return "unlimited memory";
+  return format_bytes(static_cast<double>(bytes)) + " (" + std::to_string(bytes) + " bytes)";
+}
+
+// The smallest capacity with which the planner finds a plan at this micro-batch size, to a
+// relative precision of 1/2000 (every answer is verified by planning).
+int64_t needed_capacity(const Profile& profile, const PlanOptions& options) {
+  PlanOptions o = options;
+  o.capacity_bytes = INT64_MAX;
+  std::optional<Plan> open = try_plan(profile, o);
+  if (!open) return INT64_MAX;  // cannot happen: without a limit every stage fits
+  int64_t hi = std::max<int64_t>(1, open->max_peak_bytes());
+  o.capacity_bytes = hi;
+  while (!try_plan(profile, o)) {  // a heuristic search need not be monotone in capacity
+    if (hi > INT64_MAX / 2) return INT64_MAX;
+    hi *= 2;
+    o.capacity_bytes = hi;
+  }
+  int64_t lo = std::min(options.capacity_bytes, hi - 1);  // known (or assumed) infeasible
+  while (hi - lo > std::max<int64_t>(1, hi / 2000)) {
+    int64_t mid = lo + (hi - lo) / 2;
+    o.capacity_bytes = mid;
+    if (try_plan(profile, o)) hi = mid;
+    else lo = mid;
+  }
+  return hi;
+}
+
+std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& options,
+                                  int64_t upper_bound) {
+  auto plan_at = [&](int64_t batch) { return try_plan(profile.at_batch(batch), options); };
+  std::optional<Plan> best = plan_at(1);
+  if (!best) return std::nullopt;
+  int64_t lo = 1, hi = -1;  // lo fits; hi (when known) does not
+  for (int64_t b = 2; hi < 0; b *= 2) {
+    int64_t probe = std::min(b, upper_bound);
+    if (probe <= lo) break;  // lo == upper_bound
+    std::optional<Plan> p = plan_at(probe);
+    if (p) {
+      lo = probe;
+      best = std::move(p);
+      if (probe == upper_bound) break;
+    } else {
+      hi = probe;
+    }
+  }
+  while (hi > 0 && hi - lo > 1) {
+    int64_t mid = lo + (hi - lo) / 2;
+    std::optional<Plan> p = plan_at(mid);
+    if (p) {
+      lo = mid;
+      best = std::move(p);
+    } else {
+      hi = mid;
+    }
+  }
+  return MaxBatch{lo, std::move(*best)};
+}
+
+std::string describe(const Profile& profile, const PlanOptions& options) {
+  std::string model = profile.preset.empty() ? profile.model : profile.preset;
+  return "planner '" + options.planner + "' found no plan for " +
+         (model.empty() ? std::string("the model") : model) + " on " +
+         std::to_string(options.stages) + " stages (schedule " + options.schedule + ", " +
+         std::to_string(options.micro_batches) + " micro-batches of " +
+         std::to_string(profile.micro_batch_size) + ", optimizer " + options.optimizer +
+         ", memopt " + options.memopt + ") within " + capacity_text(options.capacity_bytes) +
+         " per stage";
+}
+
+std::string needs_text(const Profile& profile, const PlanOptions& options) {
+  return "; it needs at least " + capacity_text(needed_capacity(profile, options)) +
+         " per stage at micro-batch size " + std::to_string(profile.micro_batch_size);
+}
+
+}  // namespace
+
+std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options) {
+  validate(profile, options);
+  const auto start = std::chrono::steady_clock::now();
+  CostModel model(profile, options);
+  const bool blocks = options.planner == "vpipe";
+  StageEvaluator evaluator(model, memopt_mode_from_name(options.memopt), options.capacity_bytes,
+                           blocks ? MemoptGranularity::Block : MemoptGranularity::Tensor);
+  Bounds bounds;
+  if (options.planner == "dawnpiper") bounds = BiPar(evaluator).solve();
+  else if (options.planner == "exact") bounds = exact_partition(evaluator);
+  else if (options.planner == "gpipe") bounds = gpipe_partition(model);
+  else if (options.planner == "pipedream") bounds = pipedream_partition(model);
+  else if (options.planner == "vpipe") bounds = vpipe_partition(evaluator);
+  else if (options.planner == "even") bounds = even_partition(model);
+  if (bounds.empty() || !std::isfinite(evaluator.objective(bounds))) return std::nullopt;
+
+  Plan plan;
+  plan.model = profile.model;
+  plan.preset = profile.preset;
+  plan.options = options;
+  plan.micro_batch_size = profile.micro_batch_size;
+  plan.nodes = profile.size();
+  for (int x = 0; x < options.stages; ++x)
+    plan.stages.push_back(evaluator.stage_plan(bounds[static_cast<size_t>(x)],
+                                               bounds[static_cast<size_t>(x) + 1], x));
+  plan.planning_ms = std::chrono::duration<double, std::milli>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+  return plan;
+}
+
+Plan make_plan(const Profile& profile, const PlanOptions& options) {
+  std::optional<Plan> plan = try_plan(profile, options);
+  if (plan) return std::move(*plan);
+  std::string message = describe(profile, options) + needs_text(profile, options);
+  if (has_batch_fits(profile)) {
+    std::optional<MaxBatch> fit;
+    if (profile.micro_batch_size > 1) fit = max_batch(profile, options, profile.micro_batch_size - 1);
+    if (fit)
+      message += "; the largest micro-batch size that fits " +
+                 format_bytes(static_cast<double>(options.capacity_bytes)) + " is " +
+                 std::to_string(fit->micro_batch_size);
+    else
+      message += "; not even micro-batch size 1 fits " +
+                 format_bytes(static_cast<double>(options.capacity_bytes));
+  }
+  throw InfeasibleError(message);
+}
+
+MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound) {
+  if (upper_bound < 1) throw ConfigError("the micro-batch size bound must be at least 1");
+  validate(profile, options);
+  if (!has_batch_fits(profile))
+    throw ConfigError("the profile has no batch-size fits; profile it at two or more batch " +
+                      std::string("sizes to search the micro-batch size"));
+  std::optional<MaxBatch> fit = max_batch(profile, options, upper_bound);
+  if (fit) return std::move(*fit);
+  Profile one = profile.at_batch(1);
+  throw InfeasibleError(describe(one, options) + needs_text(one, options) +
+                        "; not even micro-batch size 1 fits");
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,39 @@
+#pragma once
+// The planner's entry points, used by `dawnpiper plan` and by rank 0 before training.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+#include "profile/profile.h"
+
+namespace dawnpiper {
+
+// "dawnpiper", "gpipe", "pipedream", "vpipe", "even", "exact".
+const std::vector<std::string>& planner_names();
+
+// The best plan `options.planner` finds for the profile at its micro-batch size. Throws
+// ConfigError for unknown planner / schedule / memopt / optimizer names, stages < 1, more stages
+// than nodes (or blocks, for block-granularity planners), and InfeasibleError when no plan fits
+// the capacity; that message names the smallest capacity with which the planner succeeds at
+// this micro-batch size and, when the profile has batch-size fits, the largest micro-batch size
+// that fits the given capacity.
+Plan make_plan(const Profile& profile, const PlanOptions& options);
+
+// As make_plan, but returns nothing instead of throwing InfeasibleError (no message search).
+std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options);
+
+struct MaxBatch {
+  int64_t micro_batch_size = 0;
+  Plan plan;
+};
+
+// The largest micro-batch size B <= upper_bound with a feasible plan, evaluating the profile at
+// each B through its batch-size fits (Profile::at_batch): doubling until a B fails, then binary
+// search (feasibility is assumed monotone in B). Throws InfeasibleError when even B = 1 does not
+// fit, ConfigError when the profile has no batch-size fits or upper_bound < 1.
+MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options,
+                        int64_t upper_bound = 4096);
+
+}  // namespace dawnpiper

@@ -1,0 +1,52 @@
+#include "plan/stage_evaluator.h"
+
+#include <algorithm>
+
+namespace dawnpiper {
+
+StageEvaluator::StageEvaluator(const CostModel& model, MemoptMode mode, int64_t capacity,
+                               MemoptGranularity granularity)
+    : model_(model), optimizer_(model, mode, capacity, granularity) {}
+
+const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
+  const uint64_t key = (static_cast<uint64_t>(b) << 40) | (static_cast<uint64_t>(e) << 16) |
+                       static_cast<uint64_t>(x);
+  auto found = cache_.find(key);
+  if (found != cache_.end()) return found->second;
+  ++evaluations_;
+  StageMemopt m = optimizer_.optimize(b, e, x, /*with_decisions=*/false);
+  StageEval ev;
+  ev.feasible = m.feasible;
+  ev.uses_memopt = m.swapped + m.recomputed > 0;
+  ev.compute_ms = model_.compute_ms(b, e);
+  ev.memopt_ms = m.overhead_ms;
+  ev.peak = m.peak;
+  return cache_.emplace(key, ev).first->second;
+}
+
+double StageEvaluator::objective(const Bounds& bounds) {
+  double worst = 0;
+  for (size_t x = 0; x + 1 < bounds.size(); ++x)
+    worst = std::max(worst, evaluate(bounds[x], bounds[x + 1], static_cast<int>(x)).time_ms());
+  return worst;
+}
+
+StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
+  StageMemopt m = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
+  StagePlan s;
+  s.index = x;
+  s.begin = b;
+  s.end = e;
+  s.compute_ms = model_.compute_ms(b, e);
+  s.memopt_ms = m.overhead_ms;
+  s.memory = model_.memory(b, e, x, m.activation_per_micro_batch);
+  s.peak_without_memopt = m.peak_before;
+  if (e < model_.size()) {
+    s.crossing = model_.crossing(e);
+    s.crossing_bytes = model_.crossing_bytes(e);
+  }
+  s.decisions = std::move(m.decisions);
+  return s;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,55 @@
+#pragma once
+// StageEvaluator: the search's view of a stage, (nodes [b, e), stage x) -> feasible?, time with
+// memory optimization. Results are cached because the partition searches ask for the same
+// ranges many times. One evaluator per planning run (it owns the memory optimizer's scratch).
+#include <cstdint>
+#include <limits>
+#include <unordered_map>
+#include <vector>
+
+#include "plan/cost_model.h"
+#include "plan/memory_optimizer.h"
+#include "plan/plan.h"
+
+namespace dawnpiper {
+
+struct StageEval {
+  bool feasible = false;
+  bool uses_memopt = false;  // something had to be swapped or recomputed
+  double compute_ms = 0;
+  double memopt_ms = 0;
+  int64_t peak = 0;          // after memory optimization (smallest reachable if infeasible)
+  // The objective's term: compute + memopt, infinite when the stage cannot fit.
+  double time_ms() const {
+    return feasible ? compute_ms + memopt_ms : std::numeric_limits<double>::infinity();
+  }
+};
+
+// Stage boundaries: bounds[x] .. bounds[x+1] is stage x; bounds.front() == 0,
+// bounds.back() == nodes.
+using Bounds = std::vector<int>;
+
+class StageEvaluator {
+ public:
+  StageEvaluator(const CostModel& model, MemoptMode mode, int64_t capacity,
+                 MemoptGranularity granularity = MemoptGranularity::Tensor);
+
+  const StageEval& evaluate(int b, int e, int x);
+  // Slowest stage time of a whole partition (infinite if a stage does not fit).
+  double objective(const Bounds& bounds);
+  // Everything the plan reports about one stage, decisions included.
+  StagePlan stage_plan(int b, int e, int x);
+
+  const CostModel& model() const { return model_; }
+  MemoptMode mode() const { return optimizer_.mode(); }
+  int64_t capacity() const { return optimizer_.capacity(); }
+  int64_t evaluations() const { return evaluations_; }
+
+ private:
+  const CostModel& model_;
+  MemoryOptimizer optimizer_;
+  std::unordered_map<uint64_t, StageEval> cache_;
+  int64_t evaluations_ = 0;
+};
+
+}  // namespace dawnpiper

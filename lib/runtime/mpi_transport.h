@@ -1,0 +1,37 @@
+#pragma once
+// MPI point-to-point transport for CPU tensors: stage x is rank x of the communicator. Sends are
+// MPI_Isend (non-blocking, as the schedules assume); receives are blocking MPI_Recv into freshly
+// allocated tensors. The tag encodes the message kind and the micro-batch.
+#include <mpi.h>
+
+#include <deque>
+
+#include "runtime/transport.h"
+
+namespace dawnpiper {
+
+class MpiTransport final : public Transport {
+ public:
+  explicit MpiTransport(MPI_Comm comm);
+  ~MpiTransport() override;
+  void send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) override;
+  std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
+                               const std::vector<const TensorInfo*>& specs) override;
+  void flush() override;
+  int64_t bytes_sent() const override { return bytes_; }
+
+ private:
+  int tag(MessageKind kind, int64_t micro_batch) const;
+  void reap();  // frees completed sends
+
+  struct Pending {
+    MPI_Request request;
+    at::Tensor buffer;
+  };
+  MPI_Comm comm_;
+  int tag_ub_ = 32767;
+  std::deque<Pending> pending_;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace dawnpiper

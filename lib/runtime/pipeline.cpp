@@ -1,0 +1,203 @@
+#include "runtime/pipeline.h"
+
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "runtime/mpi_transport.h"
+#include "runtime/pipeline_stage.h"
+#include "runtime/transport.h"
+#include "schedule/simulate.h"
+#include "util/error.h"
+
+namespace dawnpiper {
+
+void check_ranges(const OpGraph& g, const std::vector<std::pair<int, int>>& ranges) {
+  int expected = 0;
+  for (const auto& [b, e] : ranges) {
+    if (b != expected || e <= b)
+      throw ConfigError("stage node ranges must tile the graph in order (got [" + std::to_string(b) + ", " +
+                        std::to_string(e) + ") after node " + std::to_string(expected) + ")");
+    expected = e;
+  }
+  if (expected != g.size())
+    throw ConfigError("stage node ranges end at node " + std::to_string(expected) + " but the graph has " +
+                      std::to_string(g.size()) + " nodes (a plan for another model?)");
+}
+
+std::vector<Action> stage_actions(const PipelineConfig& c, int stage) {
+  const int stages = static_cast<int>(c.ranges.size());
+  if (c.schedule == ScheduleKind::Async)
+    return make_schedule(c.schedule, stages, c.steps * c.micro_batches).actions.at(stage);
+  const std::vector<Action> one = make_schedule(c.schedule, stages, c.micro_batches).actions.at(stage);
+  std::vector<Action> all;
+  for (int64_t s = 0; s < c.steps; ++s)
+    for (Action a : one) {
+      if (a.micro_batch >= 0) a.micro_batch += s * c.micro_batches;
+      all.push_back(a);
+    }
+  return all;
+}
+
+namespace {
+
+StageConfig stage_config(const PipelineConfig& c, int stage) {
+  StageConfig s;
+  s.stage = stage;
+  s.stages = static_cast<int>(c.ranges.size());
+  s.begin = c.ranges[stage].first;
+  s.end = c.ranges[stage].second;
+  s.schedule = c.schedule;
+  s.micro_batches = c.micro_batches;
+  s.seed = c.seed;
+  s.optimizer = c.optimizer;
+  return s;
+}
+
+// Parameters held by more than one stage (weights tied across a cut), keyed by their owner
+// (node, index), with the stages holding a copy, in a deterministic order.
+std::map<std::pair<int, int>, std::vector<int>> tied_groups(const OpGraph& g, const PipelineConfig& c) {
+  std::map<std::pair<int, int>, std::set<int>> holders;
+  for (size_t s = 0; s < c.ranges.size(); ++s)
+    for (int n = c.ranges[s].first; n < c.ranges[s].second; ++n)
+      for (size_t i = 0; i < g.nodes[n].params.size(); ++i) {
+        const ParamSpec& p = g.nodes[n].params[i];
+        holders[p.tied() ? std::make_pair(p.tied_node, p.tied_param) : std::make_pair(n, int(i))].insert(int(s));
+      }
+  std::map<std::pair<int, int>, std::vector<int>> groups;
+  for (auto& [key, stages] : holders)
+    if (stages.size() > 1) groups[key] = {stages.begin(), stages.end()};
+  return groups;
+}
+
+}  // namespace
+
+InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& c) {
+  check_ranges(g, c.ranges);
+  const int stages = static_cast<int>(c.ranges.size());
+  LocalTransport transport;
+  std::vector<std::unique_ptr<PipelineStage>> stage;
+  InProcessResult result;
+  for (int s = 0; s < stages; ++s) {
+    stage.push_back(std::make_unique<PipelineStage>(g, stage_config(c, s), transport));
+    stage.back()->set_loss_callback([&](int64_t step, double loss) { result.losses.push_back({step, loss}); });
+  }
+  const auto groups = tied_groups(g, c);
+  // Synchronous schedules: every stage's optimizer step is the last action of its step, so the
+  // steps are deferred until all stages reach them, and tied gradients are summed first.
+  Schedule schedule;
+  schedule.kind = c.schedule;
+  schedule.stages = stages;
+  schedule.micro_batches = c.steps * c.micro_batches;
+  for (int s = 0; s < stages; ++s) schedule.actions.push_back(stage_actions(c, s));
+  std::vector<int> pending_updates;
+  auto run_updates = [&] {
+    for (const auto& [key, holders] : groups) {
+      at::Tensor sum;
+      std::vector<at::Tensor*> grads;
+      for (int s : holders)
+        for (auto& p : stage[s]->module().parameters())
+          if (p.node == key.first && p.index == key.second && p.tensor.grad().defined())
+            grads.push_back(&p.tensor.mutable_grad());
+      for (at::Tensor* gr : grads) sum = sum.defined() ? sum + *gr : gr->clone();
+      for (at::Tensor* gr : grads) *gr = sum.clone();
+    }
+    for (int s : pending_updates) stage[s]->execute(Action{ActionKind::OptimizerStep, s, -1, -1});
+    pending_updates.clear();
+  };
+  for (const Action& a : simulate_global(schedule)) {
+    transport.set_sender(a.stage);
+    if (a.kind == ActionKind::OptimizerStep && c.schedule != ScheduleKind::Async) {
+      pending_updates.push_back(a.stage);
+      if (static_cast<int>(pending_updates.size()) == stages) run_updates();
+      continue;
+    }
+    stage[a.stage]->execute(a);
+  }
+  if (!pending_updates.empty()) run_updates();
+  for (auto& s : stage) result.parameters.push_back(s->module().parameters());
+  return result;
+}
+
+std::vector<StageParameter> run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm,
+                                             const std::function<void(const StepLoss&)>& on_loss) {
+  check_ranges(g, c.ranges);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  if (size != static_cast<int>(c.ranges.size()))
+    throw ConfigError(std::to_string(c.ranges.size()) + " stages need " + std::to_string(c.ranges.size()) +
+                      " MPI ranks, not " + std::to_string(size));
+  MPI_Comm data_comm, control_comm;
+  MPI_Comm_dup(comm, &data_comm);
+  MPI_Comm_dup(comm, &control_comm);  // loss reports, apart from activation traffic
+  const int last = size - 1;
+  {
+    MpiTransport transport(data_comm);
+    PipelineStage stage(g, stage_config(c, rank), transport);
+    // One communicator per group of stages sharing a tied parameter; every rank takes part in
+    // every split, in the same order.
+    std::vector<std::pair<std::pair<int, int>, MPI_Comm>> tie_comms;
+    for (const auto& [key, holders] : tied_groups(g, c)) {
+      const bool member = std::find(holders.begin(), holders.end(), rank) != holders.end();
+      MPI_Comm sub;
+      MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, rank, &sub);
+      if (member) tie_comms.push_back({key, sub});
+    }
+    if (c.schedule != ScheduleKind::Async && !tie_comms.empty())
+      stage.set_tied_reducer([&](std::vector<StageParameter>& params) {
+        for (auto& [key, sub] : tie_comms)
+          for (auto& p : params)
+            if (p.node == key.first && p.index == key.second) {
+              if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+              at::Tensor grad = p.tensor.mutable_grad().contiguous();
+              MPI_Allreduce(MPI_IN_PLACE, grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, sub);
+              p.tensor.mutable_grad() = grad;
+            }
+      });
+    int64_t reported = 0;
+    auto report = [&](const StepLoss& s) {
+      ++reported;
+      if (on_loss) on_loss(s);
+    };
+    std::vector<double> outgoing;  // last rank: losses being sent (kept alive for Isend)
+    std::vector<MPI_Request> requests;
+    outgoing.reserve(static_cast<size_t>(c.steps));
+    stage.set_loss_callback([&](int64_t step, double loss) {
+      if (rank == 0) {
+        report({step, loss});
+        return;
+      }
+      outgoing.push_back(loss);
+      requests.emplace_back();
+      MPI_Isend(&outgoing.back(), 1, MPI_DOUBLE, 0, static_cast<int>(step), control_comm, &requests.back());
+    });
+    auto poll_losses = [&](bool wait) {
+      if (rank != 0 || last == 0) return;
+      while (reported < c.steps) {
+        int flag = 0;
+        MPI_Status st;
+        if (wait) MPI_Probe(last, static_cast<int>(reported), control_comm, &st), flag = 1;
+        else MPI_Iprobe(last, static_cast<int>(reported), control_comm, &flag, &st);
+        if (!flag) return;
+        double loss = 0;
+        MPI_Recv(&loss, 1, MPI_DOUBLE, last, static_cast<int>(reported), control_comm, MPI_STATUS_IGNORE);
+        report({reported, loss});
+      }
+    };
+    for (const Action& a : stage_actions(c, rank)) {
+      stage.execute(a);
+      poll_losses(false);
+    }
+    transport.flush();
+    poll_losses(true);
+    if (!requests.empty()) MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    for (auto& [key, sub] : tie_comms) MPI_Comm_free(&sub);
+    std::vector<StageParameter> params = stage.module().parameters();
+    MPI_Comm_free(&data_comm);
+    MPI_Comm_free(&control_comm);
+    return params;
+  }
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,175 @@
+#include "runtime/pipeline_stage.h"
+
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+// Which graph tensors carry gradients (see the profiler: outputs of nodes with parameters or
+// such inputs).
+std::vector<bool> requires_grad(const OpGraph& g) {
+  std::vector<bool> rg(g.tensors.size(), false);
+  for (const Node& n : g.nodes) {
+    bool r = !n.params.empty() && n.kind != OpKind::Input;
+    for (int t : n.inputs) r = r || rg[t];
+    rg[n.outputs[0]] = r;
+  }
+  return rg;
+}
+}  // namespace
+
+PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Transport& transport)
+    : graph_(graph),
+      config_(config),
+      transport_(transport),
+      module_(graph, config.begin, config.end, config.seed),
+      data_(graph, config.seed) {
+  const std::vector<bool> rg = requires_grad(graph);
+  for (int t : module_.external_inputs())
+    if (graph.is_data(t)) data_ids_.push_back(t);
+  // Everything that crosses a cut travels over it, also tensors this stage only relays from an
+  // earlier stage to a later one (skip connections over a whole stage); their gradients come
+  // back the same way.
+  for (const CrossingTensor& c : graph.crossing(config.begin)) {
+    recv_ids_.push_back(c.tensor);
+    recv_specs_.push_back(&graph.tensor(c.tensor));
+    recv_requires_grad_.push_back(rg[c.tensor]);
+  }
+  for (const CrossingTensor& c : graph.crossing(config.end)) {
+    send_ids_.push_back(c.tensor);
+    grad_specs_.push_back(&graph.tensor(c.tensor));
+  }
+  for (auto& p : module_.parameters()) masters_.push_back(p.tensor);
+  optimizer_ = make_optimizer(config.optimizer, masters_);
+}
+
+int PipelineStage::weight_versions() const {
+  return config_.schedule == ScheduleKind::Async ? 1 + static_cast<int>(stash_.size()) : 1;
+}
+
+void PipelineStage::execute(const Action& a) {
+  switch (a.kind) {
+    case ActionKind::Forward: forward(a.micro_batch); break;
+    case ActionKind::Backward: backward(a.micro_batch); break;
+    case ActionKind::OptimizerStep: optimizer_step(); break;
+    case ActionKind::RecvActivation: {
+      InFlight& f = in_flight_[a.micro_batch];
+      f.inputs = transport_.recv(config_.stage - 1, MessageKind::Activation, a.micro_batch, recv_specs_);
+      for (size_t i = 0; i < f.inputs.size(); ++i)
+        if (recv_requires_grad_[i]) f.inputs[i].requires_grad_(true);
+      break;
+    }
+    case ActionKind::SendActivation: {
+      std::vector<at::Tensor> out;
+      for (const at::Tensor& t : in_flight_.at(a.micro_batch).outputs) out.push_back(t.detach());
+      transport_.send(config_.stage + 1, MessageKind::Activation, a.micro_batch, std::move(out));
+      break;
+    }
+    case ActionKind::SendGrad: {
+      InFlight& f = in_flight_.at(a.micro_batch);
+      std::vector<at::Tensor> grads;
+      for (size_t i = 0; i < f.inputs.size(); ++i)
+        grads.push_back(f.inputs[i].grad().defined() ? f.inputs[i].grad() : at::zeros_like(f.inputs[i]));
+      transport_.send(config_.stage - 1, MessageKind::Gradient, a.micro_batch, std::move(grads));
+      in_flight_.erase(a.micro_batch);  // the micro-batch is done on this stage
+      break;
+    }
+    case ActionKind::RecvGrad: {
+      // Kept until Backward: stored as the outputs' pending gradients.
+      InFlight& f = in_flight_.at(a.micro_batch);
+      std::vector<at::Tensor> grads = transport_.recv(config_.stage + 1, MessageKind::Gradient, a.micro_batch, grad_specs_);
+      f.outputs.insert(f.outputs.end(), grads.begin(), grads.end());  // [outputs..., grads...]
+      break;
+    }
+    case ActionKind::SwapOut:
+    case ActionKind::SwapIn:
+    case ActionKind::Recompute:
+      throw std::logic_error("memory-optimization actions are not executed by this runtime yet");
+  }
+}
+
+std::vector<at::Tensor>& PipelineStage::version_tensors(int64_t version) {
+  auto it = stash_.find(version);
+  if (it != stash_.end()) return it->second;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> copy;
+  for (const at::Tensor& m : masters_) copy.push_back(m.detach().clone().requires_grad_(true));
+  return stash_[version] = std::move(copy);
+}
+
+void PipelineStage::forward(int64_t mb) {
+  InFlight& f = in_flight_[mb];
+  TensorEnv env = module_.make_env();
+  data_.load(env, data_ids_, mb * graph_.micro_batch_size, module_.device());
+  for (size_t i = 0; i < recv_ids_.size(); ++i) env[recv_ids_[i]] = f.inputs.at(i);
+  if (config_.schedule == ScheduleKind::Async) {
+    // This forward (and its backward) use the current weights, stashed until that backward.
+    f.version = version_;
+    auto& tensors = version_tensors(version_);
+    ++stash_users_[version_];
+    for (size_t i = 0; i < tensors.size(); ++i) module_.parameters()[i].tensor = tensors[i];
+  }
+  module_.forward(env, RunContext{step_of(mb), mb});
+  for (int t : send_ids_) f.outputs.push_back(env[t]);
+  if (is_last()) {
+    f.loss = env[graph_.nodes[graph_.loss_node()].outputs[0]];
+    const double value = f.loss.item<double>();
+    if (!std::isfinite(value))
+      throw Error("loss is " + std::to_string(value) + " at step " + std::to_string(step_of(mb)) +
+                  ", micro-batch " + std::to_string(mb) + "; lower --lr");
+    step_loss_ += value;
+    ++step_losses_;
+  }
+}
+
+void PipelineStage::backward(int64_t mb) {
+  InFlight& f = in_flight_.at(mb);
+  if (is_last()) {
+    // Synchronous schedules accumulate the mean over the step's micro-batches, as the
+    // reference trainer does; PipeDream's asynchronous updates use each micro-batch's loss.
+    const double scale = config_.schedule == ScheduleKind::Async ? 1.0 : 1.0 / config_.micro_batches;
+    (f.loss * scale).backward();
+    f.loss = at::Tensor();
+  } else {
+    const size_t n = send_ids_.size();
+    std::vector<at::Tensor> outs(f.outputs.begin(), f.outputs.begin() + n);
+    std::vector<at::Tensor> grads(f.outputs.begin() + n, f.outputs.end());
+    std::vector<at::Tensor> with_grad, their_grads;
+    for (size_t i = 0; i < n; ++i)
+      if (outs[i].requires_grad()) with_grad.push_back(outs[i]), their_grads.push_back(grads[i]);
+    if (!with_grad.empty()) torch::autograd::backward(with_grad, their_grads);
+  }
+  f.outputs.clear();
+  if (config_.schedule == ScheduleKind::Async) {
+    // Move the stashed version's gradients to the masters for the update that follows.
+    auto& tensors = stash_.at(f.version);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].grad().defined()) masters_[i].mutable_grad() = tensors[i].grad();
+      tensors[i].mutable_grad() = at::Tensor();
+    }
+    if (--stash_users_[f.version] == 0) {
+      stash_.erase(f.version);
+      stash_users_.erase(f.version);
+    }
+  }
+  if (config_.stage == 0) in_flight_.erase(mb);  // no gradient to send upstream
+  if (is_last() && step_losses_ == config_.micro_batches) {
+    if (on_loss_) on_loss_(step_of(mb), step_loss_ / static_cast<double>(step_losses_));
+    step_loss_ = 0;
+    step_losses_ = 0;
+  }
+}
+
+void PipelineStage::optimizer_step() {
+  if (config_.schedule != ScheduleKind::Async && reduce_tied_) reduce_tied_(module_.parameters());
+  optimizer_->step();
+  ++version_;
+}
+
+}  // namespace dawnpiper

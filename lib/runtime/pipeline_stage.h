@@ -1,0 +1,87 @@
+#pragma once
+// PipelineStage: what one rank computes. It owns a StageModule (only its node range's
+// parameters), its optimizer, and the per-micro-batch state between a forward and its backward,
+// and executes schedule actions one at a time. The order comes from the schedule
+// (schedule/schedule.h); the planner simulated the same lists.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "data/synthetic.h"
+#include "exec/stage_module.h"
+#include "runtime/transport.h"
+#include "schedule/action.h"
+#include "schedule/schedule.h"
+#include "train/optimizer.h"
+
+namespace dawnpiper {
+
+struct StageConfig {
+  int stage = 0, stages = 1;
+  int begin = 0, end = 0;        // node range
+  ScheduleKind schedule = ScheduleKind::GPipe;
+  int64_t micro_batches = 1;     // per step (sync) / per reported step (async)
+  uint64_t seed = 42;
+  OptimizerConfig optimizer;
+};
+
+// Sums gradients of parameters that several stages hold copies of (weights tied across the
+// cut, e.g. GPT-2's embedding and output projection). Called with the stage's copies before
+// every synchronous optimizer step; the default does nothing (no ties, or one process).
+using TiedGradReducer = std::function<void(std::vector<StageParameter>&)>;
+
+class PipelineStage {
+ public:
+  PipelineStage(const OpGraph& graph, const StageConfig& config, Transport& transport);
+
+  // Executes one action of this stage's list. Returns the finished step's mean loss (last
+  // stage only, after the step's last backward) through on_loss.
+  void execute(const Action& action);
+  void set_loss_callback(std::function<void(int64_t step, double loss)> on_loss) { on_loss_ = std::move(on_loss); }
+  void set_tied_reducer(TiedGradReducer reducer) { reduce_tied_ = std::move(reducer); }
+
+  StageModule& module() { return module_; }
+  const StageConfig& config() const { return config_; }
+  bool is_last() const { return config_.stage == config_.stages - 1; }
+  int live_micro_batches() const { return static_cast<int>(in_flight_.size()); }
+  int weight_versions() const;
+
+ private:
+  struct InFlight {
+    std::vector<at::Tensor> inputs;   // received activations (leaves), graph order of recv_ids_
+    std::vector<at::Tensor> outputs;  // this stage's crossing outputs, with their graphs
+    at::Tensor loss;                  // last stage
+    int64_t version = 0;              // weight version the forward used (async)
+  };
+
+  void forward(int64_t mb);
+  void backward(int64_t mb);
+  void optimizer_step();
+  int64_t step_of(int64_t mb) const { return mb / config_.micro_batches; }
+  std::vector<at::Tensor>& version_tensors(int64_t version);
+
+  const OpGraph& graph_;
+  StageConfig config_;
+  Transport& transport_;
+  StageModule module_;
+  SyntheticData data_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<int> recv_ids_, send_ids_, data_ids_;
+  std::vector<const TensorInfo*> recv_specs_, grad_specs_;
+  std::vector<bool> recv_requires_grad_;
+  std::map<int64_t, InFlight> in_flight_;
+  // Async weight stashing: the master weights are the optimizer's; a forward uses a snapshot
+  // of the current version, kept until the last micro-batch that used it has run backward.
+  int64_t version_ = 0;
+  std::map<int64_t, std::vector<at::Tensor>> stash_;
+  std::map<int64_t, int> stash_users_;
+  std::vector<at::Tensor> masters_;
+  double step_loss_ = 0;
+  int64_t step_losses_ = 0;
+  std::function<void(int64_t, double)> on_loss_;
+  TiedGradReducer reduce_tied_;
+};
+
+}  // namespace dawnpiper

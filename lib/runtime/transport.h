@@ -1,0 +1,54 @@
+#pragma once
+// Moving activations and gradients between pipeline stages. One interface, several transports:
+// MPI point-to-point for CPU tensors (one rank per stage), and an in-process mailbox that lets
+// one process run every stage (the single-process reference for the asynchronous schedule,
+// and tests).
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "graph/op_graph.h"
+
+namespace dawnpiper {
+
+// What a message carries: the ids of the graph tensors, in order. Receivers know the shapes and
+// dtypes from the graph, so only raw data travels.
+enum class MessageKind { Activation = 0, Gradient = 1 };
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Starts sending; returns without waiting for the receiver. The tensors are kept alive until
+  // the send completes.
+  virtual void send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) = 0;
+  // Waits for the matching send and returns tensors of the given shapes and dtypes.
+  virtual std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
+                                       const std::vector<const TensorInfo*>& specs) = 0;
+  // Completes every pending send.
+  virtual void flush() = 0;
+  virtual int64_t bytes_sent() const = 0;
+};
+
+// Every stage in this process: a send is a deposit, a receive a withdrawal (which must follow
+// its send: run the stages in a valid global order).
+class LocalTransport final : public Transport {
+ public:
+  void send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) override;
+  std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
+                               const std::vector<const TensorInfo*>& specs) override;
+  void flush() override {}
+  int64_t bytes_sent() const override { return bytes_; }
+  // Used by the in-process runner: the sender's stage for the next send().
+  void set_sender(int stage) { sender_ = stage; }
+
+ private:
+  using Key = std::tuple<int, int, int, int64_t>;  // from, to, kind, micro-batch
+  std::map<Key, std::vector<at::Tensor>> mailbox_;
+  int sender_ = 0;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace dawnpiper

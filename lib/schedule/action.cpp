@@ -1,0 +1,98 @@
+#include "schedule/action.h"
+
+#include <cctype>
+#include <sstream>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+struct KindCode {
+  ActionKind kind;
+  const char* code;
+};
+// Longest codes first so that prefix matching in parse_action is unambiguous.
+const KindCode kKindCodes[] = {
+    {ActionKind::SwapOut, "SWAP_OUT"},       {ActionKind::SwapIn, "SWAP_IN"},
+    {ActionKind::Recompute, "RECOMPUTE"},    {ActionKind::SendActivation, "SEND_F"},
+    {ActionKind::RecvActivation, "RECV_F"},  {ActionKind::SendGrad, "SEND_B"},
+    {ActionKind::RecvGrad, "RECV_B"},        {ActionKind::Forward, "F"},
+    {ActionKind::Backward, "B"},             {ActionKind::OptimizerStep, "U"},
+};
+
+bool has_tensor(ActionKind kind) {
+  return kind == ActionKind::SwapOut || kind == ActionKind::SwapIn ||
+         kind == ActionKind::Recompute;
+}
+}  // namespace
+
+const char* action_kind_code(ActionKind kind) {
+  for (const KindCode& kc : kKindCodes)
+    if (kc.kind == kind) return kc.code;
+  return "?";
+}
+
+std::string to_string(const Action& action) {
+  std::string s = std::to_string(action.stage) + action_kind_code(action.kind);
+  if (action.kind != ActionKind::OptimizerStep) s += std::to_string(action.micro_batch);
+  if (has_tensor(action.kind) && action.tensor >= 0) s += "t" + std::to_string(action.tensor);
+  return s;
+}
+
+std::string to_string(const std::vector<Action>& actions) {
+  std::string s;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (i) s += ' ';
+    s += to_string(actions[i]);
+  }
+  return s;
+}
+
+Action parse_action(const std::string& text) {
+  auto bad = [&]() {
+    return ConfigError("malformed action '" + text + "' (examples: 2F0, 1SEND_B3, 0U)");
+  };
+  size_t pos = 0;
+  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
+  if (pos == 0 || pos > 9) throw bad();
+  Action a;
+  a.stage = std::stoi(text.substr(0, pos));
+  const KindCode* found = nullptr;
+  for (const KindCode& kc : kKindCodes) {
+    std::string code = kc.code;
+    if (text.compare(pos, code.size(), code) == 0) {
+      found = &kc;
+      pos += code.size();
+      break;
+    }
+  }
+  if (!found) throw bad();
+  a.kind = found->kind;
+  if (a.kind == ActionKind::OptimizerStep) {
+    if (pos != text.size()) throw bad();
+    return a;
+  }
+  size_t start = pos;
+  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
+  if (pos == start || pos - start > 18) throw bad();
+  a.micro_batch = std::stoll(text.substr(start, pos - start));
+  if (has_tensor(a.kind) && pos < text.size() && text[pos] == 't') {
+    start = ++pos;
+    while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
+    if (pos == start || pos - start > 9) throw bad();
+    a.tensor = std::stoi(text.substr(start, pos - start));
+  }
+  if (pos != text.size()) throw bad();
+  return a;
+}
+
+std::vector<Action> parse_actions(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<Action> out;
+  std::string word;
+  while (in >> word) out.push_back(parse_action(word));
+  return out;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,53 @@
+#pragma once
+// One instruction of a pipeline stage: what a rank does next. A schedule is a list of these per
+// stage; the runtime executes the lists and the planner simulates the very same lists to know how
+// many micro-batches and weight versions each stage holds (schedule/simulate.h).
+//
+// Compact text form (as in torch.distributed.pipelining): stage, kind, micro-batch, e.g.
+//   2F0  stage 2 forward of micro-batch 0      2B0        backward of micro-batch 0
+//   2U   optimizer step (weight update)        1SEND_F3   send activations of mb 3 downstream
+//   1RECV_F3 / 1SEND_B3 / 1RECV_B3             activations in, gradients out / in
+//   0SWAP_OUT2t17, 0SWAP_IN2t17, 0RECOMPUTE2t17  evictor actions for tensor 17 of mb 2
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dawnpiper {
+
+enum class ActionKind {
+  Forward,
+  Backward,
+  SendActivation,  // to stage + 1, after Forward
+  RecvActivation,  // from stage - 1, before Forward
+  SendGrad,        // to stage - 1, after Backward
+  RecvGrad,        // from stage + 1, before Backward
+  OptimizerStep,   // no micro-batch
+  // Reserved for the runtime's evictor (the generators never emit them).
+  SwapOut,
+  SwapIn,
+  Recompute,
+};
+
+struct Action {
+  ActionKind kind = ActionKind::Forward;
+  int stage = 0;
+  int64_t micro_batch = -1;  // -1 for OptimizerStep
+  int tensor = -1;           // SwapOut / SwapIn / Recompute only
+
+  bool operator==(const Action& o) const {
+    return kind == o.kind && stage == o.stage && micro_batch == o.micro_batch && tensor == o.tensor;
+  }
+  bool operator!=(const Action& o) const { return !(*this == o); }
+};
+
+// "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "U", "SWAP_OUT", "SWAP_IN", "RECOMPUTE".
+const char* action_kind_code(ActionKind kind);
+std::string to_string(const Action& action);
+// Space-separated compact forms.
+std::string to_string(const std::vector<Action>& actions);
+// Inverse of to_string(const Action&); throws ConfigError on malformed text.
+Action parse_action(const std::string& text);
+// Whitespace-separated list of compact forms.
+std::vector<Action> parse_actions(const std::string& text);
+
+}  // namespace dawnpiper

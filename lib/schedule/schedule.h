@@ -1,0 +1,52 @@
+#pragma once
+// Pipeline schedules as per-stage action lists (DeepSpeed / torch.distributed.pipelining style):
+// the generator decides the order, the runtime only executes it, the planner simulates it.
+//
+// Stages are 0-based (x = 0 .. l-1), micro-batches 0 .. m-1. Every forward on a stage x > 0 is
+// preceded by RECV_F and every forward on x < l-1 followed by SEND_F; symmetrically for
+// backward with RECV_B / SEND_B. Sends are assumed non-blocking (buffered, e.g. MPI_Isend or a
+// separate NCCL stream): a receive waits for its matching send, a send never waits.
+//
+//  gpipe  all m forwards, then all m backwards in the same order (0..m-1), then one optimizer
+//         step. Every micro-batch is in flight at once: in-flight count m on every stage.
+//  1f1b   synchronous 1F1B (DAPPLE / Megatron non-interleaved): stage x warms up with
+//         w = min(l-x-1, m) forwards, then alternates one forward and one backward, drains the
+//         last w backwards, then one optimizer step (a flush per mini-batch). In flight:
+//         min(l-x, m) micro-batches.
+//  async  PipeDream 1F1B without flush: the same warm-up and alternation, but an optimizer step
+//         after every backward and weight stashing (a forward uses the current weights, its
+//         backward the version that forward used). Stage x holds l-x micro-batches and l-x
+//         weight versions in the steady state. The list covers a stream of `micro_batches`
+//         micro-batches (the runtime passes steps * micro-batches per step); the drain at its
+//         end happens once per run, not per mini-batch.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "schedule/action.h"
+
+namespace dawnpiper {
+
+enum class ScheduleKind { GPipe, OneFOneB, Async };
+
+const char* schedule_kind_name(ScheduleKind kind);  // "gpipe" | "1f1b" | "async"
+ScheduleKind schedule_kind_from_name(const std::string& name);  // throws ConfigError
+
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::GPipe;
+  int stages = 0;
+  int64_t micro_batches = 0;
+  std::vector<std::vector<Action>> actions;  // actions[x]: stage x's list, in execution order
+
+  // One line per stage, compact action forms ("0F0 0SEND_F0 0F1 ...").
+  std::string to_string() const;
+};
+
+// Throws ConfigError for stages < 1 or micro_batches < 1.
+Schedule make_gpipe_schedule(int stages, int64_t micro_batches);
+Schedule make_1f1b_schedule(int stages, int64_t micro_batches);
+Schedule make_async_schedule(int stages, int64_t micro_batches);
+Schedule make_schedule(ScheduleKind kind, int stages, int64_t micro_batches);
+Schedule make_schedule(const std::string& name, int stages, int64_t micro_batches);
+
+}  // namespace dawnpiper

@@ -1,0 +1,57 @@
+#pragma once
+// Simulation of action lists. The planner's memory model takes its in-flight micro-batch and
+// weight-version counts from simulate_stage (never from formulas), because the runtime executes
+// the same lists. simulate_global checks that a whole schedule can run: it finds an interleaving
+// in which every receive comes after its matching send (sends are non-blocking), or reports the
+// deadlock.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "schedule/schedule.h"
+
+namespace dawnpiper {
+
+// A malformed action list or a deadlocked schedule: a bug in a generator or a hand-written list.
+class ScheduleError : public std::logic_error {
+ public:
+  explicit ScheduleError(const std::string& what) : std::logic_error(what) {}
+};
+
+struct StageStats {
+  int stage = 0;
+  int64_t forwards = 0;
+  int64_t backwards = 0;
+  int64_t optimizer_steps = 0;
+  // Most micro-batches forwarded and not yet backwarded at any point: how many micro-batches'
+  // saved activations the stage holds at once.
+  int max_in_flight = 0;
+  // Most weight versions alive at once: the current one plus those stashed for in-flight
+  // micro-batches whose forward used an older version (weight stashing).
+  int max_weight_versions = 0;
+  // For every micro-batch, the number of other forwards and backwards this stage runs between
+  // that micro-batch's forward and its backward; distinct pairs only. The idle time of a saved
+  // tensor (swap overlap) spans these passes.
+  std::vector<std::pair<int, int>> gaps;
+
+  // The shortest time between a forward's end and its own backward's start, with every forward
+  // taking fwd_ms and every backward bwd_ms (0 when no micro-batch ran).
+  double min_gap_ms(double fwd_ms, double bwd_ms) const;
+};
+
+// Simulates one stage's list on its own (communication takes no time). `stages` is the pipeline
+// depth, needed to check the sends and receives. Throws ScheduleError when the list is malformed:
+// a forward or backward twice, a backward before its forward, a missing receive before a
+// compute or a send before it, a micro-batch never backwarded.
+StageStats simulate_stage(const std::vector<Action>& actions, int stages);
+std::vector<StageStats> simulate_stages(const Schedule& schedule);
+
+// A global order of all actions of all stages that respects every stage's list and puts each
+// receive after its matching send. Throws ScheduleError on a deadlock (naming each stage's
+// blocked action), on an unmatched send or receive, or when the stages do not all forward and
+// backward the same micro-batches exactly once.
+std::vector<Action> simulate_global(const Schedule& schedule);
+
+}  // namespace dawnpiper

@@ -1,0 +1,108 @@
+// Planner measurements for docs/planner.md. Hidden tests (tag [.bench]): they print figures and
+// assert nothing about speed; run them with  dp_core_tests "[.bench]"  on an optimized build.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "plan/planner.h"
+#include "synthetic_profile.h"
+
+using namespace dawnpiper;
+using namespace dawnpiper::testing;
+
+namespace {
+
+double median_ms(int runs, const std::function<void()>& f) {
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void time_planning(int layers, int stages, int runs) {
+  Profile p = transformer_like_profile(layers);
+  for (const char* schedule : {"async", "1f1b"}) {
+   for (const char* memopt : {"sr", "r"}) {
+    PlanOptions opt;
+    opt.stages = stages;
+    opt.schedule = schedule;
+    opt.micro_batches = 2 * stages;
+    opt.memopt = memopt;
+    opt.capacity_bytes = INT64_MAX;
+    const int64_t open_peak = make_plan(p, opt).max_peak_bytes();
+    for (double fraction : {1.0, 0.8, 0.6, 0.5}) {
+      opt.capacity_bytes = static_cast<int64_t>(fraction * static_cast<double>(open_peak));
+      std::optional<Plan> plan;
+      double ms = median_ms(runs, [&] { plan = try_plan(p, opt); });
+      std::printf("planning %6d nodes, l=%2d, %-5s %-2s, capacity %3.0f%% of the unconstrained "
+                  "peak: median %8.2f ms over %d runs, %s, bottleneck %.2f ms\n",
+                  p.size(), stages, schedule, memopt, 100 * fraction, ms, runs,
+                  plan ? "plan found" : "no plan", plan ? plan->bottleneck_ms() : 0.0);
+    }
+   }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("planning time on transformer-shaped graphs", "[.bench]") {
+  time_planning(53, 8, 7);     // ~1,000 nodes
+  time_planning(526, 64, 3);   // ~10,000 nodes
+}
+
+TEST_CASE("BiPar against exact on medium graphs", "[.bench]") {
+  std::mt19937_64 rng(99);
+  const char* schedules[] = {"gpipe", "1f1b", "async"};
+  const char* memopts[] = {"none", "r", "sr"};
+  int instances = 0, equal = 0, within3 = 0, no_plan = 0;
+  double worst = 0, bipar_ms = 0, exact_ms = 0;
+  for (int seed = 1; seed <= 200; ++seed) {
+    auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    SyntheticOptions o;
+    o.nodes = pick(60, 200);
+    o.nodes_per_block = pick(2, 8);
+    o.skip_probability = pick(0, 1) ? 0.2 : 0.0;
+    Profile p = random_profile(static_cast<uint64_t>(seed) + 5000, o);
+    PlanOptions opt;
+    opt.stages = pick(2, 8);
+    opt.schedule = schedules[pick(0, 2)];
+    opt.memopt = memopts[pick(0, 2)];
+    opt.micro_batches = pick(2, 8);
+    opt.planner = "exact";
+    opt.capacity_bytes = INT64_MAX;
+    int64_t peak = make_plan(p, opt).max_peak_bytes();
+    opt.capacity_bytes = static_cast<int64_t>(std::uniform_real_distribution<double>(0.45, 1.05)(rng) * peak);
+    auto t0 = std::chrono::steady_clock::now();
+    std::optional<Plan> ex = try_plan(p, opt);
+    auto t1 = std::chrono::steady_clock::now();
+    opt.planner = "dawnpiper";
+    std::optional<Plan> bp = try_plan(p, opt);
+    auto t2 = std::chrono::steady_clock::now();
+    if (!ex) continue;
+    exact_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+    bipar_ms += std::chrono::duration<double, std::milli>(t2 - t1).count();
+    ++instances;
+    if (!bp) {
+      ++no_plan;
+      continue;
+    }
+    double gap = bp->bottleneck_ms() / ex->bottleneck_ms() - 1;
+    worst = std::max(worst, gap);
+    equal += gap <= 1e-9;
+    within3 += gap <= 0.03;
+  }
+  std::printf("BiPar vs exact, 60-200 nodes, l=2..8: %d feasible instances; equal %.1f%%, within 3%% "
+              "%.1f%%, worst gap %.2f%%, BiPar no plan %d; total time BiPar %.0f ms, exact %.0f ms\n",
+              instances, 100.0 * equal / instances, 100.0 * within3 / instances, 100 * worst, no_plan,
+              bipar_ms, exact_ms);
+}

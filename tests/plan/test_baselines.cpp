@@ -1,0 +1,188 @@
+// Baseline planners in the same cost model: torchgpipe's block partition, even, PipeDream's DP,
+// vPipe, and the exact DP as the yardstick.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "plan/baselines.h"
+#include "plan/planner.h"
+#include "synthetic_profile.h"
+#include "util/error.h"
+
+using namespace dawnpiper;
+using namespace dawnpiper::testing;
+
+TEST_CASE("torchgpipe's block partition gives torchgpipe's answers", "[plan][baselines]") {
+  // tests/test_balance.py of torchgpipe.
+  CHECK(barany_block_partition({1, 2, 3, 4, 5, 6}, 2) == std::vector<int>{4, 2});
+  CHECK(barany_block_partition({0, 0}, 2) == std::vector<int>{1, 1});
+  CHECK_THROWS_AS(barany_block_partition({42}, 0), ConfigError);
+  CHECK_THROWS_AS(barany_block_partition({}, 1), ConfigError);
+  CHECK_THROWS_AS(barany_block_partition({42}, 2), ConfigError);
+  // Its guarantee: block sums (normalized to [0, 1] per element) differ by at most one element.
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    int n = std::uniform_int_distribution<int>(1, 30)(rng);
+    int parts = std::uniform_int_distribution<int>(1, n)(rng);
+    std::vector<double> costs;
+    for (int i = 0; i < n; ++i) costs.push_back(std::uniform_real_distribution<double>(1, 10)(rng));
+    std::vector<int> sizes = barany_block_partition(costs, parts);
+    REQUIRE(static_cast<int>(sizes.size()) == parts);
+    int total = 0;
+    for (int s : sizes) {
+      CHECK(s >= 1);
+      total += s;
+    }
+    CHECK(total == n);
+  }
+}
+
+TEST_CASE("even gives every stage the same number of blocks", "[plan][baselines]") {
+  SyntheticOptions o;
+  o.nodes = 30;
+  o.nodes_per_block = 3;  // 10 blocks
+  Profile p = random_profile(2, o);
+  PlanOptions opt;
+  opt.stages = 4;
+  opt.planner = "even";
+  CostModel m(p, opt);
+  std::vector<int> units = block_boundaries(m);
+  REQUIRE(units.size() == 11);
+  Bounds b = even_partition(m);
+  CHECK(b == Bounds{0, units[3], units[6], units[8], 30});
+  opt.stages = 11;
+  CHECK_THROWS_AS(make_plan(p, opt), ConfigError);  // 10 blocks < 11 stages
+}
+
+TEST_CASE("gpipe balances time, not memory", "[plan][baselines]") {
+  // Eight blocks of equal time; the first four hold ten times the activations. With 1F1B, stage
+  // 0 also keeps two micro-batches to stage 1's one.
+  Profile p;
+  p.micro_batch_size = 1;
+  p.nodes.push_back(make_node(0, "input", 0));
+  int prev = add_tensor(p, 0, 100, true);
+  for (int i = 1; i <= 8; ++i) {
+    NodeProfile n = make_node(i, "layer", i);
+    set_time(n, 1.0, 2.0);
+    n.param_bytes = 1000;
+    p.nodes.push_back(n);
+    int out = add_tensor(p, i, i <= 4 ? 1000000 : 100000);
+    consume(p, i, prev);
+    save(p, i, out);
+    prev = out;
+  }
+  PlanOptions opt;
+  opt.stages = 2;
+  opt.schedule = "1f1b";
+  opt.memopt = "none";
+  opt.planner = "gpipe";
+  Plan g = make_plan(p, opt);
+  REQUIRE(g.stages.size() == 2);
+  CHECK(g.stages[0].compute_ms == Approx(g.stages[1].compute_ms));  // 4 + 4 blocks
+  CHECK(g.stages[0].memory.total() > 5 * g.stages[1].memory.total());
+
+  // Below gpipe's peak, gpipe (memory-blind) has no plan without memory optimization while
+  // DawnPiper moves the cut towards the memory-balanced point.
+  opt.capacity_bytes = g.max_peak_bytes() * 4 / 5;
+  CHECK_THROWS_AS(make_plan(p, opt), InfeasibleError);
+  opt.planner = "dawnpiper";
+  Plan d = make_plan(p, opt);
+  CHECK(d.max_peak_bytes() <= opt.capacity_bytes);
+  CHECK(d.stages[0].end < g.stages[0].end);
+  CHECK(d.bottleneck_ms() > g.bottleneck_ms());  // memory costs time here
+  // vPipe's boundary moves find a fitting plan too.
+  opt.planner = "vpipe";
+  CHECK(make_plan(p, opt).max_peak_bytes() <= opt.capacity_bytes);
+}
+
+TEST_CASE("pipedream is time-optimal without a memory limit", "[plan][baselines]") {
+  // One node per block, negligible communication: PipeDream's DP over blocks is the exact
+  // node-granularity optimum.
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    SyntheticOptions o;
+    o.nodes = 12 + static_cast<int>(seed % 20);
+    o.nodes_per_block = 1;
+    o.skip_probability = 0.2;
+    Profile p = random_profile(seed, o);
+    PlanOptions opt;
+    opt.stages = 2 + static_cast<int>(seed % 5);
+    opt.schedule = seed % 3 == 0 ? "gpipe" : seed % 3 == 1 ? "1f1b" : "async";
+    opt.link_bandwidth = 1e18;
+    opt.memopt = "none";
+    opt.planner = "pipedream";
+    Plan pd = make_plan(p, opt);
+    opt.planner = "exact";
+    Plan ex = make_plan(p, opt);
+    INFO("seed " << seed);
+    CHECK(pd.bottleneck_ms() == Approx(ex.bottleneck_ms()).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("pipedream counts communication in its stage times", "[plan][baselines]") {
+  // A chain whose middle cut carries a huge tensor: with a slow link PipeDream avoids it.
+  Profile p;
+  p.micro_batch_size = 1;
+  p.nodes.push_back(make_node(0, "input", 0));
+  int prev = add_tensor(p, 0, 100, true);
+  for (int i = 1; i <= 6; ++i) {
+    NodeProfile n = make_node(i, "layer", i);
+    set_time(n, 1.0, 1.0);
+    p.nodes.push_back(n);
+    int out = add_tensor(p, i, i == 3 ? 1000000000 : 1000);
+    consume(p, i, prev);
+    prev = out;
+  }
+  PlanOptions opt;
+  opt.stages = 2;
+  opt.planner = "pipedream";
+  opt.link_bandwidth = 1e9;  // 1 GB per micro-batch: 2 s each way
+  Plan pd = make_plan(p, opt);
+  CHECK(pd.stages[0].end != 4);  // the balanced cut would send the 1 GB tensor
+  opt.link_bandwidth = 1e15;
+  CHECK(make_plan(p, opt).stages[0].end == 4);
+}
+
+TEST_CASE("exact is never beaten and fits whenever anything fits", "[plan][baselines]") {
+  std::mt19937_64 rng(5);
+  int compared = 0;
+  for (uint64_t seed = 1; seed <= 80; ++seed) {
+    SyntheticOptions o;
+    o.nodes = 16 + static_cast<int>(seed % 16);
+    o.nodes_per_block = 2;
+    o.skip_probability = 0.2;
+    Profile p = random_profile(seed, o);
+    PlanOptions opt;
+    opt.stages = 2 + static_cast<int>(seed % 4);
+    opt.schedule = seed % 3 == 0 ? "gpipe" : seed % 3 == 1 ? "1f1b" : "async";
+    opt.memopt = seed % 2 ? "sr" : "r";
+    opt.planner = "exact";
+    opt.capacity_bytes = INT64_MAX;
+    int64_t peak = make_plan(p, opt).max_peak_bytes();
+    opt.capacity_bytes = static_cast<int64_t>(peak * std::uniform_real_distribution<double>(0.4, 1.0)(rng));
+    std::optional<Plan> ex = try_plan(p, opt);
+    for (const char* planner : {"dawnpiper", "gpipe", "pipedream", "even"}) {
+      PlanOptions other = opt;
+      other.planner = planner;
+      std::optional<Plan> plan = try_plan(p, other);
+      INFO("seed " << seed << " " << planner);
+      if (plan) {
+        REQUIRE(ex);
+        CHECK(ex->bottleneck_ms() <= plan->bottleneck_ms() * (1 + 1e-12));
+        ++compared;
+      }
+    }
+  }
+  CHECK(compared > 100);
+}
+
+TEST_CASE("exact refuses graphs beyond its size limit", "[plan][baselines]") {
+  SyntheticOptions o;
+  o.nodes = kExactMaxNodes + 1;
+  Profile p = random_profile(1, o);
+  PlanOptions opt;
+  opt.stages = 2;
+  opt.planner = "exact";
+  CHECK_THROWS_AS(make_plan(p, opt), ConfigError);
+}

@@ -1,0 +1,204 @@
+// The stage cost model: its O(log^2 n) range queries against brute force, the memory breakdown
+// with simulated in-flight counts, and the compute- / memory-balanced cuts.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <set>
+
+#include "plan/balance.h"
+#include "plan/cost_model.h"
+#include "synthetic_profile.h"
+#include "util/error.h"
+
+using namespace dawnpiper;
+using namespace dawnpiper::testing;
+
+TEST_CASE("range queries of the cost model match brute force", "[plan][cost]") {
+  for (uint64_t seed = 1; seed <= 25; ++seed) {
+    SyntheticOptions o;
+    o.nodes = 24;
+    o.skip_probability = 0.35;
+    Profile p = random_profile(seed, o);
+    PlanOptions opt;
+    opt.stages = 3;
+    CostModel m(p, opt);
+    const int n = m.size();
+    for (int b = 0; b <= n; ++b) {
+      for (int e = b; e <= n; ++e) {
+        std::set<int> saved;
+        double compute = 0;
+        int64_t params = 0, transient = 0;
+        for (int i = b; i < e; ++i) {
+          const NodeProfile& node = p.nodes[static_cast<size_t>(i)];
+          compute += node.fwd_ms + node.bwd_ms;
+          params += node.param_bytes;
+          transient = std::max({transient, node.fwd_workspace, node.bwd_workspace});
+        }
+        for (const TensorProfile& t : p.tensors)
+          for (int s : t.saved_by)
+            if (s >= b && s < e) saved.insert(t.id);
+        int64_t act = 0;
+        for (int t : saved) act += p.tensors[static_cast<size_t>(t)].bytes;
+        INFO("seed " << seed << " range [" << b << "," << e << ")");
+        REQUIRE(m.activation_bytes(b, e) == act);
+        REQUIRE(m.param_bytes(b, e) == params);
+        REQUIRE(m.compute_ms(b, e) == Approx(compute));
+        REQUIRE(m.transient_bytes(b, e) == transient);
+      }
+    }
+    for (int cut = 0; cut <= n; ++cut) {
+      int count = 0;
+      int64_t bytes = 0;
+      std::vector<int> ids;
+      for (const TensorProfile& t : p.tensors) {
+        int last = t.consumers.empty() ? -1 : *std::max_element(t.consumers.begin(), t.consumers.end());
+        if (!t.is_data && t.producer < cut && last >= cut) {
+          ++count;
+          bytes += t.bytes;
+          ids.push_back(t.id);
+        }
+      }
+      REQUIRE(m.crossing_count(cut) == count);
+      REQUIRE(m.crossing_bytes(cut) == bytes);
+      std::vector<int> got;
+      for (const TensorBytes& c : m.crossing(cut)) got.push_back(c.tensor);
+      REQUIRE(got == ids);
+    }
+    for (int lo = 0; lo <= n; ++lo) {
+      for (int hi = lo; hi <= n; ++hi) {
+        int count = 0;
+        int64_t bytes = 0;
+        for (const TensorProfile& t : p.tensors) {
+          int last = t.consumers.empty() ? -1 : *std::max_element(t.consumers.begin(), t.consumers.end());
+          if (!t.is_data && last > t.producer && t.producer < lo && last >= hi) {
+            ++count;
+            bytes += t.bytes;
+          }
+        }
+        REQUIRE(m.spanning_count(lo, hi) == count);
+        REQUIRE(m.spanning_bytes(lo, hi) == bytes);
+      }
+    }
+  }
+}
+
+TEST_CASE("memory breakdown uses the simulated in-flight and weight-version counts",
+          "[plan][cost]") {
+  SyntheticOptions o;
+  o.nodes = 30;
+  Profile p = random_profile(3, o);
+  PlanOptions opt;
+  opt.stages = 4;
+  opt.schedule = "async";
+  opt.optimizer = "adam";
+  opt.micro_batches = 2;  // async still simulates a long enough stream for the steady state
+  CostModel async(p, opt);
+  for (int x = 0; x < 4; ++x) {
+    CHECK(async.in_flight(x) == 4 - x);
+    CHECK(async.weight_versions(x) == 4 - x);
+    MemoryBreakdown mem = async.memory(2, 9, x, 1000);
+    CHECK(mem.weights == async.param_bytes(2, 9));
+    CHECK(mem.stashed_weights == (3 - x) * mem.weights);
+    CHECK(mem.gradients == mem.weights);
+    CHECK(mem.optimizer == 2 * mem.weights);  // adam: two moments
+    CHECK(mem.activations == (4 - x) * 1000);
+    CHECK(mem.total() == mem.weights * (4 - x + 1 + 2) + (4 - x) * 1000 + mem.transient);
+    // One stage's "balanced group peak" is its peak.
+    CHECK(async.balanced_group_peak(2, 9, x, x) == Approx(async.peak_without_memopt(2, 9, x)));
+  }
+  opt.schedule = "gpipe";
+  opt.micro_batches = 5;
+  opt.optimizer = "sgd";
+  CostModel gpipe(p, opt);
+  for (int x = 0; x < 4; ++x) {
+    CHECK(gpipe.in_flight(x) == 5);
+    CHECK(gpipe.weight_versions(x) == 1);
+    CHECK(gpipe.memory(0, 5, x, 10).optimizer == gpipe.param_bytes(0, 5));
+  }
+  opt.schedule = "1f1b";
+  CostModel sync(p, opt);
+  for (int x = 0; x < 4; ++x) CHECK(sync.in_flight(x) == std::min(4 - x, 5));
+}
+
+TEST_CASE("balanced cuts minimize their balance criterion", "[plan][cost]") {
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    SyntheticOptions o;
+    o.nodes = 30;
+    o.skip_probability = 0.2;
+    Profile p = random_profile(seed, o);
+    PlanOptions opt;
+    opt.stages = 5;
+    opt.schedule = seed % 2 ? "async" : "1f1b";
+    CostModel m(p, opt);
+    const int n = m.size();
+    for (int s = 2; s <= 5; ++s) {
+      for (int k = 1; k < s; ++k) {
+        int cb = compute_balanced_cut(m, 0, n, k, s);
+        double best = std::numeric_limits<double>::infinity();
+        for (int c = k; c <= n - (s - k); ++c) best = std::min(best, split_lower_bound(m, 0, c, n, k, s));
+        CHECK(split_lower_bound(m, 0, cb, n, k, s) == Approx(best));
+      }
+    }
+    // Two stages: the memory-balanced cut minimizes the larger of the two peaks.
+    int mb = memory_balanced_cut(m, 2, n, 1, 1, 2);
+    auto worse_peak = [&](int c) {
+      return std::max(m.peak_without_memopt(2, c, 1), m.peak_without_memopt(c, n, 2));
+    };
+    int64_t best = std::numeric_limits<int64_t>::max();
+    for (int c = 3; c <= n - 1; ++c) best = std::min(best, worse_peak(c));
+    CHECK(worse_peak(mb) == best);
+  }
+}
+
+TEST_CASE("earlier stages hold more, so the memory-balanced cut lies before the compute-balanced",
+          "[plan][cost]") {
+  // Identical nodes: the compute-balanced cut halves the chain; in 1F1B and async stage 0 holds
+  // two micro-batches and stage 1 one, so memory balance gives stage 0 fewer nodes. In GPipe
+  // both hold all of them.
+  SyntheticOptions o;
+  o.nodes = 41;
+  o.fwd_min_ms = o.fwd_max_ms = 1;
+  o.bwd_ratio_min = o.bwd_ratio_max = 2;
+  o.bytes_min = o.bytes_max = 1000000;
+  o.param_min = o.param_max = 100000;
+  o.workspace_max = 0;
+  o.save_input_probability = 1;
+  o.save_output_probability = 0;
+  Profile p = random_profile(1, o);
+  for (const char* schedule : {"gpipe", "1f1b", "async"}) {
+    PlanOptions opt;
+    opt.stages = 2;
+    opt.schedule = schedule;
+    CostModel m(p, opt);
+    int cb = compute_balanced_cut(m, 0, m.size(), 1, 2);
+    int mb = memory_balanced_cut(m, 0, m.size(), 0, 1, 2);
+    INFO(schedule << " cb " << cb << " mb " << mb);
+    CHECK(std::abs(cb - 21) <= 1);  // node 0 (input) takes no time
+    if (std::string(schedule) == "gpipe") CHECK(std::abs(mb - cb) <= 1);
+    else CHECK(mb < cb - 4);
+  }
+}
+
+TEST_CASE("the cost model rejects malformed profiles and options", "[plan][cost]") {
+  SyntheticOptions o;
+  o.nodes = 8;
+  Profile p = random_profile(1, o);
+  PlanOptions opt;
+  opt.stages = 2;
+  Profile bad = p;
+  bad.tensors[3].consumers.push_back(99);
+  CHECK_THROWS_AS(CostModel(bad, opt), ConfigError);
+  bad = p;
+  bad.tensors[4].consumers.push_back(1);  // consumed before it is produced
+  CHECK_THROWS_AS(CostModel(bad, opt), ConfigError);
+  PlanOptions o2 = opt;
+  o2.schedule = "interleaved";
+  CHECK_THROWS_AS(CostModel(p, o2), ConfigError);
+  o2 = opt;
+  o2.optimizer = "lamb";
+  CHECK_THROWS_AS(CostModel(p, o2), ConfigError);
+  o2 = opt;
+  o2.host_bandwidth = 0;
+  CHECK_THROWS_AS(CostModel(p, o2), ConfigError);
+}

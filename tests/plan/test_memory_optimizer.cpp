@@ -1,0 +1,238 @@
+// The per-stage memory optimizer (Capuchin cost model): fits when it says so, never raises the
+// peak, respects the mode, prefers free swaps, charges recompute chains, block granularity.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "plan/memory_optimizer.h"
+#include "synthetic_profile.h"
+
+using namespace dawnpiper;
+using namespace dawnpiper::testing;
+
+namespace {
+int64_t evicted_bytes(const StageMemopt& r) {
+  int64_t bytes = 0;
+  for (const TensorDecision& d : r.decisions)
+    if (d.action != TensorAction::Keep) bytes += d.bytes;
+  return bytes;
+}
+}  // namespace
+
+TEST_CASE("memory optimization fits the capacity and never raises the peak", "[plan][memopt]") {
+  std::mt19937_64 rng(11);
+  int optimized = 0, infeasible = 0;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    SyntheticOptions o;
+    o.nodes = 30;
+    o.skip_probability = 0.3;
+    Profile p = random_profile(seed, o);
+    PlanOptions opt;
+    opt.stages = 3;
+    opt.schedule = seed % 3 == 0 ? "gpipe" : seed % 3 == 1 ? "1f1b" : "async";
+    opt.micro_batches = 4;
+    CostModel m(p, opt);
+    for (int trial = 0; trial < 6; ++trial) {
+      int b = std::uniform_int_distribution<int>(0, 20)(rng);
+      int e = std::uniform_int_distribution<int>(b + 1, 30)(rng);
+      int x = std::uniform_int_distribution<int>(0, 2)(rng);
+      int64_t before = m.peak_without_memopt(b, e, x);
+      int64_t capacity = static_cast<int64_t>(before * std::uniform_real_distribution<double>(0.3, 1.1)(rng));
+      for (MemoptMode mode : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+        MemoryOptimizer opt_(m, mode, capacity);
+        StageMemopt r = opt_.optimize(b, e, x, true);
+        INFO("seed " << seed << " [" << b << "," << e << ") x " << x << " mode "
+                     << memopt_mode_name(mode));
+        CHECK(r.peak_before == before);
+        CHECK(r.peak <= r.peak_before);
+        CHECK(r.overhead_ms >= 0);
+        CHECK(r.peak == r.peak_before - m.in_flight(x) * evicted_bytes(r));
+        CHECK(r.activation_per_micro_batch == m.activation_bytes(b, e) - evicted_bytes(r));
+        CHECK(r.feasible == (r.peak <= capacity));
+        int swaps = 0, recomputes = 0;
+        for (const TensorDecision& d : r.decisions) {
+          swaps += d.action == TensorAction::Swap;
+          recomputes += d.action == TensorAction::Recompute;
+        }
+        CHECK(swaps == r.swapped);
+        CHECK(recomputes == r.recomputed);
+        if (before <= capacity || mode == MemoptMode::None) {
+          CHECK(swaps + recomputes == 0);
+          CHECK(r.overhead_ms == 0);
+          CHECK(r.feasible == (before <= capacity));
+        }
+        if (mode == MemoptMode::Recompute) CHECK(swaps == 0);
+        if (before > capacity && mode != MemoptMode::None) (r.feasible ? ++optimized : ++infeasible);
+        // Without decisions the same answer comes back.
+        MemoryOptimizer again(m, mode, capacity);
+        StageMemopt quick = again.optimize(b, e, x, false);
+        CHECK(quick.feasible == r.feasible);
+        CHECK(quick.overhead_ms == Approx(r.overhead_ms));
+      }
+    }
+  }
+  CHECK(optimized > 50);   // the optimizer really had work to do
+  CHECK(infeasible > 10);  // and some capacities were out of reach
+}
+
+TEST_CASE("overlapped swaps come first and cost nothing", "[plan][memopt]") {
+  // GPipe with 8 micro-batches: every saved tensor idles for 7 other passes of slow nodes, far
+  // longer than its transfer, so swaps hide completely.
+  SyntheticOptions o;
+  o.nodes = 20;
+  o.fwd_min_ms = 5;
+  o.fwd_max_ms = 10;
+  Profile p = random_profile(5, o);
+  PlanOptions opt;
+  opt.stages = 1;
+  opt.schedule = "gpipe";
+  opt.micro_batches = 8;
+  opt.host_bandwidth = 16e9;
+  CostModel m(p, opt);
+  int64_t before = m.peak_without_memopt(0, 20, 0);
+  MemoryOptimizer sr(m, MemoptMode::SwapRecompute, before * 7 / 10);
+  StageMemopt r = sr.optimize(0, 20, 0, true);
+  CHECK(r.feasible);
+  CHECK(r.swapped > 0);
+  CHECK(r.recomputed == 0);
+  CHECK(r.overhead_ms == 0);
+  // Recompute-only has to pay for the same saving.
+  MemoryOptimizer ro(m, MemoptMode::Recompute, before * 7 / 10);
+  StageMemopt rr = ro.optimize(0, 20, 0, true);
+  CHECK(rr.feasible);
+  CHECK(rr.overhead_ms > 0);
+}
+
+TEST_CASE("recomputing a tensor re-runs the producers of inputs that are gone", "[plan][memopt]") {
+  // input -> a -> b -> c -> loss. a saves the data it reads; b saves nothing (like an add);
+  // c saves b's output. Rebuilding b's output needs b, whose input (a's output) nobody kept,
+  // so a re-runs too: the cost is fwd(a) + fwd(b).
+  Profile p;
+  p.micro_batch_size = 1;
+  p.nodes.push_back(make_node(0, "input", 0));
+  int data = add_tensor(p, 0, 1000, true);
+  const double fwd[] = {0, 1.0, 2.0, 3.0, 0.5};
+  for (int i = 1; i <= 4; ++i) {
+    NodeProfile n = make_node(i, "op", i);
+    set_time(n, fwd[i], 2 * fwd[i]);
+    p.nodes.push_back(n);
+  }
+  int ta = add_tensor(p, 1, 4000);
+  int tb = add_tensor(p, 2, 8000);
+  int tc = add_tensor(p, 3, 2000);
+  add_tensor(p, 4, 4);
+  consume(p, 1, data);
+  save(p, 1, data);
+  consume(p, 2, ta);
+  consume(p, 3, tb);
+  save(p, 3, tb);
+  consume(p, 4, tc);
+  consume(p, 4, data);
+  PlanOptions opt;
+  opt.stages = 1;
+  opt.schedule = "1f1b";
+  opt.micro_batches = 1;
+  CostModel m(p, opt);
+  REQUIRE(m.activation_bytes(0, 5) == 9000);
+  const int64_t before = m.peak_without_memopt(0, 5, 0);
+  MemoryOptimizer r(m, MemoptMode::Recompute, before - 5000);
+  StageMemopt out = r.optimize(0, 5, 0, true);
+  REQUIRE(out.feasible);
+  CHECK(out.recomputed == 1);
+  CHECK(out.overhead_ms == Approx(fwd[1] + fwd[2]));
+  for (const TensorDecision& d : out.decisions)
+    CHECK(d.action == (d.tensor == tb ? TensorAction::Recompute : TensorAction::Keep));
+  // The data tensor cannot be recomputed (no producer to re-run), only swapped: asking for
+  // more than b's output is infeasible for recompute-only.
+  MemoryOptimizer tight(m, MemoptMode::Recompute, before - 8500);
+  CHECK_FALSE(tight.optimize(0, 5, 0, false).feasible);
+  MemoryOptimizer swap(m, MemoptMode::SwapRecompute, before - 8500);
+  CHECK(swap.optimize(0, 5, 0, false).feasible);
+}
+
+TEST_CASE("block granularity evicts whole blocks", "[plan][memopt]") {
+  SyntheticOptions o;
+  o.nodes = 40;
+  o.nodes_per_block = 5;
+  Profile p = random_profile(9, o);
+  PlanOptions opt;
+  opt.stages = 2;
+  opt.schedule = "1f1b";
+  CostModel m(p, opt);
+  int64_t before = m.peak_without_memopt(0, 25, 0);
+  for (MemoptMode mode : {MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+    MemoryOptimizer blocks(m, mode, before * 8 / 10, MemoptGranularity::Block);
+    StageMemopt r = blocks.optimize(0, 25, 0, true);
+    REQUIRE(r.feasible);
+    CHECK(r.peak <= before * 8 / 10);
+    // Within a block, every tensor produced and read only there gets the same decision.
+    std::map<int, std::set<TensorAction>> per_block;
+    for (const TensorDecision& d : r.decisions) {
+      const TensorProfile& t = p.tensors[static_cast<size_t>(d.tensor)];
+      int block = p.nodes[static_cast<size_t>(t.producer)].block;
+      bool internal = !t.is_data && t.producer < 25;
+      for (int c : t.consumers) internal = internal && p.nodes[static_cast<size_t>(c)].block == block && c < 25;
+      for (int s : t.saved_by) internal = internal && p.nodes[static_cast<size_t>(s)].block == block && s < 25;
+      if (internal) per_block[block].insert(d.action);
+      else CHECK(d.action == TensorAction::Keep);  // block inputs and outputs stay as checkpoints
+    }
+    int evicted_blocks = 0;
+    for (const auto& kv : per_block) {
+      CHECK(kv.second.size() == 1);
+      evicted_blocks += *kv.second.begin() != TensorAction::Keep;
+    }
+    CHECK(evicted_blocks > 0);
+  }
+}
+
+TEST_CASE("internal buffers count but are never evicted; views count nothing", "[plan][memopt]") {
+  SyntheticOptions o;
+  o.nodes = 20;
+  o.save_output_probability = 0.5;
+  Profile p = random_profile(13, o);
+  // Half of the saved tensors become autograd-internal buffers (say dropout masks).
+  std::set<int> internal;
+  for (TensorProfile& t : p.tensors)
+    if (!t.saved_by.empty() && t.id % 2 == 0 && !t.is_data) {
+      t.internal = true;
+      internal.insert(t.id);
+    }
+  REQUIRE(internal.size() > 3);
+  PlanOptions opt;
+  opt.stages = 1;
+  opt.schedule = "1f1b";
+  CostModel m(p, opt);
+  const int64_t all = m.activation_bytes(0, 20);
+  int64_t internal_bytes = 0;
+  for (int t : internal) internal_bytes += p.tensors[static_cast<size_t>(t)].bytes;
+  const int64_t floor = m.peak_without_memopt(0, 20, 0) - (all - internal_bytes);
+  int64_t data_bytes = 0;  // the loaded input can be swapped but not recomputed
+  for (const TensorProfile& t : p.tensors)
+    if (t.is_data && !t.saved_by.empty()) data_bytes += t.bytes;
+  for (MemoptMode mode : {MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+    // Down to the internal buffers (and, recomputing only, the data) everything can go.
+    const int64_t lowest = floor + (mode == MemoptMode::Recompute ? data_bytes : 0);
+    MemoryOptimizer enough(m, mode, lowest);
+    StageMemopt r = enough.optimize(0, 20, 0, true);
+    CHECK(r.feasible);
+    CHECK(r.peak == lowest);
+    for (const TensorDecision& d : r.decisions)
+      if (internal.count(d.tensor)) CHECK(d.action == TensorAction::Keep);
+    MemoryOptimizer too_tight(m, mode, lowest - 1);
+    CHECK_FALSE(too_tight.optimize(0, 20, 0, false).feasible);
+  }
+
+  // A saved view allocates nothing (the profiler records the saving on its storage owner).
+  Profile v = random_profile(13, o);
+  int view = -1;
+  for (TensorProfile& t : v.tensors)
+    if (!t.saved_by.empty() && !t.is_data) view = t.id;
+  REQUIRE(view >= 0);
+  CostModel before(v, opt);
+  v.tensors[static_cast<size_t>(view)].alias_of = 0;
+  CostModel after(v, opt);
+  CHECK(after.activation_bytes(0, 20) ==
+        before.activation_bytes(0, 20) - v.tensors[static_cast<size_t>(view)].bytes);
+}

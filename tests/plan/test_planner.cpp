@@ -1,0 +1,308 @@
+// make_plan / find_max_batch end to end: option errors, every plan within capacity, memopt
+// modes honoured, the JSON round trip, the infeasibility message, the micro-batch search.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <random>
+#include <regex>
+#include <sstream>
+
+#include "plan/planner.h"
+#include "synthetic_profile.h"
+#include "util/error.h"
+
+using namespace dawnpiper;
+using namespace dawnpiper::testing;
+
+namespace {
+
+Profile small_profile(uint64_t seed = 1, int nodes = 30) {
+  SyntheticOptions o;
+  o.nodes = nodes;
+  o.nodes_per_block = 2;
+  o.skip_probability = 0.2;
+  return random_profile(seed, o);
+}
+
+// Every structural promise a plan makes to the runtime and to the user.
+void check_plan(const Profile& p, const PlanOptions& opt, const Plan& plan) {
+  REQUIRE(static_cast<int>(plan.stages.size()) == opt.stages);
+  CHECK(plan.nodes == p.size());
+  int begin = 0;
+  for (const StagePlan& s : plan.stages) {
+    CHECK(s.begin == begin);
+    CHECK(s.end > s.begin);
+    begin = s.end;
+    double compute = 0;
+    for (int i = s.begin; i < s.end; ++i)
+      compute += p.nodes[static_cast<size_t>(i)].fwd_ms + p.nodes[static_cast<size_t>(i)].bwd_ms;
+    CHECK(s.compute_ms == Approx(compute));
+    CHECK(s.memory.total() <= opt.capacity_bytes);  // within capacity, in the cost model
+    CHECK(s.memory.total() <= s.peak_without_memopt);  // optimization never adds memory
+    int64_t kept = 0, evicted = 0;
+    for (const TensorDecision& d : s.decisions) {
+      (d.action == TensorAction::Keep ? kept : evicted) += d.bytes;
+      if (opt.memopt == "none") CHECK(d.action == TensorAction::Keep);
+      if (opt.memopt == "r") CHECK(d.action != TensorAction::Swap);
+    }
+    CHECK(s.memory.activation_per_micro_batch == kept);
+    CHECK(s.memory.total() == s.peak_without_memopt - s.memory.in_flight * evicted);
+    if (opt.memopt == "none") CHECK(s.memopt_ms == 0);
+    if (evicted == 0) CHECK(s.memopt_ms == 0);
+  }
+  CHECK(begin == p.size());
+}
+
+int64_t needed_bytes(const std::string& message) {
+  std::smatch m;
+  REQUIRE(std::regex_search(message, m, std::regex("needs at least [^(]*\\((\\d+) bytes\\)")));
+  return std::stoll(m[1]);
+}
+
+}  // namespace
+
+TEST_CASE("make_plan rejects bad options", "[plan][planner]") {
+  Profile p = small_profile();
+  PlanOptions opt;
+  opt.stages = 2;
+  auto with = [&](auto change) {
+    PlanOptions o = opt;
+    change(o);
+    return o;
+  };
+  CHECK_NOTHROW(make_plan(p, opt));
+  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.planner = "alpa"; })), ConfigError);
+  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.schedule = "zb"; })), ConfigError);
+  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.memopt = "s"; })), ConfigError);
+  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.optimizer = "lion"; })), ConfigError);
+  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.stages = 0; })), ConfigError);
+  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.stages = 31; })), ConfigError);
+  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.capacity_bytes = 0; })), ConfigError);
+  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) {
+                    o.planner = "gpipe";
+                    o.stages = 16;  // 15 blocks
+                  })),
+                  ConfigError);
+  CHECK_THROWS_WITH(make_plan(p, with([](PlanOptions& o) { o.planner = "alpa"; })),
+                    Catch::Contains("unknown planner 'alpa'"));
+}
+
+TEST_CASE("every planner's plan respects the capacity and its memopt mode", "[plan][planner]") {
+  std::mt19937_64 rng(17);
+  int plans = 0, optimized = 0;
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    Profile p = small_profile(seed, 20 + static_cast<int>(seed % 20));
+    for (const char* schedule : {"gpipe", "1f1b", "async"}) {
+      PlanOptions opt;
+      opt.stages = 2 + static_cast<int>(seed % 4);
+      opt.schedule = schedule;
+      opt.micro_batches = 1 + static_cast<int64_t>(seed % 6);
+      opt.optimizer = seed % 2 ? "adam" : "sgd";
+      opt.planner = "exact";
+      opt.capacity_bytes = INT64_MAX;
+      int64_t peak = make_plan(p, opt).max_peak_bytes();
+      opt.capacity_bytes = static_cast<int64_t>(peak * std::uniform_real_distribution<double>(0.5, 1.0)(rng));
+      for (const std::string& planner : planner_names()) {
+        for (const char* memopt : {"none", "r", "sr"}) {
+          PlanOptions o = opt;
+          o.planner = planner;
+          o.memopt = memopt;
+          std::optional<Plan> plan = try_plan(p, o);
+          INFO("seed " << seed << " " << schedule << " " << planner << " " << memopt);
+          if (!plan) continue;
+          ++plans;
+          for (const StagePlan& s : plan->stages) optimized += s.memopt_ms > 0;
+          check_plan(p, o, *plan);
+          CHECK(plan->options.planner == planner);
+        }
+      }
+    }
+  }
+  CHECK(plans > 500);
+  CHECK(optimized > 100);
+}
+
+TEST_CASE("one stage holds the whole graph for every planner", "[plan][planner]") {
+  Profile p = small_profile(5, 20);
+  for (const std::string& planner : planner_names()) {
+    PlanOptions opt;
+    opt.stages = 1;
+    opt.planner = planner;
+    Plan plan = make_plan(p, opt);
+    REQUIRE(plan.stages.size() == 1);
+    CHECK(plan.stages[0].begin == 0);
+    CHECK(plan.stages[0].end == 20);
+    CHECK(plan.stages[0].crossing.empty());
+  }
+}
+
+TEST_CASE("async plans carry stashed weight versions", "[plan][planner]") {
+  Profile p = small_profile(4, 40);
+  PlanOptions opt;
+  opt.stages = 4;
+  opt.schedule = "async";
+  Plan plan = make_plan(p, opt);
+  for (int x = 0; x < 4; ++x) {
+    const MemoryBreakdown& m = plan.stages[static_cast<size_t>(x)].memory;
+    CHECK(m.weight_versions == 4 - x);
+    CHECK(m.in_flight == 4 - x);
+    CHECK(m.stashed_weights == (3 - x) * m.weights);
+  }
+}
+
+TEST_CASE("plans round-trip through JSON", "[plan][planner]") {
+  Profile p = small_profile(6, 36);
+  PlanOptions opt;
+  opt.stages = 3;
+  opt.schedule = "1f1b";
+  opt.optimizer = "adam";
+  opt.host_bandwidth = 12.5e9;
+  opt.link_bandwidth = 3.3e9;
+  opt.planner = "exact";
+  opt.capacity_bytes = INT64_MAX;
+  opt.capacity_bytes = make_plan(p, opt).max_peak_bytes() * 7 / 10;
+  opt.planner = "dawnpiper";
+  Plan plan = make_plan(p, opt);
+  int decisions = 0;
+  for (const StagePlan& s : plan.stages)
+    for (const TensorDecision& d : s.decisions) decisions += d.action != TensorAction::Keep;
+  REQUIRE(decisions > 0);  // the round trip covers swap / recompute entries
+
+  std::string json = plan.to_json();
+  Plan back = plan_from_json(json);
+  CHECK(back.to_json() == json);
+  CHECK(back.version == Plan::kVersion);
+  CHECK(back.options.capacity_bytes == opt.capacity_bytes);
+  CHECK(back.options.host_bandwidth == opt.host_bandwidth);
+  CHECK(back.options.link_bandwidth == opt.link_bandwidth);
+  CHECK(back.options.schedule == "1f1b");
+  CHECK(back.micro_batch_size == plan.micro_batch_size);
+  REQUIRE(back.stages.size() == plan.stages.size());
+  for (size_t x = 0; x < plan.stages.size(); ++x) {
+    const StagePlan &a = plan.stages[x], &b = back.stages[x];
+    CHECK(a.begin == b.begin);
+    CHECK(a.end == b.end);
+    CHECK(a.compute_ms == b.compute_ms);  // bit for bit
+    CHECK(a.memopt_ms == b.memopt_ms);
+    CHECK(a.memory.total() == b.memory.total());
+    CHECK(a.crossing.size() == b.crossing.size());
+    REQUIRE(a.decisions.size() == b.decisions.size());
+    for (size_t i = 0; i < a.decisions.size(); ++i) {
+      CHECK(a.decisions[i].tensor == b.decisions[i].tensor);
+      CHECK(a.decisions[i].action == b.decisions[i].action);
+    }
+  }
+  // An unlimited capacity survives too (INT64_MAX as an exact integer).
+  opt.capacity_bytes = INT64_MAX;
+  CHECK(plan_from_json(make_plan(p, opt).to_json(-1)).options.capacity_bytes == INT64_MAX);
+
+  // Damaged plans are refused.
+  std::string other_version = std::regex_replace(json, std::regex("\"version\": 1"), "\"version\": 99");
+  CHECK_THROWS_WITH(plan_from_json(other_version), Catch::Contains("version 99"));
+  std::string gap = std::regex_replace(json, std::regex("\"begin\": " + std::to_string(plan.stages[1].begin)),
+                                       "\"begin\": " + std::to_string(plan.stages[1].begin + 1));
+  CHECK_THROWS_AS(plan_from_json(gap), ConfigError);
+  CHECK_THROWS_AS(plan_from_json("{\"stages\": []}"), ConfigError);
+  CHECK_THROWS_AS(plan_from_json("not json"), ConfigError);
+}
+
+TEST_CASE("the table names every stage", "[plan][planner]") {
+  Profile p = small_profile(2, 30);
+  PlanOptions opt;
+  opt.stages = 3;
+  Plan plan = make_plan(p, opt);
+  std::ostringstream out;
+  plan.print_table(out);
+  std::string text = out.str();
+  CHECK(text.find("stage") != std::string::npos);
+  CHECK(text.find("capacity unlimited") != std::string::npos);
+  for (const StagePlan& s : plan.stages)
+    CHECK(text.find("[" + std::to_string(s.begin) + "," + std::to_string(s.end) + ")") !=
+          std::string::npos);
+  CHECK(text.find("bottleneck") != std::string::npos);
+}
+
+TEST_CASE("an infeasible plan names the capacity that would work", "[plan][planner]") {
+  Profile p = small_profile(8, 30).at_batch(4);
+  int named_batch = 0, none_fits = 0;
+  for (const char* planner : {"dawnpiper", "exact", "pipedream"}) {
+    for (const char* memopt : {"none", "sr"}) {
+      PlanOptions opt;
+      opt.stages = 3;
+      opt.schedule = "1f1b";
+      opt.planner = planner;
+      opt.memopt = memopt;
+      opt.capacity_bytes = 1000000;  // far too small
+      std::string message;
+      try {
+        make_plan(p, opt);
+        FAIL("expected InfeasibleError");
+      } catch (const InfeasibleError& e) {
+        message = e.what();
+      }
+      INFO(message);
+      CHECK(message.find("no feasible plan") != std::string::npos);
+      CHECK(message.find("micro-batch size 4") != std::string::npos);
+      int64_t need = needed_bytes(message);
+      // The reported capacity works, and noticeably less does not.
+      opt.capacity_bytes = need;
+      CHECK_NOTHROW(make_plan(p, opt));
+      opt.capacity_bytes = need - need / 100;
+      CHECK_FALSE(try_plan(p, opt));
+      // With batch-size fits, the message also says which micro-batch size fits, if any.
+      opt.capacity_bytes = need - need / 100;
+      try {
+        make_plan(p, opt);
+        FAIL("expected InfeasibleError");
+      } catch (const InfeasibleError& e) {
+        std::string m = e.what();
+        std::smatch match;
+        if (std::regex_search(m, match, std::regex("the largest micro-batch size that fits [^;]* is (\\d+)"))) {
+          int64_t b = std::stoll(match[1]);
+          CHECK(b >= 1);
+          CHECK(b < 4);
+          CHECK(try_plan(small_profile(8, 30).at_batch(b), opt));
+          CHECK_FALSE(try_plan(small_profile(8, 30).at_batch(b + 1), opt));
+          ++named_batch;
+        } else {
+          CHECK(m.find("not even micro-batch size 1 fits") != std::string::npos);
+          CHECK_FALSE(try_plan(small_profile(8, 30).at_batch(1), opt));
+          ++none_fits;
+        }
+      }
+    }
+  }
+  CHECK(named_batch > 0);  // both kinds of message occur here
+  CHECK(none_fits > 0);
+}
+
+TEST_CASE("find_max_batch returns the largest micro-batch size that fits", "[plan][planner]") {
+  Profile p = small_profile(3, 30);
+  for (const char* schedule : {"gpipe", "1f1b", "async"}) {
+    for (const char* memopt : {"none", "sr"}) {
+      PlanOptions opt;
+      opt.stages = 3;
+      opt.schedule = schedule;
+      opt.memopt = memopt;
+      opt.capacity_bytes = 400000000;
+      MaxBatch mb = find_max_batch(p, opt, 4096);
+      INFO(schedule << " " << memopt << " B " << mb.micro_batch_size);
+      CHECK(mb.micro_batch_size > 1);
+      CHECK(mb.micro_batch_size < 4096);
+      CHECK(mb.plan.micro_batch_size == mb.micro_batch_size);
+      check_plan(p.at_batch(mb.micro_batch_size), opt, mb.plan);
+      CHECK_FALSE(try_plan(p.at_batch(mb.micro_batch_size + 1), opt));
+      // The cap is honoured.
+      MaxBatch capped = find_max_batch(p, opt, 3);
+      CHECK(capped.micro_batch_size == std::min<int64_t>(3, mb.micro_batch_size));
+    }
+  }
+  PlanOptions opt;
+  opt.stages = 3;
+  opt.capacity_bytes = 1000;
+  CHECK_THROWS_WITH(find_max_batch(p, opt), Catch::Contains("micro-batch size 1"));
+  Profile no_fits = p;
+  for (TensorProfile& t : no_fits.tensors) t.bytes_fit = {};
+  for (NodeProfile& n : no_fits.nodes) n.fwd_ms_fit = n.bwd_ms_fit = {};
+  CHECK_THROWS_AS(find_max_batch(no_fits, PlanOptions{}), ConfigError);
+}

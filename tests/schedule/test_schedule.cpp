@@ -1,0 +1,157 @@
+// Schedules: compact text, per-stage simulation (in-flight micro-batches, weight versions, gaps)
+// and the global simulation (no deadlock, every micro-batch once per stage).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "schedule/schedule.h"
+#include "schedule/simulate.h"
+#include "util/error.h"
+
+using namespace dawnpiper;
+
+TEST_CASE("compact action strings of small schedules", "[schedule]") {
+  Schedule g = make_schedule("gpipe", 2, 2);
+  CHECK(to_string(g.actions[0]) == "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1 0U");
+  CHECK(to_string(g.actions[1]) == "1RECV_F0 1F0 1RECV_F1 1F1 1B0 1SEND_B0 1B1 1SEND_B1 1U");
+
+  Schedule s = make_schedule("1f1b", 2, 3);
+  CHECK(to_string(s.actions[0]) ==
+        "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0F2 0SEND_F2 0RECV_B1 0B1 0RECV_B2 0B2 0U");
+  CHECK(to_string(s.actions[1]) ==
+        "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1 1RECV_F2 1F2 1B2 1SEND_B2 1U");
+
+  Schedule a = make_schedule("async", 2, 3);
+  CHECK(to_string(a.actions[0]) ==
+        "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0U 0F2 0SEND_F2 0RECV_B1 0B1 0U 0RECV_B2 0B2 0U");
+  CHECK(to_string(a.actions[1]) ==
+        "1RECV_F0 1F0 1B0 1SEND_B0 1U 1RECV_F1 1F1 1B1 1SEND_B1 1U 1RECV_F2 1F2 1B2 1SEND_B2 1U");
+
+  Schedule one = make_schedule("1f1b", 1, 2);
+  CHECK(one.to_string() == "0F0 0B0 0F1 0B1 0U\n");
+}
+
+TEST_CASE("actions parse back from their compact form", "[schedule]") {
+  for (const char* text : {"2F0", "2B17", "2U", "1SEND_F3", "1RECV_F3", "0SEND_B12", "3RECV_B0",
+                           "0SWAP_OUT2t17", "0SWAP_IN2t17", "4RECOMPUTE9t3", "0SWAP_OUT5"}) {
+    CHECK(to_string(parse_action(text)) == text);
+  }
+  Action a = parse_action("12RECV_B345");
+  CHECK(a.kind == ActionKind::RecvGrad);
+  CHECK(a.stage == 12);
+  CHECK(a.micro_batch == 345);
+  CHECK(parse_actions(" 0F0  0U ").size() == 2);
+  for (const char* bad : {"", "F0", "0X1", "0F", "0U1", "0Fx", "0F1t2", "-1F0"})
+    CHECK_THROWS_AS(parse_action(bad), ConfigError);
+  CHECK_THROWS_AS(make_schedule("zigzag", 2, 2), ConfigError);
+  CHECK_THROWS_AS(make_schedule("gpipe", 0, 2), ConfigError);
+  CHECK_THROWS_AS(make_schedule("gpipe", 2, 0), ConfigError);
+}
+
+TEST_CASE("in-flight micro-batches and weight versions come out of the simulation",
+          "[schedule]") {
+  for (int l = 1; l <= 6; ++l) {
+    for (int m = 1; m <= 12; ++m) {
+      std::vector<StageStats> gpipe = simulate_stages(make_schedule("gpipe", l, m));
+      std::vector<StageStats> sync = simulate_stages(make_schedule("1f1b", l, m));
+      std::vector<StageStats> async = simulate_stages(make_schedule("async", l, m));
+      for (int x = 0; x < l; ++x) {
+        INFO("l=" << l << " m=" << m << " stage " << x);
+        CHECK(gpipe[x].max_in_flight == m);
+        CHECK(gpipe[x].max_weight_versions == 1);
+        CHECK(gpipe[x].optimizer_steps == 1);
+        CHECK(sync[x].max_in_flight == std::min(l - x, m));
+        CHECK(sync[x].max_weight_versions == 1);
+        CHECK(sync[x].optimizer_steps == 1);
+        CHECK(async[x].max_in_flight == std::min(l - x, m));
+        CHECK(async[x].optimizer_steps == m);
+        CHECK(async[x].max_weight_versions <= l - x);
+        // Weight stashing reaches l - x versions once the steady state is full.
+        if (m >= 2 * l) CHECK(async[x].max_weight_versions == l - x);
+        CHECK(gpipe[x].forwards == m);
+        CHECK(sync[x].backwards == m);
+      }
+    }
+  }
+}
+
+TEST_CASE("gaps between a micro-batch's forward and backward", "[schedule]") {
+  // GPipe: every micro-batch waits for the other m-1 passes (forwards after it, backwards
+  // before it), so with unit times the gap is m - 1.
+  std::vector<StageStats> g = simulate_stages(make_schedule("gpipe", 3, 5));
+  for (const StageStats& s : g) CHECK(s.min_gap_ms(1, 1) == Approx(4));
+  // 1F1B: the last stage runs each backward right after its forward.
+  std::vector<StageStats> s = simulate_stages(make_schedule("1f1b", 4, 8));
+  CHECK(s[3].min_gap_ms(1, 2) == 0);
+  // Stage 0 of 1F1B (warm-up 3): micro-batch 0 waits for 3 forwards, the last one for the 3
+  // drained backwards, those in the steady state for 3 of each.
+  CHECK(s[0].min_gap_ms(1, 2) == Approx(3));
+  CHECK(s[0].min_gap_ms(10, 1) == Approx(3));
+  CHECK(s[0].min_gap_ms(10, 10) == Approx(30));
+}
+
+namespace {
+// Independent check of a global order: per-stage order kept, every receive after its send.
+void check_global_order(const Schedule& sched, const std::vector<Action>& order) {
+  size_t total = 0;
+  for (const auto& list : sched.actions) total += list.size();
+  REQUIRE(order.size() == total);
+  std::vector<size_t> next(sched.actions.size(), 0);
+  std::set<std::tuple<int, int, int64_t>> sent;
+  std::map<std::pair<int, int64_t>, int> forwards, backwards;
+  for (const Action& a : order) {
+    size_t& n = next[static_cast<size_t>(a.stage)];
+    REQUIRE(n < sched.actions[static_cast<size_t>(a.stage)].size());
+    REQUIRE(sched.actions[static_cast<size_t>(a.stage)][n] == a);
+    ++n;
+    if (a.kind == ActionKind::SendActivation || a.kind == ActionKind::SendGrad)
+      sent.insert({a.stage, static_cast<int>(a.kind), a.micro_batch});
+    if (a.kind == ActionKind::RecvActivation)
+      REQUIRE(sent.count({a.stage - 1, static_cast<int>(ActionKind::SendActivation),
+                          a.micro_batch}) == 1);
+    if (a.kind == ActionKind::RecvGrad)
+      REQUIRE(sent.count({a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch}) ==
+              1);
+    if (a.kind == ActionKind::Forward) ++forwards[{a.stage, a.micro_batch}];
+    if (a.kind == ActionKind::Backward) ++backwards[{a.stage, a.micro_batch}];
+  }
+  for (int x = 0; x < sched.stages; ++x)
+    for (int64_t mb = 0; mb < sched.micro_batches; ++mb) {
+      REQUIRE(forwards[{x, mb}] == 1);
+      REQUIRE(backwards[{x, mb}] == 1);
+    }
+}
+}  // namespace
+
+TEST_CASE("every schedule runs to completion without deadlock", "[schedule]") {
+  for (const char* name : {"gpipe", "1f1b", "async"})
+    for (int l = 1; l <= 6; ++l)
+      for (int m = 1; m <= 9; ++m) {
+        INFO(name << " l=" << l << " m=" << m);
+        Schedule s = make_schedule(name, l, m);
+        check_global_order(s, simulate_global(s));
+      }
+}
+
+TEST_CASE("the simulators reject malformed lists and deadlocks", "[schedule]") {
+  CHECK_THROWS_AS(simulate_stage(parse_actions("0B0 0F0"), 1), ScheduleError);
+  CHECK_THROWS_AS(simulate_stage(parse_actions("0F0 0F0 0B0 0B0"), 1), ScheduleError);
+  CHECK_THROWS_AS(simulate_stage(parse_actions("0F0"), 1), ScheduleError);  // never backwarded
+  CHECK_THROWS_AS(simulate_stage(parse_actions("1F0 1B0 1SEND_B0"), 2), ScheduleError);  // no RECV_F
+  CHECK_THROWS_AS(simulate_stage(parse_actions("0F0 0SEND_F0 0B0"), 2), ScheduleError);  // no RECV_B
+
+  // Stage 0 waits for a gradient before sending the activation that would produce it.
+  Schedule dead{ScheduleKind::GPipe, 2, 1,
+                {parse_actions("0F0 0RECV_B0 0SEND_F0 0B0 0U"),
+                 parse_actions("1RECV_F0 1F0 1B0 1SEND_B0 1U")}};
+  CHECK_THROWS_WITH(simulate_global(dead), Catch::Contains("deadlock"));
+
+  // Stages that disagree on the micro-batches.
+  Schedule mismatch{ScheduleKind::GPipe, 2, 1,
+                    {parse_actions("0F0 0SEND_F0 0RECV_B0 0B0 0U"),
+                     parse_actions("1RECV_F1 1F1 1B1 1SEND_B1 1U")}};
+  CHECK_THROWS_AS(simulate_global(mismatch), ScheduleError);
+}
