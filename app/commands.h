@@ -11,5 +11,6 @@ struct MpiWorld {
 int cmd_train(int argc, char** argv, const MpiWorld& world);
 int cmd_graph(int argc, char** argv, const MpiWorld& world);
 int cmd_profile(int argc, char** argv, const MpiWorld& world);
+int cmd_plan(int argc, char** argv, const MpiWorld& world);
 
 }  // namespace dawnpiper

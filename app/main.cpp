@@ -24,6 +24,7 @@ const std::map<std::string, std::pair<Command, const char*>>& commands() {
       {"train", {dawnpiper::cmd_train, "train a model (default subcommand)"}},
       {"graph", {dawnpiper::cmd_graph, "build a model's op graph and summarize it"}},
       {"profile", {dawnpiper::cmd_profile, "measure per-node time and memory into an HDF5 profile"}},
+      {"plan", {dawnpiper::cmd_plan, "partition a profiled model into pipeline stages"}},
   };
   return table;
 }

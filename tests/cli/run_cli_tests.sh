@@ -77,6 +77,46 @@ expect_fail "analytic without spec" "--analytic needs --device-spec" profile --m
 expect_fail "unknown device spec" "unknown device spec 'tpu'" profile --model mlp-tiny --analytic --device-spec tpu --out "$work/x.h5"
 [ ! -e "$work/x.h5" ] && passed=$((passed + 1)) || { echo "FAIL: partial profile left behind"; failed=$((failed + 1)); }
 
+# plan: from a measured profile and analytically; infeasible capacity; bad options.
+expect_ok "plan from profile" "bottleneck" plan --profile-in "$work/p.h5" --stages 2 --schedule 1f1b --out "$work/plan.json"
+grep -q '"version": 1' "$work/plan.json" && passed=$((passed + 1)) || { echo "FAIL: plan JSON lacks its version"; failed=$((failed + 1)); }
+expect_ok "plan max batch" "largest micro-batch size" plan --model bert-large --device-spec a100-40gb --stages 4 --max-batch --memopt none
+expect_fail "plan infeasible" "no feasible plan" plan --model gpt2-large --device-spec a100-40gb --stages 2 --memory 1GiB --micro-batch-size 8
+expect_fail "plan without profile" "give --profile-in" plan --stages 2
+expect_fail "plan unknown planner" "planner" plan --profile-in "$work/p.h5" --planner magic --stages 2
+expect_fail "plan not a profile" "not a readable HDF5 profile" plan --profile-in "$work/bad.ini" --stages 2
+
+# Pipeline training over MPI: synchronous losses equal the reference trainer's; the
+# asynchronous run equals the single-process execution of the same action lists, bitwise.
+mpi="mpirun --oversubscribe -np"
+common=(--model gpt2-tiny --steps 3 --micro-batches 4 --quiet)
+"$bin" train "${common[@]}" >/dev/null 2>&1  # warm the page cache
+losses() { grep '^step' | grep -o 'loss [0-9.e+-]*' | awk '{print $2}'; }
+# same_losses A B: equal count, each within 1e-5 relative (summation order differs by stage).
+same_losses() { [ -n "$1" ] && paste <(echo "$1") <(echo "$2") | awk 'NF != 2 || ($1 - $2) / $2 > 1e-5 || ($2 - $1) / $2 > 1e-5 { bad = 1 } END { exit bad }'; }
+ref=$("$bin" train "${common[@]/--quiet/}" --stages 1 2>/dev/null | losses)
+for sched in gpipe 1f1b; do
+  got=$($mpi 3 "$bin" train "${common[@]/--quiet/}" --schedule $sched 2>"$work/err" | losses)
+  if same_losses "$ref" "$got"; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: mpirun $sched losses differ from the reference"; echo "$ref" | paste - <(echo "$got"); cat "$work/err"; fi
+done
+async_mpi=$($mpi 3 "$bin" train --model bert-tiny --steps 3 --schedule async --plan-out "$work/async-plan.json" 2>"$work/err" | grep '^step')
+async_one=$("$bin" train --model bert-tiny --steps 3 --schedule async --stages 3 --in-process --plan-in "$work/async-plan.json" 2>&1 | grep '^step')
+if [ -n "$async_mpi" ] && [ "$(echo "$async_mpi" | cut -d' ' -f1-4)" = "$(echo "$async_one" | cut -d' ' -f1-4)" ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: async over MPI differs from in-process"; echo "$async_mpi"; echo "$async_one"; cat "$work/err"; fi
+# A rank that fails while training (out of memory under a cap the plan did not know) takes the
+# whole job down promptly.
+expect_fail "planner refuses a capacity" "no feasible plan" train --model gpt2-tiny --stages 2 --in-process --device-memory 300KiB
+$mpi 2 "$bin" train --model gpt2-tiny --steps 1 --plan-out "$work/plan2.json" --quiet >/dev/null 2>&1
+start=$(date +%s)
+$mpi 2 "$bin" train --model gpt2-tiny --steps 2 --plan-in "$work/plan2.json" --device-memory 1500KiB >/dev/null 2>"$work/err"
+code=$?
+elapsed=$(( $(date +%s) - start ))
+if [ $code -ne 0 ] && [ $elapsed -lt 30 ] && grep -q "out of memory" "$work/err"; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: failing rank: exit $code after ${elapsed}s"; cat "$work/err"; fi
+expect_fail "stages vs ranks" "launch with" train --model mlp-tiny --stages 3
+expect_fail "memopt not executed yet" "does not execute swap/recompute" train --model mlp-tiny --stages 2 --in-process --memopt sr
+
 leftovers=$(find "$work" -name '*.tmp.*' | wc -l)
 [ "$leftovers" -eq 0 ] || { echo "FAIL: $leftovers temporary files left behind"; failed=$((failed + 1)); }
 

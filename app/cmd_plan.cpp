@@ -1,0 +1,87 @@
+// dawnpiper plan: partition a profiled model into pipeline stages (and choose swap/recompute
+// per tensor) without training: print the plan, write it as JSON, or find the largest
+// micro-batch that fits.
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <iostream>
+
+#include "app/commands.h"
+#include "cli/options.h"
+#include "plan/planner.h"
+#include "profile/analytic.h"
+#include "profile/profile_io.h"
+#include "util/atomic_file.h"
+#include "util/error.h"
+#include "util/units.h"
+
+namespace dawnpiper {
+
+int cmd_plan(int argc, char** argv, const MpiWorld& world) {
+  po::options_description options;
+  po::options_description own("Plan options");
+  own.add_options()
+      ("profile-in", po::value<std::string>(), "profile to plan from (HDF5, `dawnpiper profile --out`)")
+      ("device-spec", po::value<std::string>(), "without --profile-in: plan --model from an analytic profile "
+                                                "for this device (a100-40gb | h100-80gb | spec file)")
+      ("stages", po::value<int>()->default_value(4), "pipeline stages")
+      ("schedule", po::value<std::string>()->default_value("async"), "gpipe | 1f1b | async")
+      ("memory", po::value<std::string>(), "device memory per stage (default: the device spec's, else unlimited)")
+      ("planner", po::value<std::string>()->default_value("dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
+      ("memopt", po::value<std::string>()->default_value("sr"), "none | r (recompute) | sr (swap + recompute)")
+      ("optimizer", po::value<std::string>()->default_value("sgd"), "sgd | adam (optimizer state in the memory model)")
+      ("host-bandwidth", po::value<std::string>(), "device<->host bytes/s for swaps, e.g. 24GB")
+      ("link-bandwidth", po::value<std::string>(), "stage<->stage bytes/s, e.g. 10GB")
+      ("max-batch", po::bool_switch(), "find the largest micro-batch size with a feasible plan")
+      ("out", po::value<std::string>(), "write the plan as JSON");
+  options.add(own).add(common_options()).add(model_override_options());
+  po::variables_map vm;
+  if (!parse_options(argc, argv, "plan", "Plans pipeline stages and per-tensor memory optimization from a profile.",
+                     options, vm))
+    return 0;
+  if (world.rank != 0) return 0;
+  if (vm.count("out")) check_writable(vm["out"].as<std::string>());
+  const int64_t B = vm["micro-batch-size"].as<int64_t>();
+  if (B < 1) throw ConfigError("micro-batch size must be at least 1");
+  PlanOptions o;
+  Profile profile;
+  if (vm.count("profile-in")) {
+    profile = read_profile(vm["profile-in"].as<std::string>());
+    if (!vm["micro-batch-size"].defaulted()) profile = profile.at_batch(B);
+  } else if (vm.count("device-spec")) {
+    const DeviceSpec spec = device_spec(vm["device-spec"].as<std::string>());
+    profile = analytic_profile_model(model_config_from(vm), {B, 2 * B}, spec);
+    o.capacity_bytes = spec.memory_bytes;
+    o.host_bandwidth = spec.host_bandwidth;
+    o.link_bandwidth = spec.link_bandwidth;
+  } else {
+    throw ConfigError("give --profile-in FILE (a profile) or --device-spec NAME (plan --model analytically)");
+  }
+  o.stages = vm["stages"].as<int>();
+  o.schedule = vm["schedule"].as<std::string>();
+  o.micro_batches = vm["micro-batches"].as<int64_t>();
+  o.optimizer = vm["optimizer"].as<std::string>();
+  o.planner = vm["planner"].as<std::string>();
+  o.memopt = vm["memopt"].as<std::string>();
+  if (vm.count("memory")) o.capacity_bytes = parse_bytes(vm["memory"].as<std::string>(), "--memory");
+  if (vm.count("device-memory")) o.capacity_bytes = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
+  if (vm.count("host-bandwidth")) o.host_bandwidth = static_cast<double>(parse_bytes(vm["host-bandwidth"].as<std::string>(), "--host-bandwidth"));
+  if (vm.count("link-bandwidth")) o.link_bandwidth = static_cast<double>(parse_bytes(vm["link-bandwidth"].as<std::string>(), "--link-bandwidth"));
+
+  Plan plan;
+  if (vm["max-batch"].as<bool>()) {
+    MaxBatch best = find_max_batch(profile, o);
+    std::printf("largest micro-batch size: %lld\n", static_cast<long long>(best.micro_batch_size));
+    plan = best.plan;
+  } else {
+    plan = make_plan(profile, o);
+  }
+  if (!vm["quiet"].as<bool>()) plan.print_table(std::cout);
+  if (vm.count("out")) {
+    write_text_atomically(vm["out"].as<std::string>(), plan.to_json());
+    std::printf("wrote %s\n", vm["out"].as<std::string>().c_str());
+  }
+  return 0;
+}
+
+}  // namespace dawnpiper
