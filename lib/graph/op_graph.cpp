@@ -156,6 +156,16 @@ std::vector<int> OpGraph::data_inputs(int begin, int end) const {
   return {out.begin(), out.end()};
 }
 
+std::vector<bool> OpGraph::requires_grad() const {
+  std::vector<bool> rg(tensors.size(), false);
+  for (const Node& n : nodes) {
+    bool r = !n.params.empty() && n.kind != OpKind::Input;
+    for (int t : n.inputs) r = r || rg[t];
+    for (int t : n.outputs) rg[t] = r;
+  }
+  return rg;
+}
+
 int64_t OpGraph::parameter_count() const {
   int64_t n = 0;
   for (const Node& node : nodes)

@@ -149,6 +149,8 @@ class OpGraph {
   // Data tensors that nodes [begin, end) read.
   std::vector<int> data_inputs(int begin, int end) const;
 
+  // Which tensors carry gradients: outputs of nodes with parameters or with such inputs.
+  std::vector<bool> requires_grad() const;
   int64_t parameter_count() const;  // unique parameters (tied ones counted once)
   int64_t parameter_bytes(int node) const;  // owned (untied) parameter bytes of one node
 };

@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "profile/profile_builder.h"
 #include "util/error.h"
 #include "util/units.h"
 
@@ -211,110 +212,40 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n) {
       break;
     }
   }
-  // Only tensors that carry gradients matter for a backward's needs; data is always kept.
   return f;
 }
 
 }  // namespace
 
 Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec) {
-  Profile p;
-  p.model = g.model;
-  p.preset = g.preset;
-  p.device = spec.name;
-  p.source = "analytic";
-  p.micro_batch_size = g.micro_batch_size;
-  p.profiled_batch_sizes = {g.micro_batch_size};
-  p.blocks = g.blocks;
+  Profile p = profile_skeleton(g, "analytic", spec.name);
   const auto depth = g.depths();
-  for (const TensorInfo& t : g.tensors) {
-    TensorProfile tp;
-    tp.id = t.id;
-    tp.name = t.name;
-    tp.producer = t.producer;
-    tp.consumers = t.consumers;
-    tp.is_data = g.is_data(t.id);
-    tp.bytes = t.bytes();
-    tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
-    p.tensors.push_back(tp);
-  }
   std::vector<OpFacts> all;
   const std::vector<Strides> strides = tensor_strides(g);
   for (const Node& n : g.nodes) {
     OpFacts f = facts(g, strides, n);
     all.push_back(f);
-    NodeProfile np;
-    np.id = n.id;
-    np.name = n.name;
-    np.kind = op_kind_name(n.kind);
-    np.block = n.block;
-    np.depth = depth[n.id];
+    NodeProfile np = node_row(g, n.id, depth);
     auto seconds = [&](double flops, double bytes, int kernels) {
       return std::max(flops / spec.flops, bytes / spec.bandwidth) + kernels * spec.kernel_overhead_s;
     };
     np.fwd_ms = 1e3 * seconds(f.flops, f.bytes, f.kernels);
     np.bwd_ms = n.kind == OpKind::Input ? 0 : 1e3 * seconds(f.bwd_flops, f.bwd_bytes, f.bwd_kernels);
     np.recompute_ms = np.fwd_ms;
-    np.param_bytes = g.parameter_bytes(n.id);
-    np.outputs = n.outputs;
     p.nodes.push_back(np);
     TensorProfile& out = p.tensors[n.outputs[0]];
     if (f.output_is_view) out.alias_of = n.inputs[0];
     out.param_view = f.output_is_param_view;
   }
-  auto owner = [&](int t) {
-    while (p.tensors[t].alias_of >= 0) t = p.tensors[t].alias_of;
-    return t;
-  };
-  // Which tensors carry gradients: a backward keeps float operands only when some input or
-  // parameter needs a gradient.
-  std::vector<bool> rg(g.tensors.size(), false);
-  for (const Node& n : g.nodes) {
-    bool r = !n.params.empty() && n.kind != OpKind::Input;
-    for (int t : n.inputs) r = r || rg[t];
-    rg[n.outputs[0]] = r;
-  }
+  const std::vector<bool> rg = g.requires_grad();
   for (const Node& n : g.nodes) {
     const OpFacts& f = all[n.id];
-    if (!rg[n.outputs[0]]) continue;  // no backward
-    auto add_saved = [&](int t) {
-      auto& sb = p.tensors[owner(t)].saved_by;
-      if (std::find(sb.begin(), sb.end(), n.id) == sb.end()) sb.push_back(n.id);
-    };
-    for (int i : f.saved_inputs) add_saved(n.inputs.at(i));
-    if (f.saves_output) add_saved(n.outputs[0]);
-    if (f.internal_bytes > 0) {
-      TensorProfile tp;
-      tp.id = static_cast<int>(p.tensors.size());
-      tp.name = n.name + ".internal";
-      tp.producer = n.id;
-      tp.bytes = f.internal_bytes;
-      tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
-      tp.saved_by = {n.id};
-      tp.internal = true;
-      p.tensors.push_back(tp);
-      p.nodes[n.id].outputs.push_back(tp.id);
-    }
+    if (!rg[n.outputs[0]]) continue;  // no backward, nothing kept
+    for (int i : f.saved_inputs) add_saved(p, n.inputs.at(i), n.id);
+    if (f.saves_output) add_saved(p, n.outputs[0], n.id);
+    if (f.internal_bytes > 0) add_internal(p, n.id, f.internal_bytes);
   }
-  std::map<std::pair<int, int>, int> last_user;
-  for (const Node& n : g.nodes)
-    for (size_t i = 0; i < n.params.size(); ++i) {
-      const ParamSpec& ps = n.params[i];
-      last_user[ps.tied() ? std::make_pair(ps.tied_node, ps.tied_param) : std::make_pair(n.id, int(i))] = n.id;
-    }
-  for (const auto& [key, user] : last_user) {
-    const int64_t bytes = numel(g.nodes[key.first].params[key.second].shape) * 4;
-    p.nodes[user].param_grad_bytes += bytes;
-    p.largest_param_bytes = std::max(p.largest_param_bytes, bytes);
-  }
-  for (TensorProfile& t : p.tensors) {
-    std::sort(t.saved_by.begin(), t.saved_by.end());
-    for (int s : t.saved_by) p.nodes[s].saved.push_back(t.id);
-  }
-  for (NodeProfile& n : p.nodes) {
-    n.fwd_ms_fit = {n.fwd_ms, 0};
-    n.bwd_ms_fit = {n.bwd_ms, 0};
-  }
+  finish_profile(p, g);
   return p;
 }
 

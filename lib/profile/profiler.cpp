@@ -16,6 +16,7 @@
 #include "exec/stage_module.h"
 #include "exec/torch_compat.h"
 #include "memory/device_memory.h"
+#include "profile/profile_builder.h"
 #include "train/optimizer.h"
 #include "util/error.h"
 
@@ -41,18 +42,6 @@ Stats stats(const std::vector<double>& xs) {
   for (double x : xs) var += (x - s.mean) * (x - s.mean);
   s.std = xs.size() > 1 ? std::sqrt(var / (xs.size() - 1)) : 0;
   return s;
-}
-
-// Which tensors carry gradients: outputs of nodes with parameters or with such inputs.
-std::vector<bool> requires_grad(const OpGraph& g) {
-  std::vector<bool> rg(g.tensors.size(), false);
-  for (const Node& n : g.nodes) {
-    bool r = !n.params.empty();
-    for (int t : n.inputs) r = r || rg[t];
-    if (n.kind == OpKind::Input) r = false;
-    for (int t : n.outputs) rg[t] = r;
-  }
-  return rg;
 }
 
 struct NodeMeasurement {
@@ -202,29 +191,11 @@ std::string block_signature(const OpGraph& g, int begin, int end) {
 
 Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
   if (g.micro_batch_size < 1) throw ConfigError("micro-batch size must be at least 1");
-  const std::vector<bool> rg = requires_grad(g);
+  const std::vector<bool> rg = g.requires_grad();
   SyntheticData data(g, opt.seed);
-  Profile p;
-  p.model = g.model;
-  p.preset = g.preset;
-  p.device = opt.device.str();
-  p.source = "measured";
+  Profile p = profile_skeleton(g, "measured", opt.device.str());
   p.torch_version = torch_version_string();
-  p.micro_batch_size = g.micro_batch_size;
-  p.profiled_batch_sizes = {g.micro_batch_size};
-  p.blocks = g.blocks;
   const auto depth = g.depths();
-  for (const TensorInfo& t : g.tensors) {
-    TensorProfile tp;
-    tp.id = t.id;
-    tp.name = t.name;
-    tp.producer = t.producer;
-    tp.consumers = t.consumers;
-    tp.is_data = g.is_data(t.id);
-    tp.bytes = t.bytes();
-    tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
-    p.tensors.push_back(tp);
-  }
   // Block ranges, for sharing measurements of repeated blocks.
   std::vector<std::pair<int, int>> block_range(g.blocks.size(), {g.size(), 0});
   for (const Node& n : g.nodes) {
@@ -270,73 +241,26 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
   // Assemble: node rows, aliases, saved_by (on storage owners), internal buffers.
   for (const Node& n : g.nodes) {
     const NodeMeasurement& m = measured[n.id];
-    NodeProfile np;
-    np.id = n.id;
-    np.name = n.name;
-    np.kind = op_kind_name(n.kind);
-    np.block = n.block;
-    np.depth = depth[n.id];
+    NodeProfile np = node_row(g, n.id, depth);
     const Stats f = stats(m.fwd_ms), b = stats(m.bwd_ms);
     np.fwd_ms = f.mean;
     np.fwd_ms_std = f.std;
     np.bwd_ms = b.mean;
     np.bwd_ms_std = b.std;
     np.recompute_ms = f.mean;
-    np.param_bytes = g.parameter_bytes(n.id);
     np.fwd_workspace = std::max<int64_t>(0, m.fwd_workspace);
     np.bwd_workspace = std::max<int64_t>(0, m.bwd_workspace);
-    np.outputs = n.outputs;
     p.nodes.push_back(np);
     if (m.output_alias_of >= 0) p.tensors[n.outputs[0]].alias_of = m.output_alias_of;
     p.tensors[n.outputs[0]].param_view = m.output_param_view;
   }
-  auto owner = [&](int t) {
-    while (p.tensors[t].alias_of >= 0) t = p.tensors[t].alias_of;
-    return t;
-  };
-  auto add_saved = [&](int t, int node) {
-    auto& sb = p.tensors[t].saved_by;
-    if (std::find(sb.begin(), sb.end(), node) == sb.end()) sb.push_back(node);
-  };
   for (const Node& n : g.nodes) {
     const NodeMeasurement& m = measured[n.id];
-    for (int t : m.saved_inputs) add_saved(owner(t), n.id);
-    if (m.output_saved) add_saved(owner(n.outputs[0]), n.id);
-    if (m.internal_bytes > 0) {
-      TensorProfile tp;
-      tp.id = static_cast<int>(p.tensors.size());
-      tp.name = n.name + ".internal";
-      tp.producer = n.id;
-      tp.bytes = m.internal_bytes;
-      tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
-      tp.saved_by = {n.id};
-      tp.internal = true;
-      p.tensors.push_back(tp);
-      p.nodes[n.id].outputs.push_back(tp.id);
-    }
+    for (int t : m.saved_inputs) add_saved(p, t, n.id);
+    if (m.output_saved) add_saved(p, n.outputs[0], n.id);
+    if (m.internal_bytes > 0) add_internal(p, n.id, m.internal_bytes);
   }
-  // Parameter gradients appear at the last user of each parameter (first in backward order).
-  std::map<std::pair<int, int>, int> last_user;
-  for (const Node& n : g.nodes)
-    for (size_t i = 0; i < n.params.size(); ++i) {
-      const ParamSpec& ps = n.params[i];
-      last_user[ps.tied() ? std::make_pair(ps.tied_node, ps.tied_param) : std::make_pair(n.id, int(i))] = n.id;
-    }
-  for (const auto& [key, user] : last_user) {
-    const int64_t bytes = numel(g.nodes[key.first].params[key.second].shape) * 4;
-    p.nodes[user].param_grad_bytes += bytes;
-    p.largest_param_bytes = std::max(p.largest_param_bytes, bytes);
-  }
-  for (TensorProfile& t : p.tensors) {
-    std::sort(t.saved_by.begin(), t.saved_by.end());
-    for (int s : t.saved_by) p.nodes[s].saved.push_back(t.id);
-  }
-  for (NodeProfile& n : p.nodes) {
-    n.fwd_ms_fit = {n.fwd_ms, 0};
-    n.bwd_ms_fit = {n.bwd_ms, 0};
-    n.fwd_workspace_fit = {static_cast<double>(n.fwd_workspace), 0};
-    n.bwd_workspace_fit = {static_cast<double>(n.bwd_workspace), 0};
-  }
+  finish_profile(p, g);
   return p;
 }
 

@@ -10,19 +10,6 @@
 
 namespace dawnpiper {
 
-namespace {
-// Which graph tensors carry gradients (see the profiler: outputs of nodes with parameters or
-// such inputs).
-std::vector<bool> requires_grad(const OpGraph& g) {
-  std::vector<bool> rg(g.tensors.size(), false);
-  for (const Node& n : g.nodes) {
-    bool r = !n.params.empty() && n.kind != OpKind::Input;
-    for (int t : n.inputs) r = r || rg[t];
-    rg[n.outputs[0]] = r;
-  }
-  return rg;
-}
-}  // namespace
 
 PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Transport& transport)
     : graph_(graph),
@@ -30,7 +17,7 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
       transport_(transport),
       module_(graph, config.begin, config.end, config.seed),
       data_(graph, config.seed) {
-  const std::vector<bool> rg = requires_grad(graph);
+  const std::vector<bool> rg = graph.requires_grad();
   for (int t : module_.external_inputs())
     if (graph.is_data(t)) data_ids_.push_back(t);
   // Everything that crosses a cut travels over it, also tensors this stage only relays from an

@@ -1,0 +1,88 @@
+#include "profile/profile_builder.h"
+
+#include <algorithm>
+#include <map>
+
+namespace dawnpiper {
+
+Profile profile_skeleton(const OpGraph& g, const std::string& source, const std::string& device) {
+  Profile p;
+  p.model = g.model;
+  p.preset = g.preset;
+  p.device = device;
+  p.source = source;
+  p.micro_batch_size = g.micro_batch_size;
+  p.profiled_batch_sizes = {g.micro_batch_size};
+  p.blocks = g.blocks;
+  for (const TensorInfo& t : g.tensors) {
+    TensorProfile tp;
+    tp.id = t.id;
+    tp.name = t.name;
+    tp.producer = t.producer;
+    tp.consumers = t.consumers;
+    tp.is_data = g.is_data(t.id);
+    tp.bytes = t.bytes();
+    tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
+    p.tensors.push_back(tp);
+  }
+  return p;
+}
+
+NodeProfile node_row(const OpGraph& g, int node, const std::vector<int>& depths) {
+  const Node& n = g.nodes.at(node);
+  NodeProfile np;
+  np.id = n.id;
+  np.name = n.name;
+  np.kind = op_kind_name(n.kind);
+  np.block = n.block;
+  np.depth = depths.at(node);
+  np.param_bytes = g.parameter_bytes(n.id);
+  np.outputs = n.outputs;
+  return np;
+}
+
+void add_saved(Profile& p, int t, int node) {
+  while (p.tensors[t].alias_of >= 0) t = p.tensors[t].alias_of;
+  auto& sb = p.tensors[t].saved_by;
+  if (std::find(sb.begin(), sb.end(), node) == sb.end()) sb.push_back(node);
+}
+
+void add_internal(Profile& p, int node, int64_t bytes) {
+  TensorProfile tp;
+  tp.id = static_cast<int>(p.tensors.size());
+  tp.name = p.nodes.at(node).name + ".internal";
+  tp.producer = node;
+  tp.bytes = bytes;
+  tp.bytes_fit = {static_cast<double>(bytes), 0};
+  tp.saved_by = {node};
+  tp.internal = true;
+  p.tensors.push_back(tp);
+  p.nodes[node].outputs.push_back(tp.id);
+}
+
+void finish_profile(Profile& p, const OpGraph& g) {
+  // Parameter gradients appear at the last user of each parameter (first in backward order).
+  std::map<std::pair<int, int>, int> last_user;
+  for (const Node& n : g.nodes)
+    for (size_t i = 0; i < n.params.size(); ++i) {
+      const ParamSpec& ps = n.params[i];
+      last_user[ps.tied() ? std::make_pair(ps.tied_node, ps.tied_param) : std::make_pair(n.id, int(i))] = n.id;
+    }
+  for (const auto& [key, user] : last_user) {
+    const int64_t bytes = numel(g.nodes[key.first].params[key.second].shape) * 4;
+    p.nodes[user].param_grad_bytes += bytes;
+    p.largest_param_bytes = std::max(p.largest_param_bytes, bytes);
+  }
+  for (TensorProfile& t : p.tensors) {
+    std::sort(t.saved_by.begin(), t.saved_by.end());
+    for (int s : t.saved_by) p.nodes[s].saved.push_back(t.id);
+  }
+  for (NodeProfile& n : p.nodes) {
+    n.fwd_ms_fit = {n.fwd_ms, 0};
+    n.bwd_ms_fit = {n.bwd_ms, 0};
+    n.fwd_workspace_fit = {static_cast<double>(n.fwd_workspace), 0};
+    n.bwd_workspace_fit = {static_cast<double>(n.bwd_workspace), 0};
+  }
+}
+
+}  // namespace dawnpiper
