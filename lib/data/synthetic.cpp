@@ -8,16 +8,14 @@
 
 namespace dawnpiper {
 
-namespace {
-int64_t vocab_of(const OpGraph& g) {
-  for (const Node& n : g.nodes)
-    if (n.kind == OpKind::Embedding && !n.params.empty()) return n.params[0].shape[0];
-  return 2;
+SyntheticData::SyntheticData(const OpGraph& graph, uint64_t seed) : graph_(&graph), seed_(seed) {
+  for (const Node& n : graph.nodes)
+    if (n.kind == OpKind::Embedding && !n.params.empty()) {
+      vocab_ = n.params[0].shape[0];
+      break;
+    }
+  classes_ = graph.tensor(graph.nodes[graph.loss_node()].inputs[0]).shape.back();
 }
-int64_t classes_of(const OpGraph& g) {
-  return g.tensor(g.nodes[g.loss_node()].inputs[0]).shape.back();
-}
-}  // namespace
 
 void SyntheticData::load(TensorEnv& env, const std::vector<int>& wanted, int64_t first_sample,
                          at::Device device) const {
@@ -38,7 +36,7 @@ at::Tensor SyntheticData::make(const std::string& name, const Shape& shape,
     const uint64_t sample_seed = mix_seed(seed_ ^ 0xda7aULL, first_sample + b);
     at::Generator gen = at::detail::createCPUGenerator(sample_seed);
     if (family == "gpt2" || family == "bert" || family == "t5") {
-      const int64_t V = vocab_of(*graph_), S = shape.at(1);
+      const int64_t V = vocab_, S = shape.at(1);
       // bert sees labels only at the masked 15%: counting sequences (x + 1) make the masked token
       // inferable from its position and neighbours quickly enough to show learning in 20 steps.
       const int64_t a = family == "bert" ? 1 : 5, c = family == "bert" ? 1 : 3;
@@ -65,7 +63,7 @@ at::Tensor SyntheticData::make(const std::string& name, const Shape& shape,
       continue;
     }
     // amoebanet / mlp: class prototypes from the seed alone.
-    const int64_t classes = classes_of(*graph_);
+    const int64_t classes = classes_;
     const int64_t label = at::randint(classes, {1}, gen, at::kLong).item<int64_t>();
     if (name == "labels") {
       samples.push_back(at::full({}, label, at::kLong));

@@ -19,7 +19,7 @@ namespace dawnpiper {
 
 class SyntheticData {
  public:
-  SyntheticData(const OpGraph& graph, uint64_t seed) : graph_(&graph), seed_(seed) {}
+  SyntheticData(const OpGraph& graph, uint64_t seed);
   // Fills env with the data tensors (Input nodes' outputs) that `wanted` lists, for the
   // micro-batch whose first sample is `first_sample`.
   void load(TensorEnv& env, const std::vector<int>& wanted, int64_t first_sample,
@@ -33,6 +33,8 @@ class SyntheticData {
   at::Tensor make(const std::string& name, const Shape& shape, int64_t first_sample) const;
   const OpGraph* graph_;
   uint64_t seed_;
+  int64_t vocab_ = 2;    // token families: embedding rows
+  int64_t classes_ = 2;  // the loss's class count
 };
 
 }  // namespace dawnpiper

@@ -305,12 +305,11 @@ Profile profile_model(const ModelConfig& config, std::vector<int64_t> batch_size
     for (const Profile& q : profiles) y.push_back(get(q));
     return y;
   };
-  for (size_t t = 0; t < p.tensors.size(); ++t) {
-    // Internal buffers are matched by producer and position; a structure change across batch
-    // sizes (it does not happen for these models) would leave the flat fit.
-    bool same = true;
-    for (const Profile& q : profiles) same = same && q.tensors.size() == p.tensors.size();
-    if (!same) break;
+  // Internal buffers are matched by producer and position; a structure change across batch
+  // sizes (it does not happen for these models) leaves the flat fits.
+  bool same_structure = true;
+  for (const Profile& q : profiles) same_structure = same_structure && q.tensors.size() == p.tensors.size();
+  for (size_t t = 0; same_structure && t < p.tensors.size(); ++t) {
     auto y = column([&](const Profile& q) { return static_cast<double>(q.tensors[t].bytes); });
     p.tensors[t].bytes_fit = fit_line(x, y);
     worst_bytes = std::max(worst_bytes, fit_error(p.tensors[t].bytes_fit, x, y, bytes_floor));

@@ -3,14 +3,17 @@
 #include <chrono>
 #include <cmath>
 
-#include "data/synthetic.h"
 #include "memory/counting_allocator.h"
 #include "util/error.h"
 
 namespace dawnpiper {
 
 ReferenceTrainer::ReferenceTrainer(const OpGraph& graph, const TrainConfig& config)
-    : graph_(graph), config_(config), module_(graph, 0, graph.size(), config.seed) {
+    : graph_(graph),
+      config_(config),
+      module_(graph, 0, graph.size(), config.seed),
+      data_(graph, config.seed),
+      data_inputs_(graph.data_inputs(0, graph.size())) {
   if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
   if (config.steps < 0) throw ConfigError("--steps must not be negative");
   std::vector<at::Tensor> params;
@@ -22,13 +25,11 @@ StepResult ReferenceTrainer::step() {
   const auto start = std::chrono::steady_clock::now();
   CountingAllocator* counter = CountingAllocator::instance();
   if (counter) counter->reset_peak();
-  SyntheticData data(graph_, config_.seed);
-  const std::vector<int> data_inputs = graph_.data_inputs(0, graph_.size());
   const int loss_tensor = graph_.nodes[graph_.loss_node()].outputs[0];
   double loss_sum = 0;
   for (int64_t mb = 0; mb < config_.micro_batches; ++mb) {
     TensorEnv env = module_.make_env();
-    data.load(env, data_inputs, data.first_sample(next_step_, mb, config_.micro_batches),
+    data_.load(env, data_inputs_, data_.first_sample(next_step_, mb, config_.micro_batches),
               module_.device());
     module_.forward(env, RunContext{next_step_, next_step_ * config_.micro_batches + mb});
     at::Tensor loss = env[loss_tensor];

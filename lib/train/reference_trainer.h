@@ -5,6 +5,7 @@
 #include <functional>
 #include <vector>
 
+#include "data/synthetic.h"
 #include "exec/stage_module.h"
 #include "train/optimizer.h"
 
@@ -37,6 +38,8 @@ class ReferenceTrainer {
   const OpGraph& graph_;
   TrainConfig config_;
   StageModule module_;
+  SyntheticData data_;
+  std::vector<int> data_inputs_;
   std::unique_ptr<Optimizer> optimizer_;
   int64_t next_step_ = 0;
 };
