@@ -141,11 +141,13 @@ at::Tensor StageModule::relative_buckets(const Node& node, int64_t sq, int64_t s
   return t;
 }
 
-void StageModule::forward(TensorEnv& env, const RunContext& ctx) const {
+void StageModule::forward(TensorEnv& env, const RunContext& ctx,
+                          const std::function<void(int node)>& before_node) const {
   for (int t : external_inputs_)
     if (!env.at(t).defined())
       throw std::logic_error("stage input " + graph_->tensor(t).name + " was not provided");
   for (int n = begin_; n < end_; ++n) {
+    if (before_node) before_node(n);
     run_node(n, env, ctx);
     for (int t : release_after_[n - begin_]) env[t] = at::Tensor();
   }

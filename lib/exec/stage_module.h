@@ -5,6 +5,7 @@
 // allocated. Parameters are initialized from (seed, owning node, parameter index) alone, so any
 // split of the graph holds exactly the same weights as the whole model.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -57,7 +58,9 @@ class StageModule {
   // Runs the range's nodes. Intermediate tensors are dropped from `env` after their last use in
   // the range (autograd keeps what backward needs), so memory behaves like an ordinary module.
   // Input nodes in the range read their tensor from env (the data loader put it there).
-  void forward(TensorEnv& env, const RunContext& ctx) const;
+  // before_node, when set, runs before each node (the profiler's in-step timing).
+  void forward(TensorEnv& env, const RunContext& ctx,
+               const std::function<void(int node)>& before_node = {}) const;
 
   // Runs one node: reads its inputs from env and stores its output there.
   void run_node(int node, TensorEnv& env, const RunContext& ctx) const;

@@ -219,6 +219,7 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n) {
 
 Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec) {
   Profile p = profile_skeleton(g, "analytic", spec.name);
+  p.timing = "roofline";
   const auto depth = g.depths();
   std::vector<OpFacts> all;
   const std::vector<Strides> strides = tensor_strides(g);

@@ -68,8 +68,9 @@ struct NodeProfile {
 };
 
 struct Profile {
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
   std::string model, preset, device, source;  // source: "measured" | "analytic"
+  std::string timing;  // how node times were obtained: "in-step" | "isolated" | "roofline"
   std::string torch_version, created;         // provenance
   int64_t micro_batch_size = 1;
   std::vector<int64_t> profiled_batch_sizes;

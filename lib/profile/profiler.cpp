@@ -16,6 +16,8 @@
 #include "exec/stage_module.h"
 #include "exec/torch_compat.h"
 #include "memory/device_memory.h"
+#include "profile/device_timer.h"
+#include "profile/in_step_timing.h"
 #include "profile/profile_builder.h"
 #include "train/optimizer.h"
 #include "util/error.h"
@@ -108,10 +110,8 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     synchronize(dev);
     const int64_t live0 = DeviceMemory::live_bytes(dev);
     DeviceMemory::reset_peak(dev);
-    auto t0 = Clock::now();
-    module.run_node(n, env, RunContext{0, it});
+    const double fwd = time_ms(dev, [&] { module.run_node(n, env, RunContext{0, it}); });
     synchronize(dev);
-    const double fwd = ms_since(t0);
     at::Tensor out = env[out_id];
     const int64_t fwd_peak = DeviceMemory::peak_bytes(dev) - live0;
     const int64_t held = DeviceMemory::live_bytes(dev) - live0;  // output (if new) + internal
@@ -147,12 +147,10 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
       synchronize(dev);
       const int64_t lb0 = DeviceMemory::live_bytes(dev);
       DeviceMemory::reset_peak(dev);
-      t0 = Clock::now();
       // Keep the graph (and so the saved tensors) alive until we have read the memory: what
       // remains allocated beyond it are the gradients.
-      out.backward(grad, /*retain_graph=*/true);
+      const double bwd = time_ms(dev, [&] { out.backward(grad, /*retain_graph=*/true); });
       synchronize(dev);
-      const double bwd = ms_since(t0);
       const int64_t bwd_peak = DeviceMemory::peak_bytes(dev) - lb0;
       const int64_t grads = DeviceMemory::live_bytes(dev) - lb0;
       if (measured) {
@@ -253,6 +251,26 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
     p.nodes.push_back(np);
     if (m.output_alias_of >= 0) p.tensors[n.outputs[0]].alias_of = m.output_alias_of;
     p.tensors[n.outputs[0]].param_view = m.output_param_view;
+  }
+  p.timing = "isolated";
+  if (opt.in_step_timing) {
+    try {
+      const InStepTiming t = measure_in_step(g, opt);
+      for (NodeProfile& np : p.nodes) {
+        np.fwd_ms = np.recompute_ms = t.fwd_ms[np.id];
+        np.fwd_ms_std = t.fwd_ms_std[np.id];
+        np.bwd_ms = t.bwd_ms[np.id];
+        np.bwd_ms_std = t.bwd_ms_std[np.id];
+      }
+      p.timing = "in-step";
+      p.measured_fwd_bwd_ms = t.plain_fwd_bwd_ms;
+    } catch (const std::exception& e) {
+      // Out of memory: the counting allocator's capacity, the CUDA caching allocator, the host.
+      const bool oom = dynamic_cast<const OutOfMemoryError*>(&e) || dynamic_cast<const c10::OutOfMemoryError*>(&e) ||
+                       dynamic_cast<const std::bad_alloc*>(&e);
+      if (!oom) throw;
+      if (opt.progress) std::fprintf(stderr, "the whole step does not fit: node times are from isolated runs\n");
+    }
   }
   for (const Node& n : g.nodes) {
     const NodeMeasurement& m = measured[n.id];

@@ -3,7 +3,8 @@
 // records its forward/backward time, output bytes, what autograd saved for its backward (which
 // inputs, whether its output, and internal buffers), parameter bytes and transient peaks. Only
 // one node's inputs, parameters and outputs exist at a time, so models far larger than the
-// machine's memory can be profiled.
+// machine's memory can be profiled. Times come from whole steps when the model fits
+// (in-step timing), since isolated nodes run faster than in training.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,6 +26,9 @@ struct ProfilerOptions {
   // the others (their nodes match by kind, shapes and parameter shapes).
   bool share_repeated_blocks = false;
   bool progress = false;  // print a line per block to stderr
+  // Take per-node times from whole training steps (profile/in_step_timing.h) when the step fits
+  // the device; otherwise, or when false, from the isolated per-node runs.
+  bool in_step_timing = true;
 };
 
 // Profiles one graph (one micro-batch size). Fits are flat (base = value, per_sample = 0).
@@ -45,6 +49,6 @@ struct StepMeasurement {
 // Runs real training steps of the whole graph (one micro-batch each) and measures them; the
 // first steps create the optimizer state and are not measured.
 StepMeasurement measure_step(const OpGraph& graph, const std::string& optimizer,
-                             const ProfilerOptions& options, int steps = 3);
+                             const ProfilerOptions& options, int steps = 5);
 
 }  // namespace dawnpiper

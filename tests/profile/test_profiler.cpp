@@ -157,3 +157,48 @@ TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]
   CHECK_THROWS_AS(read_profile("no_such_profile.h5"), ConfigError);
   CHECK_THROWS_AS(write_profile(p, "/no/such/dir/p.h5"), ConfigError);
 }
+
+TEST_CASE("in-step timing charges each node the time it takes inside a step", "[profile]") {
+  CountingAllocator::install();
+  at::set_num_threads(1);
+  ModelConfig c = preset_config("mlp-tiny");
+  apply_override(c, "hidden", "512");
+  apply_override(c, "in-features", "512");
+  const OpGraph g = build_model(c, 64);
+  ProfilerOptions o = quick();
+  o.iterations = 3;
+  const Profile p = profile_graph(g, o);
+  CHECK(p.timing == "in-step");
+  double total = 0, linear = 0, loss_bwd = 0, bwd = 0;
+  for (const NodeProfile& n : p.nodes) {
+    if (n.kind == "input") {
+      CHECK(n.fwd_ms == 0);
+      CHECK(n.bwd_ms == 0);
+      continue;
+    }
+    CHECK(n.fwd_ms > 0);
+    CHECK(n.bwd_ms > 0);  // every node here creates autograd functions
+    total += n.fwd_ms + n.bwd_ms;
+    bwd += n.bwd_ms;
+    if (n.kind == "linear") linear += n.fwd_ms + n.bwd_ms;
+    if (n.name == "loss") loss_bwd = n.bwd_ms;
+  }
+  // 512x512 matrix products on 64 rows dominate ReLU and the 10-class loss; the backward pass
+  // is spread over the nodes, not charged to the loss that starts it.
+  CHECK(linear > 0.6 * total);
+  CHECK(loss_bwd < 0.3 * bwd);
+}
+
+TEST_CASE("in-step timing falls back to isolated runs when the step does not fit", "[profile]") {
+  CountingAllocator& a = CountingAllocator::install();
+  at::set_num_threads(1);
+  const OpGraph g = build_model(preset_config("gpt2-tiny"), 2);
+  const int64_t step_peak = measure_step(g, "sgd", quick(), 1).peak_bytes;
+  a.set_capacity(a.live_bytes() + step_peak / 2);
+  Profile p;
+  REQUIRE_NOTHROW(p = profile_graph(g, quick()));
+  a.set_capacity(0);
+  CHECK(p.timing == "isolated");
+  for (const NodeProfile& n : p.nodes)
+    if (n.kind == "linear") CHECK(n.fwd_ms > 0);
+}
