@@ -2,12 +2,14 @@
 // rank 0 profiles and plans (or loads a profile / a plan), broadcasts the plan, and every rank
 // builds and trains only its own stage.
 #include <mpi.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cinttypes>
 #include <climits>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "app/commands.h"
@@ -21,7 +23,12 @@
 #include "train/reference_trainer.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
+#include "util/files.h"
+#include "util/progress.h"
 #include "util/units.h"
+#include "trace/trace.h"
+#include "runtime/checkpoint.h"
+#include "runtime/stage_tracer.h"
 
 namespace dawnpiper {
 
@@ -85,6 +92,12 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
       ("plan-out", po::value<std::string>(), "write the plan used to this file")
       ("in-process", po::bool_switch(), "run every stage in this one process (validates a plan without MPI)")
+      ("trace", po::value<std::string>(), "write an HDF5 trace of every action on every rank (docs/trace-format.md)")
+      ("checkpoint-dir", po::value<std::string>(), "directory for checkpoints (every stage's parameters and optimizer state)")
+      ("checkpoint-every", po::value<int64_t>()->default_value(0), "write a checkpoint every K steps (and after the last)")
+      ("progress", po::value<std::string>()->default_value("auto"),
+       "auto (a bar on a terminal, lines in logs and under mpirun) | bar | lines")
+      ("resume", po::bool_switch(), "continue from the latest checkpoint in --checkpoint-dir")
       ("steps", po::value<int64_t>()->default_value(10), "training steps")
       ("optimizer", po::value<std::string>()->default_value("sgd"), "sgd (with momentum) | adam")
       ("lr", po::value<double>()->default_value(0.01), "learning rate")
@@ -125,36 +138,60 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
   if (config.steps < 0) throw ConfigError("--steps must not be negative");
   const bool quiet = vm["quiet"].as<bool>();
+  const Progress::Style progress_style = Progress::style_from_name(vm["progress"].as<std::string>());
   const double samples_per_step = static_cast<double>(config.micro_batches * micro_batch_size);
 
-  if (stages == 1 && !in_process) {
+  const int64_t checkpoint_every = vm["checkpoint-every"].as<int64_t>();
+  const bool resume = vm["resume"].as<bool>();
+  if (checkpoint_every < 0) throw ConfigError("--checkpoint-every must not be negative");
+  if ((checkpoint_every > 0 || resume) && !vm.count("checkpoint-dir"))
+    throw ConfigError("--checkpoint-every and --resume need --checkpoint-dir DIR");
+  if ((checkpoint_every > 0 || resume) && vm["schedule"].as<std::string>() == "async")
+    throw ConfigError("checkpoints need a flush point between steps: use --schedule gpipe or 1f1b (async never drains)");
+  if (in_process && (vm.count("trace") || checkpoint_every > 0 || resume))
+    throw ConfigError("--trace, --checkpoint-every and --resume apply to MPI runs, not --in-process");
+  if (vm.count("trace")) check_writable(vm["trace"].as<std::string>());
+  // The reference trainer serves plain one-stage runs; traces and checkpoints need the runtime.
+  const bool runtime_features = vm.count("trace") || checkpoint_every > 0 || resume;
+  if (stages == 1 && !in_process && !runtime_features) {
     counter.set_capacity(capacity);
     ReferenceTrainer trainer(graph, config);
     if (!quiet)
       std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, 1 stage\n",
                   graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size,
                   config.micro_batches, config.optimizer.kind.c_str(), config.optimizer.lr);
-    double seconds = 0, last_loss = 0;
     int64_t peak = 0;
+    Progress progress(0, config.steps, samples_per_step, quiet, progress_style);
     trainer.run([&](const StepResult& r) {
-      seconds += r.seconds;
       peak = std::max(peak, r.peak_bytes);
-      last_loss = r.loss;
-      if (!quiet)
-        std::printf("step %" PRId64 " loss %.9g time %.3fs peak %s\n", r.step, r.loss, r.seconds,
-                    format_bytes(static_cast<double>(r.peak_bytes)).c_str());
-      std::fflush(stdout);
+      progress.step(r.step, r.loss);
     });
-    std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s, peak memory %s\n", config.steps, last_loss,
-                seconds > 0 ? samples_per_step * config.steps / seconds : 0.0,
-                format_bytes(static_cast<double>(peak)).c_str());
+    progress.finish();
+    std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s, peak memory %s\n", config.steps,
+                progress.last_loss(), progress.samples_per_second(), format_bytes(static_cast<double>(peak)).c_str());
     return 0;
   }
 
   // --- pipeline: plan on rank 0, broadcast, one stage per rank ---
   std::string plan_json;
   if (vm.count("plan-out")) check_writable(vm["plan-out"].as<std::string>());
-  if (world.rank == 0) plan_json = plan_on_rank0(vm, graph, stages, capacity);
+  int64_t first_step = 0;
+  if (resume) {
+    first_step = latest_checkpoint(vm["checkpoint-dir"].as<std::string>());
+    if (first_step > config.steps)
+      throw ConfigError("the checkpoint is at step " + std::to_string(first_step) + ", beyond --steps " +
+                        std::to_string(config.steps));
+  }
+  // A resumed run keeps the split its checkpoint was written with.
+  const std::string saved_plan = vm.count("checkpoint-dir") ? vm["checkpoint-dir"].as<std::string>() + "/plan.json" : "";
+  if (world.rank == 0) {
+    if (resume && !vm.count("plan-in") && std::ifstream(saved_plan).good()) plan_json = read_text(saved_plan);
+    else plan_json = plan_on_rank0(vm, graph, stages, capacity);
+    if (checkpoint_every > 0) {
+      make_directories(vm["checkpoint-dir"].as<std::string>());
+      write_text_atomically(saved_plan, plan_json);
+    }
+  }
   broadcast(plan_json);
   Plan plan = plan_from_json(plan_json);
   if (static_cast<int>(plan.stages.size()) != stages)
@@ -180,35 +217,71 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
                   format_bytes(static_cast<double>(s.memory.total())).c_str());
   }
   counter.reset_peak();
-  auto start = std::chrono::steady_clock::now();
-  auto last = start;
-  double last_loss = 0;
-  auto on_loss = [&](const StepLoss& s) {
-    auto now = std::chrono::steady_clock::now();
-    last_loss = s.loss;
-    if (!quiet)
-      std::printf("step %" PRId64 " loss %.9g time %.3fs\n", s.step, s.loss,
-                  std::chrono::duration<double>(now - last).count());
-    std::fflush(stdout);
-    last = now;
-  };
+  RunOptions run;
+  run.trace = vm.count("trace") > 0;
+  run.checkpoint_every = checkpoint_every;
+  run.resume = resume;
+  if (vm.count("checkpoint-dir")) run.checkpoint_dir = vm["checkpoint-dir"].as<std::string>();
+  run.preset = graph.preset;
+  run.optimizer_name = config.optimizer.kind;
+  pc.first_step = first_step;
+  Progress progress(pc.first_step, config.steps, samples_per_step, quiet || world.rank != 0, progress_style);
+  run.on_loss = [&](const StepLoss& s) { progress.step(s.step, s.loss); };
+  const auto start = std::chrono::steady_clock::now();
+  StageRun mine;
   if (in_process) {
-    for (const StepLoss& s : run_pipeline_in_process(graph, pc).losses) on_loss(s);
+    for (const StepLoss& s : run_pipeline_in_process(graph, pc).losses) run.on_loss(s);
+    mine.peak_bytes = counter.peak_bytes();
   } else {
-    run_pipeline_mpi(graph, pc, MPI_COMM_WORLD, on_loss);
+    mine = run_pipeline_mpi(graph, pc, MPI_COMM_WORLD, run);
   }
+  progress.finish();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Per-stage measured peaks, gathered on rank 0 next to the plan's predictions.
-  int64_t peak = counter.peak_bytes();
   std::vector<int64_t> peaks(static_cast<size_t>(world.size));
-  MPI_Gather(&peak, 1, MPI_INT64_T, peaks.data(), 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  MPI_Gather(&mine.peak_bytes, 1, MPI_INT64_T, peaks.data(), 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  if (run.trace) {
+    Trace trace;
+    trace.actions = gather_records(mine.actions, MPI_COMM_WORLD);
+    double wall = 0;
+    MPI_Reduce(&mine.wall_s, &wall, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    StageRecord rec;
+    rec.stage = rec.rank = world.rank;
+    rec.node_begin = pc.ranges[world.rank].first;
+    rec.node_end = pc.ranges[world.rank].second;
+    for (const auto& p : mine.parameters) rec.parameters += p.tensor.numel();
+    rec.predicted_peak_bytes = plan.stages[world.rank].memory.total();
+    rec.predicted_ms_per_micro_batch = plan.stages[world.rank].time_ms();
+    rec.measured_peak_bytes = mine.peak_bytes;
+    gethostname(rec.host, sizeof rec.host - 1);
+    std::vector<StageRecord> records(static_cast<size_t>(world.size));
+    MPI_Gather(&rec, sizeof rec, MPI_BYTE, records.data(), sizeof rec, MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (world.rank == 0) {
+      trace.model = graph.model;
+      trace.preset = graph.preset;
+      trace.schedule = schedule_kind_name(pc.schedule);
+      trace.device = device.str();
+      trace.transport = "mpi";
+      trace.stages = stages;
+      trace.micro_batch_size = micro_batch_size;
+      trace.micro_batches = config.micro_batches;
+      trace.first_step = pc.first_step;
+      trace.steps = config.steps;
+      trace.wall_s = wall;
+      trace.stage_records = records;
+      write_trace(trace, vm["trace"].as<std::string>());
+    }
+  }
   if (world.rank == 0) {
     if (!in_process)
       for (int r = 0; r < world.size; ++r)
         std::printf("  stage %d: measured peak %s (predicted %s)\n", r, format_bytes(double(peaks[r])).c_str(),
                     format_bytes(double(plan.stages[r].memory.total())).c_str());
-    std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s\n", config.steps, last_loss,
-                seconds > 0 ? samples_per_step * config.steps / seconds : 0.0);
+    const double trained = static_cast<double>(config.steps - pc.first_step);
+    std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s\n", config.steps,
+                progress.last_loss(), seconds > 0 ? samples_per_step * trained / seconds : 0.0);
+    if (run.trace) std::printf("wrote trace %s (dawnpiper inspect %s)\n", vm["trace"].as<std::string>().c_str(),
+                               vm["trace"].as<std::string>().c_str());
   }
   return 0;
 }

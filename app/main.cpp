@@ -25,6 +25,8 @@ const std::map<std::string, std::pair<Command, const char*>>& commands() {
       {"graph", {dawnpiper::cmd_graph, "build a model's op graph and summarize it"}},
       {"profile", {dawnpiper::cmd_profile, "measure per-node time and memory into an HDF5 profile"}},
       {"plan", {dawnpiper::cmd_plan, "partition a profiled model into pipeline stages"}},
+      {"inspect", {dawnpiper::cmd_inspect, "summarize a training trace per stage"}},
+      {"replay-stage", {dawnpiper::cmd_replay_stage, "run one stage of a plan alone and measure it"}},
   };
   return table;
 }

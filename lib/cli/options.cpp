@@ -39,12 +39,16 @@ po::options_description model_override_options() {
 }
 
 bool parse_options(int argc, char** argv, const std::string& subcommand, const std::string& summary,
-                   const po::options_description& options, po::variables_map& vm) {
+                   const po::options_description& options, po::variables_map& vm,
+                   const po::positional_options_description* positional) {
   po::options_description all;
   all.add_options()("help,h", "show this help");
   all.add(options);
   try {
-    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+    po::command_line_parser parser(argc, argv);
+    parser.options(all);
+    if (positional) parser.positional(*positional);
+    po::store(parser.run(), vm);
     if (vm.count("help")) {
       std::cout << "usage: dawnpiper " << subcommand << " [options]\n" << summary << "\n\n" << all << "\n";
       return false;

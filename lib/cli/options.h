@@ -22,7 +22,8 @@ po::options_description model_override_options();
 // given. Returns false if --help was printed (the caller exits 0). Bad options, unreadable
 // config files: ConfigError.
 bool parse_options(int argc, char** argv, const std::string& subcommand, const std::string& summary,
-                   const po::options_description& options, po::variables_map& vm);
+                   const po::options_description& options, po::variables_map& vm,
+                   const po::positional_options_description* positional = nullptr);
 
 // The model preset from --model with the override options applied and checked.
 ModelConfig model_config_from(const po::variables_map& vm);

@@ -18,7 +18,6 @@ class MpiTransport final : public Transport {
   std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                const std::vector<const TensorInfo*>& specs) override;
   void flush() override;
-  int64_t bytes_sent() const override { return bytes_; }
 
  private:
   int tag(MessageKind kind, int64_t micro_batch) const;
@@ -31,7 +30,6 @@ class MpiTransport final : public Transport {
   MPI_Comm comm_;
   int tag_ub_ = 32767;
   std::deque<Pending> pending_;
-  int64_t bytes_ = 0;
 };
 
 }  // namespace dawnpiper

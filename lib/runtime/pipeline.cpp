@@ -4,8 +4,10 @@
 #include <set>
 #include <stdexcept>
 
+#include "runtime/checkpoint.h"
 #include "runtime/mpi_transport.h"
 #include "runtime/pipeline_stage.h"
+#include "runtime/stage_tracer.h"
 #include "runtime/transport.h"
 #include "schedule/simulate.h"
 #include "util/error.h"
@@ -27,19 +29,19 @@ void check_ranges(const OpGraph& g, const std::vector<std::pair<int, int>>& rang
 
 std::vector<Action> stage_actions(const PipelineConfig& c, int stage) {
   const int stages = static_cast<int>(c.ranges.size());
-  if (c.schedule == ScheduleKind::Async)
+  if (c.schedule == ScheduleKind::Async) {
+    if (c.first_step != 0) throw ConfigError("the async schedule has no flush point to resume from");
     return make_schedule(c.schedule, stages, c.steps * c.micro_batches).actions.at(stage);
+  }
   const std::vector<Action> one = make_schedule(c.schedule, stages, c.micro_batches).actions.at(stage);
   std::vector<Action> all;
-  for (int64_t s = 0; s < c.steps; ++s)
+  for (int64_t s = c.first_step; s < c.steps; ++s)
     for (Action a : one) {
       if (a.micro_batch >= 0) a.micro_batch += s * c.micro_batches;
       all.push_back(a);
     }
   return all;
 }
-
-namespace {
 
 StageConfig stage_config(const PipelineConfig& c, int stage) {
   StageConfig s;
@@ -53,6 +55,8 @@ StageConfig stage_config(const PipelineConfig& c, int stage) {
   s.optimizer = c.optimizer;
   return s;
 }
+
+namespace {
 
 // Parameters held by more than one stage (weights tied across a cut), keyed by their owner
 // (node, index), with the stages holding a copy, in a deterministic order.
@@ -119,8 +123,7 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   return result;
 }
 
-std::vector<StageParameter> run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm,
-                                             const std::function<void(const StepLoss&)>& on_loss) {
+StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, const RunOptions& options) {
   check_ranges(g, c.ranges);
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
@@ -128,13 +131,20 @@ std::vector<StageParameter> run_pipeline_mpi(const OpGraph& g, const PipelineCon
   if (size != static_cast<int>(c.ranges.size()))
     throw ConfigError(std::to_string(c.ranges.size()) + " stages need " + std::to_string(c.ranges.size()) +
                       " MPI ranks, not " + std::to_string(size));
+  const bool checkpoints = options.checkpoint_every > 0 || options.resume;
+  if (checkpoints && c.schedule == ScheduleKind::Async)
+    throw ConfigError("checkpoints need a flush point between steps: use --schedule gpipe or 1f1b (async never drains)");
+  if (checkpoints && options.checkpoint_dir.empty()) throw ConfigError("--checkpoint-dir is required for checkpoints");
+  const CheckpointIdentity identity{options.preset, options.optimizer_name, g.size(), size};
   MPI_Comm data_comm, control_comm;
   MPI_Comm_dup(comm, &data_comm);
   MPI_Comm_dup(comm, &control_comm);  // loss reports, apart from activation traffic
   const int last = size - 1;
+  StageRun result;
   {
     MpiTransport transport(data_comm);
     PipelineStage stage(g, stage_config(c, rank), transport);
+    if (options.resume) read_checkpoint(options.checkpoint_dir, c.first_step, stage, identity);
     // One communicator per group of stages sharing a tied parameter; every rank takes part in
     // every split, in the same order.
     std::vector<std::pair<std::pair<int, int>, MPI_Comm>> tie_comms;
@@ -155,10 +165,10 @@ std::vector<StageParameter> run_pipeline_mpi(const OpGraph& g, const PipelineCon
               p.tensor.mutable_grad() = grad;
             }
       });
-    int64_t reported = 0;
+    int64_t reported = c.first_step;
     auto report = [&](const StepLoss& s) {
       ++reported;
-      if (on_loss) on_loss(s);
+      if (options.on_loss) options.on_loss(s);
     };
     std::vector<double> outgoing;  // last rank: losses being sent (kept alive for Isend)
     std::vector<MPI_Request> requests;
@@ -185,19 +195,34 @@ std::vector<StageParameter> run_pipeline_mpi(const OpGraph& g, const PipelineCon
         report({reported, loss});
       }
     };
+    MPI_Barrier(comm);  // the common origin of every rank's trace times
+    StageTracer tracer(rank, stage.module().device(), transport, StageTracer::Clock::now(), options.trace);
+    int64_t step = c.first_step;  // of the latest action with a micro-batch (an update belongs to it)
     for (const Action& a : stage_actions(c, rank)) {
-      stage.execute(a);
+      if (a.micro_batch >= 0) step = a.micro_batch / c.micro_batches;
+      tracer.run(a, step, [&] { stage.execute(a); });
       poll_losses(false);
+      // A synchronous step ends with the optimizer step: every stage is between steps there.
+      if (a.kind == ActionKind::OptimizerStep && options.checkpoint_every > 0) {
+        const int64_t done = step + 1;
+        if (done % options.checkpoint_every == 0 || done == c.steps) {
+          transport.flush();
+          write_checkpoint(options.checkpoint_dir, done, stage, identity, comm);
+        }
+      }
     }
     transport.flush();
     poll_losses(true);
     if (!requests.empty()) MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
     for (auto& [key, sub] : tie_comms) MPI_Comm_free(&sub);
-    std::vector<StageParameter> params = stage.module().parameters();
-    MPI_Comm_free(&data_comm);
-    MPI_Comm_free(&control_comm);
-    return params;
+    result.parameters = stage.module().parameters();
+    result.actions = tracer.records();
+    result.peak_bytes = tracer.peak_bytes();
+    result.wall_s = tracer.last_end_s();
   }
+  MPI_Comm_free(&data_comm);
+  MPI_Comm_free(&control_comm);
+  return result;
 }
 
 }  // namespace dawnpiper

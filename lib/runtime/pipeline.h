@@ -6,12 +6,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "exec/stage_module.h"
 #include "graph/op_graph.h"
+#include "runtime/pipeline_stage.h"
 #include "schedule/schedule.h"
+#include "trace/trace.h"
 #include "train/optimizer.h"
 
 namespace dawnpiper {
@@ -20,17 +23,21 @@ struct PipelineConfig {
   ScheduleKind schedule = ScheduleKind::GPipe;
   std::vector<std::pair<int, int>> ranges;  // node range [begin, end) of each stage
   int64_t micro_batches = 1;                // per step
-  int64_t steps = 1;
+  int64_t steps = 1;                        // train steps first_step .. steps - 1
+  int64_t first_step = 0;                   // > 0 when resuming from a checkpoint
   uint64_t seed = 42;
   OptimizerConfig optimizer;
 };
+
+// The configuration of one stage of `config`.
+StageConfig stage_config(const PipelineConfig& config, int stage);
 
 // Throws ConfigError unless the ranges tile the graph's nodes in order, non-empty.
 void check_ranges(const OpGraph& graph, const std::vector<std::pair<int, int>>& ranges);
 
 // The action lists of one stage for the whole run: for gpipe and 1f1b one schedule per step,
 // its micro-batch ids offset by step * micro_batches; for async one stream of
-// steps * micro_batches micro-batches.
+// steps * micro_batches micro-batches. Steps before first_step are left out.
 std::vector<Action> stage_actions(const PipelineConfig& config, int stage);
 
 struct StepLoss {
@@ -47,9 +54,24 @@ struct InProcessResult {
 // order: every receive after its send).
 InProcessResult run_pipeline_in_process(const OpGraph& graph, const PipelineConfig& config);
 
-// This rank's stage (rank == stage in `comm`, size == stages). on_loss runs on rank 0 for every
-// finished step, in step order. Returns this stage's parameters after the run.
-std::vector<StageParameter> run_pipeline_mpi(const OpGraph& graph, const PipelineConfig& config, MPI_Comm comm,
-                                             const std::function<void(const StepLoss&)>& on_loss);
+// What a distributed run does besides training.
+struct RunOptions {
+  std::function<void(const StepLoss&)> on_loss;  // rank 0, every finished step, in step order
+  bool trace = false;                             // keep a record per action (trace/trace.h)
+  std::string checkpoint_dir;                     // write / resume checkpoints here
+  int64_t checkpoint_every = 0;                   // steps between checkpoints; 0: none
+  bool resume = false;  // load the checkpoint of step config.first_step (latest_checkpoint()) first
+  std::string preset, optimizer_name;             // checkpoint identity
+};
+
+struct StageRun {
+  std::vector<StageParameter> parameters;  // after the run
+  std::vector<ActionRecord> actions;       // this stage's, when traced
+  int64_t peak_bytes = 0;                  // measured over the run's actions
+  double wall_s = 0;                       // common start to this stage's last action's end
+};
+
+// This rank's stage (rank == stage in `comm`, size == stages).
+StageRun run_pipeline_mpi(const OpGraph& graph, const PipelineConfig& config, MPI_Comm comm, const RunOptions& options);
 
 }  // namespace dawnpiper

@@ -3,6 +3,8 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <c10/util/Exception.h>
+
 #include <cmath>
 #include <stdexcept>
 
@@ -41,6 +43,19 @@ int PipelineStage::weight_versions() const {
 }
 
 void PipelineStage::execute(const Action& a) {
+  const auto where = [&] { return "stage " + std::to_string(config_.stage) + ", action " + to_string(a) + ": "; };
+  try {
+    run(a);
+  } catch (const Error& e) {
+    throw Error(where() + e.what(), e.exit_code());
+  } catch (const c10::Error& e) {
+    throw Error(where() + "LibTorch: " + e.what_without_backtrace(), 5);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(where() + e.what());
+  }
+}
+
+void PipelineStage::run(const Action& a) {
   switch (a.kind) {
     case ActionKind::Forward: forward(a.micro_batch); break;
     case ActionKind::Backward: backward(a.micro_batch); break;

@@ -37,12 +37,14 @@ class PipelineStage {
   PipelineStage(const OpGraph& graph, const StageConfig& config, Transport& transport);
 
   // Executes one action of this stage's list. Returns the finished step's mean loss (last
-  // stage only, after the step's last backward) through on_loss.
+  // stage only, after the step's last backward) through on_loss. Errors are rethrown with the
+  // stage and the action in front of the cause ("stage 2, action 2B5: out of memory: ...").
   void execute(const Action& action);
   void set_loss_callback(std::function<void(int64_t step, double loss)> on_loss) { on_loss_ = std::move(on_loss); }
   void set_tied_reducer(TiedGradReducer reducer) { reduce_tied_ = std::move(reducer); }
 
   StageModule& module() { return module_; }
+  Optimizer& optimizer() { return *optimizer_; }
   const StageConfig& config() const { return config_; }
   bool is_last() const { return config_.stage == config_.stages - 1; }
   int live_micro_batches() const { return static_cast<int>(in_flight_.size()); }
@@ -56,6 +58,7 @@ class PipelineStage {
     int64_t version = 0;              // weight version the forward used (async)
   };
 
+  void run(const Action& action);
   void forward(int64_t mb);
   void backward(int64_t mb);
   void optimizer_step();

@@ -1,6 +1,8 @@
 #include "runtime/mpi_transport.h"
 #include "runtime/transport.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <stdexcept>
 
 #include "util/error.h"
@@ -21,7 +23,7 @@ at::Tensor pack(const std::vector<at::Tensor>& tensors) {
 void LocalTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) {
   for (at::Tensor& t : tensors) {
     t = t.detach().clone();  // what the receiver gets must not alias the sender's tensors
-    bytes_ += t.numel() * t.element_size();
+    bytes_sent_ += t.numel() * t.element_size();
   }
   mailbox_[Key{sender_, to_stage, static_cast<int>(kind), micro_batch}] = std::move(tensors);
 }
@@ -37,6 +39,24 @@ std::vector<at::Tensor> LocalTransport::recv(int from_stage, MessageKind kind, i
   for (size_t i = 0; i < out.size(); ++i)
     if (out[i].sizes().vec() != specs[i]->shape) throw std::logic_error("in-process pipeline: wrong tensor shape");
   mailbox_.erase(it);
+  for (const at::Tensor& t : out) bytes_received_ += t.numel() * t.element_size();
+  return out;
+}
+
+void StandInTransport::send(int, MessageKind, int64_t, std::vector<at::Tensor> tensors) {
+  for (const at::Tensor& t : tensors) bytes_sent_ += t.numel() * t.element_size();
+}
+
+std::vector<at::Tensor> StandInTransport::recv(int, MessageKind, int64_t micro_batch,
+                                               const std::vector<const TensorInfo*>& specs) {
+  at::Generator gen = at::detail::createCPUGenerator(seed_ + static_cast<uint64_t>(micro_batch));
+  std::vector<at::Tensor> out;
+  for (const TensorInfo* s : specs) {
+    const at::ScalarType type = scalar_type(s->dtype);
+    out.push_back(at::isFloatingType(type) ? at::randn(s->shape, gen, at::TensorOptions(type)) * 0.02
+                                           : at::zeros(s->shape, at::TensorOptions(type)));
+    bytes_received_ += s->bytes();
+  }
   return out;
 }
 
@@ -67,7 +87,7 @@ void MpiTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std
   Pending p{MPI_REQUEST_NULL, buffer};
   MPI_Isend(buffer.data_ptr(), static_cast<int>(buffer.numel()), MPI_BYTE, to_stage, tag(kind, micro_batch),
             comm_, &p.request);
-  bytes_ += buffer.numel();
+  bytes_sent_ += buffer.numel();
   pending_.push_back(std::move(p));
 }
 
@@ -91,6 +111,7 @@ std::vector<at::Tensor> MpiTransport::recv(int from_stage, MessageKind kind, int
     out.push_back(buffer.narrow(0, offset, n).view(scalar_type(s->dtype)).view(s->shape).clone());
     offset += n;
   }
+  bytes_received_ += total;
   return out;
 }
 

@@ -29,7 +29,12 @@ class Transport {
                                        const std::vector<const TensorInfo*>& specs) = 0;
   // Completes every pending send.
   virtual void flush() = 0;
-  virtual int64_t bytes_sent() const = 0;
+  // Payload bytes moved so far.
+  int64_t bytes_sent() const { return bytes_sent_; }
+  int64_t bytes_received() const { return bytes_received_; }
+
+ protected:
+  int64_t bytes_sent_ = 0, bytes_received_ = 0;
 };
 
 // Every stage in this process: a send is a deposit, a receive a withdrawal (which must follow
@@ -40,7 +45,6 @@ class LocalTransport final : public Transport {
   std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                const std::vector<const TensorInfo*>& specs) override;
   void flush() override {}
-  int64_t bytes_sent() const override { return bytes_; }
   // Used by the in-process runner: the sender's stage for the next send().
   void set_sender(int stage) { sender_ = stage; }
 
@@ -48,7 +52,20 @@ class LocalTransport final : public Transport {
   using Key = std::tuple<int, int, int, int64_t>;  // from, to, kind, micro-batch
   std::map<Key, std::vector<at::Tensor>> mailbox_;
   int sender_ = 0;
-  int64_t bytes_ = 0;
+};
+
+// For running one stage alone (replay-stage): receives return stand-in tensors of the right
+// shapes and dtypes (small random values, zeros for integers), sends are counted and dropped.
+class StandInTransport final : public Transport {
+ public:
+  explicit StandInTransport(uint64_t seed = 7) : seed_(seed) {}
+  void send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) override;
+  std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
+                               const std::vector<const TensorInfo*>& specs) override;
+  void flush() override {}
+
+ private:
+  uint64_t seed_;
 };
 
 }  // namespace dawnpiper

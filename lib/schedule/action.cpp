@@ -33,6 +33,12 @@ const char* action_kind_code(ActionKind kind) {
   return "?";
 }
 
+ActionKind action_kind_from_code(const std::string& code) {
+  for (const KindCode& kc : kKindCodes)
+    if (code == kc.code) return kc.kind;
+  throw ConfigError("unknown action kind '" + code + "'");
+}
+
 std::string to_string(const Action& action) {
   std::string s = std::to_string(action.stage) + action_kind_code(action.kind);
   if (action.kind != ActionKind::OptimizerStep) s += std::to_string(action.micro_batch);

@@ -42,6 +42,8 @@ struct Action {
 
 // "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "U", "SWAP_OUT", "SWAP_IN", "RECOMPUTE".
 const char* action_kind_code(ActionKind kind);
+// Inverse of action_kind_code; throws ConfigError for an unknown code.
+ActionKind action_kind_from_code(const std::string& code);
 std::string to_string(const Action& action);
 // Space-separated compact forms.
 std::string to_string(const std::vector<Action>& actions);

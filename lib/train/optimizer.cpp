@@ -21,6 +21,7 @@ class Sgd final : public Optimizer {
 
   void step() override {
     at::NoGradGuard no_grad;
+    ++steps_;
     for (size_t i = 0; i < params_.size(); ++i) {
       at::Tensor& p = params_[i];
       if (!p.grad().defined()) continue;
@@ -35,6 +36,11 @@ class Sgd final : public Optimizer {
     }
   }
   std::vector<at::Tensor> state() const override { return buffers_; }
+  void restore(const std::vector<at::Tensor>& state, int64_t steps) override {
+    buffers_ = state;
+    buffers_.resize(params_.size());
+    steps_ = steps;
+  }
 
  private:
   double lr_, momentum_;
@@ -48,8 +54,8 @@ class Adam final : public Optimizer {
 
   void step() override {
     at::NoGradGuard no_grad;
-    ++t_;
-    const double bc1 = 1 - std::pow(c_.beta1, t_), bc2 = 1 - std::pow(c_.beta2, t_);
+    ++steps_;
+    const double bc1 = 1 - std::pow(c_.beta1, steps_), bc2 = 1 - std::pow(c_.beta2, steps_);
     for (size_t i = 0; i < params_.size(); ++i) {
       at::Tensor& p = params_[i];
       if (!p.grad().defined()) continue;
@@ -72,10 +78,16 @@ class Adam final : public Optimizer {
     s.insert(s.end(), v_.begin(), v_.end());
     return s;
   }
+  void restore(const std::vector<at::Tensor>& state, int64_t steps) override {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      m_[i] = i < state.size() ? state[i] : at::Tensor();
+      v_[i] = params_.size() + i < state.size() ? state[params_.size() + i] : at::Tensor();
+    }
+    steps_ = steps;
+  }
 
  private:
   OptimizerConfig c_;
-  int64_t t_ = 0;
   std::vector<at::Tensor> m_, v_;
 };
 

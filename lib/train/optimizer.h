@@ -25,11 +25,16 @@ class Optimizer {
   virtual void step() = 0;
   // Optimizer state tensors (momentum buffers, Adam moments), for checkpoints and accounting.
   virtual std::vector<at::Tensor> state() const = 0;
+  // Updates applied so far (Adam's bias correction needs it).
+  int64_t steps() const { return steps_; }
+  // Restores what state() and steps() returned (checkpoints); undefined tensors stay unset.
+  virtual void restore(const std::vector<at::Tensor>& state, int64_t steps) = 0;
   const std::vector<at::Tensor>& params() const { return params_; }
 
  protected:
   explicit Optimizer(std::vector<at::Tensor> params) : params_(std::move(params)) {}
   std::vector<at::Tensor> params_;
+  int64_t steps_ = 0;
 };
 
 // Throws ConfigError for an unknown kind or a non-positive learning rate.

@@ -1,0 +1,117 @@
+// dawnpiper replay-stage: runs one stage of a plan alone, with its exact action list, stand-in
+// tensors for what it would receive and sends that go nowhere, and reports its measured time
+// and peak memory against the plan's prediction. Validates a multi-device plan on one device.
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "app/commands.h"
+#include "cli/options.h"
+#include "memory/counting_allocator.h"
+#include "memory/device_memory.h"
+#include "plan/plan.h"
+#include "runtime/pipeline.h"
+#include "runtime/pipeline_stage.h"
+#include "runtime/stage_tracer.h"
+#include "util/error.h"
+#include "util/units.h"
+
+namespace dawnpiper {
+
+int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
+  po::options_description options;
+  po::options_description own("Replay options");
+  own.add_options()
+      ("plan", po::value<std::string>(), "plan JSON (`dawnpiper plan --out` or `train --plan-out`); required")
+      ("stage", po::value<int>(), "the stage to run; required")
+      ("steps", po::value<int64_t>()->default_value(3), "steps to run (the first is a warm-up, not timed)")
+      ("optimizer", po::value<std::string>(), "sgd | adam (default: the plan's)")
+      ("lr", po::value<double>()->default_value(0.01), "learning rate");
+  options.add(own).add(common_options()).add(model_override_options());
+  po::variables_map vm;
+  if (!parse_options(argc, argv, "replay-stage",
+                     "Runs one stage of a plan alone with stand-in inputs; measures its time and peak memory.",
+                     options, vm))
+    return 0;
+  if (!vm.count("plan") || !vm.count("stage")) throw ConfigError("--plan FILE and --stage X are required");
+  if (world.rank != 0) return 0;
+  const std::string path = vm["plan"].as<std::string>();
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot read '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  const Plan plan = plan_from_json(text.str());
+  const int x = vm["stage"].as<int>();
+  const int stages = static_cast<int>(plan.stages.size());
+  if (x < 0 || x >= stages)
+    throw ConfigError("--stage " + std::to_string(x) + ": the plan has stages 0.." + std::to_string(stages - 1));
+  const int64_t steps = vm["steps"].as<int64_t>();
+  if (steps < 1) throw ConfigError("--steps must be at least 1");
+  if (parse_device(vm["device"].as<std::string>()).is_cuda())
+    throw ConfigError("--device cuda: stages run on the CPU in this build");
+
+  // The plan's model, batch and schedule unless overridden.
+  ModelConfig model;
+  if (vm["model"].defaulted()) {
+    po::variables_map with_preset = vm;
+    with_preset.at("model").value() = boost::any(plan.preset);
+    model = model_config_from(with_preset);
+  } else {
+    model = model_config_from(vm);
+  }
+  const int64_t batch = vm["micro-batch-size"].defaulted() ? plan.micro_batch_size : vm["micro-batch-size"].as<int64_t>();
+  const OpGraph graph = build_model(model, batch);
+  if (graph.size() != plan.nodes)
+    throw ConfigError("the plan is for " + std::to_string(plan.nodes) + " nodes, " + graph.preset + " has " +
+                      std::to_string(graph.size()) + " (give the model options the plan was made with)");
+  PipelineConfig pc;
+  pc.schedule = schedule_kind_from_name(plan.options.schedule);
+  for (const StagePlan& s : plan.stages) pc.ranges.push_back({s.begin, s.end});
+  check_ranges(graph, pc.ranges);
+  pc.micro_batches = vm["micro-batches"].defaulted() ? plan.options.micro_batches : vm["micro-batches"].as<int64_t>();
+  pc.steps = steps;
+  pc.seed = vm["seed"].as<uint64_t>();
+  pc.optimizer.kind = vm.count("optimizer") ? vm["optimizer"].as<std::string>() : plan.options.optimizer;
+  pc.optimizer.lr = vm["lr"].as<double>();
+
+  CountingAllocator& counter = CountingAllocator::install();
+  if (vm.count("device-memory")) counter.set_capacity(parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory"));
+  const c10::Device cpu(c10::kCPU);
+  StandInTransport transport;
+  PipelineStage stage(graph, stage_config(pc, x), transport);
+  StageTracer tracer(x, cpu, transport, StageTracer::Clock::now(), /*keep_records=*/true);
+  for (const Action& a : stage_actions(pc, x)) {
+    const int64_t step = a.micro_batch >= 0 ? a.micro_batch / pc.micro_batches
+                                            : (tracer.records().empty() ? 0 : tracer.records().back().step);
+    tracer.run(a, step, [&] { stage.execute(a); });
+  }
+  // Steady state: every step after the first.
+  double fwd = 0, bwd = 0, step_s = 0;
+  int64_t fwds = 0, bwds = 0;
+  const int64_t from = steps > 1 ? 1 : 0;
+  for (const ActionRecord& r : tracer.records()) {
+    if (r.step < from) continue;
+    const double d = r.end_s - r.start_s;
+    step_s += d;
+    if (r.action_kind() == ActionKind::Forward) fwd += d, ++fwds;
+    if (r.action_kind() == ActionKind::Backward) bwd += d, ++bwds;
+  }
+  const StagePlan& sp = plan.stages[x];
+  const double measured_ms = 1e3 * (fwd / std::max<int64_t>(fwds, 1) + bwd / std::max<int64_t>(bwds, 1));
+  std::printf("stage %d of %d (%s, nodes [%d, %d), %s schedule, %" PRId64 " micro-batches of %" PRId64 "), %" PRId64
+              " steps on cpu with stand-in inputs\n",
+              x, stages, graph.preset.c_str(), sp.begin, sp.end, schedule_kind_name(pc.schedule), pc.micro_batches, batch,
+              steps);
+  std::printf("forward+backward per micro-batch: measured %.3f ms (forward %.3f, backward %.3f), predicted %.3f ms (%+.1f%%)\n",
+              measured_ms, 1e3 * fwd / std::max<int64_t>(fwds, 1), 1e3 * bwd / std::max<int64_t>(bwds, 1),
+              sp.compute_ms, sp.compute_ms > 0 ? 100 * (measured_ms / sp.compute_ms - 1) : 0.0);
+  std::printf("time per step (steps %" PRId64 "..%" PRId64 "): %.3f ms\n", from, steps - 1,
+              1e3 * step_s / static_cast<double>(steps - from));
+  std::printf("peak memory: measured %s, predicted %s (%+.1f%%)\n", format_bytes(double(tracer.peak_bytes())).c_str(),
+              format_bytes(double(sp.memory.total())).c_str(),
+              sp.memory.total() > 0 ? 100 * (double(tracer.peak_bytes()) / double(sp.memory.total()) - 1) : 0.0);
+  return 0;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,130 @@
+#include "runtime/checkpoint.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <fstream>
+
+#include "util/atomic_file.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/hdf5_io.h"
+
+namespace dawnpiper {
+
+using namespace h5;
+
+namespace {
+
+std::string step_dir(const std::string& dir, int64_t step) { return dir + "/step-" + std::to_string(step); }
+std::string stage_file(const std::string& dir, int64_t step, int stage) {
+  return step_dir(dir, step) + "/stage-" + std::to_string(stage) + ".h5";
+}
+
+void write_tensor(hid_t group, const std::string& name, const at::Tensor& t) {
+  const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+  if (c.scalar_type() != at::kFloat) throw std::logic_error("checkpoint: only float32 tensors are supported");
+  write_floats(group, name, c.data_ptr<float>(), static_cast<size_t>(c.numel()));
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& dir, int64_t next_step, PipelineStage& stage, const CheckpointIdentity& id,
+                      MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  make_directories(step_dir(dir, next_step));
+  const std::string path = stage_file(dir, next_step, stage.config().stage);
+  write_atomically(path, [&](const std::string& tmp) {
+    quiet_errors();
+    Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose, "create " + path);
+    write_attr(file, "format", "dawnpiper-checkpoint");
+    write_attr<int64_t>(file, "schema_version", 1);
+    write_attr(file, "preset", id.preset);
+    write_attr(file, "optimizer", id.optimizer);
+    write_attr<int64_t>(file, "nodes", id.nodes);
+    write_attr<int64_t>(file, "stages", id.stages);
+    write_attr<int64_t>(file, "stage", stage.config().stage);
+    write_attr<int64_t>(file, "node_begin", stage.config().begin);
+    write_attr<int64_t>(file, "node_end", stage.config().end);
+    write_attr<int64_t>(file, "next_step", next_step);
+    write_attr<int64_t>(file, "optimizer_steps", stage.optimizer().steps());
+    Handle params(H5Gcreate2(file, "parameters", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group");
+    // Datasets by index (names may hold '/'); the names column lets a reader check the match.
+    std::vector<std::string> names;
+    for (size_t i = 0; i < stage.module().parameters().size(); ++i) {
+      const StageParameter& p = stage.module().parameters()[i];
+      write_tensor(params, std::to_string(i), p.tensor);
+      names.push_back(p.name);
+    }
+    write_strings(params, "names", names);
+    Handle state(H5Gcreate2(file, "optimizer_state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group");
+    const std::vector<at::Tensor> s = stage.optimizer().state();
+    for (size_t i = 0; i < s.size(); ++i)
+      if (s[i].defined()) write_tensor(state, std::to_string(i), s[i]);
+  });
+  // Every stage has its file once all reach the barrier; then `latest` may move.
+  MPI_Barrier(comm);
+  if (rank == 0) {
+    write_text_atomically(dir + "/latest", std::to_string(next_step) + "\n");
+    for (const std::string& name : list_directory(dir))
+      if (name.rfind("step-", 0) == 0 && name != "step-" + std::to_string(next_step)) remove_tree(dir + "/" + name);
+  }
+}
+
+int64_t latest_checkpoint(const std::string& dir) {
+  std::ifstream in(dir + "/latest");
+  int64_t step = -1;
+  if (!(in >> step) || step < 0)
+    throw ConfigError("--resume: no complete checkpoint in '" + dir + "' (no readable '" + dir + "/latest')");
+  return step;
+}
+
+void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage, const CheckpointIdentity& id) {
+  const std::string path = stage_file(dir, step, stage.config().stage);
+  quiet_errors();
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw ConfigError("checkpoint file '" + path + "' is missing or unreadable");
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
+  auto mismatch = [&](const std::string& what, const std::string& have, const std::string& want) {
+    return ConfigError("checkpoint '" + path + "' is for " + what + " " + have + ", this run has " + want);
+  };
+  if (!has_attr(file, "format") || read_attr_string(file, "format") != "dawnpiper-checkpoint")
+    throw ConfigError("'" + path + "' is not a DawnPiper checkpoint");
+  if (read_attr_string(file, "preset") != id.preset || read_attr<int64_t>(file, "nodes") != id.nodes)
+    throw mismatch("model", read_attr_string(file, "preset"), id.preset);
+  if (read_attr<int64_t>(file, "stages") != id.stages)
+    throw mismatch("stages", std::to_string(read_attr<int64_t>(file, "stages")), std::to_string(id.stages));
+  if (read_attr<int64_t>(file, "node_begin") != stage.config().begin ||
+      read_attr<int64_t>(file, "node_end") != stage.config().end)
+    throw ConfigError("checkpoint '" + path + "' holds another split of the model (re-use the plan it was trained with: --plan-in)");
+  if (read_attr_string(file, "optimizer") != id.optimizer)
+    throw mismatch("optimizer", read_attr_string(file, "optimizer"), id.optimizer);
+  at::NoGradGuard no_grad;
+  Handle params(H5Gopen2(file, "parameters", H5P_DEFAULT), H5Gclose, "open group parameters");
+  const std::vector<std::string> names = read_strings(params, "names");
+  auto& ps = stage.module().parameters();
+  if (names.size() != ps.size()) throw ConfigError("checkpoint '" + path + "' holds another set of parameters");
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (names[i] != ps[i].name)
+      throw ConfigError("checkpoint '" + path + "' holds " + names[i] + " where this stage has " + ps[i].name);
+    at::Tensor host = at::empty(ps[i].tensor.sizes(), at::kFloat);
+    read_floats(params, std::to_string(i), host.data_ptr<float>(), static_cast<size_t>(host.numel()));
+    ps[i].tensor.copy_(host);
+  }
+  Handle state(H5Gopen2(file, "optimizer_state", H5P_DEFAULT), H5Gclose, "open group optimizer_state");
+  std::vector<at::Tensor> s = stage.optimizer().state();
+  const auto& owners = stage.optimizer().params();
+  for (size_t i = 0; i < s.size(); ++i) {
+    const std::string name = std::to_string(i);
+    if (H5Lexists(state, name.c_str(), H5P_DEFAULT) <= 0) {
+      s[i] = at::Tensor();
+      continue;
+    }
+    const at::Tensor& owner = owners[i % owners.size()];  // state i belongs to parameter i mod count
+    at::Tensor host = at::empty(owner.sizes(), at::kFloat);
+    read_floats(state, name, host.data_ptr<float>(), static_cast<size_t>(host.numel()));
+    s[i] = host.to(owner.device());
+  }
+  stage.optimizer().restore(s, read_attr<int64_t>(file, "optimizer_steps"));
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,52 @@
+#include "runtime/stage_tracer.h"
+
+#include "memory/device_memory.h"
+
+namespace dawnpiper {
+
+StageTracer::StageTracer(int stage, c10::Device device, const Transport& transport, Clock::time_point origin,
+                         bool keep_records)
+    : stage_(stage), device_(device), transport_(transport), origin_(origin), keep_(keep_records) {}
+
+void StageTracer::begin() {
+  DeviceMemory::reset_peak(device_);
+  sent0_ = transport_.bytes_sent();
+  received0_ = transport_.bytes_received();
+  start_s_ = std::chrono::duration<double>(Clock::now() - origin_).count();
+}
+
+void StageTracer::end(const Action& action, int64_t step) {
+  ActionRecord r;
+  r.end_s = std::chrono::duration<double>(Clock::now() - origin_).count();
+  r.start_s = start_s_;
+  r.stage = stage_;
+  r.kind = static_cast<int64_t>(action.kind);
+  r.micro_batch = action.micro_batch;
+  r.step = step;
+  r.bytes_sent = transport_.bytes_sent() - sent0_;
+  r.bytes_received = transport_.bytes_received() - received0_;
+  r.live_bytes = DeviceMemory::live_bytes(device_);
+  r.peak_bytes = DeviceMemory::peak_bytes(device_);
+  peak_ = std::max(peak_, r.peak_bytes);
+  last_end_s_ = r.end_s;
+  if (keep_) records_.push_back(r);
+}
+
+std::vector<ActionRecord> gather_records(const std::vector<ActionRecord>& mine, MPI_Comm comm, int root) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int bytes = static_cast<int>(mine.size() * sizeof(ActionRecord));
+  std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
+  MPI_Gather(&bytes, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm);
+  std::vector<ActionRecord> all;
+  if (rank == root) {
+    int total = 0;
+    for (int r = 0; r < size; ++r) offsets[r] = total, total += counts[r];
+    all.resize(static_cast<size_t>(total) / sizeof(ActionRecord));
+  }
+  MPI_Gatherv(mine.data(), bytes, MPI_BYTE, all.data(), counts.data(), offsets.data(), MPI_BYTE, root, comm);
+  return all;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,53 @@
+#pragma once
+// StageTracer: times every action a stage executes and reads the device memory around it (the
+// counting allocator on CPU, the CUDA caching allocator on GPU), for traces and for the stage's
+// measured peak. Times are seconds since a common origin every rank takes right after a barrier.
+#include <mpi.h>
+
+#include <chrono>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include "runtime/transport.h"
+#include "schedule/action.h"
+#include "trace/trace.h"
+
+namespace dawnpiper {
+
+class StageTracer {
+ public:
+  using Clock = std::chrono::steady_clock;
+  StageTracer(int stage, c10::Device device, const Transport& transport, Clock::time_point origin, bool keep_records);
+
+  // Runs `work` (executing `action` of training step `step`) and records it.
+  template <typename F>
+  void run(const Action& action, int64_t step, F&& work) {
+    begin();
+    work();
+    end(action, step);
+  }
+
+  const std::vector<ActionRecord>& records() const { return records_; }
+  int64_t peak_bytes() const { return peak_; }
+  double last_end_s() const { return last_end_s_; }
+
+ private:
+  void begin();
+  void end(const Action& action, int64_t step);
+
+  int stage_;
+  c10::Device device_;
+  const Transport& transport_;
+  Clock::time_point origin_;
+  bool keep_;
+  std::vector<ActionRecord> records_;
+  int64_t peak_ = 0;
+  double start_s_ = 0, last_end_s_ = 0;
+  int64_t sent0_ = 0, received0_ = 0;
+};
+
+// Every rank's records, in rank order, on `root`; an empty list elsewhere.
+std::vector<ActionRecord> gather_records(const std::vector<ActionRecord>& mine, MPI_Comm comm, int root = 0);
+
+}  // namespace dawnpiper

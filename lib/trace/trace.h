@@ -1,0 +1,71 @@
+#pragma once
+// Run traces: what every stage executed (one record per action, with times, bytes moved and
+// memory) and one record per stage, stored in HDF5 (docs/trace-format.md) and summarized per
+// stage by `dawnpiper inspect`. No LibTorch here: the runtime fills the records.
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "schedule/action.h"
+
+namespace dawnpiper {
+
+// Plain data, so ranks can send records to rank 0 as bytes.
+struct ActionRecord {
+  int64_t stage = 0;
+  int64_t kind = 0;  // ActionKind
+  int64_t micro_batch = -1;
+  int64_t step = 0;
+  double start_s = 0, end_s = 0;  // since the common start
+  int64_t bytes_sent = 0, bytes_received = 0;
+  int64_t live_bytes = 0;  // when the action ended
+  int64_t peak_bytes = 0;  // during the action
+  ActionKind action_kind() const { return static_cast<ActionKind>(kind); }
+};
+
+struct StageRecord {
+  int64_t stage = 0, rank = 0;
+  int64_t node_begin = 0, node_end = 0;
+  int64_t parameters = 0;
+  int64_t predicted_peak_bytes = 0;
+  double predicted_ms_per_micro_batch = 0;
+  int64_t measured_peak_bytes = 0;
+  char host[64] = {};
+};
+
+struct Trace {
+  static constexpr int kSchemaVersion = 1;
+  std::string model, preset, schedule, device, transport, created;
+  int64_t stages = 0, micro_batch_size = 0, micro_batches = 0, first_step = 0, steps = 0;
+  double wall_s = 0;
+  std::vector<ActionRecord> actions;  // by stage, then execution order
+  std::vector<StageRecord> stage_records;
+};
+
+// Atomic (temporary name, then rename). Throws ConfigError when the path is not writable.
+void write_trace(const Trace& trace, const std::string& path);
+// Throws ConfigError for a missing file, a non-trace file or another schema version.
+Trace read_trace(const std::string& path);
+
+// What `inspect` prints per stage.
+struct StageSummary {
+  int64_t stage = 0;
+  double busy_s = 0;         // compute actions: F, B, U, RECOMPUTE, SWAP_*
+  double comm_s = 0;         // sends and receives (receives include waiting for the sender)
+  double idle_fraction = 0;  // 1 - busy / wall (the bubble, plus communication not overlapped)
+  int64_t peak_bytes = 0;
+  int64_t bytes_sent = 0;
+  int64_t forwards = 0, backwards = 0;
+  double mean_forward_ms = 0, mean_backward_ms = 0;
+};
+std::vector<StageSummary> summarize(const Trace& trace);
+// Samples per second over the whole run.
+double throughput(const Trace& trace);
+// The synchronous schedules' bubble bound on a stage's idle fraction: (l - 1) / (m + l - 1).
+double bubble_bound(const Trace& trace);
+void print_summary(const Trace& trace, std::ostream& out);
+
+bool is_compute(ActionKind kind);
+
+}  // namespace dawnpiper

@@ -1,0 +1,44 @@
+#include "util/files.h"
+
+#include <dirent.h>
+#include <ftw.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+void make_directories(const std::string& path) {
+  for (size_t pos = 1; pos <= path.size(); ++pos) {
+    if (pos < path.size() && path[pos] != '/') continue;
+    const std::string prefix = path.substr(0, pos);
+    if (mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST)
+      throw ConfigError("cannot create directory '" + prefix + "': " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw ConfigError("'" + path + "' is not a directory");
+}
+
+std::vector<std::string> list_directory(const std::string& path) {
+  std::vector<std::string> names;
+  DIR* dir = opendir(path.c_str());
+  if (!dir) return names;
+  while (const dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  closedir(dir);
+  return names;
+}
+
+void remove_tree(const std::string& path) {
+  // Depth first, without following symbolic links.
+  nftw(path.c_str(), [](const char* p, const struct stat*, int, FTW*) { std::remove(p); return 0; }, 16,
+       FTW_DEPTH | FTW_PHYS);
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,17 @@
+#pragma once
+// Directory helpers on POSIX calls. Not std::filesystem: libtorch.so exports its own build of
+// some std::filesystem functions, and the dynamic linker may bind ours to them (remove_all
+// crashed that way).
+#include <string>
+#include <vector>
+
+namespace dawnpiper {
+
+// mkdir -p; throws ConfigError naming the path when it cannot.
+void make_directories(const std::string& path);
+// Names of the entries of a directory (not "." and ".."); empty if it cannot be read.
+std::vector<std::string> list_directory(const std::string& path);
+// rm -r; errors are ignored (clean-up of old checkpoints).
+void remove_tree(const std::string& path);
+
+}  // namespace dawnpiper

@@ -1,0 +1,82 @@
+#include "util/progress.h"
+
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdlib>
+#include <string>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+std::string duration_text(double seconds) {
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%" PRId64 ":%02" PRId64 ":%02" PRId64, s / 3600, s / 60 % 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%" PRId64 ":%02" PRId64, s / 60, s % 60);
+  return buf;
+}
+}  // namespace
+
+Progress::Style Progress::style_from_name(const std::string& name) {
+  if (name == "auto") return Style::Auto;
+  if (name == "bar") return Style::Bar;
+  if (name == "lines") return Style::Lines;
+  throw ConfigError("--progress '" + name + "': expected auto, bar or lines");
+}
+
+namespace {
+bool under_mpi_launcher() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK") ||
+         std::getenv("SLURM_STEP_ID");
+}
+}  // namespace
+
+Progress::Progress(int64_t first_step, int64_t steps, double samples_per_step, bool quiet, Style style, std::FILE* out)
+    : first_(first_step),
+      steps_(steps),
+      samples_per_step_(samples_per_step),
+      quiet_(quiet),
+      terminal_(style == Style::Bar || (style == Style::Auto && isatty(fileno(out)) && !under_mpi_launcher())),
+      out_(out),
+      start_(Clock::now()),
+      last_(start_) {}
+
+double Progress::samples_per_second() const {
+  const double s = std::chrono::duration<double>(last_ - start_).count();
+  return s > 0 ? samples_per_step_ * static_cast<double>(done_) / s : 0;
+}
+
+void Progress::step(int64_t step, double loss) {
+  const auto now = Clock::now();
+  const double step_s = std::chrono::duration<double>(now - last_).count();
+  last_ = now;
+  last_loss_ = loss;
+  ++done_;
+  if (quiet_) return;
+  const int64_t total = steps_ - first_;
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double eta = done_ > 0 ? elapsed / static_cast<double>(done_) * static_cast<double>(total - done_) : 0;
+  if (terminal_) {
+    const int width = 24;
+    const int filled = total > 0 ? static_cast<int>(width * done_ / total) : width;
+    std::fprintf(out_, "\r[%s%s] step %" PRId64 "/%" PRId64 "  loss %.6g  %.1f samples/s  ETA %s ",
+                 std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), step + 1, steps_,
+                 loss, samples_per_second(), duration_text(eta).c_str());
+  } else {
+    std::fprintf(out_, "step %" PRId64 " loss %.9g time %.3fs %.1f samples/s eta %s\n", step, loss, step_s,
+                 samples_per_second(), duration_text(eta).c_str());
+  }
+  std::fflush(out_);
+}
+
+void Progress::finish() {
+  if (!quiet_ && terminal_ && done_ > 0) std::fprintf(out_, "\n");
+  std::fflush(out_);
+}
+
+}  // namespace dawnpiper

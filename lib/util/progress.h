@@ -1,0 +1,37 @@
+#pragma once
+// Training progress on rank 0: on a terminal one self-updating bar (step, loss, samples/s,
+// ETA); otherwise (a log file, a batch job) one plain line per step that scripts can grep.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace dawnpiper {
+
+class Progress {
+ public:
+  enum class Style { Auto, Bar, Lines };
+  // "auto" | "bar" | "lines"; throws ConfigError otherwise.
+  static Style style_from_name(const std::string& name);
+  // Steps first_step .. steps - 1 will be reported. Output goes to `out` unless quiet. Auto
+  // draws a bar on a terminal, except under an MPI launcher: mpirun hands every rank a
+  // pseudo-terminal even when its own output goes to a file.
+  Progress(int64_t first_step, int64_t steps, double samples_per_step, bool quiet, Style style = Style::Auto,
+           std::FILE* out = stdout);
+  void step(int64_t step, double loss);
+  // Ends the bar's line (terminal only).
+  void finish();
+  double samples_per_second() const;
+  double last_loss() const { return last_loss_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  int64_t first_, steps_, done_ = 0;
+  double samples_per_step_;
+  bool quiet_, terminal_;
+  std::FILE* out_;
+  Clock::time_point start_, last_;
+  double last_loss_ = 0;
+};
+
+}  // namespace dawnpiper

@@ -1,0 +1,96 @@
+// Traces: HDF5 round trip, refusal of other files, and the per-stage summary inspect prints.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <sstream>
+
+#include "trace/trace.h"
+#include "util/error.h"
+
+using namespace dawnpiper;
+
+namespace {
+ActionRecord record(int stage, ActionKind kind, int64_t mb, double start, double end, int64_t peak) {
+  ActionRecord r;
+  r.stage = stage;
+  r.kind = static_cast<int64_t>(kind);
+  r.micro_batch = mb;
+  r.start_s = start;
+  r.end_s = end;
+  r.peak_bytes = peak;
+  r.live_bytes = peak / 2;
+  if (kind == ActionKind::SendActivation) r.bytes_sent = 1000;
+  if (kind == ActionKind::RecvActivation) r.bytes_received = 1000;
+  return r;
+}
+
+Trace two_stages() {
+  Trace t;
+  t.model = "gpt2";
+  t.preset = "gpt2-tiny";
+  t.schedule = "gpipe";
+  t.device = "cpu";
+  t.transport = "mpi";
+  t.stages = 2;
+  t.micro_batch_size = 4;
+  t.micro_batches = 1;
+  t.steps = 1;
+  t.wall_s = 4.0;
+  t.actions = {record(0, ActionKind::Forward, 0, 0, 1, 100), record(0, ActionKind::SendActivation, 0, 1, 1, 100),
+               record(0, ActionKind::RecvGrad, 0, 1, 3, 100), record(0, ActionKind::Backward, 0, 3, 4, 150),
+               record(1, ActionKind::RecvActivation, 0, 0, 1, 10), record(1, ActionKind::Forward, 0, 1, 2, 60),
+               record(1, ActionKind::Backward, 0, 2, 3, 80), record(1, ActionKind::OptimizerStep, -1, 3, 3.5, 80)};
+  for (int s = 0; s < 2; ++s) {
+    StageRecord r;
+    r.stage = r.rank = s;
+    r.predicted_peak_bytes = 120;
+    r.measured_peak_bytes = s == 0 ? 150 : 80;
+    std::snprintf(r.host, sizeof r.host, "node%d", s);
+    t.stage_records.push_back(r);
+  }
+  return t;
+}
+}  // namespace
+
+TEST_CASE("traces round-trip through HDF5", "[trace]") {
+  const std::string path = "test_trace_roundtrip.h5";
+  const Trace t = two_stages();
+  write_trace(t, path);
+  const Trace u = read_trace(path);
+  std::remove(path.c_str());
+  CHECK(u.preset == t.preset);
+  CHECK(u.schedule == t.schedule);
+  CHECK(u.stages == 2);
+  CHECK(u.wall_s == t.wall_s);
+  REQUIRE(u.actions.size() == t.actions.size());
+  for (size_t i = 0; i < t.actions.size(); ++i) {
+    CHECK(u.actions[i].kind == t.actions[i].kind);
+    CHECK(u.actions[i].micro_batch == t.actions[i].micro_batch);
+    CHECK(u.actions[i].start_s == t.actions[i].start_s);
+    CHECK(u.actions[i].end_s == t.actions[i].end_s);
+    CHECK(u.actions[i].bytes_sent == t.actions[i].bytes_sent);
+    CHECK(u.actions[i].peak_bytes == t.actions[i].peak_bytes);
+  }
+  REQUIRE(u.stage_records.size() == 2);
+  CHECK(std::string(u.stage_records[1].host) == "node1");
+  CHECK(u.stage_records[0].measured_peak_bytes == 150);
+  CHECK_THROWS_AS(read_trace("no-such-trace.h5"), ConfigError);
+}
+
+TEST_CASE("the summary separates compute from communication and waiting", "[trace]") {
+  const Trace t = two_stages();
+  const auto s = summarize(t);
+  REQUIRE(s.size() == 2);
+  CHECK(s[0].busy_s == Approx(2.0));   // F and B
+  CHECK(s[0].comm_s == Approx(2.0));   // the receive waited 2 s
+  CHECK(s[0].idle_fraction == Approx(0.5));
+  CHECK(s[0].peak_bytes == 150);
+  CHECK(s[0].bytes_sent == 1000);
+  CHECK(s[1].busy_s == Approx(2.5));   // F, B and the optimizer step
+  CHECK(s[1].mean_forward_ms == Approx(1000));
+  CHECK(bubble_bound(t) == Approx(0.5));  // (2 - 1) / (1 + 2 - 1)
+  CHECK(throughput(t) == Approx(1.0));    // 4 samples in 4 s
+  std::ostringstream out;
+  print_summary(t, out);
+  CHECK(out.str().find("bubble bound") != std::string::npos);
+}
