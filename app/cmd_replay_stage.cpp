@@ -3,8 +3,6 @@
 // and peak memory against the plan's prediction. Validates a multi-device plan on one device.
 #include <cinttypes>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "app/commands.h"
 #include "cli/options.h"
@@ -15,6 +13,7 @@
 #include "runtime/pipeline_stage.h"
 #include "runtime/stage_tracer.h"
 #include "util/error.h"
+#include "util/files.h"
 #include "util/units.h"
 
 namespace dawnpiper {
@@ -36,12 +35,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
     return 0;
   if (!vm.count("plan") || !vm.count("stage")) throw ConfigError("--plan FILE and --stage X are required");
   if (world.rank != 0) return 0;
-  const std::string path = vm["plan"].as<std::string>();
-  std::ifstream in(path);
-  if (!in) throw ConfigError("cannot read '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  const Plan plan = plan_from_json(text.str());
+  const Plan plan = plan_from_json(read_text_file(vm["plan"].as<std::string>()));
   const int x = vm["stage"].as<int>();
   const int stages = static_cast<int>(plan.stages.size());
   if (x < 0 || x >= stages)

@@ -34,17 +34,9 @@ namespace dawnpiper {
 
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("cannot read '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // Rank 0: the plan (loaded, or made from a loaded or freshly measured profile) as JSON.
 std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int stages, int64_t capacity) {
-  if (vm.count("plan-in")) return read_text(vm["plan-in"].as<std::string>());
+  if (vm.count("plan-in")) return read_text_file(vm["plan-in"].as<std::string>());
   Profile profile;
   if (vm.count("profile-in")) {
     profile = read_profile(vm["profile-in"].as<std::string>());
@@ -185,7 +177,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   // A resumed run keeps the split its checkpoint was written with.
   const std::string saved_plan = vm.count("checkpoint-dir") ? vm["checkpoint-dir"].as<std::string>() + "/plan.json" : "";
   if (world.rank == 0) {
-    if (resume && !vm.count("plan-in") && std::ifstream(saved_plan).good()) plan_json = read_text(saved_plan);
+    if (resume && !vm.count("plan-in") && std::ifstream(saved_plan).good()) plan_json = read_text_file(saved_plan);
     else plan_json = plan_on_rank0(vm, graph, stages, capacity);
     if (checkpoint_every > 0) {
       make_directories(vm["checkpoint-dir"].as<std::string>());

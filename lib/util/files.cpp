@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "util/error.h"
 
@@ -33,6 +35,14 @@ std::vector<std::string> list_directory(const std::string& path) {
   }
   closedir(dir);
   return names;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot read '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 void remove_tree(const std::string& path) {

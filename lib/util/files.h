@@ -11,6 +11,8 @@ namespace dawnpiper {
 void make_directories(const std::string& path);
 // Names of the entries of a directory (not "." and ".."); empty if it cannot be read.
 std::vector<std::string> list_directory(const std::string& path);
+// The whole file; throws ConfigError "cannot read '<path>'" when it cannot.
+std::string read_text_file(const std::string& path);
 // rm -r; errors are ignored (clean-up of old checkpoints).
 void remove_tree(const std::string& path);
 
