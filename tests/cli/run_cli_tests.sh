@@ -142,6 +142,11 @@ expect_fail "async checkpoints" "flush point" train --model gpt2-tiny --schedule
 # Stage replay: one stage of a plan alone, stand-in inputs.
 expect_ok "replay a stage" "peak memory: measured" replay-stage --plan "$work/plan2.json" --stage 1 --steps 2
 expect_fail "replay a missing stage" "the plan has stages 0..1" replay-stage --plan "$work/plan2.json" --stage 2
+# A NaN loss on the last stage ends the job with the step, stage and action named.
+$mpi 2 "$bin" train --model gpt2-tiny --lr 1e9 --steps 6 --quiet >/dev/null 2>"$work/err"
+code=$?
+if [ $code -ne 0 ] && grep -q "error on rank 1: stage 1, action 1F[0-9]*: loss is nan at step [0-9]" "$work/err"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: NaN loss (exit $code)"; cat "$work/err"; fi
 expect_fail "stages vs ranks" "launch with" train --model mlp-tiny --stages 3
 expect_fail "memopt not executed yet" "does not execute swap/recompute" train --model mlp-tiny --stages 2 --in-process --memopt sr
 
