@@ -75,9 +75,9 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   StandInTransport transport;
   PipelineStage stage(graph, stage_config(pc, x), transport);
   StageTracer tracer(x, cpu, transport, StageTracer::Clock::now(), /*keep_records=*/true);
+  int64_t step = 0;  // of the latest action with a micro-batch (an update belongs to it)
   for (const Action& a : stage_actions(pc, x)) {
-    const int64_t step = a.micro_batch >= 0 ? a.micro_batch / pc.micro_batches
-                                            : (tracer.records().empty() ? 0 : tracer.records().back().step);
+    if (a.micro_batch >= 0) step = a.micro_batch / pc.micro_batches;
     tracer.run(a, step, [&] { stage.execute(a); });
   }
   // Steady state: every step after the first.

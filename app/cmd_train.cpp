@@ -9,8 +9,6 @@
 #include <climits>
 #include <cstdio>
 #include <fstream>
-#include <memory>
-#include <sstream>
 
 #include "app/commands.h"
 #include "cli/options.h"

@@ -17,13 +17,6 @@ namespace {
 
 using namespace h5;
 
-template <typename Row, typename F>
-auto column(const std::vector<Row>& rows, F get) {
-  std::vector<decltype(get(rows[0]))> out;
-  for (const Row& r : rows) out.push_back(get(r));
-  return out;
-}
-
 }  // namespace
 
 void write_profile(const Profile& p, const std::string& path) {

@@ -14,12 +14,59 @@ namespace dawnpiper {
 using namespace h5;
 
 namespace {
-template <typename Row, typename F>
-auto column(const std::vector<Row>& rows, F get) {
-  std::vector<decltype(get(rows[0]))> out;
-  for (const Row& r : rows) out.push_back(get(r));
-  return out;
+
+// The numeric columns of each table, by name and member: written and read by the same lists.
+template <typename Row>
+struct Fields {
+  std::vector<std::pair<const char*, int64_t Row::*>> ints;
+  std::vector<std::pair<const char*, double Row::*>> reals;
+};
+
+const Fields<ActionRecord>& action_fields() {
+  static const Fields<ActionRecord> f{{{"stage", &ActionRecord::stage},
+                                       {"micro_batch", &ActionRecord::micro_batch},
+                                       {"step", &ActionRecord::step},
+                                       {"bytes_sent", &ActionRecord::bytes_sent},
+                                       {"bytes_received", &ActionRecord::bytes_received},
+                                       {"live_bytes", &ActionRecord::live_bytes},
+                                       {"peak_bytes", &ActionRecord::peak_bytes}},
+                                      {{"start_s", &ActionRecord::start_s}, {"end_s", &ActionRecord::end_s}}};
+  return f;
 }
+
+const Fields<StageRecord>& stage_fields() {
+  static const Fields<StageRecord> f{{{"stage", &StageRecord::stage},
+                                      {"rank", &StageRecord::rank},
+                                      {"node_begin", &StageRecord::node_begin},
+                                      {"node_end", &StageRecord::node_end},
+                                      {"parameters", &StageRecord::parameters},
+                                      {"predicted_peak_bytes", &StageRecord::predicted_peak_bytes},
+                                      {"measured_peak_bytes", &StageRecord::measured_peak_bytes}},
+                                     {{"predicted_ms_per_micro_batch", &StageRecord::predicted_ms_per_micro_batch}}};
+  return f;
+}
+
+template <typename Row>
+void write_fields(hid_t group, const std::vector<Row>& rows, const Fields<Row>& fields) {
+  for (const auto& [name, member] : fields.ints) write_column(group, name, column(rows, [&](const Row& r) { return r.*member; }));
+  for (const auto& [name, member] : fields.reals) write_column(group, name, column(rows, [&](const Row& r) { return r.*member; }));
+}
+
+// Rows sized by the first column; every other column must have as many values.
+template <typename Row>
+std::vector<Row> read_fields(hid_t group, const Fields<Row>& fields) {
+  std::vector<Row> rows;
+  bool sized = false;
+  auto fill = [&](const char* name, auto values, auto member) {
+    if (!sized) rows.resize(values.size()), sized = true;
+    if (values.size() != rows.size()) throw std::runtime_error(std::string("column ") + name + " has another length");
+    for (size_t i = 0; i < rows.size(); ++i) rows[i].*member = values[i];
+  };
+  for (const auto& [name, member] : fields.ints) fill(name, read_column<int64_t>(group, name), member);
+  for (const auto& [name, member] : fields.reals) fill(name, read_column<double>(group, name), member);
+  return rows;
+}
+
 }  // namespace
 
 bool is_compute(ActionKind kind) {
@@ -54,30 +101,13 @@ void write_trace(const Trace& t, const std::string& path) {
     write_attr<int64_t>(file, "first_step", t.first_step);
     write_attr<int64_t>(file, "steps", t.steps);
     write_attr<double>(file, "wall_s", t.wall_s);
-    const auto& a = t.actions;
     Handle actions(H5Gcreate2(file, "actions", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group");
-    write_column(actions, "stage", column(a, [](const ActionRecord& r) { return r.stage; }));
-    write_strings(actions, "kind", column(a, [](const ActionRecord& r) { return std::string(action_kind_code(r.action_kind())); }));
-    write_column(actions, "micro_batch", column(a, [](const ActionRecord& r) { return r.micro_batch; }));
-    write_column(actions, "step", column(a, [](const ActionRecord& r) { return r.step; }));
-    write_column(actions, "start_s", column(a, [](const ActionRecord& r) { return r.start_s; }));
-    write_column(actions, "end_s", column(a, [](const ActionRecord& r) { return r.end_s; }));
-    write_column(actions, "bytes_sent", column(a, [](const ActionRecord& r) { return r.bytes_sent; }));
-    write_column(actions, "bytes_received", column(a, [](const ActionRecord& r) { return r.bytes_received; }));
-    write_column(actions, "live_bytes", column(a, [](const ActionRecord& r) { return r.live_bytes; }));
-    write_column(actions, "peak_bytes", column(a, [](const ActionRecord& r) { return r.peak_bytes; }));
-    const auto& s = t.stage_records;
+    write_fields(actions, t.actions, action_fields());
+    write_strings(actions, "kind",
+                  column(t.actions, [](const ActionRecord& r) { return std::string(action_kind_code(r.action_kind())); }));
     Handle stages(H5Gcreate2(file, "stages", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group");
-    write_column(stages, "stage", column(s, [](const StageRecord& r) { return r.stage; }));
-    write_column(stages, "rank", column(s, [](const StageRecord& r) { return r.rank; }));
-    write_column(stages, "node_begin", column(s, [](const StageRecord& r) { return r.node_begin; }));
-    write_column(stages, "node_end", column(s, [](const StageRecord& r) { return r.node_end; }));
-    write_column(stages, "parameters", column(s, [](const StageRecord& r) { return r.parameters; }));
-    write_column(stages, "predicted_peak_bytes", column(s, [](const StageRecord& r) { return r.predicted_peak_bytes; }));
-    write_column(stages, "predicted_ms_per_micro_batch",
-                 column(s, [](const StageRecord& r) { return r.predicted_ms_per_micro_batch; }));
-    write_column(stages, "measured_peak_bytes", column(s, [](const StageRecord& r) { return r.measured_peak_bytes; }));
-    write_strings(stages, "host", column(s, [](const StageRecord& r) { return std::string(r.host); }));
+    write_fields(stages, t.stage_records, stage_fields());
+    write_strings(stages, "host", column(t.stage_records, [](const StageRecord& r) { return std::string(r.host); }));
   });
 }
 
@@ -106,53 +136,16 @@ Trace read_trace(const std::string& path) {
     t.steps = read_attr<int64_t>(file, "steps");
     t.wall_s = read_attr<double>(file, "wall_s");
     Handle actions(H5Gopen2(file, "actions", H5P_DEFAULT), H5Gclose, "open group actions");
-    const auto stage = read_column<int64_t>(actions, "stage");
+    t.actions = read_fields(actions, action_fields());
     const auto kind = read_strings(actions, "kind");
-    const auto mb = read_column<int64_t>(actions, "micro_batch");
-    const auto step = read_column<int64_t>(actions, "step");
-    const auto start = read_column<double>(actions, "start_s");
-    const auto end = read_column<double>(actions, "end_s");
-    const auto sent = read_column<int64_t>(actions, "bytes_sent");
-    const auto received = read_column<int64_t>(actions, "bytes_received");
-    const auto live = read_column<int64_t>(actions, "live_bytes");
-    const auto peak = read_column<int64_t>(actions, "peak_bytes");
-    for (size_t i = 0; i < stage.size(); ++i) {
-      ActionRecord r;
-      r.stage = stage[i];
-      r.kind = static_cast<int64_t>(action_kind_from_code(kind[i]));
-      r.micro_batch = mb.at(i);
-      r.step = step.at(i);
-      r.start_s = start.at(i);
-      r.end_s = end.at(i);
-      r.bytes_sent = sent.at(i);
-      r.bytes_received = received.at(i);
-      r.live_bytes = live.at(i);
-      r.peak_bytes = peak.at(i);
-      t.actions.push_back(r);
-    }
+    if (kind.size() != t.actions.size()) throw std::runtime_error("column kind has another length");
+    for (size_t i = 0; i < kind.size(); ++i) t.actions[i].kind = static_cast<int64_t>(action_kind_from_code(kind[i]));
     Handle stages(H5Gopen2(file, "stages", H5P_DEFAULT), H5Gclose, "open group stages");
-    const auto s_stage = read_column<int64_t>(stages, "stage");
-    const auto s_rank = read_column<int64_t>(stages, "rank");
-    const auto s_begin = read_column<int64_t>(stages, "node_begin");
-    const auto s_end = read_column<int64_t>(stages, "node_end");
-    const auto s_params = read_column<int64_t>(stages, "parameters");
-    const auto s_pred = read_column<int64_t>(stages, "predicted_peak_bytes");
-    const auto s_pred_ms = read_column<double>(stages, "predicted_ms_per_micro_batch");
-    const auto s_meas = read_column<int64_t>(stages, "measured_peak_bytes");
-    const auto s_host = read_strings(stages, "host");
-    for (size_t i = 0; i < s_stage.size(); ++i) {
-      StageRecord r;
-      r.stage = s_stage[i];
-      r.rank = s_rank.at(i);
-      r.node_begin = s_begin.at(i);
-      r.node_end = s_end.at(i);
-      r.parameters = s_params.at(i);
-      r.predicted_peak_bytes = s_pred.at(i);
-      r.predicted_ms_per_micro_batch = s_pred_ms.at(i);
-      r.measured_peak_bytes = s_meas.at(i);
-      std::snprintf(r.host, sizeof r.host, "%s", s_host.at(i).c_str());
-      t.stage_records.push_back(r);
-    }
+    t.stage_records = read_fields(stages, stage_fields());
+    const auto host = read_strings(stages, "host");
+    if (host.size() != t.stage_records.size()) throw std::runtime_error("column host has another length");
+    for (size_t i = 0; i < host.size(); ++i)
+      std::snprintf(t.stage_records[i].host, sizeof t.stage_records[i].host, "%s", host[i].c_str());
     return t;
   } catch (const Error&) {
     throw;

@@ -137,6 +137,12 @@ resumed=$($mpi 3 "$bin" train --model gpt2-tiny --steps 5 --schedule gpipe --opt
 if [ -n "$resumed" ] && [ "$resumed" = "$(echo "$full" | tail -2)" ] && [ "$(cat "$work/ck/latest")" = 3 ]; then
   passed=$((passed + 1)); else
   echo "FAIL: resumed losses differ"; echo "$full"; echo "--"; echo "$resumed"; cat "$work/err"; failed=$((failed + 1)); fi
+$mpi 3 "$bin" train --model gpt2-tiny --steps 5 --schedule gpipe --optimizer sgd --checkpoint-dir "$work/ck" --resume \
+  >/dev/null 2>"$work/err"
+code=$?
+if [ $code -ne 0 ] && grep -q "is for optimizer adam, this run has sgd" "$work/err"; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: resume with another optimizer (exit $code)"; cat "$work/err"; fi
+expect_fail "bad progress style" "--progress 'fancy': expected auto, bar or lines" train --model mlp-tiny --progress fancy
 expect_fail "resume without checkpoint" "no complete checkpoint" train --model gpt2-tiny --steps 2 --checkpoint-dir "$work/none" --resume
 expect_fail "async checkpoints" "flush point" train --model gpt2-tiny --schedule async --checkpoint-dir "$work/ck2" --checkpoint-every 1
 # Stage replay: one stage of a plan alone, stand-in inputs.
