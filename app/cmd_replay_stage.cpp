@@ -103,8 +103,8 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   std::printf("time per step (steps %" PRId64 "..%" PRId64 "): %.3f ms\n", from, steps - 1,
               1e3 * step_s / static_cast<double>(steps - from));
   std::printf("peak memory: measured %s, predicted %s (%+.1f%%)\n", format_bytes(double(tracer.peak_bytes())).c_str(),
-              format_bytes(double(sp.memory.total())).c_str(),
-              sp.memory.total() > 0 ? 100 * (double(tracer.peak_bytes()) / double(sp.memory.total()) - 1) : 0.0);
+              format_bytes(double(sp.memory.predicted_peak())).c_str(),
+              sp.memory.predicted_peak() > 0 ? 100 * (double(tracer.peak_bytes()) / double(sp.memory.predicted_peak()) - 1) : 0.0);
   return 0;
 }
 

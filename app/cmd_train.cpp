@@ -14,6 +14,7 @@
 #include "cli/options.h"
 #include "memory/counting_allocator.h"
 #include "memory/device_memory.h"
+#include "plan/memory_optimizer.h"
 #include "plan/planner.h"
 #include "profile/profile_io.h"
 #include "profile/profiler.h"
@@ -77,7 +78,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       ("stages", po::value<int>(), "pipeline stages (default: the number of MPI ranks)")
       ("schedule", po::value<std::string>()->default_value("1f1b"), "gpipe | 1f1b | async (PipeDream, weight stashing)")
       ("planner", po::value<std::string>()->default_value("dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
-      ("memopt", po::value<std::string>()->default_value("none"), "memory optimization: none (the runtime does not execute swap/recompute yet)")
+      ("memopt", po::value<std::string>()->default_value("none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions")
       ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
       ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
       ("plan-out", po::value<std::string>(), "write the plan used to this file")
@@ -104,10 +105,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (!in_process && stages != world.size)
     throw ConfigError("--stages " + std::to_string(stages) + " but " + std::to_string(world.size) +
                       " MPI ranks: launch with `mpirun -np " + std::to_string(stages) + "` (or use --in-process)");
-  if (vm["memopt"].as<std::string>() != "none")
-    throw ConfigError("--memopt " + vm["memopt"].as<std::string>() +
-                      ": the runtime does not execute swap/recompute decisions yet; use --memopt none "
-                      "(`dawnpiper plan` plans with them)");
+  memopt_mode_from_name(vm["memopt"].as<std::string>());  // validates before any work
   const c10::Device device = parse_device(vm["device"].as<std::string>());
   if (device.is_cuda()) throw ConfigError("--device cuda: training runs on the CPU in this build");
   CountingAllocator& counter = CountingAllocator::install();
@@ -141,8 +139,10 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (in_process && (vm.count("trace") || checkpoint_every > 0 || resume))
     throw ConfigError("--trace, --checkpoint-every and --resume apply to MPI runs, not --in-process");
   if (vm.count("trace")) check_writable(vm["trace"].as<std::string>());
-  // The reference trainer serves plain one-stage runs; traces and checkpoints need the runtime.
-  const bool runtime_features = vm.count("trace") || checkpoint_every > 0 || resume;
+  // The reference trainer serves plain one-stage runs; traces, checkpoints and planned memory
+  // optimization need the runtime.
+  const bool runtime_features = vm.count("trace") || checkpoint_every > 0 || resume ||
+                                vm["memopt"].as<std::string>() != "none" || vm.count("plan-in");
   if (stages == 1 && !in_process && !runtime_features) {
     counter.set_capacity(capacity);
     ReferenceTrainer trainer(graph, config);
@@ -190,7 +190,10 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (world.rank == 0 && vm.count("plan-out")) write_text_atomically(vm["plan-out"].as<std::string>(), plan_json);
   PipelineConfig pc;
   pc.schedule = schedule_kind_from_name(vm["schedule"].as<std::string>());
-  for (const StagePlan& s : plan.stages) pc.ranges.push_back({s.begin, s.end});
+  for (const StagePlan& s : plan.stages) {
+    pc.ranges.push_back({s.begin, s.end});
+    pc.decisions.push_back(s.decisions);
+  }
   pc.micro_batches = config.micro_batches;
   pc.steps = config.steps;
   pc.seed = config.seed;
@@ -204,7 +207,12 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
                 schedule_kind_name(pc.schedule));
     for (const StagePlan& s : plan.stages)
       std::printf("  stage %d: nodes [%d, %d), predicted peak %s\n", s.index, s.begin, s.end,
-                  format_bytes(static_cast<double>(s.memory.total())).c_str());
+                  format_bytes(static_cast<double>(s.memory.predicted_peak())).c_str());
+    for (const StagePlan& s : plan.stages)
+      if (capacity > 0 && s.memory.predicted_peak() > capacity)
+        std::printf("  warning: stage %d is predicted to peak at %s, above --device-memory; the planner's search "
+                    "model under-estimated it: expect an out-of-memory error\n",
+                    s.index, format_bytes(static_cast<double>(s.memory.predicted_peak())).c_str());
   }
   counter.reset_peak();
   RunOptions run;
@@ -240,7 +248,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     rec.node_begin = pc.ranges[world.rank].first;
     rec.node_end = pc.ranges[world.rank].second;
     for (const auto& p : mine.parameters) rec.parameters += p.tensor.numel();
-    rec.predicted_peak_bytes = plan.stages[world.rank].memory.total();
+    rec.predicted_peak_bytes = plan.stages[world.rank].memory.predicted_peak();
     rec.predicted_ms_per_micro_batch = plan.stages[world.rank].time_ms();
     rec.measured_peak_bytes = mine.peak_bytes;
     gethostname(rec.host, sizeof rec.host - 1);
@@ -266,7 +274,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     if (!in_process)
       for (int r = 0; r < world.size; ++r)
         std::printf("  stage %d: measured peak %s (predicted %s)\n", r, format_bytes(double(peaks[r])).c_str(),
-                    format_bytes(double(plan.stages[r].memory.total())).c_str());
+                    format_bytes(double(plan.stages[r].memory.predicted_peak())).c_str());
     const double trained = static_cast<double>(config.steps - pc.first_step);
     std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s\n", config.steps,
                 progress.last_loss(), seconds > 0 ? samples_per_step * trained / seconds : 0.0);

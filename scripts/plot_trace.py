@@ -49,8 +49,8 @@ def load(path):
         if fmt != "dawnpiper-trace":
             raise ValueError(f"'{path}' is not a DawnPiper trace (format attribute {fmt!r})")
         version = f.attrs.get("schema_version")
-        if version is None or version != 1:
-            raise ValueError(f"'{path}' has trace schema version {version}; this script reads version 1")
+        if version is None or version not in (1, 2):
+            raise ValueError(f"'{path}' has trace schema version {version}; this script reads versions 1 and 2")
         meta = {k: (text(v) if isinstance(v, (str, bytes, np.bytes_)) else v.item() if hasattr(v, "item") else v)
                 for k, v in f.attrs.items()}
         try:

@@ -142,13 +142,15 @@ at::Tensor StageModule::relative_buckets(const Node& node, int64_t sq, int64_t s
 }
 
 void StageModule::forward(TensorEnv& env, const RunContext& ctx,
-                          const std::function<void(int node)>& before_node) const {
+                          const std::function<void(int node)>& before_node,
+                          const std::function<void(int node, TensorEnv& env)>& after_node) const {
   for (int t : external_inputs_)
     if (!env.at(t).defined())
       throw std::logic_error("stage input " + graph_->tensor(t).name + " was not provided");
   for (int n = begin_; n < end_; ++n) {
     if (before_node) before_node(n);
     run_node(n, env, ctx);
+    if (after_node) after_node(n, env);
     for (int t : release_after_[n - begin_]) env[t] = at::Tensor();
   }
 }

@@ -58,9 +58,11 @@ class StageModule {
   // Runs the range's nodes. Intermediate tensors are dropped from `env` after their last use in
   // the range (autograd keeps what backward needs), so memory behaves like an ordinary module.
   // Input nodes in the range read their tensor from env (the data loader put it there).
-  // before_node, when set, runs before each node (the profiler's in-step timing).
+  // before_node, when set, runs before each node (the profiler's in-step timing, the evictor's
+  // bookkeeping); after_node right after it, while env still holds what the node read.
   void forward(TensorEnv& env, const RunContext& ctx,
-               const std::function<void(int node)>& before_node = {}) const;
+               const std::function<void(int node)>& before_node = {},
+               const std::function<void(int node, TensorEnv& env)>& after_node = {}) const;
 
   // Runs one node: reads its inputs from env and stores its output there.
   void run_node(int node, TensorEnv& env, const RunContext& ctx) const;

@@ -27,9 +27,10 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
   optimizer_multiplier_ = Profile::optimizer_state_multiplier(options.optimizer);
   host_bw_ = options.host_bandwidth;
   link_bw_ = options.link_bandwidth;
-  Schedule schedule = make_schedule(
+  optimizer_ = options.optimizer;
+  schedule_actions_ = make_schedule(
       schedule_, stages_, simulated_micro_batches(schedule_, stages_, options.micro_batches));
-  stats_ = simulate_stages(schedule);
+  stats_ = simulate_stages(schedule_actions_);
 
   const int n = n_;
   const int t_count = static_cast<int>(profile.tensors.size());
@@ -187,7 +188,9 @@ bool CostModel::is_data(int tensor) const {
 }
 
 bool CostModel::evictable(int tensor) const {
-  return !profile_->tensors[static_cast<size_t>(tensor)].internal;
+  // Internal buffers are autograd's own; a view of a parameter shares the parameter's storage.
+  const TensorProfile& t = profile_->tensors[static_cast<size_t>(tensor)];
+  return !t.internal && !t.param_view;
 }
 
 int64_t CostModel::tensor_bytes(int tensor) const {

@@ -39,6 +39,10 @@ class CostModel {
   ScheduleKind schedule() const { return schedule_; }
   const StageStats& stage_stats(int x) const { return stats_[static_cast<size_t>(x)]; }
   int in_flight(int x) const { return stage_stats(x).max_in_flight; }
+  // Stage x's simulated action list (the runtime's, for simulated_micro_batches()).
+  const std::vector<Action>& actions(int x) const { return schedule_actions_.actions[static_cast<size_t>(x)]; }
+  const std::string& optimizer() const { return optimizer_; }
+  int optimizer_multiplier() const { return optimizer_multiplier_; }
   int weight_versions(int x) const { return stage_stats(x).max_weight_versions; }
 
   // --- time (ms, per micro-batch) ---
@@ -93,6 +97,8 @@ class CostModel {
   int stages_ = 0;
   ScheduleKind schedule_ = ScheduleKind::Async;
   std::vector<StageStats> stats_;
+  Schedule schedule_actions_;
+  std::string optimizer_;
   int optimizer_multiplier_ = 1;
   double host_bw_ = 0, link_bw_ = 0;
 

@@ -368,7 +368,9 @@ StageMemopt MemoryOptimizer::optimize(int b, int e, int x, bool with_decisions) 
       TensorAction action = state == kSwap        ? TensorAction::Swap
                             : state == kRecompute ? TensorAction::Recompute
                                                   : TensorAction::Keep;
-      out.decisions.push_back({t, model_.tensor_bytes(t), action});
+      const std::vector<int>& savers = model_.saved_by(t);
+      const int restore_before = *(std::lower_bound(savers.begin(), savers.end(), e) - 1);
+      out.decisions.push_back({t, model_.tensor_bytes(t), action, restore_before});
     }
   }
   return out;

@@ -51,6 +51,7 @@ Json memory_json(const MemoryBreakdown& m) {
   j["in_flight"] = m.in_flight;
   j["activations"] = m.activations;
   j["transient"] = m.transient;
+  j["replayed_peak"] = m.replayed_peak;
   j["peak"] = m.total();
   return j;
 }
@@ -66,6 +67,7 @@ MemoryBreakdown memory_from_json(const Json& j) {
   m.in_flight = static_cast<int>(j.at("in_flight").as_int());
   m.activations = j.at("activations").as_int();
   m.transient = j.at("transient").as_int();
+  if (j.contains("replayed_peak")) m.replayed_peak = j.at("replayed_peak").as_int();
   if (j.contains("peak") && j.at("peak").as_int() != m.total())
     throw ConfigError("plan: a stage's memory peak does not match its breakdown");
   return m;
@@ -106,6 +108,7 @@ std::string Plan::to_json(int indent) const {
     st["time_ms"] = s.time_ms();
     st["memory"] = memory_json(s.memory);
     st["peak_without_memopt"] = s.peak_without_memopt;
+    st["replayed_peak_without_memopt"] = s.replayed_peak_without_memopt;
     Json crossing = Json::array();
     for (const TensorBytes& c : s.crossing) {
       Json t = Json::object();
@@ -121,6 +124,7 @@ std::string Plan::to_json(int indent) const {
       t["tensor"] = d.tensor;
       t["bytes"] = d.bytes;
       t["action"] = tensor_action_name(d.action);
+      if (d.restore_before >= 0) t["restore_before"] = d.restore_before;
       decisions.push_back(t);
     }
     st["decisions"] = decisions;
@@ -163,12 +167,15 @@ Plan plan_from_json(const std::string& text) {
     s.memopt_ms = st.at("memopt_ms").as_double();
     s.memory = memory_from_json(st.at("memory"));
     s.peak_without_memopt = st.at("peak_without_memopt").as_int();
+    if (st.contains("replayed_peak_without_memopt"))
+      s.replayed_peak_without_memopt = st.at("replayed_peak_without_memopt").as_int();
     for (const Json& c : st.at("crossing").items())
       s.crossing.push_back({static_cast<int>(c.at("tensor").as_int()), c.at("bytes").as_int()});
     s.crossing_bytes = st.at("crossing_bytes").as_int();
     for (const Json& d : st.at("decisions").items())
       s.decisions.push_back({static_cast<int>(d.at("tensor").as_int()), d.at("bytes").as_int(),
-                             tensor_action_from_name(d.at("action").as_string())});
+                             tensor_action_from_name(d.at("action").as_string()),
+                             d.contains("restore_before") ? static_cast<int>(d.at("restore_before").as_int()) : -1});
     p.stages.push_back(std::move(s));
   }
   // The runtime relies on these: contiguous stages covering every node, in order.
@@ -215,7 +222,7 @@ void Plan::print_table(std::ostream& out) const {
     std::snprintf(
         line, sizeof line, "%5d %13s %8.2fms %8.2fms %8.2fms %11s %11s %11s %11s %4d %4d %11s %7s\n",
         s.index, range, s.compute_ms, s.memopt_ms, s.time_ms(),
-        format_bytes(static_cast<double>(m.total())).c_str(),
+        format_bytes(static_cast<double>(m.predicted_peak())).c_str(),
         format_bytes(static_cast<double>(m.weights + m.stashed_weights)).c_str(),
         format_bytes(static_cast<double>(m.gradients + m.optimizer)).c_str(),
         format_bytes(static_cast<double>(m.activation_per_micro_batch)).c_str(), m.in_flight,

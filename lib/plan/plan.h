@@ -31,6 +31,9 @@ struct TensorDecision {
   int tensor = -1;
   int64_t bytes = 0;  // per micro-batch
   TensorAction action = TensorAction::Keep;
+  // The stage's node whose backward reads the tensor first (backward runs in reverse: the last
+  // saver in the stage); the runtime brings an evicted tensor back before it. -1: unknown.
+  int restore_before = -1;
 };
 
 struct TensorBytes {
@@ -51,6 +54,13 @@ struct MemoryBreakdown {
   int in_flight = 0;            // micro-batches alive at once, from simulation
   int64_t activations = 0;      // in_flight * activation_per_micro_batch
   int64_t transient = 0;
+  // The prediction the runtime is measured against: the stage's action list replayed
+  // allocation by allocation with its decisions (plan/stage_memory.h). It adds what the terms
+  // above leave out (gradients in flight, received and sent activations no node saves, data,
+  // tied-weight copies, send buffers, restores) and times their overlap. 0: not computed.
+  int64_t replayed_peak = 0;
+  // What the stage needs: the replay when there is one, else the terms' sum.
+  int64_t predicted_peak() const { return replayed_peak > 0 ? replayed_peak : total(); }
   int64_t total() const {
     return weights + stashed_weights + gradients + optimizer + activations + transient;
   }
@@ -63,7 +73,8 @@ struct StagePlan {
   double memopt_ms = 0;        // swap stalls + recomputation, per micro-batch
   double time_ms() const { return compute_ms + memopt_ms; }
   MemoryBreakdown memory;      // after memory optimization
-  int64_t peak_without_memopt = 0;
+  int64_t peak_without_memopt = 0;           // the formula's, as the search sees it
+  int64_t replayed_peak_without_memopt = 0;  // the replay's, keeping every tensor (0: unknown)
   std::vector<TensorBytes> crossing;  // tensors sent towards later stages at `end`
   int64_t crossing_bytes = 0;
   std::vector<TensorDecision> decisions;  // every saved tensor of the stage

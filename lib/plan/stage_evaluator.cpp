@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "plan/stage_memory.h"
+
 namespace dawnpiper {
 
 StageEvaluator::StageEvaluator(const CostModel& model, MemoptMode mode, int64_t capacity,
@@ -40,7 +42,9 @@ StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
   s.compute_ms = model_.compute_ms(b, e);
   s.memopt_ms = m.overhead_ms;
   s.memory = model_.memory(b, e, x, m.activation_per_micro_batch);
+  s.memory.replayed_peak = replay_stage_memory(model_, b, e, x, m.decisions).peak;
   s.peak_without_memopt = m.peak_before;
+  s.replayed_peak_without_memopt = replay_stage_memory(model_, b, e, x, {}).peak;
   if (e < model_.size()) {
     s.crossing = model_.crossing(e);
     s.crossing_bytes = model_.crossing_bytes(e);

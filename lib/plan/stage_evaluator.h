@@ -2,6 +2,9 @@
 // StageEvaluator: the search's view of a stage, (nodes [b, e), stage x) -> feasible?, time with
 // memory optimization. Results are cached because the partition searches ask for the same
 // ranges many times. One evaluator per planning run (it owns the memory optimizer's scratch).
+// Memory: the search and the memory optimizer use the cost model's fast formula (the partition
+// theorem's model); a stage's final plan also carries the replayed prediction
+// (plan/stage_memory.h), which the runtime is measured against.
 #include <cstdint>
 #include <limits>
 #include <unordered_map>

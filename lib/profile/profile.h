@@ -55,6 +55,11 @@ struct NodeProfile {
   // Bytes of parameter gradients first created by this node's backward: its own parameters,
   // except that a tied parameter's gradient appears at its last user in execution order.
   int64_t param_grad_bytes = 0;
+  // A parameter this node reads that node `tied_owner` owns (weight tying, e.g. GPT-2's output
+  // projection reading the token embedding): a stage holding this node but not the owner holds a
+  // copy of `tied_bytes`. -1 / 0 when the node reads no other node's parameter.
+  int tied_owner = -1;
+  int64_t tied_bytes = 0;
   LinearFit fwd_workspace_fit, bwd_workspace_fit;
   // Transient bytes: the peak during the node's forward (backward) minus what is still
   // allocated after it (forward: output and internal buffers; backward: the gradients of its

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <stdexcept>
 
 namespace dawnpiper {
 
@@ -37,6 +38,13 @@ NodeProfile node_row(const OpGraph& g, int node, const std::vector<int>& depths)
   np.block = n.block;
   np.depth = depths.at(node);
   np.param_bytes = g.parameter_bytes(n.id);
+  for (const ParamSpec& ps : n.params)
+    if (ps.tied()) {
+      if (np.tied_owner >= 0 && np.tied_owner != ps.tied_node)
+        throw std::logic_error("node " + n.name + " ties parameters of two nodes; the profile records one");
+      np.tied_owner = ps.tied_node;
+      np.tied_bytes += numel(g.nodes[ps.tied_node].params[ps.tied_param].shape) * 4;
+    }
   np.outputs = n.outputs;
   return np;
 }

@@ -57,6 +57,8 @@ void write_profile(const Profile& p, const std::string& path) {
     write_column<double>(nodes, "bwd_ms_per_sample", column(N, [](const NodeProfile& n) { return n.bwd_ms_fit.per_sample; }));
     write_column<int64_t>(nodes, "param_bytes", column(N, [](const NodeProfile& n) { return n.param_bytes; }));
     write_column<int64_t>(nodes, "param_grad_bytes", column(N, [](const NodeProfile& n) { return n.param_grad_bytes; }));
+    write_column<int64_t>(nodes, "tied_owner", column(N, [](const NodeProfile& n) { return int64_t{n.tied_owner}; }));
+    write_column<int64_t>(nodes, "tied_bytes", column(N, [](const NodeProfile& n) { return n.tied_bytes; }));
     write_column<int64_t>(nodes, "fwd_workspace", column(N, [](const NodeProfile& n) { return n.fwd_workspace; }));
     write_column<int64_t>(nodes, "bwd_workspace", column(N, [](const NodeProfile& n) { return n.bwd_workspace; }));
     write_column<double>(nodes, "fwd_workspace_base", column(N, [](const NodeProfile& n) { return n.fwd_workspace_fit.base; }));
@@ -121,6 +123,10 @@ Profile read_profile(const std::string& path) {
          bs = d("bwd_ms_per_sample"), fwb = d("fwd_workspace_base"), fws = d("fwd_workspace_per_sample"),
          bwb = d("bwd_workspace_base"), bws = d("bwd_workspace_per_sample");
     auto pb = i("param_bytes"), pgb = i("param_grad_bytes"), fw = i("fwd_workspace"), bw = i("bwd_workspace");
+    // Added within schema 2: profiles written before have no ties recorded.
+    const bool ties = H5Lexists(nodes, "tied_owner", H5P_DEFAULT) > 0;
+    std::vector<int64_t> to = ties ? i("tied_owner") : std::vector<int64_t>(name.size(), -1),
+                         tb = ties ? i("tied_bytes") : std::vector<int64_t>(name.size(), 0);
     for (size_t k = 0; k < name.size(); ++k) {
       NodeProfile n;
       n.id = static_cast<int>(k);
@@ -134,6 +140,8 @@ Profile read_profile(const std::string& path) {
       n.bwd_ms_fit = {bb[k], bs[k]};
       n.param_bytes = pb[k];
       n.param_grad_bytes = pgb[k];
+      n.tied_owner = static_cast<int>(to[k]);
+      n.tied_bytes = tb[k];
       n.fwd_workspace = fw[k];
       n.bwd_workspace = bw[k];
       n.fwd_workspace_fit = {fwb[k], fws[k]};

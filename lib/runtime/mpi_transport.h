@@ -1,7 +1,8 @@
 #pragma once
 // MPI point-to-point transport for CPU tensors: stage x is rank x of the communicator. Sends are
-// MPI_Isend (non-blocking, as the schedules assume); receives are blocking MPI_Recv into freshly
-// allocated tensors. The tag encodes the message kind and the micro-batch.
+// MPI_Isend (non-blocking, as the schedules assume), one per tensor, from the tensor's own
+// storage (no packing copy); receives are blocking MPI_Recv straight into freshly allocated
+// tensors. The tag encodes the message kind and the micro-batch.
 #include <mpi.h>
 
 #include <deque>

@@ -53,6 +53,7 @@ StageConfig stage_config(const PipelineConfig& c, int stage) {
   s.micro_batches = c.micro_batches;
   s.seed = c.seed;
   s.optimizer = c.optimizer;
+  if (static_cast<size_t>(stage) < c.decisions.size()) s.decisions = c.decisions[static_cast<size_t>(stage)];
   return s;
 }
 
@@ -197,6 +198,11 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
     };
     MPI_Barrier(comm);  // the common origin of every rank's trace times
     StageTracer tracer(rank, stage.module().device(), transport, StageTracer::Clock::now(), options.trace);
+    if (stage.evictor())
+      stage.evictor()->set_listener([&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes,
+                                              StageTracer::Clock::time_point start, StageTracer::Clock::time_point end) {
+        tracer.record_nested(kind, mb, tensor, bytes, start, end);
+      });
     int64_t step = c.first_step;  // of the latest action with a micro-batch (an update belongs to it)
     for (const Action& a : stage_actions(c, rank)) {
       if (a.micro_batch >= 0) step = a.micro_batch / c.micro_batches;

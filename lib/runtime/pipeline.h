@@ -27,6 +27,7 @@ struct PipelineConfig {
   int64_t first_step = 0;                   // > 0 when resuming from a checkpoint
   uint64_t seed = 42;
   OptimizerConfig optimizer;
+  std::vector<std::vector<TensorDecision>> decisions;  // per stage (the plan's); empty: keep all
 };
 
 // The configuration of one stage of `config`.

@@ -36,6 +36,8 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
   }
   for (auto& p : module_.parameters()) masters_.push_back(p.tensor);
   optimizer_ = make_optimizer(config.optimizer, masters_);
+  auto evictor = std::make_unique<Evictor>(module_, config.decisions);
+  if (evictor->active()) evictor_ = std::move(evictor);
 }
 
 int PipelineStage::weight_versions() const {
@@ -68,9 +70,13 @@ void PipelineStage::run(const Action& a) {
       break;
     }
     case ActionKind::SendActivation: {
+      // Copies when the evictor empties sent storages next: the transport may still read them.
+      const bool copy = evictor_ && evictor_->evicts_after_send();
       std::vector<at::Tensor> out;
-      for (const at::Tensor& t : in_flight_.at(a.micro_batch).outputs) out.push_back(t.detach());
+      for (const at::Tensor& t : in_flight_.at(a.micro_batch).outputs)
+        out.push_back(copy ? t.detach().clone() : t.detach());
       transport_.send(config_.stage + 1, MessageKind::Activation, a.micro_batch, std::move(out));
+      if (evictor_) evictor_->after_send(a.micro_batch);
       break;
     }
     case ActionKind::SendGrad: {
@@ -117,7 +123,14 @@ void PipelineStage::forward(int64_t mb) {
     ++stash_users_[version_];
     for (size_t i = 0; i < tensors.size(); ++i) module_.parameters()[i].tensor = tensors[i];
   }
-  module_.forward(env, RunContext{step_of(mb), mb});
+  const RunContext ctx{step_of(mb), mb};
+  if (evictor_) {
+    evictor_->begin_forward(mb, ctx, env);
+    module_.forward(env, ctx, [&](int n) { evictor_->before_node(mb, n); },
+                    [&](int n, TensorEnv& e) { evictor_->after_node(mb, n, e); });
+  } else {
+    module_.forward(env, ctx);
+  }
   for (int t : send_ids_) f.outputs.push_back(env[t]);
   if (is_last()) {
     f.loss = env[graph_.nodes[graph_.loss_node()].outputs[0]];
@@ -132,11 +145,18 @@ void PipelineStage::forward(int64_t mb) {
 
 void PipelineStage::backward(int64_t mb) {
   InFlight& f = in_flight_.at(mb);
+  if (evictor_ && config_.schedule == ScheduleKind::Async) {
+    // Recomputation must see the weights this micro-batch's forward used.
+    auto& tensors = stash_.at(f.version);
+    for (size_t i = 0; i < tensors.size(); ++i) module_.parameters()[i].tensor = tensors[i];
+  }
   if (is_last()) {
     // Synchronous schedules accumulate the mean over the step's micro-batches, as the
     // reference trainer does; PipeDream's asynchronous updates use each micro-batch's loss.
     const double scale = config_.schedule == ScheduleKind::Async ? 1.0 : 1.0 / config_.micro_batches;
-    (f.loss * scale).backward();
+    at::Tensor scaled = f.loss * scale;
+    if (evictor_) evictor_->before_backward(mb, {scaled});
+    scaled.backward();
     f.loss = at::Tensor();
   } else {
     const size_t n = send_ids_.size();
@@ -145,8 +165,10 @@ void PipelineStage::backward(int64_t mb) {
     std::vector<at::Tensor> with_grad, their_grads;
     for (size_t i = 0; i < n; ++i)
       if (outs[i].requires_grad()) with_grad.push_back(outs[i]), their_grads.push_back(grads[i]);
+    if (evictor_) evictor_->before_backward(mb, with_grad);
     if (!with_grad.empty()) torch::autograd::backward(with_grad, their_grads);
   }
+  if (evictor_) evictor_->after_backward(mb);
   f.outputs.clear();
   if (config_.schedule == ScheduleKind::Async) {
     // Move the stashed version's gradients to the masters for the update that follows.
@@ -155,6 +177,8 @@ void PipelineStage::backward(int64_t mb) {
       if (tensors[i].grad().defined()) masters_[i].mutable_grad() = tensors[i].grad();
       tensors[i].mutable_grad() = at::Tensor();
     }
+    // The module shows the current weights again (and keeps no stashed version alive).
+    for (size_t i = 0; i < masters_.size(); ++i) module_.parameters()[i].tensor = masters_[i];
     if (--stash_users_[f.version] == 0) {
       stash_.erase(f.version);
       stash_users_.erase(f.version);

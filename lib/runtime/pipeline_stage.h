@@ -11,6 +11,8 @@
 
 #include "data/synthetic.h"
 #include "exec/stage_module.h"
+#include "plan/plan.h"
+#include "runtime/evictor.h"
 #include "runtime/transport.h"
 #include "schedule/action.h"
 #include "schedule/schedule.h"
@@ -25,6 +27,9 @@ struct StageConfig {
   int64_t micro_batches = 1;     // per step (sync) / per reported step (async)
   uint64_t seed = 42;
   OptimizerConfig optimizer;
+  // The plan's per-tensor decisions for this stage; swap and recompute entries are carried out
+  // by an Evictor (keep entries change nothing).
+  std::vector<TensorDecision> decisions;
 };
 
 // Sums gradients of parameters that several stages hold copies of (weights tied across the
@@ -45,6 +50,8 @@ class PipelineStage {
 
   StageModule& module() { return module_; }
   Optimizer& optimizer() { return *optimizer_; }
+  // Null when the plan evicts nothing on this stage.
+  Evictor* evictor() { return evictor_.get(); }
   const StageConfig& config() const { return config_; }
   bool is_last() const { return config_.stage == config_.stages - 1; }
   int live_micro_batches() const { return static_cast<int>(in_flight_.size()); }
@@ -71,6 +78,7 @@ class PipelineStage {
   StageModule module_;
   SyntheticData data_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Evictor> evictor_;
   std::vector<int> recv_ids_, send_ids_, data_ids_;
   std::vector<const TensorInfo*> recv_specs_, grad_specs_;
   std::vector<bool> recv_requires_grad_;

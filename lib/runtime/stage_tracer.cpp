@@ -8,7 +8,8 @@ StageTracer::StageTracer(int stage, c10::Device device, const Transport& transpo
                          bool keep_records)
     : stage_(stage), device_(device), transport_(transport), origin_(origin), keep_(keep_records) {}
 
-void StageTracer::begin() {
+void StageTracer::begin(int64_t step) {
+  step_ = step;
   DeviceMemory::reset_peak(device_);
   sent0_ = transport_.bytes_sent();
   received0_ = transport_.bytes_received();
@@ -30,6 +31,22 @@ void StageTracer::end(const Action& action, int64_t step) {
   peak_ = std::max(peak_, r.peak_bytes);
   last_end_s_ = r.end_s;
   if (keep_) records_.push_back(r);
+}
+
+void StageTracer::record_nested(ActionKind kind, int64_t micro_batch, int tensor, int64_t bytes,
+                                Clock::time_point start, Clock::time_point end) {
+  if (!keep_) return;
+  ActionRecord r;
+  r.stage = stage_;
+  r.kind = static_cast<int64_t>(kind);
+  r.micro_batch = micro_batch;
+  r.step = step_;
+  r.start_s = std::chrono::duration<double>(start - origin_).count();
+  r.end_s = std::chrono::duration<double>(end - origin_).count();
+  r.live_bytes = DeviceMemory::live_bytes(device_);
+  r.tensor = tensor;
+  r.memopt_bytes = bytes;
+  records_.push_back(r);
 }
 
 std::vector<ActionRecord> gather_records(const std::vector<ActionRecord>& mine, MPI_Comm comm, int root) {

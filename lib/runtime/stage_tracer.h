@@ -23,17 +23,21 @@ class StageTracer {
   // Runs `work` (executing `action` of training step `step`) and records it.
   template <typename F>
   void run(const Action& action, int64_t step, F&& work) {
-    begin();
+    begin(step);
     work();
     end(action, step);
   }
+
+  // An evictor record inside the action now running (Evictor::Listener's arguments).
+  void record_nested(ActionKind kind, int64_t micro_batch, int tensor, int64_t bytes, Clock::time_point start,
+                     Clock::time_point end);
 
   const std::vector<ActionRecord>& records() const { return records_; }
   int64_t peak_bytes() const { return peak_; }
   double last_end_s() const { return last_end_s_; }
 
  private:
-  void begin();
+  void begin(int64_t step);
   void end(const Action& action, int64_t step);
 
   int stage_;
@@ -44,6 +48,7 @@ class StageTracer {
   std::vector<ActionRecord> records_;
   int64_t peak_ = 0;
   double start_s_ = 0, last_end_s_ = 0;
+  int64_t step_ = 0;
   int64_t sent0_ = 0, received0_ = 0;
 };
 

@@ -12,12 +12,6 @@ namespace dawnpiper {
 namespace {
 at::ScalarType scalar_type(DType d) { return d == DType::I64 ? at::kLong : at::kFloat; }
 
-// All tensors of a message packed into one contiguous byte buffer (one MPI message).
-at::Tensor pack(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> flat;
-  for (const at::Tensor& t : tensors) flat.push_back(t.contiguous().view({-1}).view(at::kByte));
-  return flat.size() == 1 ? flat[0] : at::cat(flat);
-}
 }  // namespace
 
 void LocalTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) {
@@ -83,35 +77,33 @@ int MpiTransport::tag(MessageKind kind, int64_t micro_batch) const {
 
 void MpiTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) {
   reap();
-  at::Tensor buffer = pack(tensors);
-  Pending p{MPI_REQUEST_NULL, buffer};
-  MPI_Isend(buffer.data_ptr(), static_cast<int>(buffer.numel()), MPI_BYTE, to_stage, tag(kind, micro_batch),
-            comm_, &p.request);
-  bytes_sent_ += buffer.numel();
-  pending_.push_back(std::move(p));
+  // One message per tensor, straight from its storage (no packed copy): MPI keeps messages with
+  // the same source, tag and communicator in order, and the tensor stays referenced until done.
+  for (const at::Tensor& t : tensors) {
+    Pending p{MPI_REQUEST_NULL, t.contiguous()};
+    const int64_t n = p.buffer.numel() * p.buffer.element_size();
+    MPI_Isend(p.buffer.data_ptr(), static_cast<int>(n), MPI_BYTE, to_stage, tag(kind, micro_batch), comm_, &p.request);
+    bytes_sent_ += n;
+    pending_.push_back(std::move(p));
+  }
 }
 
 std::vector<at::Tensor> MpiTransport::recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                            const std::vector<const TensorInfo*>& specs) {
   reap();
-  int64_t total = 0;
-  for (const TensorInfo* s : specs) total += s->bytes();
-  at::Tensor buffer = at::empty({total}, at::kByte);
-  MPI_Status status;
-  MPI_Recv(buffer.data_ptr(), static_cast<int>(total), MPI_BYTE, from_stage, tag(kind, micro_batch), comm_, &status);
-  int count = 0;
-  MPI_Get_count(&status, MPI_BYTE, &count);
-  if (count != total)
-    throw std::logic_error("stage message of " + std::to_string(count) + " bytes, expected " + std::to_string(total));
   std::vector<at::Tensor> out;
-  int64_t offset = 0;
   for (const TensorInfo* s : specs) {
+    at::Tensor t = at::empty(s->shape, at::TensorOptions(scalar_type(s->dtype)));
     const int64_t n = s->bytes();
-    // A copy per tensor, so each owns its storage (and is freed on its own).
-    out.push_back(buffer.narrow(0, offset, n).view(scalar_type(s->dtype)).view(s->shape).clone());
-    offset += n;
+    MPI_Status status;
+    MPI_Recv(t.data_ptr(), static_cast<int>(n), MPI_BYTE, from_stage, tag(kind, micro_batch), comm_, &status);
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    if (count != n)
+      throw std::logic_error("stage message of " + std::to_string(count) + " bytes, expected " + std::to_string(n));
+    bytes_received_ += n;
+    out.push_back(std::move(t));
   }
-  bytes_received_ += total;
   return out;
 }
 

@@ -29,7 +29,9 @@ const Fields<ActionRecord>& action_fields() {
                                        {"bytes_sent", &ActionRecord::bytes_sent},
                                        {"bytes_received", &ActionRecord::bytes_received},
                                        {"live_bytes", &ActionRecord::live_bytes},
-                                       {"peak_bytes", &ActionRecord::peak_bytes}},
+                                       {"peak_bytes", &ActionRecord::peak_bytes},
+                                       {"tensor", &ActionRecord::tensor},
+                                       {"memopt_bytes", &ActionRecord::memopt_bytes}},
                                       {{"start_s", &ActionRecord::start_s}, {"end_s", &ActionRecord::end_s}}};
   return f;
 }
@@ -68,6 +70,10 @@ std::vector<Row> read_fields(hid_t group, const Fields<Row>& fields) {
 }
 
 }  // namespace
+
+bool is_evictor(ActionKind kind) {
+  return kind == ActionKind::SwapOut || kind == ActionKind::SwapIn || kind == ActionKind::Recompute;
+}
 
 bool is_compute(ActionKind kind) {
   switch (kind) {
@@ -161,6 +167,12 @@ std::vector<StageSummary> summarize(const Trace& t) {
     if (r.stage < 0 || r.stage >= t.stages) continue;
     StageSummary& s = out[r.stage];
     const double d = r.end_s - r.start_s;
+    if (is_evictor(r.action_kind())) {
+      s.memopt_s += d;
+      if (r.action_kind() == ActionKind::SwapOut) s.swapped_bytes += r.memopt_bytes;
+      if (r.action_kind() == ActionKind::Recompute) s.recomputed_bytes += r.memopt_bytes;
+      continue;
+    }
     (is_compute(r.action_kind()) ? s.busy_s : s.comm_s) += d;
     s.peak_bytes = std::max(s.peak_bytes, r.peak_bytes);
     s.bytes_sent += r.bytes_sent;
@@ -207,6 +219,13 @@ void print_summary(const Trace& t, std::ostream& out) {
                   100 * (1 - s.idle_fraction), s.mean_forward_ms, s.mean_backward_ms,
                   format_bytes(static_cast<double>(s.peak_bytes)).c_str(), predicted.c_str(),
                   format_bytes(static_cast<double>(s.bytes_sent)).c_str());
+    out << line;
+  }
+  for (const StageSummary& s : summarize(t)) {
+    if (s.memopt_s == 0 && s.swapped_bytes == 0 && s.recomputed_bytes == 0) continue;
+    std::snprintf(line, sizeof line, "stage %lld memory optimization: %.3f s inside F/B, swapped out %s, recomputed %s\n",
+                  static_cast<long long>(s.stage), s.memopt_s, format_bytes(static_cast<double>(s.swapped_bytes)).c_str(),
+                  format_bytes(static_cast<double>(s.recomputed_bytes)).c_str());
     out << line;
   }
 }

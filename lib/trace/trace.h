@@ -20,7 +20,11 @@ struct ActionRecord {
   double start_s = 0, end_s = 0;  // since the common start
   int64_t bytes_sent = 0, bytes_received = 0;
   int64_t live_bytes = 0;  // when the action ended
-  int64_t peak_bytes = 0;  // during the action
+  int64_t peak_bytes = 0;  // during the action (0 for evictor records)
+  // Evictor records (SWAP_OUT, SWAP_IN, RECOMPUTE) happen inside a forward or backward: the
+  // tensor (for RECOMPUTE the first of those rebuilt together) and the bytes moved or rebuilt.
+  int64_t tensor = -1;
+  int64_t memopt_bytes = 0;
   ActionKind action_kind() const { return static_cast<ActionKind>(kind); }
 };
 
@@ -35,7 +39,7 @@ struct StageRecord {
 };
 
 struct Trace {
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
   std::string model, preset, schedule, device, transport, created;
   int64_t stages = 0, micro_batch_size = 0, micro_batches = 0, first_step = 0, steps = 0;
   double wall_s = 0;
@@ -58,6 +62,10 @@ struct StageSummary {
   int64_t bytes_sent = 0;
   int64_t forwards = 0, backwards = 0;
   double mean_forward_ms = 0, mean_backward_ms = 0;
+  // Evictor work, inside the forwards and backwards above (not added to busy_s again).
+  double memopt_s = 0;
+  int64_t swapped_bytes = 0;     // out (each byte that went to the host once)
+  int64_t recomputed_bytes = 0;
 };
 std::vector<StageSummary> summarize(const Trace& trace);
 // Samples per second over the whole run.
@@ -67,5 +75,7 @@ double bubble_bound(const Trace& trace);
 void print_summary(const Trace& trace, std::ostream& out);
 
 bool is_compute(ActionKind kind);
+// SWAP_OUT, SWAP_IN, RECOMPUTE: records nested inside a forward or backward.
+bool is_evictor(ActionKind kind);
 
 }  // namespace dawnpiper

@@ -154,7 +154,55 @@ code=$?
 if [ $code -ne 0 ] && grep -q "error on rank 1: stage 1, action 1F[0-9]*: loss is nan at step [0-9]" "$work/err"; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: NaN loss (exit $code)"; cat "$work/err"; fi
 expect_fail "stages vs ranks" "launch with" train --model mlp-tiny --stages 3
-expect_fail "memopt not executed yet" "does not execute swap/recompute" train --model mlp-tiny --stages 2 --in-process --memopt sr
+
+# Planned memory optimization at run time. A 1f1b plan of gpt2-tiny on 2 stages that has to
+# recompute (r) or swap and recompute (sr): planned for 2.2 MiB (the search's formula), it is
+# predicted (replayed) to peak below 2.75 MiB, where the same split keeping every tensor ("keep":
+# the decisions rewritten) runs out of memory.
+"$bin" profile --model gpt2-tiny --micro-batch-size 4 --out "$work/g.h5" --quiet >/dev/null 2>&1
+common=(--model gpt2-tiny --schedule 1f1b --micro-batches 4 --steps 3 --progress lines)
+for memopt in r sr; do
+  "$bin" plan --profile-in "$work/g.h5" --stages 2 --schedule 1f1b --micro-batches 4 --optimizer sgd \
+    --memopt $memopt --memory 2.2MiB --out "$work/$memopt.json" >/dev/null 2>&1
+  sed -e 's/"action": "swap"/"action": "keep"/; s/"action": "recompute"/"action": "keep"/' "$work/$memopt.json" >"$work/$memopt-keep.json"
+  if ! grep -q '"action": "\(swap\|recompute\)"' "$work/$memopt.json"; then
+    failed=$((failed + 1)); echo "FAIL: the $memopt plan evicts nothing"; continue; fi
+  $mpi 2 "$bin" train "${common[@]}" --plan-in "$work/$memopt.json" --device-memory 2.75MiB >"$work/opt.out" 2>&1
+  code_opt=$?
+  $mpi 2 "$bin" train "${common[@]}" --plan-in "$work/$memopt-keep.json" >"$work/keep.out" 2>&1
+  $mpi 2 "$bin" train "${common[@]}" --plan-in "$work/$memopt-keep.json" --device-memory 2.75MiB >/dev/null 2>"$work/oom.err"
+  code_oom=$?
+  # Same losses to the last printed digit; fits with, out of memory without.
+  if [ $code_opt -eq 0 ] && diff <(grep -o 'step [0-9]* loss [0-9.]*' "$work/opt.out") \
+                                  <(grep -o 'step [0-9]* loss [0-9.]*' "$work/keep.out") >/dev/null &&
+     [ "$(grep -c 'loss' "$work/opt.out")" -ge 3 ]; then
+    passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $memopt changes the losses or does not fit"; cat "$work/opt.out"; fi
+  if [ $code_oom -ne 0 ] && grep -q "out of memory: cannot allocate" "$work/oom.err"; then
+    passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $memopt keep-all run fits 2.75 MiB"; cat "$work/oom.err"; fi
+  # Measured peak within 5% of the (replayed) prediction; the measured drop from the keep-all
+  # run at least 90% of the drop the planner predicts (its replayed peaks without and with).
+  if python3 - "$work/$memopt.json" "$work/opt.out" "$work/keep.out" <<'PY'
+import json, re, sys
+plan = json.load(open(sys.argv[1]))
+def measured(path):
+    unit = {"KiB": 1024, "MiB": 1 << 20}
+    return {int(m[0]): (float(m[1]) * unit[m[2]], float(m[3]) * unit[m[4]]) for m in re.findall(
+        r"stage (\d): measured peak ([\d.]+) (KiB|MiB) \(predicted ([\d.]+) (KiB|MiB)\)", open(path).read())}
+opt, keep = measured(sys.argv[2]), measured(sys.argv[3])
+ok, dropped = len(opt) == 2 and len(keep) == 2, False
+for s in plan["stages"]:
+    x = s["index"]
+    mo, po = opt[x]
+    predicted_drop = s["replayed_peak_without_memopt"] - s["memory"]["replayed_peak"]
+    ok &= abs(mo / po - 1) <= 0.05
+    if predicted_drop > 0:
+        dropped = True
+        ok &= keep[x][0] - mo >= 0.9 * predicted_drop
+    print(f"stage {x}: measured {mo:.0f} predicted {po:.0f}; drop measured {keep[x][0] - mo:.0f} predicted {predicted_drop}")
+sys.exit(0 if ok and dropped else 1)
+PY
+  then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $memopt peaks vs predictions"; fi
+done
 
 leftovers=$(find "$work" -name '*.tmp.*' | wc -l)
 [ "$leftovers" -eq 0 ] || { echo "FAIL: $leftovers temporary files left behind"; failed=$((failed + 1)); }

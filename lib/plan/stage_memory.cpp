@@ -1,0 +1,361 @@
+#include "plan/stage_memory.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace dawnpiper {
+
+namespace {
+
+struct Eviction {
+  int key = -1;
+  bool recompute = false;
+  int evict_after = -1;     // node; -1: after the micro-batch's activations are sent
+  int restore_before = -1;
+  std::vector<int> rerun;   // recompute: nodes re-run, with their outputs held together
+};
+
+// One micro-batch's state on the stage between its forward and the end of its backward.
+struct MicroBatch {
+  std::vector<int> refs;
+  std::vector<char> alive, evicted, has_grad;
+  int64_t received_grads = 0;  // gradients received for the backward
+  int64_t input_grads = 0;     // gradients of received activations, until they are sent back
+  int64_t version = 0;
+};
+
+}  // namespace
+
+StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int x,
+                                      const std::vector<TensorDecision>& decisions) {
+  const Profile& p = model.profile();
+  const int T = static_cast<int>(p.tensors.size());
+  auto bytes = [&](int t) { return p.tensors[static_cast<size_t>(t)].bytes; };
+  auto in_range = [&](int node) { return node >= b && node < e; };
+
+  // Storages: a received activation is a fresh copy; anything else lives in the storage of
+  // its alias chain's owner. Views of parameters allocate nothing.
+  const std::vector<TensorBytes> received = b > 0 ? model.crossing(b) : std::vector<TensorBytes>{};
+  const std::vector<TensorBytes> sent = e < model.size() ? model.crossing(e) : std::vector<TensorBytes>{};
+  std::vector<char> is_received(static_cast<size_t>(T), 0);
+  for (const TensorBytes& r : received) is_received[static_cast<size_t>(r.tensor)] = 1;
+  std::vector<int> key(static_cast<size_t>(T));
+  std::vector<char> storage(static_cast<size_t>(T), 0);
+  for (int t = 0; t < T; ++t) {
+    int k = t;
+    while (!is_received[static_cast<size_t>(k)] && p.tensors[static_cast<size_t>(k)].alias_of >= 0)
+      k = p.tensors[static_cast<size_t>(k)].alias_of;
+    key[static_cast<size_t>(t)] = k;
+    storage[static_cast<size_t>(t)] = is_received[static_cast<size_t>(t)] || p.tensors[static_cast<size_t>(t)].owns_storage();
+  }
+  // Received views: the stage's savers of the sender-side owner save the received copy.
+  std::map<int, std::vector<int>> received_of_owner;
+  for (const TensorBytes& r : received) {
+    int o = r.tensor;
+    while (p.tensors[static_cast<size_t>(o)].alias_of >= 0) o = p.tensors[static_cast<size_t>(o)].alias_of;
+    if (o != r.tensor && !is_received[static_cast<size_t>(o)]) received_of_owner[o].push_back(r.tensor);
+  }
+  auto saver_keys = [&](int t) -> std::vector<int> {
+    auto found = received_of_owner.find(t);
+    if (found != received_of_owner.end()) return found->second;
+    return {key[static_cast<size_t>(t)]};
+  };
+
+  // Which tensors carry gradients (as memory_replay.cpp): outputs of nodes with parameters or
+  // with such inputs.
+  std::vector<char> requires_grad(static_cast<size_t>(T), 0);
+  for (const NodeProfile& n : p.nodes) {
+    bool rg = (n.param_bytes > 0 || n.param_grad_bytes > 0 || n.tied_bytes > 0) && n.kind != "input";
+    for (int t : model.inputs(n.id)) rg = rg || requires_grad[static_cast<size_t>(t)];
+    for (int t : n.outputs) requires_grad[static_cast<size_t>(t)] = rg && !p.tensors[static_cast<size_t>(t)].internal;
+  }
+
+  // Forward references of each storage: readers in the range, savers in the range.
+  std::vector<int> refs(static_cast<size_t>(T), 0);
+  for (int n = b; n < e; ++n)
+    for (int t : model.inputs(n)) ++refs[static_cast<size_t>(key[static_cast<size_t>(t)])];
+  for (int n = b; n < e; ++n)
+    for (int t : p.nodes[static_cast<size_t>(n)].saved)
+      for (int k : saver_keys(t)) ++refs[static_cast<size_t>(k)];
+  for (const TensorBytes& s : sent) ++refs[static_cast<size_t>(key[static_cast<size_t>(s.tensor)])];  // until backward
+  for (const TensorBytes& r : received) ++refs[static_cast<size_t>(r.tensor)];  // until the gradient is sent
+  std::vector<int> data, data_read_later;
+  for (const TensorProfile& t : p.tensors) {
+    if (!t.is_data) continue;
+    bool read_here = false, read_later = false;
+    for (int c : t.consumers) read_here |= in_range(c), read_later |= c >= e;
+    if (!read_here) continue;
+    data.push_back(t.id);
+    if (read_later) data_read_later.push_back(t.id), ++refs[static_cast<size_t>(t.id)];  // until the forward ends
+  }
+  const bool last = e == model.size();
+  const int loss = last ? p.nodes.back().outputs[0] : -1;
+  if (last) ++refs[static_cast<size_t>(loss)];  // read by the backward
+
+  // Parameters held, and where in the backward each one's gradient appears.
+  int64_t weights = 0;
+  std::vector<int64_t> grad_at(static_cast<size_t>(e - b), 0);
+  std::set<int> tied_outside;
+  for (int n = e - 1; n >= b; --n) {
+    const NodeProfile& node = p.nodes[static_cast<size_t>(n)];
+    weights += node.param_bytes;
+    grad_at[static_cast<size_t>(n - b)] += node.param_bytes;
+    if (node.tied_owner < 0) continue;
+    if (in_range(node.tied_owner)) {  // one gradient, first created by the later user
+      grad_at[static_cast<size_t>(n - b)] += node.tied_bytes;
+      grad_at[static_cast<size_t>(node.tied_owner - b)] -= node.tied_bytes;
+    } else if (tied_outside.insert(node.tied_owner).second) {  // a copy held here
+      weights += node.tied_bytes;
+      grad_at[static_cast<size_t>(n - b)] += node.tied_bytes;
+    }
+  }
+
+  // The decisions, placed where the evictor carries them out.
+  std::vector<int> action(static_cast<size_t>(T), -1);
+  for (const TensorDecision& d : decisions)
+    if (d.tensor >= 0 && d.tensor < T) action[static_cast<size_t>(d.tensor)] = static_cast<int>(d.action);
+  auto available = [&](int t) {
+    const int a = action[static_cast<size_t>(t)];
+    return p.tensors[static_cast<size_t>(t)].is_data || p.tensors[static_cast<size_t>(t)].producer < b ||
+           a == static_cast<int>(TensorAction::Keep) || a == static_cast<int>(TensorAction::Swap);
+  };
+  std::vector<Eviction> evictions;
+  std::vector<std::vector<int>> evict_after(static_cast<size_t>(e - b));
+  std::vector<int> evict_after_send;
+  for (const TensorDecision& d : decisions) {
+    if (d.action == TensorAction::Keep || d.tensor < 0 || d.tensor >= T || p.tensors[static_cast<size_t>(d.tensor)].internal)
+      continue;
+    Eviction ev;
+    ev.key = key[static_cast<size_t>(d.tensor)];
+    ev.recompute = d.action == TensorAction::Recompute;
+    int last_local = in_range(p.tensors[static_cast<size_t>(d.tensor)].producer) ? p.tensors[static_cast<size_t>(d.tensor)].producer : -1;
+    bool read_later = false;
+    for (const TensorProfile& t : p.tensors) {
+      if (key[static_cast<size_t>(t.id)] != ev.key) continue;
+      for (int c : t.consumers) {
+        if (in_range(c)) last_local = std::max(last_local, c);
+        read_later |= c >= e;
+      }
+    }
+    if (last_local < 0) continue;
+    const bool is_sent = read_later && !p.tensors[static_cast<size_t>(d.tensor)].is_data;
+    ev.evict_after = is_sent ? -1 : last_local;
+    ev.restore_before = in_range(d.restore_before) ? d.restore_before : last_local;
+    if (ev.recompute) {
+      std::set<int> rerun;
+      std::vector<int> stack{p.tensors[static_cast<size_t>(d.tensor)].producer};
+      while (!stack.empty()) {
+        const int n = stack.back();
+        stack.pop_back();
+        if (!in_range(n) || !rerun.insert(n).second) continue;
+        for (int in : model.inputs(n))
+          if (!available(in)) stack.push_back(p.tensors[static_cast<size_t>(in)].producer);
+      }
+      ev.rerun.assign(rerun.begin(), rerun.end());
+    }
+    const int index = static_cast<int>(evictions.size());
+    if (is_sent) evict_after_send.push_back(index);
+    else evict_after[static_cast<size_t>(last_local - b)].push_back(index);
+    evictions.push_back(std::move(ev));
+  }
+
+  StageMemoryReplay r;
+  int64_t live = weights;
+  int current_action = -1;
+  auto note = [&](int64_t value, int node) {
+    if (value > r.peak) r.peak = value, r.peak_action = current_action, r.peak_node = node;
+  };
+  note(live, -1);
+  std::map<int64_t, MicroBatch> mbs;
+  int64_t pending_send = 0;  // bytes only the transport still references
+  int64_t param_grads = 0;
+  std::vector<char> grad_done(static_cast<size_t>(e - b), 0);
+  bool optimizer_state = false;
+  int64_t version = 0;
+  std::map<int64_t, int> version_users;
+  const bool async = model.schedule() == ScheduleKind::Async;
+
+  auto release = [&](MicroBatch& m, int k) {
+    if (--m.refs[static_cast<size_t>(k)] != 0 || !m.alive[static_cast<size_t>(k)]) return;
+    m.alive[static_cast<size_t>(k)] = 0;
+    if (!m.evicted[static_cast<size_t>(k)]) live -= bytes(k);
+  };
+  auto evict = [&](MicroBatch& m, const Eviction& ev) {
+    const size_t k = static_cast<size_t>(ev.key);
+    if (!m.alive[k] || m.evicted[k]) return;
+    m.evicted[k] = 1;
+    live -= bytes(ev.key);
+  };
+  auto sum_bytes = [&](const std::vector<TensorBytes>& list) {
+    int64_t s = 0;
+    for (const TensorBytes& t : list) s += t.bytes;
+    return s;
+  };
+  const int64_t received_bytes = sum_bytes(received), sent_bytes = sum_bytes(sent);
+  // Receives allocate the tensors they receive. A send keeps what it sends referenced until
+  // MPI completes it: found done by the next send (the receiver may not have taken it earlier).
+  auto receive = [&](int64_t total) { live += total; };
+  auto send = [&](int64_t held_by_send) {
+    live -= pending_send;
+    pending_send = held_by_send;
+  };
+
+  // Synchronous schedules: the list is one step; the second pass is the steady state (optimizer
+  // state allocated). The async list runs long enough to reach its own.
+  const std::vector<Action>& actions = model.actions(x);
+  const size_t passes = async ? 1 : 2;
+  for (size_t ai = 0; ai < passes * actions.size(); ++ai) {
+    const Action& a = actions[ai % actions.size()];
+    current_action = static_cast<int>(ai % actions.size());
+    auto state = [&]() -> MicroBatch& {
+      auto found = mbs.find(a.micro_batch);
+      if (found != mbs.end()) return found->second;
+      MicroBatch& m = mbs[a.micro_batch];
+      m.refs = refs;
+      m.alive.assign(static_cast<size_t>(T), 0);
+      m.evicted.assign(static_cast<size_t>(T), 0);
+      m.has_grad.assign(static_cast<size_t>(T), 0);
+      return m;
+    };
+    switch (a.kind) {
+      case ActionKind::RecvActivation: {
+        MicroBatch& m = state();
+        receive(received_bytes);
+        for (const TensorBytes& t : received) m.alive[static_cast<size_t>(t.tensor)] = 1;
+        break;
+      }
+      case ActionKind::Forward: {
+        MicroBatch& m = state();
+        if (async) {
+          m.version = version;
+          if (version_users[version]++ == 0) live += weights;  // the stashed copy
+        }
+        for (int t : data) m.alive[static_cast<size_t>(t)] = 1, live += bytes(t);
+        note(live, -1);
+        for (int n = b; n < e; ++n) {
+          const NodeProfile& node = p.nodes[static_cast<size_t>(n)];
+          if (node.kind == "input") continue;
+          int64_t out = 0;
+          for (int t : node.outputs)
+            if (storage[static_cast<size_t>(t)] && key[static_cast<size_t>(t)] == t) out += bytes(t);
+          note(live + out + node.fwd_workspace, n);
+          live += out;
+          for (int t : node.outputs) {
+            if (!storage[static_cast<size_t>(t)] || key[static_cast<size_t>(t)] != t) continue;
+            m.alive[static_cast<size_t>(t)] = 1;
+            if (m.refs[static_cast<size_t>(t)] == 0) m.alive[static_cast<size_t>(t)] = 0, live -= bytes(t);
+          }
+          for (int i : evict_after[static_cast<size_t>(n - b)]) evict(m, evictions[static_cast<size_t>(i)]);
+          for (int t : model.inputs(n)) release(m, key[static_cast<size_t>(t)]);
+        }
+        for (int t : data_read_later) release(m, t);
+        break;
+      }
+      case ActionKind::SendActivation: {
+        MicroBatch& m = state();
+        // The activations stay referenced by the micro-batch anyway; sent tensors the evictor
+        // empties next are sent as copies.
+        const int64_t copies = evict_after_send.empty() ? 0 : sent_bytes;
+        live += copies;
+        send(copies);
+        for (int i : evict_after_send) evict(m, evictions[static_cast<size_t>(i)]);
+        break;
+      }
+      case ActionKind::RecvGrad: {
+        MicroBatch& m = state();
+        int64_t total = 0;
+        for (const TensorBytes& t : sent) total += t.bytes, m.has_grad[static_cast<size_t>(t.tensor)] = 2;
+        receive(total);
+        m.received_grads = total;
+        break;
+      }
+      case ActionKind::Backward: {
+        MicroBatch& m = state();
+        for (int i = e - 1; i >= b; --i) {
+          const NodeProfile& node = p.nodes[static_cast<size_t>(i)];
+          const int out = node.outputs[0];
+          if (node.kind == "input" || !requires_grad[static_cast<size_t>(out)]) continue;
+          // The evictor brings back what this node's backward (or a later one's) reads.
+          for (const Eviction& ev : evictions) {
+            const size_t k = static_cast<size_t>(ev.key);
+            if (!m.evicted[k] || !m.alive[k] || ev.restore_before < i) continue;
+            int64_t rerun = 0, workspace = 0;
+            for (int n : ev.rerun) {
+              workspace = std::max(workspace, p.nodes[static_cast<size_t>(n)].fwd_workspace);
+              for (int t : p.nodes[static_cast<size_t>(n)].outputs)
+                if (storage[static_cast<size_t>(t)] && key[static_cast<size_t>(t)] == t && t != ev.key) rerun += bytes(t);
+            }
+            note(live + bytes(ev.key) + rerun + workspace, i);
+            m.evicted[k] = 0;
+            live += bytes(ev.key);
+          }
+          const bool view = !p.tensors[static_cast<size_t>(out)].owns_storage();
+          int64_t grads = 0, transient = 0;
+          bool passed_on = false;  // a view hands its output's gradient to its input
+          for (int t : model.inputs(i)) {
+            if (!requires_grad[static_cast<size_t>(t)] || m.has_grad[static_cast<size_t>(t)]) continue;
+            m.has_grad[static_cast<size_t>(t)] = 1;
+            passed_on = true;
+            if (is_received[static_cast<size_t>(t)]) m.input_grads += bytes(t);  // held until sent back
+            if (!view) grads += bytes(t);
+          }
+          if (view && !passed_on && m.has_grad[static_cast<size_t>(out)] == 1)
+            live -= bytes(out);  // a view of a parameter, or summed into an existing gradient
+          const int64_t pg = grad_at[static_cast<size_t>(i - b)];
+          if (!grad_done[static_cast<size_t>(i - b)]) {
+            grad_done[static_cast<size_t>(i - b)] = 1;
+            grads += pg;
+            param_grads += pg;
+          } else {
+            transient += pg;  // accumulated into the existing gradient
+          }
+          note(live + grads + transient + node.bwd_workspace, i);
+          live += grads;
+          if (m.has_grad[static_cast<size_t>(out)] == 1 && !view && !is_received[static_cast<size_t>(out)])
+            live -= bytes(out);  // the output's gradient has been consumed
+          for (int t : node.saved)
+            for (int k : saver_keys(t)) release(m, k);
+        }
+        live -= m.received_grads;
+        m.received_grads = 0;
+        for (const TensorBytes& s : sent) release(m, key[static_cast<size_t>(s.tensor)]);
+        if (last) release(m, loss);
+        if (async && --version_users[m.version] == 0) {
+          version_users.erase(m.version);
+          live -= weights;
+        }
+        if (b == 0) mbs.erase(a.micro_batch);  // nothing to send back
+        break;
+      }
+      case ActionKind::SendGrad: {
+        MicroBatch& m = state();
+        // Every received activation gets a gradient back (zeros where none flowed); the sent
+        // gradients live until the send completes.
+        const int64_t zeros = received_bytes - m.input_grads;
+        live += zeros;
+        send(received_bytes);
+        for (const TensorBytes& t : received) release(m, t.tensor);
+        mbs.erase(a.micro_batch);
+        break;
+      }
+      case ActionKind::OptimizerStep: {
+        const int64_t state_bytes = model.optimizer_multiplier() * weights;
+        if (!optimizer_state) live += state_bytes, optimizer_state = true;
+        if (model.optimizer() == "adam") note(live + std::min(p.largest_param_bytes, weights), -1);
+        note(live, -1);
+        live -= param_grads;
+        param_grads = 0;
+        std::fill(grad_done.begin(), grad_done.end(), 0);
+        ++version;
+        break;
+      }
+      default:
+        break;
+    }
+    note(live, -1);
+  }
+  return r;
+}
+
+}  // namespace dawnpiper

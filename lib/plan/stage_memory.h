@@ -1,0 +1,39 @@
+#pragma once
+// The predicted peak memory of one pipeline stage, by replaying the stage's action list (the very
+// list the runtime executes) allocation by allocation over the profile, with the plan's swap and
+// recompute decisions applied where the runtime's evictor applies them. Pure C++.
+//
+// What it holds, as the runtime does (runtime/pipeline_stage.cpp, runtime/evictor.cpp):
+//   - parameters (owned, and copies of tied ones owned by another stage), their gradients from
+//     the backward that creates them until the optimizer step, optimizer state from the first
+//     step on, and (async) one stashed copy per weight version in use;
+//   - per micro-batch in flight: the data it loads, the activations it receives (until their
+//     gradients are sent back, with those gradients), every tensor until its last forward reader
+//     or saving backward has run, the tensors it sends (until its backward), the gradients it
+//     receives (during its backward), and the gradients flowing through the backward;
+//   - what a send keeps referenced until MPI completes it (assumed: the stage's next send): the
+//     gradients sent back, copies of sent tensors the evictor empties;
+//   - transients: each node's forward / backward workspace, a recomputation's re-run outputs,
+//     Adam's temporary;
+//   - evicted tensors are gone from their last forward use (or their send) until the backward
+//     of TensorDecision::restore_before.
+// The cost model's formula (CostModel::memory) is the fast estimate the search uses; this is the
+// per-stage prediction a plan reports and the runtime is measured against.
+#include <cstdint>
+#include <vector>
+
+#include "plan/cost_model.h"
+#include "plan/plan.h"
+
+namespace dawnpiper {
+
+struct StageMemoryReplay {
+  int64_t peak = 0;
+  int peak_action = -1;  // index in the stage's action list
+  int peak_node = -1;    // node running at the peak, -1 between nodes
+};
+
+StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int x,
+                                      const std::vector<TensorDecision>& decisions);
+
+}  // namespace dawnpiper

@@ -1,0 +1,329 @@
+#include "runtime/evictor.h"
+
+#include <ATen/SequenceNumber.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+
+// Ops whose output may share its input's storage: a tensor's memory stays in use while any of
+// these views of it is still read.
+bool may_alias_input(OpKind kind) { return kind == OpKind::Reshape || kind == OpKind::Transpose; }
+
+c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+
+struct RestoreBeforeBackward : torch::autograd::FunctionPreHook {
+  RestoreBeforeBackward(Evictor& evictor, int64_t mb, int node) : evictor(evictor), mb(mb), node(node) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    evictor.restore_for(mb, node);
+    return grads;
+  }
+  Evictor& evictor;
+  int64_t mb;
+  int node;
+};
+
+}  // namespace
+
+Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& decisions)
+    : module_(module), graph_(module.graph()) {
+  const int b = module.begin(), e = module.end();
+  const int tensors = static_cast<int>(graph_.tensors.size());
+  enum { kNotSaved = -1 };
+  std::vector<int> action(static_cast<size_t>(tensors), kNotSaved);
+  for (const TensorDecision& d : decisions) {
+    if (d.tensor < 0) throw ConfigError("plan decision for tensor " + std::to_string(d.tensor));
+    if (d.tensor >= tensors) {  // autograd-internal buffers: the planner never evicts them
+      if (d.action != TensorAction::Keep)
+        throw ConfigError("plan evicts tensor " + std::to_string(d.tensor) +
+                          ", an autograd-internal buffer the runtime cannot evict");
+      continue;
+    }
+    action[static_cast<size_t>(d.tensor)] = static_cast<int>(d.action);
+  }
+  entry_of_tensor_.assign(static_cast<size_t>(tensors), -1);
+  evict_after_.assign(static_cast<size_t>(e - b), {});
+  leaves_of_node_.assign(static_cast<size_t>(e - b), {});
+  is_leaf_.assign(static_cast<size_t>(tensors), 0);
+
+  // Every node reading the tensor's storage: its consumers and those of its views.
+  std::function<void(int, std::vector<int>&)> readers = [&](int t, std::vector<int>& out) {
+    for (int c : graph_.tensor(t).consumers) {
+      out.push_back(c);
+      if (may_alias_input(graph_.nodes[c].kind)) readers(graph_.nodes[c].outputs[0], out);
+    }
+  };
+  auto available = [&](int t) {
+    const int a = action[static_cast<size_t>(t)];
+    return graph_.is_data(t) || graph_.tensor(t).producer < b || a == static_cast<int>(TensorAction::Keep) ||
+           a == static_cast<int>(TensorAction::Swap);
+  };
+
+  for (const TensorDecision& d : decisions) {
+    if (d.tensor >= tensors || d.action == TensorAction::Keep) continue;
+    if (module.device().type() != c10::DeviceType::CPU)
+      throw ConfigError("swap and recompute run on CPU devices only in this build; use --memopt none on " +
+                        module.device().str());
+    const TensorInfo& info = graph_.tensor(d.tensor);
+    if (info.producer >= 0 && graph_.nodes[info.producer].kind == OpKind::PosEmbedding)
+      throw ConfigError("plan evicts tensor " + info.name + ", a view of a parameter");
+    Entry entry;
+    entry.tensor = d.tensor;
+    entry.action = d.action;
+    std::vector<int> reads;
+    readers(d.tensor, reads);
+    int last_local = info.producer >= b && info.producer < e ? info.producer : -1;
+    bool read_later = false;
+    for (int r : reads) {
+      if (r >= b && r < e) last_local = std::max(last_local, r);
+      if (r >= e) read_later = true;
+    }
+    if (last_local < 0)
+      throw ConfigError("plan evicts tensor " + info.name + ", which stage nodes [" + std::to_string(b) + ", " +
+                        std::to_string(e) + ") neither produce nor read");
+    const bool sent = read_later && !graph_.is_data(d.tensor);
+    entry.evict_after = sent ? -1 : last_local;
+    entry.restore_before = d.restore_before >= b && d.restore_before < e ? d.restore_before : last_local;
+    if (d.action == TensorAction::Recompute) {
+      if (graph_.is_data(d.tensor) || info.producer < b || info.producer >= e)
+        throw ConfigError("plan recomputes tensor " + info.name + ", which this stage does not produce");
+      // The recompute chain: the producer, and the producers of inputs not on the device.
+      std::set<int> rerun;
+      std::vector<int> stack{info.producer};
+      while (!stack.empty()) {
+        const int n = stack.back();
+        stack.pop_back();
+        if (!rerun.insert(n).second) continue;
+        for (int in : graph_.nodes[n].inputs) {
+          if (available(in)) {
+            is_leaf_[static_cast<size_t>(in)] = 1;
+            continue;
+          }
+          const int q = graph_.tensor(in).producer;
+          if (q < b || q >= e)
+            throw ConfigError("cannot recompute " + info.name + ": its input " + graph_.tensor(in).name +
+                              " comes from another stage and is not kept");
+          stack.push_back(q);
+        }
+      }
+      entry.rerun.assign(rerun.begin(), rerun.end());
+    }
+    const int index = static_cast<int>(entries_.size());
+    entry_of_tensor_[static_cast<size_t>(d.tensor)] = index;
+    if (sent) {
+      sent_entries_.push_back(index);
+    } else {
+      evict_after_[static_cast<size_t>(last_local - b)].push_back(index);
+    }
+    entries_.push_back(std::move(entry));
+  }
+  // Where the evictor picks up what recomputation reads: the stage's inputs at the forward's
+  // start, the rest right after the node that produces it.
+  for (int t = 0; t < tensors; ++t) {
+    if (!is_leaf_[static_cast<size_t>(t)]) continue;
+    const int p = graph_.tensor(t).producer;
+    if (p >= b && p < e && !graph_.is_data(t)) leaves_of_node_[static_cast<size_t>(p - b)].push_back(t);
+    else external_leaves_.push_back(t);
+  }
+  // Sent tensors are picked up (not evicted) after their last local reader.
+  for (int i : sent_entries_) {
+    std::vector<int> reads;
+    readers(entries_[static_cast<size_t>(i)].tensor, reads);
+    int last_local = graph_.tensor(entries_[static_cast<size_t>(i)].tensor).producer;
+    for (int r : reads)
+      if (r >= b && r < e) last_local = std::max(last_local, r);
+    if (last_local < b) last_local = b;
+    evict_after_[static_cast<size_t>(last_local - b)].push_back(i);
+  }
+}
+
+int Evictor::swaps() const {
+  return static_cast<int>(std::count_if(entries_.begin(), entries_.end(),
+                                        [](const Entry& e) { return e.action == TensorAction::Swap; }));
+}
+
+int Evictor::recomputes() const { return static_cast<int>(entries_.size()) - swaps(); }
+
+void Evictor::emit(ActionKind kind, int64_t mb, int tensor, int64_t bytes, Clock::time_point start) {
+  if (listener_) listener_(kind, mb, tensor, bytes, start, Clock::now());
+}
+
+void Evictor::begin_forward(int64_t mb, const RunContext& ctx, const TensorEnv& env) {
+  MicroBatch& m = mbs_[mb];
+  m = MicroBatch{};
+  m.ctx = ctx;
+  m.node_seq.assign(static_cast<size_t>(module_.end() - module_.begin()), 0);
+  for (int t : external_leaves_) m.leaves[t] = env.at(static_cast<size_t>(t));
+}
+
+void Evictor::before_node(int64_t mb, int node) {
+  mbs_.at(mb).node_seq[static_cast<size_t>(node - module_.begin())] = at::sequence_number::peek();
+}
+
+void Evictor::after_node(int64_t mb, int node, TensorEnv& env) {
+  MicroBatch& m = mbs_.at(mb);
+  const size_t offset = static_cast<size_t>(node - module_.begin());
+  for (int t : leaves_of_node_[offset]) m.leaves[t] = env[static_cast<size_t>(t)];
+  for (int i : evict_after_[offset]) {
+    const Entry& entry = entries_[static_cast<size_t>(i)];
+    const at::Tensor& t = env[static_cast<size_t>(entry.tensor)];
+    if (!t.defined())
+      throw std::logic_error("evictor: tensor " + graph_.tensor(entry.tensor).name + " is not in the forward's env");
+    Held& h = m.held[i];
+    h.tensor = t.detach();
+    h.bytes = static_cast<int64_t>(t.storage().nbytes());
+    if (entry.evict_after >= 0) evict(m, i, t);
+  }
+}
+
+void Evictor::after_send(int64_t mb) {
+  if (sent_entries_.empty()) return;
+  MicroBatch& m = mbs_.at(mb);
+  for (int i : sent_entries_) evict(m, i, m.held.at(i).tensor);
+}
+
+void Evictor::evict(MicroBatch& m, int i, const at::Tensor& tensor) {
+  const Entry& entry = entries_[static_cast<size_t>(i)];
+  Held& h = m.held.at(i);
+  c10::StorageImpl* storage = storage_of(tensor);
+  if (h.evicted || storage->data() == nullptr || h.bytes == 0) return;
+  const Clock::time_point start = Clock::now();
+  if (entry.action == TensorAction::Swap) {
+    // Host memory outside the device allocator: the counting allocator does not charge it.
+    void* host = std::malloc(static_cast<size_t>(h.bytes));
+    if (!host) throw OutOfMemoryError("host memory for swapping " + std::to_string(h.bytes) + " bytes");
+    std::memcpy(host, storage->data(), static_cast<size_t>(h.bytes));
+    h.host = std::shared_ptr<void>(host, std::free);
+    totals_.swapped_out_bytes += h.bytes;
+  }
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
+  h.evicted = true;
+  if (entry.action == TensorAction::Swap) {
+    totals_.swap_s += std::chrono::duration<double>(Clock::now() - start).count();
+    emit(ActionKind::SwapOut, m.ctx.micro_batch, entry.tensor, h.bytes, start);
+  }
+}
+
+void Evictor::swap_in(int64_t mb, MicroBatch& m, int i) {
+  Held& h = m.held.at(i);
+  const Clock::time_point start = Clock::now();
+  c10::DataPtr data = c10::GetCPUAllocator()->allocate(static_cast<size_t>(h.bytes));
+  std::memcpy(data.get(), h.host.get(), static_cast<size_t>(h.bytes));
+  storage_of(h.tensor)->set_data_ptr_noswap(std::move(data));
+  h.host.reset();
+  h.evicted = false;
+  totals_.swapped_in_bytes += h.bytes;
+  totals_.swap_s += std::chrono::duration<double>(Clock::now() - start).count();
+  emit(ActionKind::SwapIn, mb, entries_[static_cast<size_t>(i)].tensor, h.bytes, start);
+}
+
+void Evictor::recompute(int64_t mb, MicroBatch& m, const std::vector<int>& targets) {
+  const Clock::time_point start = Clock::now();
+  std::set<int> nodes;
+  for (int i : targets) nodes.insert(entries_[static_cast<size_t>(i)].rerun.begin(), entries_[static_cast<size_t>(i)].rerun.end());
+  TensorEnv env = module_.make_env();
+  for (int n : nodes) {
+    for (int in : graph_.nodes[n].inputs) {
+      if (nodes.count(graph_.tensor(in).producer) && !graph_.is_data(in)) continue;  // re-run too
+      auto leaf = m.leaves.find(in);
+      if (leaf == m.leaves.end())
+        throw std::logic_error("evictor: recomputation input " + graph_.tensor(in).name + " was not held");
+      const int entry = entry_of_tensor_[static_cast<size_t>(in)];
+      auto held = m.held.find(entry);
+      if (entry >= 0 && held != m.held.end() && held->second.evicted) swap_in(mb, m, entry);  // needed early
+      env[static_cast<size_t>(in)] = leaf->second;
+    }
+  }
+  {
+    // Grad mode as in the forward: some kernels choose their path by it (matmul folding).
+    at::AutoGradMode grad(true);
+    for (int n : nodes) module_.run_node(n, env, m.ctx);
+  }
+  // Install the rebuilt bytes into the evicted storages: every pending recomputation whose
+  // producer re-ran (those of later restores too: the nodes re-run once are shared).
+  int64_t bytes = 0;
+  int first = -1;
+  for (auto it = m.held.begin(); it != m.held.end(); ++it) {
+    const Entry& entry = entries_[static_cast<size_t>(it->first)];
+    Held& h = it->second;
+    if (entry.action != TensorAction::Recompute || !h.evicted || !nodes.count(graph_.tensor(entry.tensor).producer))
+      continue;
+    const at::Tensor& rebuilt = env[static_cast<size_t>(entry.tensor)];
+    if (!rebuilt.defined() || static_cast<int64_t>(rebuilt.storage().nbytes()) != h.bytes ||
+        rebuilt.sizes() != h.tensor.sizes() || rebuilt.strides() != h.tensor.strides() ||
+        rebuilt.storage_offset() != h.tensor.storage_offset())
+      throw std::logic_error("evictor: recomputed " + graph_.tensor(entry.tensor).name +
+                             " does not have the evicted tensor's layout");
+    c10::DataPtr data = storage_of(rebuilt)->set_data_ptr(c10::DataPtr(nullptr, rebuilt.device()));
+    storage_of(h.tensor)->set_data_ptr_noswap(std::move(data));
+    h.evicted = false;
+    bytes += h.bytes;
+    if (first < 0) first = entry.tensor;
+  }
+  env.clear();
+  totals_.recomputed_bytes += bytes;
+  totals_.recomputed_nodes += static_cast<int64_t>(nodes.size());
+  totals_.recompute_s += std::chrono::duration<double>(Clock::now() - start).count();
+  emit(ActionKind::Recompute, mb, first, bytes, start);
+}
+
+void Evictor::restore_for(int64_t mb, int node) {
+  auto found = mbs_.find(mb);
+  if (found == mbs_.end()) return;
+  MicroBatch& m = found->second;
+  std::vector<int> recomputes;
+  for (auto& [i, h] : m.held) {
+    if (!h.evicted || entries_[static_cast<size_t>(i)].restore_before < node) continue;
+    if (entries_[static_cast<size_t>(i)].action == TensorAction::Swap) swap_in(mb, m, i);
+    else recomputes.push_back(i);
+  }
+  if (!recomputes.empty()) recompute(mb, m, recomputes);
+  // Forget what is back on the device; drop the inputs recomputation reads once nothing needs them.
+  bool pending_recompute = false;
+  for (auto it = m.held.begin(); it != m.held.end();) {
+    if (!it->second.evicted) {
+      it = m.held.erase(it);
+      continue;
+    }
+    pending_recompute |= entries_[static_cast<size_t>(it->first)].action == TensorAction::Recompute;
+    ++it;
+  }
+  if (!pending_recompute) m.leaves.clear();
+}
+
+void Evictor::before_backward(int64_t mb, const std::vector<at::Tensor>& roots) {
+  MicroBatch& m = mbs_.at(mb);
+  std::vector<torch::autograd::Node*> stack;
+  for (const at::Tensor& r : roots)
+    if (r.grad_fn()) stack.push_back(r.grad_fn().get());
+  std::unordered_set<torch::autograd::Node*> seen;
+  while (!stack.empty()) {
+    torch::autograd::Node* fn = stack.back();
+    stack.pop_back();
+    if (!fn || !seen.insert(fn).second) continue;
+    for (const torch::autograd::Edge& edge : fn->next_edges()) stack.push_back(edge.function.get());
+    const uint64_t seq = fn->sequence_nr();
+    if (seq == std::numeric_limits<uint64_t>::max()) continue;  // AccumulateGrad
+    const auto it = std::upper_bound(m.node_seq.begin(), m.node_seq.end(), seq);
+    if (it == m.node_seq.begin()) continue;
+    const int owner = module_.begin() + static_cast<int>(it - m.node_seq.begin()) - 1;
+    fn->add_pre_hook(std::make_unique<RestoreBeforeBackward>(*this, mb, owner));
+  }
+}
+
+void Evictor::after_backward(int64_t mb) { mbs_.erase(mb); }
+
+}  // namespace dawnpiper

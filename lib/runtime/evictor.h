@@ -1,0 +1,117 @@
+#pragma once
+// Evictor: carries out a plan's per-tensor memory decisions on one stage while it trains.
+//
+// A decision names a saved tensor (the storage owner: views share its storage). After the
+// tensor's last forward use in the stage (or, when it is also sent downstream, once it is sent)
+// its storage is emptied in place: autograd's saved copies share the StorageImpl, so they lose
+// the data too and the allocator gets the bytes back. Before the backward of the node that first
+// reads it (TensorDecision::restore_before; autograd function pre-hooks find that moment), the
+// data comes back into the same StorageImpl, so autograd never notices (no copy_ into the saved
+// tensor, no version-counter bump):
+//   swap       the bytes go to host memory the device allocator does not charge (on CPU: plain
+//              malloc, invisible to the counting allocator) and are copied back;
+//   recompute  the bytes are dropped; the producer is re-run (and, recursively, the producers of
+//              its inputs that are not on the device either, as the planner's recompute chains
+//              assume) from inputs held since the forward, with grad mode on as in the forward so
+//              that the same kernels run, and with the micro-batch's RunContext so that dropout
+//              draws the same mask: the rebuilt bytes are identical.
+// One instance serves every micro-batch in flight (and every weight version: recomputation
+// uses the weights the caller installed in the module, which PipelineStage sets to the
+// micro-batch's stashed version).
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "exec/stage_module.h"
+#include "plan/plan.h"
+#include "schedule/action.h"
+
+namespace dawnpiper {
+
+struct EvictorTotals {
+  int64_t swapped_out_bytes = 0, swapped_in_bytes = 0, recomputed_bytes = 0;
+  int64_t recomputed_nodes = 0;
+  double swap_s = 0, recompute_s = 0;
+};
+
+class Evictor {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // (kind SwapOut | SwapIn | Recompute, micro-batch, tensor, bytes, start, end)
+  using Listener = std::function<void(ActionKind, int64_t, int, int64_t, Clock::time_point, Clock::time_point)>;
+
+  // `decisions`: the stage's plan (keep entries say which saved tensors stay on the device).
+  // Throws ConfigError when a decision cannot be carried out (a tensor outside the graph, a
+  // recomputation that needs an input from another stage that is not kept).
+  Evictor(const StageModule& module, const std::vector<TensorDecision>& decisions);
+
+  bool active() const { return !entries_.empty(); }
+  int swaps() const;
+  int recomputes() const;
+  void set_listener(Listener listener) { listener_ = std::move(listener); }
+  const EvictorTotals& totals() const { return totals_; }
+
+  // The forward of micro-batch mb: begin_forward with the env holding the stage's inputs, then
+  // before_node / after_node as StageModule::forward's hooks.
+  void begin_forward(int64_t mb, const RunContext& ctx, const TensorEnv& env);
+  void before_node(int64_t mb, int node);
+  void after_node(int64_t mb, int node, TensorEnv& env);
+  // Tensors sent downstream are evicted after the send: the sender must send copies of those
+  // (transports may send from the tensor's own storage after send() returns).
+  bool evicts_after_send() const { return !sent_entries_.empty(); }
+  void after_send(int64_t mb);
+  // Hooks the micro-batch's autograd functions (reachable from `roots`) so that each evicted
+  // tensor comes back before the first function that may read it.
+  void before_backward(int64_t mb, const std::vector<at::Tensor>& roots);
+  // Forgets the micro-batch (host copies of tensors no backward read are freed).
+  void after_backward(int64_t mb);
+
+  // The restore a pre-hook of a function created by `node` triggers (public for the hook).
+  void restore_for(int64_t mb, int node);
+
+ private:
+  struct Entry {
+    int tensor = -1;
+    TensorAction action = TensorAction::Keep;
+    int evict_after = -1;     // node; -1: after the micro-batch's activations are sent
+    int restore_before = -1;  // node
+    std::vector<int> rerun;   // recompute: nodes to re-run, in order
+  };
+  struct Held {
+    at::Tensor tensor;  // a detached alias of the evicted tensor (same StorageImpl)
+    std::shared_ptr<void> host;  // swap: the bytes while evicted
+    int64_t bytes = 0;
+    bool evicted = false;
+  };
+  struct MicroBatch {
+    RunContext ctx;
+    std::vector<uint64_t> node_seq;        // autograd sequence number before each node
+    std::map<int, at::Tensor> leaves;      // inputs recomputation reads
+    std::map<int, Held> held;              // entry index -> evicted tensor
+  };
+
+  void evict(MicroBatch& m, int entry, const at::Tensor& tensor);
+  void swap_in(int64_t mb, MicroBatch& m, int entry);
+  void recompute(int64_t mb, MicroBatch& m, const std::vector<int>& entries);
+  void emit(ActionKind kind, int64_t mb, int tensor, int64_t bytes, Clock::time_point start);
+
+  const StageModule& module_;
+  const OpGraph& graph_;
+  std::vector<Entry> entries_;
+  std::vector<int> entry_of_tensor_;            // tensor -> entry, -1
+  std::vector<std::vector<int>> evict_after_;   // node offset -> entries
+  std::vector<int> sent_entries_;
+  std::vector<char> is_leaf_;                   // tensor -> some recomputation reads it
+  std::vector<std::vector<int>> leaves_of_node_;  // node offset -> leaf tensors it produces
+  std::vector<int> external_leaves_;
+  std::map<int64_t, MicroBatch> mbs_;
+  Listener listener_;
+  EvictorTotals totals_;
+};
+
+}  // namespace dawnpiper
