@@ -150,13 +150,6 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
   }
 }
 
-int Evictor::swaps() const {
-  return static_cast<int>(std::count_if(entries_.begin(), entries_.end(),
-                                        [](const Entry& e) { return e.action == TensorAction::Swap; }));
-}
-
-int Evictor::recomputes() const { return static_cast<int>(entries_.size()) - swaps(); }
-
 void Evictor::emit(ActionKind kind, int64_t mb, int tensor, int64_t bytes, Clock::time_point start) {
   if (listener_) listener_(kind, mb, tensor, bytes, start, Clock::now());
 }
@@ -207,12 +200,10 @@ void Evictor::evict(MicroBatch& m, int i, const at::Tensor& tensor) {
     if (!host) throw OutOfMemoryError("host memory for swapping " + std::to_string(h.bytes) + " bytes");
     std::memcpy(host, storage->data(), static_cast<size_t>(h.bytes));
     h.host = std::shared_ptr<void>(host, std::free);
-    totals_.swapped_out_bytes += h.bytes;
   }
   storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
   h.evicted = true;
   if (entry.action == TensorAction::Swap) {
-    totals_.swap_s += std::chrono::duration<double>(Clock::now() - start).count();
     emit(ActionKind::SwapOut, m.ctx.micro_batch, entry.tensor, h.bytes, start);
   }
 }
@@ -225,8 +216,6 @@ void Evictor::swap_in(int64_t mb, MicroBatch& m, int i) {
   storage_of(h.tensor)->set_data_ptr_noswap(std::move(data));
   h.host.reset();
   h.evicted = false;
-  totals_.swapped_in_bytes += h.bytes;
-  totals_.swap_s += std::chrono::duration<double>(Clock::now() - start).count();
   emit(ActionKind::SwapIn, mb, entries_[static_cast<size_t>(i)].tensor, h.bytes, start);
 }
 
@@ -274,9 +263,6 @@ void Evictor::recompute(int64_t mb, MicroBatch& m, const std::vector<int>& targe
     if (first < 0) first = entry.tensor;
   }
   env.clear();
-  totals_.recomputed_bytes += bytes;
-  totals_.recomputed_nodes += static_cast<int64_t>(nodes.size());
-  totals_.recompute_s += std::chrono::duration<double>(Clock::now() - start).count();
   emit(ActionKind::Recompute, mb, first, bytes, start);
 }
 

@@ -33,12 +33,6 @@
 
 namespace dawnpiper {
 
-struct EvictorTotals {
-  int64_t swapped_out_bytes = 0, swapped_in_bytes = 0, recomputed_bytes = 0;
-  int64_t recomputed_nodes = 0;
-  double swap_s = 0, recompute_s = 0;
-};
-
 class Evictor {
  public:
   using Clock = std::chrono::steady_clock;
@@ -51,10 +45,7 @@ class Evictor {
   Evictor(const StageModule& module, const std::vector<TensorDecision>& decisions);
 
   bool active() const { return !entries_.empty(); }
-  int swaps() const;
-  int recomputes() const;
   void set_listener(Listener listener) { listener_ = std::move(listener); }
-  const EvictorTotals& totals() const { return totals_; }
 
   // The forward of micro-batch mb: begin_forward with the env holding the stage's inputs, then
   // before_node / after_node as StageModule::forward's hooks.
@@ -111,7 +102,6 @@ class Evictor {
   std::vector<int> external_leaves_;
   std::map<int64_t, MicroBatch> mbs_;
   Listener listener_;
-  EvictorTotals totals_;
 };
 
 }  // namespace dawnpiper
