@@ -68,6 +68,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   pc.seed = vm["seed"].as<uint64_t>();
   pc.optimizer.kind = vm.count("optimizer") ? vm["optimizer"].as<std::string>() : plan.options.optimizer;
   pc.optimizer.lr = vm["lr"].as<double>();
+  for (const StagePlan& s : plan.stages) pc.decisions.push_back(s.decisions);
 
   CountingAllocator& counter = CountingAllocator::install();
   if (vm.count("device-memory")) counter.set_capacity(parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory"));

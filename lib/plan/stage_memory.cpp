@@ -10,10 +10,12 @@ namespace {
 
 struct Eviction {
   int key = -1;
+  int producer = -1;        // of the decided tensor
   bool recompute = false;
   int evict_after = -1;     // node; -1: after the micro-batch's activations are sent
   int restore_before = -1;
   std::vector<int> rerun;   // recompute: nodes re-run, with their outputs held together
+  std::vector<int> leaves;  // recompute: storages the re-run reads, held until it ran
 };
 
 // One micro-batch's state on the stage between its forward and the end of its backward.
@@ -97,11 +99,13 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
   int64_t weights = 0;
   std::vector<int64_t> grad_at(static_cast<size_t>(e - b), 0);
   std::set<int> tied_outside;
+  std::map<int, std::vector<int>> tied_users;  // owner -> users in the stage, last first
   for (int n = e - 1; n >= b; --n) {
     const NodeProfile& node = p.nodes[static_cast<size_t>(n)];
     weights += node.param_bytes;
     grad_at[static_cast<size_t>(n - b)] += node.param_bytes;
     if (node.tied_owner < 0) continue;
+    tied_users[node.tied_owner].push_back(n);
     if (in_range(node.tied_owner)) {  // one gradient, first created by the later user
       grad_at[static_cast<size_t>(n - b)] += node.tied_bytes;
       grad_at[static_cast<size_t>(node.tied_owner - b)] -= node.tied_bytes;
@@ -109,6 +113,17 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
       weights += node.tied_bytes;
       grad_at[static_cast<size_t>(n - b)] += node.tied_bytes;
     }
+  }
+  // Once the gradient exists (later micro-batches of a step), autograd sums the contributions
+  // of a weight used by several nodes in a buffer before accumulating it: the buffer is filled
+  // by the first of them in the backward and held until the last.
+  std::vector<int64_t> hold_from(static_cast<size_t>(e - b), 0), hold_to(static_cast<size_t>(e - b), 0);
+  for (auto& [owner, users] : tied_users) {
+    if (in_range(owner)) users.push_back(owner);
+    if (users.size() < 2) continue;
+    const int64_t tied = p.nodes[static_cast<size_t>(users.front())].tied_bytes;
+    hold_from[static_cast<size_t>(users.front() - b)] += tied;
+    hold_to[static_cast<size_t>(users.back() - b)] += tied;
   }
 
   // The decisions, placed where the evictor carries them out.
@@ -128,6 +143,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
       continue;
     Eviction ev;
     ev.key = key[static_cast<size_t>(d.tensor)];
+    ev.producer = p.tensors[static_cast<size_t>(d.tensor)].producer;
     ev.recompute = d.action == TensorAction::Recompute;
     int last_local = in_range(p.tensors[static_cast<size_t>(d.tensor)].producer) ? p.tensors[static_cast<size_t>(d.tensor)].producer : -1;
     bool read_later = false;
@@ -153,6 +169,12 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
           if (!available(in)) stack.push_back(p.tensors[static_cast<size_t>(in)].producer);
       }
       ev.rerun.assign(rerun.begin(), rerun.end());
+      std::set<int> leaves;
+      for (int n : ev.rerun)
+        for (int in : model.inputs(n))
+          if (available(in)) leaves.insert(key[static_cast<size_t>(in)]);
+      ev.leaves.assign(leaves.begin(), leaves.end());
+      for (int k : ev.leaves) ++refs[static_cast<size_t>(k)];
     }
     const int index = static_cast<int>(evictions.size());
     if (is_sent) evict_after_send.push_back(index);
@@ -186,6 +208,52 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     if (!m.alive[k] || m.evicted[k]) return;
     m.evicted[k] = 1;
     live -= bytes(ev.key);
+  };
+  // Before node i's backward the evictor brings back what it (or a later node's backward)
+  // reads: swaps, and recomputations re-running the union of their chains at once. Re-run nodes
+  // are shared: every evicted recomputation whose producer re-runs comes back now too, and a
+  // swapped tensor the chains read comes back early.
+  auto restore_for = [&](MicroBatch& m, int i) {
+    std::set<int> rerun_nodes;
+    bool any = false;
+    for (const Eviction& ev : evictions) {
+      const size_t k = static_cast<size_t>(ev.key);
+      if (!m.evicted[k] || !m.alive[k] || ev.restore_before < i) continue;
+      any = true;
+      if (ev.recompute) rerun_nodes.insert(ev.rerun.begin(), ev.rerun.end());
+    }
+    if (!any) return;
+    std::set<int> chain_reads;
+    std::vector<const Eviction*> done;
+    for (int n : rerun_nodes)
+      for (int in : model.inputs(n))
+        if (!rerun_nodes.count(p.tensors[static_cast<size_t>(in)].producer)) chain_reads.insert(key[static_cast<size_t>(in)]);
+    // Swaps come back first; the re-run then allocates every output of its nodes in order (the
+    // rebuilt tensors among them), each node's workspace on top, and holds them all until the
+    // rebuilt bytes move into the evicted storages.
+    int64_t swapped_back = 0, rebuilt_back = 0;
+    for (const Eviction& ev : evictions) {
+      const size_t k = static_cast<size_t>(ev.key);
+      if (!m.evicted[k] || !m.alive[k]) continue;
+      const bool rebuilds = ev.recompute && rerun_nodes.count(ev.producer);
+      if (ev.restore_before < i && !rebuilds && !(!ev.recompute && chain_reads.count(ev.key))) continue;
+      m.evicted[k] = 0;
+      (ev.recompute ? rebuilt_back : swapped_back) += bytes(ev.key);
+      if (ev.recompute) done.push_back(&ev);
+    }
+    live += swapped_back;
+    note(live, i);
+    int64_t outputs = 0;
+    for (int n : rerun_nodes) {
+      int64_t out = 0;
+      for (int t : p.nodes[static_cast<size_t>(n)].outputs)
+        if (storage[static_cast<size_t>(t)] && key[static_cast<size_t>(t)] == t) out += bytes(t);
+      note(live + outputs + out + p.nodes[static_cast<size_t>(n)].fwd_workspace, i);
+      outputs += out;
+    }
+    live += rebuilt_back;
+    for (const Eviction* ev : done)
+      for (int k : ev->leaves) release(m, k);
   };
   auto sum_bytes = [&](const std::vector<TensorBytes>& list) {
     int64_t s = 0;
@@ -276,20 +344,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
           const NodeProfile& node = p.nodes[static_cast<size_t>(i)];
           const int out = node.outputs[0];
           if (node.kind == "input" || !requires_grad[static_cast<size_t>(out)]) continue;
-          // The evictor brings back what this node's backward (or a later one's) reads.
-          for (const Eviction& ev : evictions) {
-            const size_t k = static_cast<size_t>(ev.key);
-            if (!m.evicted[k] || !m.alive[k] || ev.restore_before < i) continue;
-            int64_t rerun = 0, workspace = 0;
-            for (int n : ev.rerun) {
-              workspace = std::max(workspace, p.nodes[static_cast<size_t>(n)].fwd_workspace);
-              for (int t : p.nodes[static_cast<size_t>(n)].outputs)
-                if (storage[static_cast<size_t>(t)] && key[static_cast<size_t>(t)] == t && t != ev.key) rerun += bytes(t);
-            }
-            note(live + bytes(ev.key) + rerun + workspace, i);
-            m.evicted[k] = 0;
-            live += bytes(ev.key);
-          }
+          restore_for(m, i);
           const bool view = !p.tensors[static_cast<size_t>(out)].owns_storage();
           int64_t grads = 0, transient = 0;
           bool passed_on = false;  // a view hands its output's gradient to its input
@@ -307,8 +362,11 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
             grad_done[static_cast<size_t>(i - b)] = 1;
             grads += pg;
             param_grads += pg;
-          } else {
-            transient += pg;  // accumulated into the existing gradient
+          } else {  // accumulated into the existing gradient
+            const int64_t held = hold_from[static_cast<size_t>(i - b)], summed = hold_to[static_cast<size_t>(i - b)];
+            transient += pg - held + summed;
+            grads += held;
+            live -= summed;
           }
           note(live + grads + transient + node.bwd_workspace, i);
           live += grads;

@@ -13,10 +13,11 @@
 //     receives (during its backward), and the gradients flowing through the backward;
 //   - what a send keeps referenced until MPI completes it (assumed: the stage's next send): the
 //     gradients sent back, copies of sent tensors the evictor empties;
-//   - transients: each node's forward / backward workspace, a recomputation's re-run outputs,
-//     Adam's temporary;
+//   - transients: each node's forward / backward workspace, a recomputation's re-run outputs
+//     (all of them held until the re-run ends), Adam's temporary;
 //   - evicted tensors are gone from their last forward use (or their send) until the backward
-//     of TensorDecision::restore_before.
+//     of TensorDecision::restore_before, or until an earlier re-run rebuilds them on the way
+//     (re-run nodes are shared); what a recomputation reads stays until it has run.
 // The cost model's formula (CostModel::memory) is the fast estimate the search uses; this is the
 // per-stage prediction a plan reports and the runtime is measured against.
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <stdexcept>
@@ -101,7 +102,7 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
       if (graph_.is_data(d.tensor) || info.producer < b || info.producer >= e)
         throw ConfigError("plan recomputes tensor " + info.name + ", which this stage does not produce");
       // The recompute chain: the producer, and the producers of inputs not on the device.
-      std::set<int> rerun;
+      std::set<int> rerun, leaves;
       std::vector<int> stack{info.producer};
       while (!stack.empty()) {
         const int n = stack.back();
@@ -110,6 +111,7 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
         for (int in : graph_.nodes[n].inputs) {
           if (available(in)) {
             is_leaf_[static_cast<size_t>(in)] = 1;
+            leaves.insert(in);
             continue;
           }
           const int q = graph_.tensor(in).producer;
@@ -120,6 +122,7 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
         }
       }
       entry.rerun.assign(rerun.begin(), rerun.end());
+      entry.leaves.assign(leaves.begin(), leaves.end());
     }
     const int index = static_cast<int>(entries_.size());
     entry_of_tensor_[static_cast<size_t>(d.tensor)] = index;
@@ -277,17 +280,20 @@ void Evictor::restore_for(int64_t mb, int node) {
     else recomputes.push_back(i);
   }
   if (!recomputes.empty()) recompute(mb, m, recomputes);
-  // Forget what is back on the device; drop the inputs recomputation reads once nothing needs them.
-  bool pending_recompute = false;
+  // Forget what is back on the device; drop the inputs no pending recomputation reads (each
+  // is held only until the last re-run that reads it, as the planner's memory replay assumes).
+  std::set<int> still_read;
   for (auto it = m.held.begin(); it != m.held.end();) {
     if (!it->second.evicted) {
       it = m.held.erase(it);
       continue;
     }
-    pending_recompute |= entries_[static_cast<size_t>(it->first)].action == TensorAction::Recompute;
+    const Entry& entry = entries_[static_cast<size_t>(it->first)];
+    if (entry.action == TensorAction::Recompute) still_read.insert(entry.leaves.begin(), entry.leaves.end());
     ++it;
   }
-  if (!pending_recompute) m.leaves.clear();
+  for (auto it = m.leaves.begin(); it != m.leaves.end();)
+    it = still_read.count(it->first) ? std::next(it) : m.leaves.erase(it);
 }
 
 void Evictor::before_backward(int64_t mb, const std::vector<at::Tensor>& roots) {

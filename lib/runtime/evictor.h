@@ -72,6 +72,7 @@ class Evictor {
     int evict_after = -1;     // node; -1: after the micro-batch's activations are sent
     int restore_before = -1;  // node
     std::vector<int> rerun;   // recompute: nodes to re-run, in order
+    std::vector<int> leaves;  // recompute: the inputs the re-run reads (held until it ran)
   };
   struct Held {
     at::Tensor tensor;  // a detached alias of the evicted tensor (same StorageImpl)
@@ -82,7 +83,7 @@ class Evictor {
   struct MicroBatch {
     RunContext ctx;
     std::vector<uint64_t> node_seq;        // autograd sequence number before each node
-    std::map<int, at::Tensor> leaves;      // inputs recomputation reads
+    std::map<int, at::Tensor> leaves;      // inputs pending recomputations read
     std::map<int, Held> held;              // entry index -> evicted tensor
   };
 

@@ -39,6 +39,7 @@ std::vector<at::Tensor> LocalTransport::recv(int from_stage, MessageKind kind, i
 
 void StandInTransport::send(int, MessageKind, int64_t, std::vector<at::Tensor> tensors) {
   for (const at::Tensor& t : tensors) bytes_sent_ += t.numel() * t.element_size();
+  in_flight_ = std::move(tensors);
 }
 
 std::vector<at::Tensor> StandInTransport::recv(int, MessageKind, int64_t micro_batch,

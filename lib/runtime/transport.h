@@ -55,17 +55,19 @@ class LocalTransport final : public Transport {
 };
 
 // For running one stage alone (replay-stage): receives return stand-in tensors of the right
-// shapes and dtypes (small random values, zeros for integers), sends are counted and dropped.
+// shapes and dtypes (small random values, zeros for integers), sends are counted and held until
+// the next send (the latest an MPI send completes, as the planner's memory replay assumes).
 class StandInTransport final : public Transport {
  public:
   explicit StandInTransport(uint64_t seed = 7) : seed_(seed) {}
   void send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) override;
   std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                const std::vector<const TensorInfo*>& specs) override;
-  void flush() override {}
+  void flush() override { in_flight_.clear(); }
 
  private:
   uint64_t seed_;
+  std::vector<at::Tensor> in_flight_;
 };
 
 }  // namespace dawnpiper
