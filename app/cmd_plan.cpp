@@ -63,6 +63,7 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
   o.optimizer = vm["optimizer"].as<std::string>();
   o.planner = vm["planner"].as<std::string>();
   o.memopt = vm["memopt"].as<std::string>();
+  o.fit_replayed = true;
   if (vm.count("memory")) o.capacity_bytes = parse_bytes(vm["memory"].as<std::string>(), "--memory");
   if (vm.count("device-memory")) o.capacity_bytes = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
   if (vm.count("host-bandwidth")) o.host_bandwidth = static_cast<double>(parse_bytes(vm["host-bandwidth"].as<std::string>(), "--host-bandwidth"));

@@ -58,6 +58,7 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
   o.capacity_bytes = capacity > 0 ? capacity : INT64_MAX;
   o.planner = vm["planner"].as<std::string>();
   o.memopt = vm["memopt"].as<std::string>();
+  o.fit_replayed = true;
   Plan plan = make_plan(profile, o);
   return plan.to_json();
 }

@@ -21,6 +21,11 @@ struct PlanOptions {
   double link_bandwidth = 10e9;    // bytes/s, stage <-> stage
   std::string planner = "dawnpiper";  // dawnpiper | gpipe | pipedream | vpipe | even | exact
   std::string memopt = "sr";       // none | r (recompute) | sr (swap + recompute)
+  // The search decides with the cost model's memory formula; the replay of each stage's action
+  // list (plan/stage_memory) is what the runtime measures. When set (the command line does), a
+  // plan whose replayed peak exceeds the capacity is searched again with the capacity lowered
+  // by the overshoot. Unset, plans are the search's own (its tests check it against the formula).
+  bool fit_replayed = false;
 };
 
 enum class TensorAction { Keep, Swap, Recompute };

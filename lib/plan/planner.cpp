@@ -122,9 +122,9 @@ std::string needs_text(const Profile& profile, const PlanOptions& options) {
 
 }  // namespace
 
-std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options) {
-  validate(profile, options);
-  const auto start = std::chrono::steady_clock::now();
+namespace {
+
+std::optional<Plan> search(const Profile& profile, const PlanOptions& options) {
   CostModel model(profile, options);
   const bool blocks = options.planner == "vpipe";
   StageEvaluator evaluator(model, memopt_mode_from_name(options.memopt), options.capacity_bytes,
@@ -147,9 +147,46 @@ std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options)
   for (int x = 0; x < options.stages; ++x)
     plan.stages.push_back(evaluator.stage_plan(bounds[static_cast<size_t>(x)],
                                                bounds[static_cast<size_t>(x) + 1], x));
-  plan.planning_ms = std::chrono::duration<double, std::milli>(
-                         std::chrono::steady_clock::now() - start)
-                         .count();
+  return plan;
+}
+
+}  // namespace
+
+std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options) {
+  validate(profile, options);
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<Plan> plan = search(profile, options);
+  auto overshoot = [&](const Plan& p) {
+    int64_t most = INT64_MIN;
+    for (const StagePlan& s : p.stages) most = std::max(most, s.memory.predicted_peak() - options.capacity_bytes);
+    return most;
+  };
+  if (plan && options.fit_replayed && options.capacity_bytes != INT64_MAX && overshoot(*plan) > 0) {
+    // The largest search capacity whose plan fits when replayed: a capacity too small has no
+    // plan, one too large overshoots. First guess: lowered by the overshoot; then bisection.
+    std::optional<Plan> best;
+    int64_t lo = 0, hi = options.capacity_bytes;
+    int64_t next = options.capacity_bytes - overshoot(*plan);
+    for (int round = 0; round < 12 && hi - lo > hi / 256; ++round) {
+      const int64_t c = next > lo && next < hi ? next : lo + (hi - lo) / 2;
+      next = -1;
+      PlanOptions tightened = options;
+      tightened.capacity_bytes = c;
+      std::optional<Plan> candidate = search(profile, tightened);
+      if (!candidate) {
+        lo = c;
+      } else if (overshoot(*candidate) > 0) {
+        hi = c;
+      } else {
+        lo = c;
+        best = std::move(candidate);
+      }
+    }
+    plan = std::move(best);
+  }
+  if (!plan) return std::nullopt;
+  plan->options = options;
+  plan->planning_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return plan;
 }
 

@@ -2,7 +2,9 @@
 // modes honoured, the JSON round trip, the infeasibility message, the micro-batch search.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -305,4 +307,39 @@ TEST_CASE("find_max_batch returns the largest micro-batch size that fits", "[pla
   for (TensorProfile& t : no_fits.tensors) t.bytes_fit = {};
   for (NodeProfile& n : no_fits.nodes) n.fwd_ms_fit = n.bwd_ms_fit = {};
   CHECK_THROWS_AS(find_max_batch(no_fits, PlanOptions{}), ConfigError);
+}
+
+// The search decides with the memory formula; with fit_replayed (the command line's setting) a
+// plan is searched again under a lower capacity until every stage's replayed peak fits.
+TEST_CASE("with fit_replayed every stage's replayed peak fits the capacity", "[plan][planner]") {
+  const Profile p = transformer_like_profile(6);
+  PlanOptions unconstrained;
+  unconstrained.stages = 3;
+  unconstrained.schedule = "1f1b";
+  const Plan free = make_plan(p, unconstrained);
+  int64_t top = 0;
+  for (const StagePlan& s : free.stages) top = std::max(top, s.memory.predicted_peak());
+  int overshooting = 0, fitted = 0;
+  for (const char* schedule : {"gpipe", "1f1b", "async"}) {
+    for (const char* memopt : {"none", "r", "sr"}) {
+      for (double fraction : {0.5, 0.6, 0.7, 0.8, 0.9}) {
+        PlanOptions o = unconstrained;
+        o.schedule = schedule;
+        o.memopt = memopt;
+        o.capacity_bytes = static_cast<int64_t>(fraction * static_cast<double>(top));
+        INFO(schedule << " " << memopt << " capacity " << fraction);
+        if (std::optional<Plan> formula = try_plan(p, o)) {
+          for (const StagePlan& s : formula->stages) overshooting += s.memory.predicted_peak() > o.capacity_bytes;
+        }
+        o.fit_replayed = true;
+        if (std::optional<Plan> plan = try_plan(p, o)) {
+          ++fitted;
+          CHECK(plan->options.capacity_bytes == o.capacity_bytes);  // the user's, not the tightened one
+          for (const StagePlan& s : plan->stages) CHECK(s.memory.predicted_peak() <= o.capacity_bytes);
+        }
+      }
+    }
+  }
+  CHECK(overshooting > 0);  // the formula alone does exceed the capacity here
+  CHECK(fitted > 0);
 }
