@@ -42,6 +42,15 @@ std::vector<std::vector<TensorDecision>> decide(const Profile& profile, const Pl
   return out;
 }
 
+// One untimed iteration per node: the tests need the profile's structure and bytes.
+Profile quick_profile(const OpGraph& g) {
+  ProfilerOptions quick;
+  quick.warmup = 0;
+  quick.iterations = 1;
+  quick.in_step_timing = false;
+  return profile_graph(g, quick);
+}
+
 }  // namespace
 
 TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedule", "[runtime][evictor]") {
@@ -50,11 +59,7 @@ TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedu
   // relative position biases and RMS norms, bert a separate classifier head.
   for (const char* preset : {"gpt2-tiny", "t5-tiny", "bert-tiny"}) {
     OpGraph g = build_model(preset_config(preset), 2);
-    ProfilerOptions quick;
-    quick.warmup = 0;
-    quick.iterations = 1;
-    quick.in_step_timing = false;
-    const Profile profile = profile_graph(g, quick);
+    const Profile profile = quick_profile(g);
     for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
       PlanOptions po;
       po.stages = 2;
@@ -110,11 +115,7 @@ TEST_CASE("the stage memory replay predicts the evictor's measured peak", "[runt
   CountingAllocator& counter = CountingAllocator::install();
   for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny"}) {
     OpGraph g = build_model(preset_config(preset), 4);
-    ProfilerOptions quick;
-    quick.warmup = 0;
-    quick.iterations = 1;
-    quick.in_step_timing = false;
-    const Profile profile = profile_graph(g, quick);
+    const Profile profile = quick_profile(g);
     std::mt19937 rng(11);
     // Fixed cuts (not the planner's, which follow the profiled timings): every block boundary.
     std::vector<int> cuts;
