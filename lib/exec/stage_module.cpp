@@ -7,6 +7,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "graph/layout.h"
+
 namespace dawnpiper {
 
 uint64_t mix_seed(uint64_t a, uint64_t b) {
@@ -103,6 +105,13 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
     if (produced_here && t.consumers.empty()) continue;  // the loss: the caller reads it
     if (last_local >= 0) release_after_[last_local - begin].push_back(t.id);
   }
+  const std::vector<Strides> strides = tensor_strides(graph);
+  reshape_copies_.assign(end - begin, 0);
+  for (int n = begin; n < end; ++n) {
+    const Node& node = graph.nodes[n];
+    if (node.kind == OpKind::Reshape)
+      reshape_copies_[n - begin] = !reshape_is_view(graph, strides, node.inputs[0], graph.tensor(node.outputs[0]).shape);
+  }
 }
 
 int64_t StageModule::parameter_count() const {
@@ -117,11 +126,9 @@ at::Tensor StageModule::param(int node, int index) const {
   return params_[param_index_.at(key)].tensor;
 }
 
-at::Tensor StageModule::causal_mask(int64_t size) const {
-  auto it = causal_masks_.find(size);
-  if (it != causal_masks_.end()) return it->second;
-  at::Tensor m = at::ones({size, size}, at::TensorOptions().dtype(at::kBool)).triu(1).to(device_);
-  causal_masks_[size] = m;
+at::Tensor StageModule::causal_mask(const Node& node, int64_t size) const {
+  at::Tensor& m = constants_[graph_->stage_constant(node.id).key];
+  if (!m.defined()) m = at::ones({size, size}, at::TensorOptions().dtype(at::kBool)).triu(1).to(device_);
   return m;
 }
 
@@ -129,15 +136,13 @@ at::Tensor StageModule::relative_buckets(const Node& node, int64_t sq, int64_t s
   const int64_t buckets = node.attr_int("buckets", 32);
   const int64_t max_distance = node.attr_int("max_distance", 128);
   const bool bidirectional = node.attr_int("bidirectional", 1) != 0;
-  std::vector<int64_t> key{sq, sk, buckets, max_distance, bidirectional ? 1 : 0};
-  auto it = bucket_cache_.find(key);
-  if (it != bucket_cache_.end()) return it->second;
+  at::Tensor& t = constants_[graph_->stage_constant(node.id).key];
+  if (t.defined()) return t;
   std::vector<int64_t> ids(sq * sk);
   for (int64_t q = 0; q < sq; ++q)
     for (int64_t k = 0; k < sk; ++k)
       ids[q * sk + k] = t5_bucket(k - q, bidirectional, buckets, max_distance);
-  at::Tensor t = at::tensor(ids, at::kLong).view({sq, sk}).to(device_);
-  bucket_cache_[key] = t;
+  t = at::tensor(ids, at::kLong).view({sq, sk}).to(device_);
   return t;
 }
 
@@ -188,12 +193,15 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
       out = at::mul(in(0), keep.to(device_)) * (1.0 / (1.0 - p));
       break;
     }
-    case OpKind::Reshape: out = in(0).reshape(node.attr_ints("shape")); break;
+    case OpKind::Reshape:
+      out = in(0).reshape(node.attr_ints("shape"));
+      if (reshape_copies_[n - begin_] && out.is_alias_of(in(0))) out = out.clone();
+      break;
     case OpKind::Transpose: out = in(0).permute(node.attr_ints("dims")); break;
     case OpKind::MatMul: out = at::matmul(in(0), in(1)); break;
     case OpKind::Scale: out = in(0) * node.attr_real("factor", 1.0); break;
     case OpKind::CausalMask:
-      out = in(0).masked_fill(causal_mask(in(0).size(-1)), -std::numeric_limits<float>::infinity());
+      out = in(0).masked_fill(causal_mask(node, in(0).size(-1)), -std::numeric_limits<float>::infinity());
       break;
     case OpKind::Softmax: out = at::softmax(in(0), -1); break;
     case OpKind::Add:
@@ -214,7 +222,9 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
     case OpKind::ScaleShift: out = at::addcmul(param(n, 1), in(0), param(n, 0)); break;
     case OpKind::RelPosBias: {
       const Shape& s = graph_->tensor(node.outputs[0]).shape;  // [1, heads, Sq, Sk]
-      out = at::embedding(param(n, 0), relative_buckets(node, s[2], s[3])).permute({2, 0, 1}).unsqueeze(0);
+      // Contiguous, as the profile and the planner assume of every non-view op's output (and as
+      // a transport sends it).
+      out = at::embedding(param(n, 0), relative_buckets(node, s[2], s[3])).permute({2, 0, 1}).unsqueeze(0).contiguous();
       break;
     }
     case OpKind::Conv2d:

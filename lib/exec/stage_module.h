@@ -71,7 +71,7 @@ class StageModule {
 
  private:
   at::Tensor param(int node, int index) const;
-  at::Tensor causal_mask(int64_t size) const;
+  at::Tensor causal_mask(const Node& node, int64_t size) const;
   at::Tensor relative_buckets(const Node& node, int64_t sq, int64_t sk) const;
 
   const OpGraph* graph_;
@@ -82,8 +82,11 @@ class StageModule {
   std::map<std::pair<int, int>, int> param_index_;  // (node, param) -> params_ index
   std::vector<int> external_inputs_, outputs_;
   std::vector<std::vector<int>> release_after_;  // node offset -> tensors dead after it
-  mutable std::map<int64_t, at::Tensor> causal_masks_;
-  mutable std::map<std::vector<int64_t>, at::Tensor> bucket_cache_;
+  // node offset -> a reshape that copies when the whole graph runs: it copies here too, even
+  // where its input arrived contiguous (received), so the stage keeps the storages the
+  // profile and the planner account for.
+  std::vector<char> reshape_copies_;
+  mutable std::map<std::string, at::Tensor> constants_;  // by OpGraph::stage_constant key
 };
 
 // Deterministic 64-bit mixing of seeds (splitmix64).

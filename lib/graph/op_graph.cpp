@@ -174,6 +174,23 @@ int64_t OpGraph::parameter_count() const {
   return n;
 }
 
+StageConstant OpGraph::stage_constant(int node) const {
+  const Node& n = nodes.at(node);
+  const Shape& out = tensor(n.outputs[0]).shape;
+  if (n.kind == OpKind::CausalMask) {  // bool [S, S]
+    const int64_t s = out.back();
+    return {"causal_mask " + std::to_string(s), s * s};
+  }
+  if (n.kind == OpKind::RelPosBias) {  // int64 [Sq, Sk]
+    const int64_t sq = out[2], sk = out[3];
+    return {"relative_buckets " + std::to_string(sq) + " " + std::to_string(sk) + " " +
+                std::to_string(n.attr_int("buckets", 32)) + " " + std::to_string(n.attr_int("max_distance", 128)) +
+                " " + std::to_string(n.attr_int("bidirectional", 1) != 0),
+            sq * sk * 8};
+  }
+  return {};
+}
+
 int64_t OpGraph::parameter_bytes(int node) const {
   int64_t b = 0;
   for (const ParamSpec& p : nodes.at(node).params)

@@ -107,6 +107,13 @@ struct Node {
   double attr_real(const std::string& key, double fallback) const;
 };
 
+// A constant a stage computes once and keeps for every micro-batch (a causal mask, T5's
+// relative-position buckets): nodes with equal keys share one. bytes == 0: the node has none.
+struct StageConstant {
+  std::string key;
+  int64_t bytes = 0;
+};
+
 // A tensor crossing a cut: produced before it, consumed at or after it.
 struct CrossingTensor {
   int tensor = -1;
@@ -153,6 +160,7 @@ class OpGraph {
   std::vector<bool> requires_grad() const;
   int64_t parameter_count() const;  // unique parameters (tied ones counted once)
   int64_t parameter_bytes(int node) const;  // owned (untied) parameter bytes of one node
+  StageConstant stage_constant(int node) const;
 };
 
 }  // namespace dawnpiper

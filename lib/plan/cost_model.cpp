@@ -1,6 +1,7 @@
 #include "plan/cost_model.h"
 
 #include <algorithm>
+#include <set>
 
 #include "util/error.h"
 
@@ -53,6 +54,7 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
     bwd_[i + 1] = bwd_[i] + node.bwd_ms;
     params_[i + 1] = params_[i] + node.param_bytes;
     transient[static_cast<size_t>(i)] = std::max(node.fwd_workspace, node.bwd_workspace);
+    if (node.constant_bytes > 0) constant_nodes_.push_back(i);
   }
   transient_ = RangeMax(transient);
 
@@ -127,6 +129,16 @@ int64_t CostModel::activation_bytes(int b, int e) const {
   return saved_sum_[e] - saved_sum_[b] - saved_repeats_.weight(b, e);
 }
 
+int64_t CostModel::constant_bytes(int b, int e) const {
+  std::set<std::string> keys;
+  int64_t sum = 0;
+  for (auto it = std::lower_bound(constant_nodes_.begin(), constant_nodes_.end(), b); it != constant_nodes_.end() && *it < e; ++it) {
+    const NodeProfile& node = profile_->nodes[static_cast<size_t>(*it)];
+    if (keys.insert(node.constant_key).second) sum += node.constant_bytes;
+  }
+  return sum;
+}
+
 MemoryBreakdown CostModel::memory(int b, int e, int x, int64_t activation_per_micro_batch) const {
   MemoryBreakdown m;
   m.weights = param_bytes(b, e);
@@ -138,6 +150,7 @@ MemoryBreakdown CostModel::memory(int b, int e, int x, int64_t activation_per_mi
   m.in_flight = in_flight(x);
   m.activations = m.in_flight * activation_per_micro_batch;
   m.transient = transient_bytes(b, e);
+  m.constants = constant_bytes(b, e);
   return m;
 }
 

@@ -54,6 +54,8 @@ class CostModel {
 
   // --- memory (bytes) ---
   int64_t param_bytes(int b, int e) const { return params_[e] - params_[b]; }
+  // Constants a stage [b, e) keeps (causal masks, relative-position buckets), each key once.
+  int64_t constant_bytes(int b, int e) const;
   int64_t activation_bytes(int b, int e) const;  // distinct saved tensors, one micro-batch
   int64_t transient_bytes(int b, int e) const { return transient_.max(b, e); }
   // The breakdown for stage x holding `activation_per_micro_batch` saved bytes per micro-batch.
@@ -104,6 +106,7 @@ class CostModel {
 
   std::vector<double> fwd_, bwd_;    // prefix sums, size n+1
   std::vector<int64_t> params_;      // prefix sums
+  std::vector<int> constant_nodes_;  // nodes with a stage constant, ascending
   std::vector<int64_t> saved_sum_;   // prefix sums of each node's distinct saved bytes
   DominanceSum saved_repeats_;       // consecutive savers of one tensor, to count it once
   RangeMax transient_;

@@ -51,6 +51,7 @@ Json memory_json(const MemoryBreakdown& m) {
   j["in_flight"] = m.in_flight;
   j["activations"] = m.activations;
   j["transient"] = m.transient;
+  j["constants"] = m.constants;
   j["replayed_peak"] = m.replayed_peak;
   j["peak"] = m.total();
   return j;
@@ -67,6 +68,7 @@ MemoryBreakdown memory_from_json(const Json& j) {
   m.in_flight = static_cast<int>(j.at("in_flight").as_int());
   m.activations = j.at("activations").as_int();
   m.transient = j.at("transient").as_int();
+  if (j.contains("constants")) m.constants = j.at("constants").as_int();
   if (j.contains("replayed_peak")) m.replayed_peak = j.at("replayed_peak").as_int();
   if (j.contains("peak") && j.at("peak").as_int() != m.total())
     throw ConfigError("plan: a stage's memory peak does not match its breakdown");

@@ -59,6 +59,7 @@ struct MemoryBreakdown {
   int in_flight = 0;            // micro-batches alive at once, from simulation
   int64_t activations = 0;      // in_flight * activation_per_micro_batch
   int64_t transient = 0;
+  int64_t constants = 0;        // computed once per stage (causal masks, position buckets)
   // The prediction the runtime is measured against: the stage's action list replayed
   // allocation by allocation with its decisions (plan/stage_memory.h). It adds what the terms
   // above leave out (gradients in flight, received and sent activations no node saves, data,
@@ -67,7 +68,7 @@ struct MemoryBreakdown {
   // What the stage needs: the replay when there is one, else the terms' sum.
   int64_t predicted_peak() const { return replayed_peak > 0 ? replayed_peak : total(); }
   int64_t total() const {
-    return weights + stashed_weights + gradients + optimizer + activations + transient;
+    return weights + stashed_weights + gradients + optimizer + activations + transient + constants;
   }
 };
 

@@ -21,7 +21,11 @@ struct Eviction {
 // One micro-batch's state on the stage between its forward and the end of its backward.
 struct MicroBatch {
   std::vector<int> refs;
-  std::vector<char> alive, evicted, has_grad;
+  std::vector<char> alive, evicted;
+  // Gradients: 0 none yet, 1 allocated by this backward (freed once consumed), 2 a received
+  // gradient (or a view of one) the stage holds until its backward ends.
+  std::vector<char> has_grad;
+  std::vector<char> permuted;  // the gradient is a transposed view: reshaping it copies
   int64_t received_grads = 0;  // gradients received for the backward
   int64_t input_grads = 0;     // gradients of received activations, until they are sent back
   int64_t version = 0;
@@ -183,7 +187,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
   }
 
   StageMemoryReplay r;
-  int64_t live = weights;
+  int64_t live = weights + model.constant_bytes(b, e);  // constants: computed in the first forward
   int current_action = -1;
   auto note = [&](int64_t value, int node) {
     if (value > r.peak) r.peak = value, r.peak_action = current_action, r.peak_node = node;
@@ -261,6 +265,14 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     return s;
   };
   const int64_t received_bytes = sum_bytes(received), sent_bytes = sum_bytes(sent);
+  // A transposed view is sent as a contiguous copy (MPI reads one dense buffer).
+  int64_t permuted_sent_bytes = 0;
+  for (const TensorBytes& s : sent)
+    for (int t = s.tensor; t >= 0; t = p.tensors[static_cast<size_t>(t)].alias_of)
+      if (p.nodes[static_cast<size_t>(p.tensors[static_cast<size_t>(t)].producer)].kind == "transpose") {
+        permuted_sent_bytes += s.bytes;
+        break;
+      }
   // Receives allocate the tensors they receive. A send keeps what it sends referenced until
   // MPI completes it: found done by the next send (the receiver may not have taken it earlier).
   auto receive = [&](int64_t total) { live += total; };
@@ -284,6 +296,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
       m.alive.assign(static_cast<size_t>(T), 0);
       m.evicted.assign(static_cast<size_t>(T), 0);
       m.has_grad.assign(static_cast<size_t>(T), 0);
+      m.permuted.assign(static_cast<size_t>(T), 0);
       return m;
     };
     switch (a.kind) {
@@ -324,7 +337,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
         MicroBatch& m = state();
         // The activations stay referenced by the micro-batch anyway; sent tensors the evictor
         // empties next are sent as copies.
-        const int64_t copies = evict_after_send.empty() ? 0 : sent_bytes;
+        const int64_t copies = evict_after_send.empty() ? permuted_sent_bytes : sent_bytes;
         live += copies;
         send(copies);
         for (int i : evict_after_send) evict(m, evictions[static_cast<size_t>(i)]);
@@ -346,16 +359,31 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
           if (node.kind == "input" || !requires_grad[static_cast<size_t>(out)]) continue;
           restore_for(m, i);
           const bool view = !p.tensors[static_cast<size_t>(out)].owns_storage();
+          const char out_grad = m.has_grad[static_cast<size_t>(out)];
           int64_t grads = 0, transient = 0;
-          bool passed_on = false;  // a view hands its output's gradient to its input
+          bool passed_on = false;     // a view hands its output's gradient to its input
+          bool copied_view = false;   // ... unless it must copy it first
           for (int t : model.inputs(i)) {
-            if (!requires_grad[static_cast<size_t>(t)] || m.has_grad[static_cast<size_t>(t)]) continue;
-            m.has_grad[static_cast<size_t>(t)] = 1;
+            if (!requires_grad[static_cast<size_t>(t)]) continue;
+            char& g = m.has_grad[static_cast<size_t>(t)];
+            if (g) {  // this node's contribution is summed into the existing gradient
+              if (view) continue;
+              transient += bytes(t);
+              if (g == 2) grads += bytes(t), g = 1;  // out of place: the stage still holds the received one
+              continue;
+            }
             passed_on = true;
             if (is_received[static_cast<size_t>(t)]) m.input_grads += bytes(t);  // held until sent back
-            if (!view) grads += bytes(t);
+            if (!view) {
+              g = 1, grads += bytes(t);
+            } else if (node.kind == "reshape" && m.permuted[static_cast<size_t>(out)]) {
+              g = 1, grads += bytes(t), copied_view = true;  // a permuted gradient is not viewable
+            } else {  // a view of the output's gradient, with its owner
+              g = out_grad ? out_grad : 1;
+              m.permuted[static_cast<size_t>(t)] = m.permuted[static_cast<size_t>(out)] || node.kind == "transpose";
+            }
           }
-          if (view && !passed_on && m.has_grad[static_cast<size_t>(out)] == 1)
+          if (view && !passed_on && out_grad == 1)
             live -= bytes(out);  // a view of a parameter, or summed into an existing gradient
           const int64_t pg = grad_at[static_cast<size_t>(i - b)];
           if (!grad_done[static_cast<size_t>(i - b)]) {
@@ -370,7 +398,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
           }
           note(live + grads + transient + node.bwd_workspace, i);
           live += grads;
-          if (m.has_grad[static_cast<size_t>(out)] == 1 && !view && !is_received[static_cast<size_t>(out)])
+          if (out_grad == 1 && (!view || copied_view) && !is_received[static_cast<size_t>(out)])
             live -= bytes(out);  // the output's gradient has been consumed
           for (int t : node.saved)
             for (int k : saver_keys(t)) release(m, k);

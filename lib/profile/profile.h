@@ -60,6 +60,10 @@ struct NodeProfile {
   // copy of `tied_bytes`. -1 / 0 when the node reads no other node's parameter.
   int tied_owner = -1;
   int64_t tied_bytes = 0;
+  // A constant the stage holding this node computes once and keeps (OpGraph::stage_constant):
+  // nodes with equal keys share it. Independent of the batch size.
+  std::string constant_key;
+  int64_t constant_bytes = 0;
   LinearFit fwd_workspace_fit, bwd_workspace_fit;
   // Transient bytes: the peak during the node's forward (backward) minus what is still
   // allocated after it (forward: output and internal buffers; backward: the gradients of its

@@ -45,6 +45,9 @@ NodeProfile node_row(const OpGraph& g, int node, const std::vector<int>& depths)
       np.tied_owner = ps.tied_node;
       np.tied_bytes += numel(g.nodes[ps.tied_node].params[ps.tied_param].shape) * 4;
     }
+  const StageConstant c = g.stage_constant(n.id);
+  np.constant_key = c.key;
+  np.constant_bytes = c.bytes;
   np.outputs = n.outputs;
   return np;
 }

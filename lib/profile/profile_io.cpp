@@ -59,6 +59,8 @@ void write_profile(const Profile& p, const std::string& path) {
     write_column<int64_t>(nodes, "param_grad_bytes", column(N, [](const NodeProfile& n) { return n.param_grad_bytes; }));
     write_column<int64_t>(nodes, "tied_owner", column(N, [](const NodeProfile& n) { return int64_t{n.tied_owner}; }));
     write_column<int64_t>(nodes, "tied_bytes", column(N, [](const NodeProfile& n) { return n.tied_bytes; }));
+    write_strings(nodes, "constant_key", column(N, [](const NodeProfile& n) { return n.constant_key; }));
+    write_column<int64_t>(nodes, "constant_bytes", column(N, [](const NodeProfile& n) { return n.constant_bytes; }));
     write_column<int64_t>(nodes, "fwd_workspace", column(N, [](const NodeProfile& n) { return n.fwd_workspace; }));
     write_column<int64_t>(nodes, "bwd_workspace", column(N, [](const NodeProfile& n) { return n.bwd_workspace; }));
     write_column<double>(nodes, "fwd_workspace_base", column(N, [](const NodeProfile& n) { return n.fwd_workspace_fit.base; }));
@@ -127,6 +129,10 @@ Profile read_profile(const std::string& path) {
     const bool ties = H5Lexists(nodes, "tied_owner", H5P_DEFAULT) > 0;
     std::vector<int64_t> to = ties ? i("tied_owner") : std::vector<int64_t>(name.size(), -1),
                          tb = ties ? i("tied_bytes") : std::vector<int64_t>(name.size(), 0);
+    // Likewise: profiles written before have no stage constants recorded.
+    const bool constants = H5Lexists(nodes, "constant_key", H5P_DEFAULT) > 0;
+    std::vector<std::string> ck = constants ? read_strings(nodes, "constant_key") : std::vector<std::string>(name.size());
+    std::vector<int64_t> cb = constants ? i("constant_bytes") : std::vector<int64_t>(name.size(), 0);
     for (size_t k = 0; k < name.size(); ++k) {
       NodeProfile n;
       n.id = static_cast<int>(k);
@@ -142,6 +148,8 @@ Profile read_profile(const std::string& path) {
       n.param_grad_bytes = pgb[k];
       n.tied_owner = static_cast<int>(to[k]);
       n.tied_bytes = tb[k];
+      n.constant_key = ck[k];
+      n.constant_bytes = cb[k];
       n.fwd_workspace = fw[k];
       n.bwd_workspace = bw[k];
       n.fwd_workspace_fit = {fwb[k], fws[k]};

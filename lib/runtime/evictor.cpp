@@ -195,7 +195,9 @@ void Evictor::evict(MicroBatch& m, int i, const at::Tensor& tensor) {
   const Entry& entry = entries_[static_cast<size_t>(i)];
   Held& h = m.held.at(i);
   c10::StorageImpl* storage = storage_of(tensor);
-  if (h.evicted || storage->data() == nullptr || h.bytes == 0) return;
+  if (h.evicted || h.bytes == 0) return;
+  if (storage->data() == nullptr)  // the planner's storages differ from the stage's: a bug
+    throw std::logic_error("evictor: " + graph_.tensor(entry.tensor).name + " shares its storage with a tensor evicted before");
   const Clock::time_point start = Clock::now();
   if (entry.action == TensorAction::Swap) {
     // Host memory outside the device allocator: the counting allocator does not charge it.

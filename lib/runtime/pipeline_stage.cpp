@@ -71,10 +71,11 @@ void PipelineStage::run(const Action& a) {
     }
     case ActionKind::SendActivation: {
       // Copies when the evictor empties sent storages next: the transport may still read them.
+      // Contiguous ones, which the transport sends as they are.
       const bool copy = evictor_ && evictor_->evicts_after_send();
       std::vector<at::Tensor> out;
       for (const at::Tensor& t : in_flight_.at(a.micro_batch).outputs)
-        out.push_back(copy ? t.detach().clone() : t.detach());
+        out.push_back(copy ? t.detach().clone(at::MemoryFormat::Contiguous) : t.detach());
       transport_.send(config_.stage + 1, MessageKind::Activation, a.micro_batch, std::move(out));
       if (evictor_) evictor_->after_send(a.micro_batch);
       break;

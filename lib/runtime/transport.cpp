@@ -38,7 +38,10 @@ std::vector<at::Tensor> LocalTransport::recv(int from_stage, MessageKind kind, i
 }
 
 void StandInTransport::send(int, MessageKind, int64_t, std::vector<at::Tensor> tensors) {
-  for (const at::Tensor& t : tensors) bytes_sent_ += t.numel() * t.element_size();
+  for (at::Tensor& t : tensors) {
+    t = t.contiguous();
+    bytes_sent_ += t.numel() * t.element_size();
+  }
   in_flight_ = std::move(tensors);
 }
 
@@ -77,7 +80,9 @@ int MpiTransport::tag(MessageKind kind, int64_t micro_batch) const {
 }
 
 void MpiTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) {
-  reap();
+  // The previous send completes first: the planner's memory replay holds a sent buffer until
+  // the stage's next send, and a receiver running behind must not let sends pile up beyond it.
+  flush();
   // One message per tensor, straight from its storage (no packed copy): MPI keeps messages with
   // the same source, tag and communicator in order, and the tensor stays referenced until done.
   for (const at::Tensor& t : tensors) {
@@ -105,6 +110,7 @@ std::vector<at::Tensor> MpiTransport::recv(int from_stage, MessageKind kind, int
     bytes_received_ += n;
     out.push_back(std::move(t));
   }
+  reap();
   return out;
 }
 

@@ -56,7 +56,8 @@ class LocalTransport final : public Transport {
 
 // For running one stage alone (replay-stage): receives return stand-in tensors of the right
 // shapes and dtypes (small random values, zeros for integers), sends are counted and held until
-// the next send (the latest an MPI send completes, as the planner's memory replay assumes).
+// the next send (the latest an MPI send completes, as the planner's memory replay assumes), as
+// contiguous copies where MPI would need one (transposed views).
 class StandInTransport final : public Transport {
  public:
   explicit StandInTransport(uint64_t seed = 7) : seed_(seed) {}

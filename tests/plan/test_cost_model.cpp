@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <set>
+#include <tuple>
 
 #include "plan/balance.h"
 #include "plan/cost_model.h"
@@ -119,6 +120,29 @@ TEST_CASE("memory breakdown uses the simulated in-flight and weight-version coun
   opt.schedule = "1f1b";
   CostModel sync(p, opt);
   for (int x = 0; x < 4; ++x) CHECK(sync.in_flight(x) == std::min(4 - x, 5));
+}
+
+TEST_CASE("a stage counts each constant once, however many of its nodes share it", "[plan][cost]") {
+  SyntheticOptions o;
+  o.nodes = 12;
+  Profile p = random_profile(5, o);
+  for (auto [node, key, bytes] : {std::tuple<int, const char*, int64_t>{3, "mask 32", 1024}, {5, "buckets", 8192},
+                                  {7, "mask 32", 1024}, {9, "mask 64", 4096}}) {
+    p.nodes[static_cast<size_t>(node)].constant_key = key;
+    p.nodes[static_cast<size_t>(node)].constant_bytes = bytes;
+  }
+  PlanOptions opt;
+  opt.stages = 2;
+  const CostModel model(p, opt);
+  CHECK(model.constant_bytes(0, 3) == 0);
+  CHECK(model.constant_bytes(3, 4) == 1024);
+  CHECK(model.constant_bytes(0, 12) == 1024 + 8192 + 4096);
+  CHECK(model.constant_bytes(4, 8) == 8192 + 1024);
+  CHECK(model.constant_bytes(6, 10) == 1024 + 4096);
+  const MemoryBreakdown mem = model.memory(0, 8, 0, 100);
+  CHECK(mem.constants == 1024 + 8192);
+  CHECK(mem.total() == mem.weights + mem.stashed_weights + mem.gradients + mem.optimizer + mem.activations +
+                           mem.transient + mem.constants);
 }
 
 TEST_CASE("balanced cuts minimize their balance criterion", "[plan][cost]") {

@@ -115,6 +115,9 @@ TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]
   p.measured_step_ms = 12.5;
   p.measured_peak_bytes = 123456;
   const std::string path = "test_profile_roundtrip.h5";
+  int constants = 0;  // T5's relative-position buckets: one per attention
+  for (const NodeProfile& n : p.nodes) constants += n.constant_bytes > 0;
+  CHECK(constants > 0);
   write_profile(p, path);
   Profile q = read_profile(path);
   CHECK(q.preset == p.preset);
@@ -134,6 +137,10 @@ TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]
     CHECK(a.fwd_ms == b.fwd_ms);
     CHECK(a.bwd_ms_fit.per_sample == b.bwd_ms_fit.per_sample);
     CHECK(a.param_grad_bytes == b.param_grad_bytes);
+    CHECK(a.tied_owner == b.tied_owner);
+    CHECK(a.tied_bytes == b.tied_bytes);
+    CHECK(a.constant_key == b.constant_key);
+    CHECK(a.constant_bytes == b.constant_bytes);
     CHECK(a.bwd_workspace == b.bwd_workspace);
     CHECK(a.outputs == b.outputs);
     CHECK(a.saved == b.saved);

@@ -1,0 +1,63 @@
+#include "graph/layout.h"
+
+namespace dawnpiper {
+
+Strides contiguous_strides(const Shape& shape) {
+  Strides s(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
+  return s;
+}
+
+namespace {
+
+// Strides of `new_shape` viewing a tensor of (shape, strides) without a copy, if possible
+// (the rule of ATen's computeStride, which decides whether reshape views or copies).
+bool view_strides(const Shape& shape, const Strides& strides, const Shape& new_shape, Strides& out) {
+  out.assign(new_shape.size(), 0);
+  if (shape.empty()) return false;
+  int view_d = static_cast<int>(new_shape.size()) - 1;
+  int64_t chunk_base = strides.back(), tensor_numel = 1, view_numel = 1;
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= shape[d];
+    if (d == 0 || (shape[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base;
+        view_numel *= new_shape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return false;
+      if (d > 0) {
+        chunk_base = strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  return view_d == -1;
+}
+
+}  // namespace
+
+std::vector<Strides> tensor_strides(const OpGraph& g) {
+  std::vector<Strides> st(g.tensors.size());
+  for (const Node& n : g.nodes) {
+    const int out = n.outputs[0];
+    const Shape& shape = g.tensor(out).shape;
+    st[out] = contiguous_strides(shape);
+    if (n.kind == OpKind::Transpose) {
+      const auto& dims = n.attr_ints("dims");
+      for (size_t i = 0; i < dims.size(); ++i) st[out][i] = st[n.inputs[0]][dims[i]];
+    } else if (n.kind == OpKind::Reshape) {
+      Strides v;
+      if (view_strides(g.tensor(n.inputs[0]).shape, st[n.inputs[0]], shape, v)) st[out] = v;
+    }
+  }
+  return st;
+}
+
+bool reshape_is_view(const OpGraph& g, const std::vector<Strides>& st, int input, const Shape& to) {
+  Strides v;
+  return view_strides(g.tensor(input).shape, st[input], to, v);
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,21 @@
+#pragma once
+// Memory layout of every graph tensor as the executor produces it when the whole graph runs on
+// one device: views (transpose, viewable reshape) keep their base's layout, everything else is
+// contiguous. The analytic profile uses it to know which reshapes copy; a stage uses it to copy
+// where the whole graph would, although its received inputs arrive contiguous.
+#include <cstdint>
+#include <vector>
+
+#include "graph/op_graph.h"
+
+namespace dawnpiper {
+
+using Strides = std::vector<int64_t>;
+
+Strides contiguous_strides(const Shape& shape);
+std::vector<Strides> tensor_strides(const OpGraph& g);
+// Whether `to` can view tensor `input` laid out as `st[input]` (ATen's computeStride rule,
+// which decides whether reshape views or copies).
+bool reshape_is_view(const OpGraph& g, const std::vector<Strides>& st, int input, const Shape& to);
+
+}  // namespace dawnpiper
