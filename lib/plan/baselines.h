@@ -4,7 +4,8 @@
 // maximal runs of nodes with the same NodeProfile::block (layers / cells).
 //  even       equal numbers of blocks per stage (earlier stages take the remainder).
 //  gpipe      torchgpipe's balance_by_time: Barany's block partition heuristic
-//             (torchgpipe/balance/blockpartition.py) over per-block fwd+bwd times. Memory-blind.
+//             (torchgpipe/balance/blockpartition.py) over per-block fwd+bwd times. Memory-blind;
+//             its r/sr work on whole blocks (GPipe re-materializes layers).
 //  pipedream  PipeDream's dynamic program for a straight pipeline: minimize the slowest stage,
 //             a stage's time being max(compute, activation+gradient transfer at its input).
 //             Memory-blind; the memory optimizer and the capacity check come after.

@@ -38,6 +38,12 @@ int64_t Plan::max_peak_bytes() const {
   return worst;
 }
 
+int64_t Plan::max_predicted_peak_bytes() const {
+  int64_t worst = 0;
+  for (const StagePlan& s : stages) worst = std::max(worst, s.memory.predicted_peak());
+  return worst;
+}
+
 namespace {
 
 Json memory_json(const MemoryBreakdown& m) {
@@ -99,6 +105,7 @@ std::string Plan::to_json(int indent) const {
   j["planning_ms"] = planning_ms;
   j["bottleneck_ms"] = bottleneck_ms();
   j["max_peak_bytes"] = max_peak_bytes();
+  j["max_predicted_peak_bytes"] = max_predicted_peak_bytes();
   Json list = Json::array();
   for (const StagePlan& s : stages) {
     Json st = Json::object();
@@ -232,7 +239,7 @@ void Plan::print_table(std::ostream& out) const {
     out << line;
   }
   std::snprintf(line, sizeof line, "bottleneck %.3f ms per micro-batch, max peak %s, planned in %.2f ms\n",
-                bottleneck_ms(), format_bytes(static_cast<double>(max_peak_bytes())).c_str(),
+                bottleneck_ms(), format_bytes(static_cast<double>(max_predicted_peak_bytes())).c_str(),
                 planning_ms);
   out << line;
 }

@@ -97,7 +97,8 @@ struct Plan {
   std::vector<StagePlan> stages;
 
   double bottleneck_ms() const;   // slowest stage: the pipeline's per-micro-batch period
-  int64_t max_peak_bytes() const;
+  int64_t max_peak_bytes() const;            // by the search's formula (MemoryBreakdown::total)
+  int64_t max_predicted_peak_bytes() const;  // what the runtime is measured against (the replay)
   std::string to_json(int indent = 2) const;
   void print_table(std::ostream& out) const;
 };

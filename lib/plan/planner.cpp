@@ -126,7 +126,9 @@ namespace {
 
 std::optional<Plan> search(const Profile& profile, const PlanOptions& options) {
   CostModel model(profile, options);
-  const bool blocks = options.planner == "vpipe";
+  // The block planners of systems that checkpoint or swap whole layers: coarse memory
+  // optimization (a block's internal tensors together; block outputs stay as checkpoints).
+  const bool blocks = options.planner == "vpipe" || options.planner == "gpipe";
   StageEvaluator evaluator(model, memopt_mode_from_name(options.memopt), options.capacity_bytes,
                            blocks ? MemoptGranularity::Block : MemoptGranularity::Tensor);
   Bounds bounds;

@@ -2,7 +2,10 @@
 // training computes: parameters after k steps equal those of the same run keeping everything.
 #include "torch_test.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -178,3 +181,78 @@ TEST_CASE("the stage memory replay predicts the evictor's measured peak", "[runt
   }
 }
 
+
+// The baselines' coarse modes (gpipe and vpipe: whole blocks recomputed or swapped, block
+// outputs kept as checkpoints) are plain decisions to the runtime: training is bitwise
+// unchanged and each stage peaks at its replayed prediction.
+TEST_CASE("block-level recompute and swap plans of gpipe and vpipe run bitwise unchanged", "[runtime][evictor]") {
+  at::set_num_threads(1);
+  CountingAllocator& counter = CountingAllocator::install();
+  for (const char* preset : {"gpt2-tiny", "t5-tiny"}) {
+    OpGraph g = build_model(preset_config(preset), 2);
+    const Profile profile = quick_profile(g);
+    for (const char* planner : {"gpipe", "vpipe"})
+    for (const char* memopt : {"r", "sr"}) {
+      INFO(preset << " " << planner << " " << memopt);
+      PlanOptions po;
+      po.stages = 2;
+      po.schedule = "1f1b";
+      po.micro_batches = 3;
+      po.planner = planner;
+      po.memopt = memopt;
+      po.fit_replayed = true;
+      const int64_t unoptimized = make_plan(profile, po).max_predicted_peak_bytes();
+      // The largest capacity, in 1% steps, that needs evictions.
+      std::optional<Plan> plan;
+      for (int pct = 99; pct >= 40 && !plan; --pct) {
+        po.capacity_bytes = unoptimized * pct / 100;
+        plan = try_plan(profile, po);
+        if (plan && std::all_of(plan->stages.begin(), plan->stages.end(), [](const StagePlan& s) {
+              return std::all_of(s.decisions.begin(), s.decisions.end(), [](const TensorDecision& d) { return d.action == TensorAction::Keep; });
+            }))
+          plan.reset();
+      }
+      REQUIRE(plan);
+      // Whole blocks: one action per block, several tensors evicted together somewhere.
+      size_t largest_unit = 0;
+      for (const StagePlan& s : plan->stages) {
+        std::map<int, std::pair<TensorAction, size_t>> by_block;
+        for (const TensorDecision& d : s.decisions) {
+          if (d.action == TensorAction::Keep) continue;
+          const int block = profile.nodes[static_cast<size_t>(profile.tensors[static_cast<size_t>(d.tensor)].producer)].block;
+          auto [it, fresh] = by_block.emplace(block, std::make_pair(d.action, size_t{0}));
+          CHECK(it->second.first == d.action);
+          largest_unit = std::max(largest_unit, ++it->second.second);
+        }
+      }
+      CHECK(largest_unit >= 2);
+      PipelineConfig pc;
+      pc.schedule = ScheduleKind::OneFOneB;
+      for (const StagePlan& s : plan->stages) pc.ranges.push_back({s.begin, s.end});
+      pc.micro_batches = 3;
+      pc.steps = 2;
+      const InProcessResult kept = run_pipeline_in_process(g, pc);
+      PipelineConfig evicting = pc;
+      for (const StagePlan& s : plan->stages) evicting.decisions.push_back(s.decisions);
+      const InProcessResult r = run_pipeline_in_process(g, evicting);
+      REQUIRE(r.losses.size() == kept.losses.size());
+      for (size_t s = 0; s < r.losses.size(); ++s) CHECK(r.losses[s].loss == kept.losses[s].loss);
+      for (size_t x = 0; x < r.parameters.size(); ++x)
+        for (size_t i = 0; i < r.parameters[x].size(); ++i)
+          CHECK(at::equal(r.parameters[x][i].tensor, kept.parameters[x][i].tensor));
+      for (int x = 0; x < 2; ++x) {
+        int64_t measured = 0;
+        {
+          const int64_t base = counter.live_bytes();
+          StandInTransport transport;
+          PipelineStage stage(g, stage_config(evicting, x), transport);
+          counter.reset_peak();
+          for (const Action& a : stage_actions(evicting, x)) stage.execute(a);
+          measured = counter.peak_bytes() - base;
+        }
+        INFO("stage " << x << ": measured " << measured << ", replayed " << plan->stages[static_cast<size_t>(x)].memory.replayed_peak);
+        CHECK(double(measured) <= 1.005 * double(plan->stages[static_cast<size_t>(x)].memory.replayed_peak));
+      }
+    }
+  }
+}
