@@ -124,7 +124,8 @@ std::string needs_text(const Profile& profile, const PlanOptions& options) {
 
 namespace {
 
-std::optional<Plan> search(const Profile& profile, const PlanOptions& options) {
+// replay_capacity > 0: the final stages evict only what their replay needs to fit it.
+std::optional<Plan> search(const Profile& profile, const PlanOptions& options, int64_t replay_capacity) {
   CostModel model(profile, options);
   // The block planners of systems that checkpoint or swap whole layers: coarse memory
   // optimization (a block's internal tensors together; block outputs stay as checkpoints).
@@ -132,6 +133,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options) {
   StageEvaluator evaluator(model, memopt_mode_from_name(options.memopt), options.capacity_bytes,
                            blocks ? MemoptGranularity::Block : MemoptGranularity::Tensor);
   Bounds bounds;
+  evaluator.set_replay_capacity(replay_capacity);
   if (options.planner == "dawnpiper") bounds = BiPar(evaluator).solve();
   else if (options.planner == "exact") bounds = exact_partition(evaluator);
   else if (options.planner == "gpipe") bounds = gpipe_partition(model);
@@ -157,7 +159,9 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options) {
 std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options) {
   validate(profile, options);
   const auto start = std::chrono::steady_clock::now();
-  std::optional<Plan> plan = search(profile, options);
+  const int64_t replay_capacity =
+      options.fit_replayed && options.capacity_bytes != INT64_MAX ? options.capacity_bytes : 0;
+  std::optional<Plan> plan = search(profile, options, replay_capacity);
   auto overshoot = [&](const Plan& p) {
     int64_t most = INT64_MIN;
     for (const StagePlan& s : p.stages) most = std::max(most, s.memory.predicted_peak() - options.capacity_bytes);
@@ -174,7 +178,7 @@ std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options)
       next = -1;
       PlanOptions tightened = options;
       tightened.capacity_bytes = c;
-      std::optional<Plan> candidate = search(profile, tightened);
+      std::optional<Plan> candidate = search(profile, tightened, replay_capacity);
       if (!candidate) {
         lo = c;
       } else if (overshoot(*candidate) > 0) {

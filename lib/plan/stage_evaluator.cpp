@@ -8,7 +8,7 @@ namespace dawnpiper {
 
 StageEvaluator::StageEvaluator(const CostModel& model, MemoptMode mode, int64_t capacity,
                                MemoptGranularity granularity)
-    : model_(model), optimizer_(model, mode, capacity, granularity) {}
+    : model_(model), granularity_(granularity), optimizer_(model, mode, capacity, granularity) {}
 
 const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
   const uint64_t key = (static_cast<uint64_t>(b) << 40) | (static_cast<uint64_t>(e) << 16) |
@@ -35,6 +35,35 @@ double StageEvaluator::objective(const Bounds& bounds) {
 
 StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
   StageMemopt m = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
+  int64_t replayed = replay_stage_memory(model_, b, e, x, m.decisions).peak;
+  if (replay_capacity_ > 0 && m.swapped + m.recomputed > 0 && replayed <= replay_capacity_) {
+    // The formula charges every activation and the largest workspace at once; the replay
+    // knows what is alive together. Relax the optimizer's capacity as far as the replay allows
+    // (bisection: the greedy's overhead grows as its capacity shrinks, though not strictly).
+    auto relaxed = [&](int64_t capacity, int64_t& peak) {
+      MemoryOptimizer optimizer(model_, optimizer_.mode(), capacity, granularity_);
+      StageMemopt r = optimizer.optimize(b, e, x, /*with_decisions=*/true);
+      peak = replay_stage_memory(model_, b, e, x, r.decisions).peak;
+      return r;
+    };
+    int64_t peak = 0;
+    StageMemopt none = relaxed(std::numeric_limits<int64_t>::max(), peak);
+    if (peak <= replay_capacity_) {
+      m = std::move(none), replayed = peak;
+    } else {
+      int64_t lo = optimizer_.capacity(), hi = m.peak_before;
+      for (int round = 0; round < 10 && hi - lo > hi / 512; ++round) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        StageMemopt r = relaxed(mid, peak);
+        if (!r.feasible || peak > replay_capacity_) {
+          hi = mid;
+          continue;
+        }
+        lo = mid;
+        if (r.overhead_ms < m.overhead_ms) m = std::move(r), replayed = peak;
+      }
+    }
+  }
   StagePlan s;
   s.index = x;
   s.begin = b;
@@ -42,7 +71,7 @@ StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
   s.compute_ms = model_.compute_ms(b, e);
   s.memopt_ms = m.overhead_ms;
   s.memory = model_.memory(b, e, x, m.activation_per_micro_batch);
-  s.memory.replayed_peak = replay_stage_memory(model_, b, e, x, m.decisions).peak;
+  s.memory.replayed_peak = replayed;
   s.peak_without_memopt = m.peak_before;
   s.replayed_peak_without_memopt = replay_stage_memory(model_, b, e, x, {}).peak;
   if (e < model_.size()) {

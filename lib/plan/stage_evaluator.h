@@ -42,6 +42,9 @@ class StageEvaluator {
   double objective(const Bounds& bounds);
   // Everything the plan reports about one stage, decisions included.
   StagePlan stage_plan(int b, int e, int x);
+  // > 0: stage_plan evicts less where the replay shows the formula overestimates the stage:
+  // the fewest evictions (largest optimizer capacity) whose replayed peak still fits this.
+  void set_replay_capacity(int64_t bytes) { replay_capacity_ = bytes; }
 
   const CostModel& model() const { return model_; }
   MemoptMode mode() const { return optimizer_.mode(); }
@@ -50,7 +53,9 @@ class StageEvaluator {
 
  private:
   const CostModel& model_;
+  MemoptGranularity granularity_;
   MemoryOptimizer optimizer_;
+  int64_t replay_capacity_ = 0;
   std::unordered_map<uint64_t, StageEval> cache_;
   int64_t evaluations_ = 0;
 };
