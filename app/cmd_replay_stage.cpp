@@ -76,21 +76,29 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   StandInTransport transport;
   PipelineStage stage(graph, stage_config(pc, x), transport);
   StageTracer tracer(x, cpu, transport, StageTracer::Clock::now(), /*keep_records=*/true);
+  if (stage.evictor())
+    stage.evictor()->set_listener([&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes,
+                                            StageTracer::Clock::time_point start, StageTracer::Clock::time_point end) {
+      tracer.record_nested(kind, mb, tensor, bytes, start, end);
+    });
   int64_t step = 0;  // of the latest action with a micro-batch (an update belongs to it)
   for (const Action& a : stage_actions(pc, x)) {
     if (a.micro_batch >= 0) step = a.micro_batch / pc.micro_batches;
     tracer.run(a, step, [&] { stage.execute(a); });
   }
   // Steady state: every step after the first.
-  double fwd = 0, bwd = 0, step_s = 0;
+  double fwd = 0, bwd = 0, step_s = 0, recompute = 0, swap = 0;
   int64_t fwds = 0, bwds = 0;
   const int64_t from = steps > 1 ? 1 : 0;
   for (const ActionRecord& r : tracer.records()) {
     if (r.step < from) continue;
     const double d = r.end_s - r.start_s;
-    step_s += d;
+    if (!is_evictor(r.action_kind())) step_s += d;
     if (r.action_kind() == ActionKind::Forward) fwd += d, ++fwds;
     if (r.action_kind() == ActionKind::Backward) bwd += d, ++bwds;
+    // The evictor's work happens inside forwards and backwards (their times include it).
+    if (r.action_kind() == ActionKind::Recompute) recompute += d;
+    if (r.action_kind() == ActionKind::SwapOut || r.action_kind() == ActionKind::SwapIn) swap += d;
   }
   const StagePlan& sp = plan.stages[x];
   const double measured_ms = 1e3 * (fwd / std::max<int64_t>(fwds, 1) + bwd / std::max<int64_t>(bwds, 1));
@@ -101,6 +109,9 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   std::printf("forward+backward per micro-batch: measured %.3f ms (forward %.3f, backward %.3f), predicted %.3f ms (%+.1f%%)\n",
               measured_ms, 1e3 * fwd / std::max<int64_t>(fwds, 1), 1e3 * bwd / std::max<int64_t>(bwds, 1),
               sp.compute_ms, sp.compute_ms > 0 ? 100 * (measured_ms / sp.compute_ms - 1) : 0.0);
+  const double per_micro_batch = 1e3 / static_cast<double>(std::max<int64_t>(bwds, 1));
+  std::printf("memory optimization per micro-batch: recompute %.3f ms, swap %.3f ms (not overlapped on cpu), predicted overhead %.3f ms\n",
+              recompute * per_micro_batch, swap * per_micro_batch, sp.memopt_ms);
   std::printf("time per step (steps %" PRId64 "..%" PRId64 "): %.3f ms\n", from, steps - 1,
               1e3 * step_s / static_cast<double>(steps - from));
   std::printf("peak memory: measured %s, predicted %s (%+.1f%%)\n", format_bytes(double(tracer.peak_bytes())).c_str(),
