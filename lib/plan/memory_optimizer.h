@@ -58,6 +58,7 @@ class MemoryOptimizer {
 
   MemoptMode mode() const { return mode_; }
   int64_t capacity() const { return capacity_; }
+  void set_capacity(int64_t capacity) { capacity_ = capacity; }
 
  private:
   // A tensor (block granularity: a block's internal tensors) that could be evicted.

@@ -16,14 +16,34 @@ const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
   auto found = cache_.find(key);
   if (found != cache_.end()) return found->second;
   ++evaluations_;
-  StageMemopt m = optimizer_.optimize(b, e, x, /*with_decisions=*/false);
+  int64_t replayed = 0;
+  StageMemopt m = replay_capacity_ > 0 ? fitted(b, e, x, replayed) : optimizer_.optimize(b, e, x, /*with_decisions=*/false);
   StageEval ev;
   ev.feasible = m.feasible;
   ev.uses_memopt = m.swapped + m.recomputed > 0;
   ev.compute_ms = model_.compute_ms(b, e);
   ev.memopt_ms = m.overhead_ms;
-  ev.peak = m.peak;
+  ev.peak = replay_capacity_ > 0 ? replayed : m.peak;
   return cache_.emplace(key, ev).first->second;
+}
+
+StageMemopt StageEvaluator::fitted(int b, int e, int x, int64_t& replayed) {
+  StageMemopt m = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
+  replayed = replay_stage_memory(model_, b, e, x, m.decisions).peak;
+  if (replay_capacity_ <= 0) return m;
+  const int64_t base = optimizer_.capacity();
+  int64_t capacity = base;
+  for (int round = 0; round < 4 && replayed > replay_capacity_ && optimizer_.mode() != MemoptMode::None; ++round) {
+    capacity -= replayed - replay_capacity_;
+    if (capacity <= 0) break;
+    optimizer_.set_capacity(capacity);
+    m = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
+    optimizer_.set_capacity(base);
+    replayed = replay_stage_memory(model_, b, e, x, m.decisions).peak;
+    if (!m.feasible) break;  // it evicted all it could: the smallest replay reachable
+  }
+  m.feasible = replayed <= replay_capacity_;
+  return m;
 }
 
 double StageEvaluator::objective(const Bounds& bounds) {
@@ -34,8 +54,8 @@ double StageEvaluator::objective(const Bounds& bounds) {
 }
 
 StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
-  StageMemopt m = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
-  int64_t replayed = replay_stage_memory(model_, b, e, x, m.decisions).peak;
+  int64_t replayed = 0;
+  StageMemopt m = fitted(b, e, x, replayed);
   if (replay_capacity_ > 0 && m.swapped + m.recomputed > 0 && replayed <= replay_capacity_) {
     // The formula charges every activation and the largest workspace at once; the replay
     // knows what is alive together. Relax the optimizer's capacity as far as the replay allows

@@ -42,8 +42,10 @@ class StageEvaluator {
   double objective(const Bounds& bounds);
   // Everything the plan reports about one stage, decisions included.
   StagePlan stage_plan(int b, int e, int x);
-  // > 0: stage_plan evicts less where the replay shows the formula overestimates the stage:
-  // the fewest evictions (largest optimizer capacity) whose replayed peak still fits this.
+  // > 0: a stage fits when its replayed peak (plan/stage_memory.h) fits this, not its formula:
+  // where the replay overshoots, the optimizer's capacity is lowered by the overshoot (a few
+  // rounds); where the formula overestimates, stage_plan evicts less (the fewest evictions
+  // whose replay still fits). Set before the search.
   void set_replay_capacity(int64_t bytes) { replay_capacity_ = bytes; }
 
   const CostModel& model() const { return model_; }
@@ -52,6 +54,9 @@ class StageEvaluator {
   int64_t evaluations() const { return evaluations_; }
 
  private:
+  // The optimizer's decisions, and with a replay capacity those tightened until they fit it.
+  StageMemopt fitted(int b, int e, int x, int64_t& replayed);
+
   const CostModel& model_;
   MemoptGranularity granularity_;
   MemoryOptimizer optimizer_;

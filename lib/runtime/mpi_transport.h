@@ -22,7 +22,6 @@ class MpiTransport final : public Transport {
 
  private:
   int tag(MessageKind kind, int64_t micro_batch) const;
-  void reap();  // frees completed sends
 
   struct Pending {
     MPI_Request request;

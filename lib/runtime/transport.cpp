@@ -80,8 +80,10 @@ int MpiTransport::tag(MessageKind kind, int64_t micro_batch) const {
 }
 
 void MpiTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) {
-  // The previous send completes first: the planner's memory replay holds a sent buffer until
-  // the stage's next send, and a receiver running behind must not let sends pile up beyond it.
+  // The previous send completes first, and only then is its buffer released: the planner's
+  // memory replay holds a sent buffer exactly until the stage's next send (earlier, by timing,
+  // would make the measured peak depend on the other ranks' speed), and a receiver running
+  // behind must not let sends pile up beyond it.
   flush();
   // One message per tensor, straight from its storage (no packed copy): MPI keeps messages with
   // the same source, tag and communicator in order, and the tensor stays referenced until done.
@@ -96,7 +98,6 @@ void MpiTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std
 
 std::vector<at::Tensor> MpiTransport::recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                            const std::vector<const TensorInfo*>& specs) {
-  reap();
   std::vector<at::Tensor> out;
   for (const TensorInfo* s : specs) {
     at::Tensor t = at::empty(s->shape, at::TensorOptions(scalar_type(s->dtype)));
@@ -110,17 +111,7 @@ std::vector<at::Tensor> MpiTransport::recv(int from_stage, MessageKind kind, int
     bytes_received_ += n;
     out.push_back(std::move(t));
   }
-  reap();
   return out;
-}
-
-void MpiTransport::reap() {
-  while (!pending_.empty()) {
-    int done = 0;
-    MPI_Test(&pending_.front().request, &done, MPI_STATUS_IGNORE);
-    if (!done) break;
-    pending_.pop_front();
-  }
 }
 
 void MpiTransport::flush() {

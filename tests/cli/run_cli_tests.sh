@@ -156,24 +156,28 @@ if [ $code -ne 0 ] && grep -q "error on rank 1: stage 1, action 1F[0-9]*: loss i
 expect_fail "stages vs ranks" "launch with" train --model mlp-tiny --stages 3
 
 # Planned memory optimization at run time. A 1f1b plan of gpt2-tiny on 2 stages that has to
-# recompute (r) or swap and recompute (sr), planned for 2.7 MiB. The cap is its replayed peak + 3%
-# (the split, and so the peak, depends on the profile's timings); the same split keeping every
-# tensor ("keep": the decisions rewritten) must run out of memory under it.
+# recompute (r) or swap and recompute (sr): the first of 2.7, 2.6, ... 2.2 MiB whose plan evicts
+# and whose split, keeping every tensor, needs more than its cap (the split, and so the peaks,
+# depend on the profile's timings). The cap is the plan's replayed peak + 3%; the same split
+# keeping every tensor ("keep": the decisions rewritten) must run out of memory under it.
 "$bin" profile --model gpt2-tiny --micro-batch-size 4 --out "$work/g.h5" --quiet >/dev/null 2>&1
 common=(--model gpt2-tiny --schedule 1f1b --micro-batches 4 --steps 3 --progress lines)
 for memopt in r sr; do
-  "$bin" plan --profile-in "$work/g.h5" --stages 2 --schedule 1f1b --micro-batches 4 --optimizer sgd \
-    --memopt $memopt --memory 2.7MiB --out "$work/$memopt.json" >/dev/null 2>&1
-  sed -e 's/"action": "swap"/"action": "keep"/; s/"action": "recompute"/"action": "keep"/' "$work/$memopt.json" >"$work/$memopt-keep.json"
-  if ! grep -q '"action": "\(swap\|recompute\)"' "$work/$memopt.json"; then
-    failed=$((failed + 1)); echo "FAIL: the $memopt plan evicts nothing"; continue; fi
-  cap=$(python3 -c 'import json, sys
+  cap=none
+  for capacity in 2.7 2.6 2.5 2.4 2.3 2.2; do
+    "$bin" plan --profile-in "$work/g.h5" --stages 2 --schedule 1f1b --micro-batches 4 --optimizer sgd \
+      --memopt $memopt --memory ${capacity}MiB --out "$work/$memopt.json" >/dev/null 2>&1 || continue
+    grep -q '"action": "\(swap\|recompute\)"' "$work/$memopt.json" || continue
+    cap=$(python3 -c 'import json, sys
 stages = json.load(open(sys.argv[1]))["stages"]
 cap = max(s["memory"]["replayed_peak"] for s in stages) * 1.03
 keep = max(s["replayed_peak_without_memopt"] for s in stages)
 print(f"{int(cap) // 1024 + 1}KiB" if keep > 1.02 * cap else "none")' "$work/$memopt.json")
+    [ "$cap" = none ] || break
+  done
   if [ "$cap" = none ]; then
-    failed=$((failed + 1)); echo "FAIL: the $memopt plan's keep-all split fits its own cap"; continue; fi
+    failed=$((failed + 1)); echo "FAIL: no $memopt plan from 2.7 to 2.2 MiB needs its evictions"; continue; fi
+  sed -e 's/"action": "swap"/"action": "keep"/; s/"action": "recompute"/"action": "keep"/' "$work/$memopt.json" >"$work/$memopt-keep.json"
   $mpi 2 "$bin" train "${common[@]}" --plan-in "$work/$memopt.json" --device-memory "$cap" >"$work/opt.out" 2>&1
   code_opt=$?
   $mpi 2 "$bin" train "${common[@]}" --plan-in "$work/$memopt-keep.json" >"$work/keep.out" 2>&1
@@ -186,8 +190,10 @@ print(f"{int(cap) // 1024 + 1}KiB" if keep > 1.02 * cap else "none")' "$work/$me
     passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $memopt changes the losses or does not fit"; cat "$work/opt.out"; fi
   if [ $code_oom -ne 0 ] && grep -q "out of memory: cannot allocate" "$work/oom.err"; then
     passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $memopt keep-all run fits $cap"; cat "$work/oom.err"; fi
-  # Measured peak within 5% of the (replayed) prediction; the measured drop from the keep-all
-  # run at least 90% of the drop the planner predicts (its replayed peaks without and with).
+  # Measured peak never above the (replayed) prediction, and within 5% of it on the stages that
+  # evict (on the others a send MPI completes before the next one frees its buffer earlier than
+  # the replay assumes: up to one message below, by timing); the measured drop from the
+  # keep-all run at least 90% of the drop the planner predicts (replayed without and with).
   if python3 - "$work/$memopt.json" "$work/opt.out" "$work/keep.out" <<'PY'
 import json, re, sys
 plan = json.load(open(sys.argv[1]))
@@ -201,9 +207,10 @@ for s in plan["stages"]:
     x = s["index"]
     mo, po = opt[x]
     predicted_drop = s["replayed_peak_without_memopt"] - s["memory"]["replayed_peak"]
-    ok &= abs(mo / po - 1) <= 0.05
+    ok &= mo <= 1.005 * po
     if predicted_drop > 0:
         dropped = True
+        ok &= abs(mo / po - 1) <= 0.05
         ok &= keep[x][0] - mo >= 0.9 * predicted_drop
     print(f"stage {x}: measured {mo:.0f} predicted {po:.0f}; drop measured {keep[x][0] - mo:.0f} predicted {predicted_drop}")
 sys.exit(0 if ok and dropped else 1)
