@@ -79,6 +79,7 @@ std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& opt
   std::optional<Plan> best = plan_at(1);
   if (!best) return std::nullopt;
   int64_t lo = 1, hi = -1;  // lo fits; hi (when known) does not
+  int64_t ceiling = upper_bound + 1;  // the first doubling that did not fit
   for (int64_t b = 2; hi < 0; b *= 2) {
     int64_t probe = std::min(b, upper_bound);
     if (probe <= lo) break;  // lo == upper_bound
@@ -88,7 +89,7 @@ std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& opt
       best = std::move(p);
       if (probe == upper_bound) break;
     } else {
-      hi = probe;
+      hi = ceiling = probe;
     }
   }
   while (hi > 0 && hi - lo > 1) {
@@ -99,6 +100,18 @@ std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& opt
       best = std::move(p);
     } else {
       hi = mid;
+    }
+  }
+  // The search is a heuristic and need not be monotone in the micro-batch size (the candidate
+  // cuts move with it: gpt2-tiny, async, r, 3 MiB: 5 fits, 6 does not, 7 does). Probe on above
+  // the bisection's answer until four sizes in a row do not fit.
+  for (int64_t b = lo + 1, misses = 0; b < ceiling && misses < 4; ++b) {
+    std::optional<Plan> p = plan_at(b);
+    if (p) {
+      lo = b, misses = 0;
+      best = std::move(p);
+    } else {
+      ++misses;
     }
   }
   return MaxBatch{lo, std::move(*best)};
