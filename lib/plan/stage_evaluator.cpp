@@ -8,7 +8,7 @@ namespace dawnpiper {
 
 StageEvaluator::StageEvaluator(const CostModel& model, MemoptMode mode, int64_t capacity,
                                MemoptGranularity granularity)
-    : model_(model), granularity_(granularity), optimizer_(model, mode, capacity, granularity) {}
+    : model_(model), optimizer_(model, mode, capacity, granularity) {}
 
 const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
   const uint64_t key = (static_cast<uint64_t>(b) << 40) | (static_cast<uint64_t>(e) << 16) |
@@ -60,9 +60,11 @@ StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
     // The formula charges every activation and the largest workspace at once; the replay
     // knows what is alive together. Relax the optimizer's capacity as far as the replay allows
     // (bisection: the greedy's overhead grows as its capacity shrinks, though not strictly).
+    const int64_t base = optimizer_.capacity();
     auto relaxed = [&](int64_t capacity, int64_t& peak) {
-      MemoryOptimizer optimizer(model_, optimizer_.mode(), capacity, granularity_);
-      StageMemopt r = optimizer.optimize(b, e, x, /*with_decisions=*/true);
+      optimizer_.set_capacity(capacity);
+      StageMemopt r = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
+      optimizer_.set_capacity(base);
       peak = replay_stage_memory(model_, b, e, x, r.decisions).peak;
       return r;
     };
@@ -71,7 +73,7 @@ StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
     if (peak <= replay_capacity_) {
       m = std::move(none), replayed = peak;
     } else {
-      int64_t lo = optimizer_.capacity(), hi = m.peak_before;
+      int64_t lo = base, hi = m.peak_before;
       for (int round = 0; round < 10 && hi - lo > hi / 512; ++round) {
         const int64_t mid = lo + (hi - lo) / 2;
         StageMemopt r = relaxed(mid, peak);

@@ -58,7 +58,6 @@ class StageEvaluator {
   StageMemopt fitted(int b, int e, int x, int64_t& replayed);
 
   const CostModel& model_;
-  MemoptGranularity granularity_;
   MemoryOptimizer optimizer_;
   int64_t replay_capacity_ = 0;
   std::unordered_map<uint64_t, StageEval> cache_;

@@ -54,6 +54,17 @@ Profile quick_profile(const OpGraph& g) {
   return profile_graph(g, quick);
 }
 
+// Stage x of the pipeline run alone (stand-in transport) through its action list: the counting
+// allocator's peak above what was allocated before, the stage's parameters included.
+int64_t measured_stage_peak(CountingAllocator& counter, const OpGraph& g, const PipelineConfig& pc, int x) {
+  const int64_t base = counter.live_bytes();
+  StandInTransport transport;
+  PipelineStage stage(g, stage_config(pc, x), transport);
+  counter.reset_peak();
+  for (const Action& a : stage_actions(pc, x)) stage.execute(a);
+  return counter.peak_bytes() - base;
+}
+
 }  // namespace
 
 TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedule", "[runtime][evictor]") {
@@ -159,15 +170,7 @@ TEST_CASE("the stage memory replay predicts the evictor's measured peak", "[runt
         for (int x = 0; x < 2; ++x) {
           const auto [b, e] = pc.ranges[static_cast<size_t>(x)];
           const int64_t predicted = replay_stage_memory(model, b, e, x, pc.decisions[static_cast<size_t>(x)]).peak;
-          int64_t measured = 0;
-          {
-            const int64_t base = counter.live_bytes();
-            StandInTransport transport;
-            PipelineStage stage(g, stage_config(pc, x), transport);
-            counter.reset_peak();
-            for (const Action& a : stage_actions(pc, x)) stage.execute(a);
-            measured = counter.peak_bytes() - base;
-          }
+          const int64_t measured = measured_stage_peak(counter, g, pc, x);
           INFO(preset << " cut " << cut << " " << schedule_kind_name(kind) << " round " << round << " stage " << x << ": measured "
                       << measured << " predicted " << predicted);
           // Never below the measurement (a plan must fit); at most 10% above: the profile's
@@ -245,15 +248,7 @@ TEST_CASE("block-level recompute and swap plans of gpipe and vpipe run bitwise u
         for (size_t i = 0; i < r.parameters[x].size(); ++i)
           CHECK(at::equal(r.parameters[x][i].tensor, kept.parameters[x][i].tensor));
       for (int x = 0; x < 2; ++x) {
-        int64_t measured = 0;
-        {
-          const int64_t base = counter.live_bytes();
-          StandInTransport transport;
-          PipelineStage stage(g, stage_config(evicting, x), transport);
-          counter.reset_peak();
-          for (const Action& a : stage_actions(evicting, x)) stage.execute(a);
-          measured = counter.peak_bytes() - base;
-        }
+        const int64_t measured = measured_stage_peak(counter, g, evicting, x);
         INFO("stage " << x << ": measured " << measured << ", replayed " << plan->stages[static_cast<size_t>(x)].memory.replayed_peak);
         CHECK(double(measured) <= 1.005 * double(plan->stages[static_cast<size_t>(x)].memory.replayed_peak));
       }
