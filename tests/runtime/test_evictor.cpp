@@ -65,6 +65,15 @@ int64_t measured_stage_peak(CountingAllocator& counter, const OpGraph& g, const 
   return counter.peak_bytes() - base;
 }
 
+// Bitwise the same losses and final parameters.
+void check_same_training(const InProcessResult& r, const InProcessResult& kept) {
+  REQUIRE(r.losses.size() == kept.losses.size());
+  for (size_t s = 0; s < r.losses.size(); ++s) CHECK(r.losses[s].loss == kept.losses[s].loss);
+  for (size_t x = 0; x < r.parameters.size(); ++x)
+    for (size_t i = 0; i < r.parameters[x].size(); ++i)
+      CHECK(at::equal(r.parameters[x][i].tensor, kept.parameters[x][i].tensor));
+}
+
 }  // namespace
 
 TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedule", "[runtime][evictor]") {
@@ -92,12 +101,7 @@ TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedu
         INFO(preset << " " << schedule_kind_name(kind) << " policy " << static_cast<int>(policy));
         PipelineConfig evicting = pc;
         evicting.decisions = decide(profile, plan, policy);
-        const InProcessResult r = run_pipeline_in_process(g, evicting);
-        REQUIRE(r.losses.size() == kept.losses.size());
-        for (size_t s = 0; s < r.losses.size(); ++s) CHECK(r.losses[s].loss == kept.losses[s].loss);
-        for (size_t x = 0; x < r.parameters.size(); ++x)
-          for (size_t i = 0; i < r.parameters[x].size(); ++i)
-            CHECK(at::equal(r.parameters[x][i].tensor, kept.parameters[x][i].tensor));
+        check_same_training(run_pipeline_in_process(g, evicting), kept);
       }
     }
   }
@@ -241,12 +245,7 @@ TEST_CASE("block-level recompute and swap plans of gpipe and vpipe run bitwise u
       const InProcessResult kept = run_pipeline_in_process(g, pc);
       PipelineConfig evicting = pc;
       for (const StagePlan& s : plan->stages) evicting.decisions.push_back(s.decisions);
-      const InProcessResult r = run_pipeline_in_process(g, evicting);
-      REQUIRE(r.losses.size() == kept.losses.size());
-      for (size_t s = 0; s < r.losses.size(); ++s) CHECK(r.losses[s].loss == kept.losses[s].loss);
-      for (size_t x = 0; x < r.parameters.size(); ++x)
-        for (size_t i = 0; i < r.parameters[x].size(); ++i)
-          CHECK(at::equal(r.parameters[x][i].tensor, kept.parameters[x][i].tensor));
+      check_same_training(run_pipeline_in_process(g, evicting), kept);
       for (int x = 0; x < 2; ++x) {
         const int64_t measured = measured_stage_peak(counter, g, evicting, x);
         INFO("stage " << x << ": measured " << measured << ", replayed " << plan->stages[static_cast<size_t>(x)].memory.replayed_peak);
