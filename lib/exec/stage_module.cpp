@@ -107,10 +107,12 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
   }
   const std::vector<Strides> strides = tensor_strides(graph);
   reshape_copies_.assign(end - begin, 0);
+  constant_keys_.assign(end - begin, {});
   for (int n = begin; n < end; ++n) {
     const Node& node = graph.nodes[n];
     if (node.kind == OpKind::Reshape)
       reshape_copies_[n - begin] = !reshape_is_view(graph, strides, node.inputs[0], graph.tensor(node.outputs[0]).shape);
+    constant_keys_[n - begin] = graph.stage_constant(n).key;
   }
 }
 
@@ -127,7 +129,7 @@ at::Tensor StageModule::param(int node, int index) const {
 }
 
 at::Tensor StageModule::causal_mask(const Node& node, int64_t size) const {
-  at::Tensor& m = constants_[graph_->stage_constant(node.id).key];
+  at::Tensor& m = constants_[constant_keys_[node.id - begin_]];
   if (!m.defined()) m = at::ones({size, size}, at::TensorOptions().dtype(at::kBool)).triu(1).to(device_);
   return m;
 }
@@ -136,7 +138,7 @@ at::Tensor StageModule::relative_buckets(const Node& node, int64_t sq, int64_t s
   const int64_t buckets = node.attr_int("buckets", 32);
   const int64_t max_distance = node.attr_int("max_distance", 128);
   const bool bidirectional = node.attr_int("bidirectional", 1) != 0;
-  at::Tensor& t = constants_[graph_->stage_constant(node.id).key];
+  at::Tensor& t = constants_[constant_keys_[node.id - begin_]];
   if (t.defined()) return t;
   std::vector<int64_t> ids(sq * sk);
   for (int64_t q = 0; q < sq; ++q)

@@ -86,7 +86,8 @@ class StageModule {
   // where its input arrived contiguous (received), so the stage keeps the storages the
   // profile and the planner account for.
   std::vector<char> reshape_copies_;
-  mutable std::map<std::string, at::Tensor> constants_;  // by OpGraph::stage_constant key
+  std::vector<std::string> constant_keys_;  // node offset -> OpGraph::stage_constant key
+  mutable std::map<std::string, at::Tensor> constants_;  // by key
 };
 
 // Deterministic 64-bit mixing of seeds (splitmix64).

@@ -137,7 +137,7 @@ std::string needs_text(const Profile& profile, const PlanOptions& options) {
 
 namespace {
 
-// replay_capacity > 0: the final stages evict only what their replay needs to fit it.
+// replay_capacity > 0: a stage fits when its replayed peak fits this (StageEvaluator).
 std::optional<Plan> search(const Profile& profile, const PlanOptions& options, int64_t replay_capacity) {
   CostModel model(profile, options);
   // The block planners of systems that checkpoint or swap whole layers: coarse memory

@@ -27,19 +27,23 @@ const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
   return cache_.emplace(key, ev).first->second;
 }
 
-StageMemopt StageEvaluator::fitted(int b, int e, int x, int64_t& replayed) {
-  StageMemopt m = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
-  replayed = replay_stage_memory(model_, b, e, x, m.decisions).peak;
-  if (replay_capacity_ <= 0) return m;
+StageMemopt StageEvaluator::optimize_at(int b, int e, int x, int64_t capacity, int64_t& replayed) {
   const int64_t base = optimizer_.capacity();
-  int64_t capacity = base;
+  optimizer_.set_capacity(capacity);
+  StageMemopt m = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
+  optimizer_.set_capacity(base);
+  replayed = replay_stage_memory(model_, b, e, x, m.decisions).peak;
+  return m;
+}
+
+StageMemopt StageEvaluator::fitted(int b, int e, int x, int64_t& replayed) {
+  int64_t capacity = optimizer_.capacity();
+  StageMemopt m = optimize_at(b, e, x, capacity, replayed);
+  if (replay_capacity_ <= 0) return m;
   for (int round = 0; round < 4 && replayed > replay_capacity_ && optimizer_.mode() != MemoptMode::None; ++round) {
     capacity -= replayed - replay_capacity_;
     if (capacity <= 0) break;
-    optimizer_.set_capacity(capacity);
-    m = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
-    optimizer_.set_capacity(base);
-    replayed = replay_stage_memory(model_, b, e, x, m.decisions).peak;
+    m = optimize_at(b, e, x, capacity, replayed);
     if (!m.feasible) break;  // it evicted all it could: the smallest replay reachable
   }
   m.feasible = replayed <= replay_capacity_;
@@ -60,23 +64,15 @@ StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
     // The formula charges every activation and the largest workspace at once; the replay
     // knows what is alive together. Relax the optimizer's capacity as far as the replay allows
     // (bisection: the greedy's overhead grows as its capacity shrinks, though not strictly).
-    const int64_t base = optimizer_.capacity();
-    auto relaxed = [&](int64_t capacity, int64_t& peak) {
-      optimizer_.set_capacity(capacity);
-      StageMemopt r = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
-      optimizer_.set_capacity(base);
-      peak = replay_stage_memory(model_, b, e, x, r.decisions).peak;
-      return r;
-    };
     int64_t peak = 0;
-    StageMemopt none = relaxed(std::numeric_limits<int64_t>::max(), peak);
+    StageMemopt none = optimize_at(b, e, x, std::numeric_limits<int64_t>::max(), peak);
     if (peak <= replay_capacity_) {
       m = std::move(none), replayed = peak;
     } else {
-      int64_t lo = base, hi = m.peak_before;
+      int64_t lo = optimizer_.capacity(), hi = m.peak_before;
       for (int round = 0; round < 10 && hi - lo > hi / 512; ++round) {
         const int64_t mid = lo + (hi - lo) / 2;
-        StageMemopt r = relaxed(mid, peak);
+        StageMemopt r = optimize_at(b, e, x, mid, peak);
         if (!r.feasible || peak > replay_capacity_) {
           hi = mid;
           continue;

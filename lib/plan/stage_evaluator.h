@@ -54,6 +54,8 @@ class StageEvaluator {
   int64_t evaluations() const { return evaluations_; }
 
  private:
+  // The optimizer's decisions at `capacity` (instead of its own) and their replayed peak.
+  StageMemopt optimize_at(int b, int e, int x, int64_t capacity, int64_t& replayed);
   // The optimizer's decisions, and with a replay capacity those tightened until they fit it.
   StageMemopt fitted(int b, int e, int x, int64_t& replayed);
 

@@ -5,7 +5,7 @@
 // tensors. The tag encodes the message kind and the micro-batch.
 #include <mpi.h>
 
-#include <deque>
+#include <vector>
 
 #include "runtime/transport.h"
 
@@ -29,7 +29,7 @@ class MpiTransport final : public Transport {
   };
   MPI_Comm comm_;
   int tag_ub_ = 32767;
-  std::deque<Pending> pending_;
+  std::vector<Pending> pending_;  // the latest send's messages
 };
 
 }  // namespace dawnpiper
