@@ -10,6 +10,10 @@
 #   usage: scripts/bench_recompute_overhead.sh BIN PROFILE.h5 STAGES SCHEDULE CAP [STEPS [REPEATS]] > table.md
 #   e.g.   scripts/bench_recompute_overhead.sh build/dawnpiper gpt2-mini.h5 2 1f1b 100MiB
 set -euo pipefail
+if [ $# -lt 5 ]; then
+  echo "usage: $0 BIN PROFILE.h5 STAGES SCHEDULE CAP [STEPS [REPEATS]]" >&2
+  exit 2
+fi
 bin=$1 profile=$2 stages=$3 schedule=$4 cap=$5 steps=${6:-4} repeats=${7:-3}
 export OMP_NUM_THREADS=1
 work=$(mktemp -d)
