@@ -42,8 +42,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
     throw ConfigError("--stage " + std::to_string(x) + ": the plan has stages 0.." + std::to_string(stages - 1));
   const int64_t steps = vm["steps"].as<int64_t>();
   if (steps < 1) throw ConfigError("--steps must be at least 1");
-  if (parse_device(vm["device"].as<std::string>()).is_cuda())
-    throw ConfigError("--device cuda: stages run on the CPU in this build");
+  const c10::Device device = parse_device(vm["device"].as<std::string>());
 
   // The plan's model, batch and schedule unless overridden.
   ModelConfig model;
@@ -69,13 +68,14 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   pc.optimizer.kind = vm.count("optimizer") ? vm["optimizer"].as<std::string>() : plan.options.optimizer;
   pc.optimizer.lr = vm["lr"].as<double>();
   for (const StagePlan& s : plan.stages) pc.decisions.push_back(s.decisions);
+  pc.device = device;
 
-  CountingAllocator& counter = CountingAllocator::install();
-  if (vm.count("device-memory")) counter.set_capacity(parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory"));
-  const c10::Device cpu(c10::kCPU);
-  StandInTransport transport;
+  CountingAllocator::install();
+  if (vm.count("device-memory"))
+    DeviceMemory::set_capacity(device, parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory"));
+  StandInTransport transport(device);
   PipelineStage stage(graph, stage_config(pc, x), transport);
-  StageTracer tracer(x, cpu, transport, StageTracer::Clock::now(), /*keep_records=*/true);
+  StageTracer tracer(x, device, transport, StageTracer::Clock::now(), /*keep_records=*/true);
   if (stage.evictor())
     stage.evictor()->set_listener([&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes,
                                             StageTracer::Clock::time_point start, StageTracer::Clock::time_point end) {
@@ -103,15 +103,16 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   const StagePlan& sp = plan.stages[x];
   const double measured_ms = 1e3 * (fwd / std::max<int64_t>(fwds, 1) + bwd / std::max<int64_t>(bwds, 1));
   std::printf("stage %d of %d (%s, nodes [%d, %d), %s schedule, %" PRId64 " micro-batches of %" PRId64 "), %" PRId64
-              " steps on cpu with stand-in inputs\n",
+              " steps on %s with stand-in inputs\n",
               x, stages, graph.preset.c_str(), sp.begin, sp.end, schedule_kind_name(pc.schedule), pc.micro_batches, batch,
-              steps);
+              steps, device.str().c_str());
   std::printf("forward+backward per micro-batch: measured %.3f ms (forward %.3f, backward %.3f), predicted %.3f ms (%+.1f%%)\n",
               measured_ms, 1e3 * fwd / std::max<int64_t>(fwds, 1), 1e3 * bwd / std::max<int64_t>(bwds, 1),
               sp.compute_ms, sp.compute_ms > 0 ? 100 * (measured_ms / sp.compute_ms - 1) : 0.0);
   const double per_micro_batch = 1e3 / static_cast<double>(std::max<int64_t>(bwds, 1));
-  std::printf("memory optimization per micro-batch: recompute %.3f ms, swap %.3f ms (not overlapped on cpu), predicted overhead %.3f ms\n",
-              recompute * per_micro_batch, swap * per_micro_batch, sp.memopt_ms);
+  std::printf("memory optimization per micro-batch: recompute %.3f ms, swap %.3f ms (%s), predicted overhead %.3f ms\n",
+              recompute * per_micro_batch, swap * per_micro_batch,
+              device.is_cuda() ? "issue time; the copies run on a side stream" : "not overlapped on cpu", sp.memopt_ms);
   std::printf("time per step (steps %" PRId64 "..%" PRId64 "): %.3f ms\n", from, steps - 1,
               1e3 * step_s / static_cast<double>(steps - from));
   std::printf("peak memory: measured %s, predicted %s (%+.1f%%)\n", format_bytes(double(tracer.peak_bytes())).c_str(),

@@ -27,6 +27,7 @@
 #include "util/units.h"
 #include "trace/trace.h"
 #include "runtime/checkpoint.h"
+#include "runtime/device_placement.h"
 #include "runtime/stage_tracer.h"
 
 namespace dawnpiper {
@@ -34,7 +35,8 @@ namespace dawnpiper {
 namespace {
 
 // Rank 0: the plan (loaded, or made from a loaded or freshly measured profile) as JSON.
-std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int stages, int64_t capacity) {
+std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int stages, int64_t capacity,
+                          c10::Device device) {
   if (vm.count("plan-in")) return read_text_file(vm["plan-in"].as<std::string>());
   Profile profile;
   if (vm.count("profile-in")) {
@@ -48,6 +50,7 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
     quick.warmup = 1;
     quick.iterations = 2;
     quick.seed = vm["seed"].as<uint64_t>();
+    quick.device = device;
     profile = profile_graph(graph, quick);
   }
   PlanOptions o;
@@ -83,6 +86,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
       ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
       ("plan-out", po::value<std::string>(), "write the plan used to this file")
+      ("transport", po::value<std::string>()->default_value("auto"),
+       "auto | mpi (CPU tensors) | nccl (CUDA, ranks on different GPUs) | host (CUDA through host memory over MPI; "
+       "what auto takes between ranks sharing a GPU)")
       ("in-process", po::bool_switch(), "run every stage in this one process (validates a plan without MPI)")
       ("trace", po::value<std::string>(), "write an HDF5 trace of every action on every rank (docs/trace-format.md)")
       ("checkpoint-dir", po::value<std::string>(), "directory for checkpoints (every stage's parameters and optimizer state)")
@@ -107,8 +113,10 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     throw ConfigError("--stages " + std::to_string(stages) + " but " + std::to_string(world.size) +
                       " MPI ranks: launch with `mpirun -np " + std::to_string(stages) + "` (or use --in-process)");
   memopt_mode_from_name(vm["memopt"].as<std::string>());  // validates before any work
-  const c10::Device device = parse_device(vm["device"].as<std::string>());
-  if (device.is_cuda()) throw ConfigError("--device cuda: training runs on the CPU in this build");
+  const TransportChoice transport = transport_choice_from_name(vm["transport"].as<std::string>());
+  // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
+  const c10::Device device = rank_device(parse_device(vm["device"].as<std::string>()), MPI_COMM_WORLD);
+  check_transport_choice(transport, device);
   CountingAllocator& counter = CountingAllocator::install();
   int64_t capacity = 0;
   if (vm.count("device-memory")) capacity = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
@@ -143,7 +151,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   // The reference trainer serves plain one-stage runs; traces, checkpoints and planned memory
   // optimization need the runtime.
   const bool runtime_features = vm.count("trace") || checkpoint_every > 0 || resume ||
-                                vm["memopt"].as<std::string>() != "none" || vm.count("plan-in");
+                                vm["memopt"].as<std::string>() != "none" || vm.count("plan-in") || device.is_cuda();
   if (stages == 1 && !in_process && !runtime_features) {
     counter.set_capacity(capacity);
     ReferenceTrainer trainer(graph, config);
@@ -177,7 +185,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   const std::string saved_plan = vm.count("checkpoint-dir") ? vm["checkpoint-dir"].as<std::string>() + "/plan.json" : "";
   if (world.rank == 0) {
     if (resume && !vm.count("plan-in") && std::ifstream(saved_plan).good()) plan_json = read_text_file(saved_plan);
-    else plan_json = plan_on_rank0(vm, graph, stages, capacity);
+    else plan_json = plan_on_rank0(vm, graph, stages, capacity, device);
     if (checkpoint_every > 0) {
       make_directories(vm["checkpoint-dir"].as<std::string>());
       write_text_atomically(saved_plan, plan_json);
@@ -199,8 +207,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   pc.steps = config.steps;
   pc.seed = config.seed;
   pc.optimizer = config.optimizer;
+  pc.device = device;
   check_ranges(graph, pc.ranges);
-  counter.set_capacity(capacity);
+  DeviceMemory::set_capacity(device, capacity);
   if (world.rank == 0 && !quiet) {
     std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, %d stages, %s\n",
                 graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size,
@@ -215,8 +224,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
                     "model under-estimated it: expect an out-of-memory error\n",
                     s.index, format_bytes(static_cast<double>(s.memory.predicted_peak())).c_str());
   }
-  counter.reset_peak();
+  DeviceMemory::reset_peak(device);
   RunOptions run;
+  run.transport = transport;
   run.trace = vm.count("trace") > 0;
   run.checkpoint_every = checkpoint_every;
   run.resume = resume;
@@ -230,7 +240,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   StageRun mine;
   if (in_process) {
     for (const StepLoss& s : run_pipeline_in_process(graph, pc).losses) run.on_loss(s);
-    mine.peak_bytes = counter.peak_bytes();
+    mine.peak_bytes = DeviceMemory::peak_bytes(device);
   } else {
     mine = run_pipeline_mpi(graph, pc, MPI_COMM_WORLD, run);
   }
@@ -260,7 +270,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       trace.preset = graph.preset;
       trace.schedule = schedule_kind_name(pc.schedule);
       trace.device = device.str();
-      trace.transport = "mpi";
+      trace.transport = mine.transport;
       trace.stages = stages;
       trace.micro_batch_size = micro_batch_size;
       trace.micro_batches = config.micro_batches;
@@ -272,6 +282,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     }
   }
   if (world.rank == 0) {
+    if (!in_process && !quiet) std::printf("  transport: %s on %s\n", mine.transport.c_str(), device.is_cuda() ? "cuda" : "cpu");
     if (!in_process)
       for (int r = 0; r < world.size; ++r)
         std::printf("  stage %d: measured peak %s (predicted %s)\n", r, format_bytes(double(peaks[r])).c_str(),

@@ -370,7 +370,15 @@ StageMemopt MemoryOptimizer::optimize(int b, int e, int x, bool with_decisions) 
                                                   : TensorAction::Keep;
       const std::vector<int>& savers = model_.saved_by(t);
       const int restore_before = *(std::lower_bound(savers.begin(), savers.end(), e) - 1);
-      out.decisions.push_back({t, model_.tensor_bytes(t), action, restore_before});
+      TensorDecision d{t, model_.tensor_bytes(t), action, restore_before};
+      if (action == TensorAction::Swap) {
+        // Early enough that the backward of the nodes in (restore_before, prefetch_at] covers
+        // the copy back (or as early as the stage's backward start allows).
+        const double copy_ms = model_.host_ms(d.bytes);
+        d.prefetch_at = restore_before;
+        while (d.prefetch_at + 1 < e && model_.bwd_ms(restore_before + 1, d.prefetch_at + 1) < copy_ms) ++d.prefetch_at;
+      }
+      out.decisions.push_back(d);
     }
   }
   return out;

@@ -134,6 +134,7 @@ std::string Plan::to_json(int indent) const {
       t["bytes"] = d.bytes;
       t["action"] = tensor_action_name(d.action);
       if (d.restore_before >= 0) t["restore_before"] = d.restore_before;
+      if (d.prefetch_at >= 0) t["prefetch_at"] = d.prefetch_at;
       decisions.push_back(t);
     }
     st["decisions"] = decisions;
@@ -184,7 +185,8 @@ Plan plan_from_json(const std::string& text) {
     for (const Json& d : st.at("decisions").items())
       s.decisions.push_back({static_cast<int>(d.at("tensor").as_int()), d.at("bytes").as_int(),
                              tensor_action_from_name(d.at("action").as_string()),
-                             d.contains("restore_before") ? static_cast<int>(d.at("restore_before").as_int()) : -1});
+                             d.contains("restore_before") ? static_cast<int>(d.at("restore_before").as_int()) : -1,
+                             d.contains("prefetch_at") ? static_cast<int>(d.at("prefetch_at").as_int()) : -1});
     p.stages.push_back(std::move(s));
   }
   // The runtime relies on these: contiguous stages covering every node, in order.

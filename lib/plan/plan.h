@@ -39,6 +39,10 @@ struct TensorDecision {
   // The stage's node whose backward reads the tensor first (backward runs in reverse: the last
   // saver in the stage); the runtime brings an evicted tensor back before it. -1: unknown.
   int restore_before = -1;
+  // Swap: the node whose backward starts the copy back (>= restore_before): the backward of the
+  // nodes from it down to restore_before + 1 takes at least the copy's time, so the copy hides
+  // behind them on a GPU. The bytes are on the device from there on. -1: restore_before.
+  int prefetch_at = -1;
 };
 
 struct TensorBytes {

@@ -162,6 +162,8 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     const bool is_sent = read_later && !p.tensors[static_cast<size_t>(d.tensor)].is_data;
     ev.evict_after = is_sent ? -1 : last_local;
     ev.restore_before = in_range(d.restore_before) ? d.restore_before : last_local;
+    // A swap is back from its prefetch on (the evictor starts the copy there).
+    if (!ev.recompute && in_range(d.prefetch_at)) ev.restore_before = std::max(ev.restore_before, d.prefetch_at);
     if (ev.recompute) {
       std::set<int> rerun;
       std::vector<int> stack{p.tensors[static_cast<size_t>(d.tensor)].producer};

@@ -2,12 +2,9 @@
 
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
-#include <c10/core/CPUAllocator.h>
 #include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <iterator>
 #include <limits>
 #include <set>
@@ -75,9 +72,6 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
 
   for (const TensorDecision& d : decisions) {
     if (d.tensor >= tensors || d.action == TensorAction::Keep) continue;
-    if (module.device().type() != c10::DeviceType::CPU)
-      throw ConfigError("swap and recompute run on CPU devices only in this build; use --memopt none on " +
-                        module.device().str());
     const TensorInfo& info = graph_.tensor(d.tensor);
     if (info.producer >= 0 && graph_.nodes[info.producer].kind == OpKind::PosEmbedding)
       throw ConfigError("plan evicts tensor " + info.name + ", a view of a parameter");
@@ -98,6 +92,9 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
     const bool sent = read_later && !graph_.is_data(d.tensor);
     entry.evict_after = sent ? -1 : last_local;
     entry.restore_before = d.restore_before >= b && d.restore_before < e ? d.restore_before : last_local;
+    entry.prefetch_at = d.prefetch_at >= b && d.prefetch_at < e ? std::max(d.prefetch_at, entry.restore_before)
+                                                                 : entry.restore_before;
+    if (d.action == TensorAction::Swap && !copier_) copier_ = std::make_unique<SwapCopier>(module.device());
     if (d.action == TensorAction::Recompute) {
       if (graph_.is_data(d.tensor) || info.producer < b || info.producer >= e)
         throw ConfigError("plan recomputes tensor " + info.name + ", which this stage does not produce");
@@ -199,29 +196,30 @@ void Evictor::evict(MicroBatch& m, int i, const at::Tensor& tensor) {
   if (storage->data() == nullptr)  // the planner's storages differ from the stage's: a bug
     throw std::logic_error("evictor: " + graph_.tensor(entry.tensor).name + " shares its storage with a tensor evicted before");
   const Clock::time_point start = Clock::now();
-  if (entry.action == TensorAction::Swap) {
-    // Host memory outside the device allocator: the counting allocator does not charge it.
-    void* host = std::malloc(static_cast<size_t>(h.bytes));
-    if (!host) throw OutOfMemoryError("host memory for swapping " + std::to_string(h.bytes) + " bytes");
-    std::memcpy(host, storage->data(), static_cast<size_t>(h.bytes));
-    h.host = std::shared_ptr<void>(host, std::free);
-  }
-  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
+  c10::DataPtr data = storage->set_data_ptr(c10::DataPtr(nullptr, storage->device()));
+  if (entry.action == TensorAction::Swap) h.host = copier_->copy_out(std::move(data), h.bytes);
   h.evicted = true;
   if (entry.action == TensorAction::Swap) {
     emit(ActionKind::SwapOut, m.ctx.micro_batch, entry.tensor, h.bytes, start);
   }
 }
 
-void Evictor::swap_in(int64_t mb, MicroBatch& m, int i) {
+void Evictor::start_swap_in(int64_t mb, MicroBatch& m, int i) {
   Held& h = m.held.at(i);
+  if (h.arriving) return;
   const Clock::time_point start = Clock::now();
-  c10::DataPtr data = c10::GetCPUAllocator()->allocate(static_cast<size_t>(h.bytes));
-  std::memcpy(data.get(), h.host.get(), static_cast<size_t>(h.bytes));
-  storage_of(h.tensor)->set_data_ptr_noswap(std::move(data));
-  h.host.reset();
-  h.evicted = false;
+  h.incoming = copier_->copy_in(std::move(h.host), h.bytes);
+  h.arriving = true;
   emit(ActionKind::SwapIn, mb, entries_[static_cast<size_t>(i)].tensor, h.bytes, start);
+}
+
+void Evictor::finish_swap_in(MicroBatch& m, int i) {
+  Held& h = m.held.at(i);
+  copier_->wait(h.incoming);
+  storage_of(h.tensor)->set_data_ptr_noswap(std::move(h.incoming.data));
+  h.incoming = {};
+  h.arriving = false;
+  h.evicted = false;
 }
 
 void Evictor::recompute(int64_t mb, MicroBatch& m, const std::vector<int>& targets) {
@@ -237,7 +235,10 @@ void Evictor::recompute(int64_t mb, MicroBatch& m, const std::vector<int>& targe
         throw std::logic_error("evictor: recomputation input " + graph_.tensor(in).name + " was not held");
       const int entry = entry_of_tensor_[static_cast<size_t>(in)];
       auto held = m.held.find(entry);
-      if (entry >= 0 && held != m.held.end() && held->second.evicted) swap_in(mb, m, entry);  // needed early
+      if (entry >= 0 && held != m.held.end() && held->second.evicted) {  // needed early
+        start_swap_in(mb, m, entry);
+        finish_swap_in(m, entry);
+      }
       env[static_cast<size_t>(in)] = leaf->second;
     }
   }
@@ -277,9 +278,15 @@ void Evictor::restore_for(int64_t mb, int node) {
   MicroBatch& m = found->second;
   std::vector<int> recomputes;
   for (auto& [i, h] : m.held) {
-    if (!h.evicted || entries_[static_cast<size_t>(i)].restore_before < node) continue;
-    if (entries_[static_cast<size_t>(i)].action == TensorAction::Swap) swap_in(mb, m, i);
-    else recomputes.push_back(i);
+    if (!h.evicted) continue;
+    const Entry& entry = entries_[static_cast<size_t>(i)];
+    if (entry.action == TensorAction::Swap) {
+      // The copy back starts at its prefetch node; the storage gets it where it is read.
+      if (entry.prefetch_at >= node) start_swap_in(mb, m, i);
+      if (entry.restore_before >= node) finish_swap_in(m, i);
+    } else if (entry.restore_before >= node) {
+      recomputes.push_back(i);
+    }
   }
   if (!recomputes.empty()) recompute(mb, m, recomputes);
   // Forget what is back on the device; drop the inputs no pending recomputation reads (each

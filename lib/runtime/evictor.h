@@ -8,8 +8,10 @@
 // reads it (TensorDecision::restore_before; autograd function pre-hooks find that moment), the
 // data comes back into the same StorageImpl, so autograd never notices (no copy_ into the saved
 // tensor, no version-counter bump):
-//   swap       the bytes go to host memory the device allocator does not charge (on CPU: plain
-//              malloc, invisible to the counting allocator) and are copied back;
+//   swap       the bytes go to host memory the device allocator does not charge (SwapCopier: on
+//              CPU plain malloc, invisible to the counting allocator; on CUDA pinned memory, on a
+//              side stream) and are copied back, starting at the backward of
+//              TensorDecision::prefetch_at so that the copy hides behind the nodes after it;
 //   recompute  the bytes are dropped; the producer is re-run (and, recursively, the producers of
 //              its inputs that are not on the device either, as the planner's recompute chains
 //              assume) from inputs held since the forward, with grad mode on as in the forward so
@@ -29,6 +31,7 @@
 
 #include "exec/stage_module.h"
 #include "plan/plan.h"
+#include "runtime/swap_copier.h"
 #include "schedule/action.h"
 
 namespace dawnpiper {
@@ -71,14 +74,17 @@ class Evictor {
     TensorAction action = TensorAction::Keep;
     int evict_after = -1;     // node; -1: after the micro-batch's activations are sent
     int restore_before = -1;  // node
+    int prefetch_at = -1;     // swap: node whose backward starts the copy back (>= restore_before)
     std::vector<int> rerun;   // recompute: nodes to re-run, in order
     std::vector<int> leaves;  // recompute: the inputs the re-run reads (held until it ran)
   };
   struct Held {
     at::Tensor tensor;  // a detached alias of the evicted tensor (same StorageImpl)
-    std::shared_ptr<void> host;  // swap: the bytes while evicted
+    c10::DataPtr host;             // swap: the bytes while evicted
+    SwapCopier::Incoming incoming;  // swap: the copy back, once started
     int64_t bytes = 0;
     bool evicted = false;
+    bool arriving = false;          // swap: the copy back has started
   };
   struct MicroBatch {
     RunContext ctx;
@@ -88,7 +94,8 @@ class Evictor {
   };
 
   void evict(MicroBatch& m, int entry, const at::Tensor& tensor);
-  void swap_in(int64_t mb, MicroBatch& m, int entry);
+  void start_swap_in(int64_t mb, MicroBatch& m, int entry);
+  void finish_swap_in(MicroBatch& m, int entry);
   void recompute(int64_t mb, MicroBatch& m, const std::vector<int>& entries);
   void emit(ActionKind kind, int64_t mb, int tensor, int64_t bytes, Clock::time_point start);
 
@@ -102,6 +109,7 @@ class Evictor {
   std::vector<std::vector<int>> leaves_of_node_;  // node offset -> leaf tensors it produces
   std::vector<int> external_leaves_;
   std::map<int64_t, MicroBatch> mbs_;
+  std::unique_ptr<SwapCopier> copier_;  // when some entry swaps
   Listener listener_;
 };
 

@@ -5,7 +5,6 @@
 #include <stdexcept>
 
 #include "runtime/checkpoint.h"
-#include "runtime/mpi_transport.h"
 #include "runtime/pipeline_stage.h"
 #include "runtime/stage_tracer.h"
 #include "runtime/transport.h"
@@ -53,6 +52,7 @@ StageConfig stage_config(const PipelineConfig& c, int stage) {
   s.micro_batches = c.micro_batches;
   s.seed = c.seed;
   s.optimizer = c.optimizer;
+  s.device = c.device;
   if (static_cast<size_t>(stage) < c.decisions.size()) s.decisions = c.decisions[static_cast<size_t>(stage)];
   return s;
 }
@@ -143,7 +143,9 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
   const int last = size - 1;
   StageRun result;
   {
-    MpiTransport transport(data_comm);
+    PipelineTransport link = make_pipeline_transport(data_comm, c.device, options.transport);
+    Transport& transport = *link.transport;
+    result.transport = link.description;
     PipelineStage stage(g, stage_config(c, rank), transport);
     if (options.resume) read_checkpoint(options.checkpoint_dir, c.first_step, stage, identity);
     // One communicator per group of stages sharing a tied parameter; every rank takes part in
@@ -161,9 +163,10 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
           for (auto& p : params)
             if (p.node == key.first && p.index == key.second) {
               if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
-              at::Tensor grad = p.tensor.mutable_grad().contiguous();
+              // Summed in host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
+              at::Tensor grad = p.tensor.mutable_grad().to(at::kCPU).contiguous();
               MPI_Allreduce(MPI_IN_PLACE, grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, sub);
-              p.tensor.mutable_grad() = grad;
+              p.tensor.mutable_grad() = grad.to(p.tensor.device());
             }
       });
     int64_t reported = c.first_step;

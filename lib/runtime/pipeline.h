@@ -13,6 +13,7 @@
 #include "exec/stage_module.h"
 #include "graph/op_graph.h"
 #include "runtime/pipeline_stage.h"
+#include "runtime/pipeline_transport.h"
 #include "schedule/schedule.h"
 #include "trace/trace.h"
 #include "train/optimizer.h"
@@ -27,6 +28,7 @@ struct PipelineConfig {
   int64_t first_step = 0;                   // > 0 when resuming from a checkpoint
   uint64_t seed = 42;
   OptimizerConfig optimizer;
+  at::Device device = at::Device(at::kCPU);  // every stage's (each rank's own GPU on CUDA)
   std::vector<std::vector<TensorDecision>> decisions;  // per stage (the plan's); empty: keep all
 };
 
@@ -63,6 +65,7 @@ struct RunOptions {
   int64_t checkpoint_every = 0;                   // steps between checkpoints; 0: none
   bool resume = false;  // load the checkpoint of step config.first_step (latest_checkpoint()) first
   std::string preset, optimizer_name;             // checkpoint identity
+  TransportChoice transport = TransportChoice::Auto;
 };
 
 struct StageRun {
@@ -70,6 +73,7 @@ struct StageRun {
   std::vector<ActionRecord> actions;       // this stage's, when traced
   int64_t peak_bytes = 0;                  // measured over the run's actions
   double wall_s = 0;                       // common start to this stage's last action's end
+  std::string transport;                   // what carried the tensors (PipelineTransport::description)
 };
 
 // This rank's stage (rank == stage in `comm`, size == stages).

@@ -17,7 +17,7 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
     : graph_(graph),
       config_(config),
       transport_(transport),
-      module_(graph, config.begin, config.end, config.seed),
+      module_(graph, config.begin, config.end, config.seed, config.device),
       data_(graph, config.seed) {
   const std::vector<bool> rg = graph.requires_grad();
   for (int t : module_.external_inputs())
@@ -50,6 +50,8 @@ void PipelineStage::execute(const Action& a) {
     run(a);
   } catch (const Error& e) {
     throw Error(where() + e.what(), e.exit_code());
+  } catch (const c10::OutOfMemoryError& e) {
+    throw Error(where() + "out of memory: " + e.what_without_backtrace(), 3);
   } catch (const c10::Error& e) {
     throw Error(where() + "LibTorch: " + e.what_without_backtrace(), 5);
   } catch (const std::exception& e) {

@@ -27,6 +27,7 @@ struct StageConfig {
   int64_t micro_batches = 1;     // per step (sync) / per reported step (async)
   uint64_t seed = 42;
   OptimizerConfig optimizer;
+  at::Device device = at::Device(at::kCPU);  // where the stage's parameters and activations live
   // The plan's per-tensor decisions for this stage; swap and recompute entries are carried out
   // by an Evictor (keep entries change nothing).
   std::vector<TensorDecision> decisions;

@@ -10,6 +10,7 @@ StageTracer::StageTracer(int stage, c10::Device device, const Transport& transpo
 
 void StageTracer::begin(int64_t step) {
   step_ = step;
+  if (keep_) synchronize(device_);
   DeviceMemory::reset_peak(device_);
   sent0_ = transport_.bytes_sent();
   received0_ = transport_.bytes_received();
@@ -17,6 +18,9 @@ void StageTracer::begin(int64_t step) {
 }
 
 void StageTracer::end(const Action& action, int64_t step) {
+  // On a GPU an action's kernels finish after it returns: a trace times the finished work
+  // (which keeps the next action's kernels from overlapping this one's; untraced runs don't wait).
+  if (keep_) synchronize(device_);
   ActionRecord r;
   r.end_s = std::chrono::duration<double>(Clock::now() - origin_).count();
   r.start_s = start_s_;

@@ -51,8 +51,9 @@ std::vector<at::Tensor> StandInTransport::recv(int, MessageKind, int64_t micro_b
   std::vector<at::Tensor> out;
   for (const TensorInfo* s : specs) {
     const at::ScalarType type = scalar_type(s->dtype);
-    out.push_back(at::isFloatingType(type) ? at::randn(s->shape, gen, at::TensorOptions(type)) * 0.02
-                                           : at::zeros(s->shape, at::TensorOptions(type)));
+    out.push_back((at::isFloatingType(type) ? at::randn(s->shape, gen, at::TensorOptions(type)) * 0.02
+                                            : at::zeros(s->shape, at::TensorOptions(type)))
+                      .to(device_));
     bytes_received_ += s->bytes();
   }
   return out;

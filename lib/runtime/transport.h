@@ -60,13 +60,14 @@ class LocalTransport final : public Transport {
 // contiguous copies where MPI would need one (transposed views).
 class StandInTransport final : public Transport {
  public:
-  explicit StandInTransport(uint64_t seed = 7) : seed_(seed) {}
+  explicit StandInTransport(at::Device device = at::Device(at::kCPU), uint64_t seed = 7) : device_(device), seed_(seed) {}
   void send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) override;
   std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                const std::vector<const TensorInfo*>& specs) override;
   void flush() override { in_flight_.clear(); }
 
  private:
+  at::Device device_;
   uint64_t seed_;
   std::vector<at::Tensor> in_flight_;
 };

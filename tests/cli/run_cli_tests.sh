@@ -154,6 +154,17 @@ code=$?
 if [ $code -ne 0 ] && grep -q "error on rank 1: stage 1, action 1F[0-9]*: loss is nan at step [0-9]" "$work/err"; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: NaN loss (exit $code)"; cat "$work/err"; fi
 expect_fail "stages vs ranks" "launch with" train --model mlp-tiny --stages 3
+expect_fail "unknown transport" "unknown transport 'tcp'" train --model mlp-tiny --transport tcp
+expect_fail "nccl on the cpu" "use it with --device cuda" train --model mlp-tiny --transport nccl
+# Host staging (what CUDA ranks sharing a GPU use) routes each link through its own MPI
+# transport; on the CPU its copies are no-ops, so the losses equal plain MPI's to the last digit.
+tcommon=(train --model gpt2-tiny --steps 3 --schedule 1f1b --micro-batches 4 --progress lines)
+$mpi 3 "$bin" "${tcommon[@]}" >"$work/t_mpi.out" 2>&1
+$mpi 3 "$bin" "${tcommon[@]}" --transport host >"$work/t_host.out" 2>&1
+if grep -q "transport: 0-1 host, 1-2 host on cpu" "$work/t_host.out" && grep -q "transport: mpi on cpu" "$work/t_mpi.out" &&
+   [ "$(grep -c 'step [0-9]* loss' "$work/t_host.out")" -ge 3 ] &&
+   diff <(grep -o 'step [0-9]* loss [0-9.]*' "$work/t_mpi.out") <(grep -o 'step [0-9]* loss [0-9.]*' "$work/t_host.out") >/dev/null; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: host-staged transport"; cat "$work/t_host.out"; fi
 
 # Planned memory optimization at run time. A 1f1b plan of gpt2-tiny on 2 stages that has to
 # recompute (r) or swap and recompute (sr): the first of 2.7, 2.6, ... 2.2 MiB whose plan evicts

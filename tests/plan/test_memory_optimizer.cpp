@@ -105,6 +105,43 @@ TEST_CASE("overlapped swaps come first and cost nothing", "[plan][memopt]") {
   CHECK(rr.overhead_ms > 0);
 }
 
+TEST_CASE("a swap's copy back starts early enough to hide behind the backward", "[plan][memopt]") {
+  SyntheticOptions o;
+  o.nodes = 20;
+  o.fwd_min_ms = 5;
+  o.fwd_max_ms = 10;
+  Profile p = random_profile(5, o);
+  for (double bandwidth : {16e9, 1e8, 1e6}) {
+    PlanOptions opt;
+    opt.stages = 1;
+    opt.schedule = "gpipe";
+    opt.micro_batches = 8;
+    opt.host_bandwidth = bandwidth;
+    CostModel m(p, opt);
+    MemoryOptimizer sr(m, MemoptMode::SwapRecompute, m.peak_without_memopt(0, 20, 0) * 7 / 10);
+    StageMemopt r = sr.optimize(0, 20, 0, true);
+    int swaps = 0, early = 0;
+    for (const TensorDecision& d : r.decisions) {
+      if (d.action != TensorAction::Swap) {
+        CHECK(d.prefetch_at == -1);
+        continue;
+      }
+      INFO("bandwidth " << bandwidth << ", tensor " << d.tensor);
+      ++swaps;
+      early += d.prefetch_at > d.restore_before;
+      REQUIRE(d.prefetch_at >= d.restore_before);
+      REQUIRE(d.prefetch_at < 20);
+      const double copy_ms = m.host_ms(d.bytes);
+      // The nodes whose backward runs during the copy cover it, or the copy starts with the
+      // stage's backward; one node fewer would not cover it.
+      CHECK((m.bwd_ms(d.restore_before + 1, d.prefetch_at + 1) >= copy_ms || d.prefetch_at == 19));
+      if (d.prefetch_at > d.restore_before) CHECK(m.bwd_ms(d.restore_before + 1, d.prefetch_at) < copy_ms);
+    }
+    CHECK(swaps > 0);
+    if (bandwidth == 1e6) CHECK(early == swaps);  // MB-sized tensors at 1 MB/s: the copy never fits one node
+  }
+}
+
 TEST_CASE("recomputing a tensor re-runs the producers of inputs that are gone", "[plan][memopt]") {
   // input -> a -> b -> c -> loss. a saves the data it reads; b saves nothing (like an add);
   // c saves b's output. Rebuilding b's output needs b, whose input (a's output) nobody kept,

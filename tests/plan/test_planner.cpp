@@ -196,6 +196,8 @@ TEST_CASE("plans round-trip through JSON", "[plan][planner]") {
     for (size_t i = 0; i < a.decisions.size(); ++i) {
       CHECK(a.decisions[i].tensor == b.decisions[i].tensor);
       CHECK(a.decisions[i].action == b.decisions[i].action);
+      CHECK(a.decisions[i].restore_before == b.decisions[i].restore_before);
+      CHECK(a.decisions[i].prefetch_at == b.decisions[i].prefetch_at);
     }
   }
   // An unlimited capacity survives too (INT64_MAX as an exact integer).

@@ -17,6 +17,7 @@
 #include "profile/profiler.h"
 #include "runtime/pipeline.h"
 #include "runtime/pipeline_stage.h"
+#include "runtime/swap_copier.h"
 #include "runtime/transport.h"
 #include "util/error.h"
 
@@ -122,11 +123,28 @@ TEST_CASE("the evictor refuses decisions it cannot carry out", "[runtime][evicto
   CHECK_FALSE(Evictor(module, {{received, 0, TensorAction::Keep, -1}}).active());
 }
 
+TEST_CASE("swapped bytes leave the device allocator and come back unchanged", "[runtime][evictor]") {
+  CountingAllocator& counter = CountingAllocator::install();
+  SwapCopier copier(at::Device(at::kCPU));
+  at::Tensor t = at::arange(1 << 16, at::kFloat);
+  const at::Tensor expected = t.clone();
+  const int64_t bytes = static_cast<int64_t>(t.storage().nbytes());
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const int64_t before = counter.live_bytes();
+  c10::DataPtr host = copier.copy_out(storage->set_data_ptr(c10::DataPtr(nullptr, t.device())), bytes);
+  CHECK(counter.live_bytes() == before - bytes);  // the host copy is not charged
+  SwapCopier::Incoming back = copier.copy_in(std::move(host), bytes);
+  CHECK(counter.live_bytes() == before);  // charged again from the copy back on
+  copier.wait(back);
+  storage->set_data_ptr_noswap(std::move(back.data));
+  CHECK(at::equal(t, expected));
+}
+
 // The planner's memory replay (plan/stage_memory) and the runtime agree. For random
 // keep/swap/recompute decisions (recompute chains, re-runs shared by several evictions, inputs
-// held for a later re-run, swapped inputs of a re-run) and tied weights, a stage cut at a block
-// boundary or inside a block (sending transposed views, receiving gradients that flow into
-// views), run alone, peaks at the replayed prediction. The stand-in transport holds a send until
+// held for a later re-run, swapped inputs of a re-run, swaps prefetched early) and tied
+// weights, a stage cut at a block boundary or inside a block (sending transposed views,
+// receiving gradients that flow into views), run alone, peaks at the replayed prediction. The stand-in transport holds a send until
 // the next one, as the replay assumes of MPI.
 TEST_CASE("the stage memory replay predicts the evictor's measured peak", "[runtime][evictor]") {
   at::set_num_threads(1);
@@ -167,6 +185,9 @@ TEST_CASE("the stage memory replay predicts the evictor's measured peak", "[runt
             const int pick = static_cast<int>(rng() % 3);
             if (!t.internal && !t.param_view && pick > 0)
               d.action = pick == 1 || !recomputable ? TensorAction::Swap : TensorAction::Recompute;
+            // Second round: swaps come back from a prefetch point up to the stage's last node.
+            if (round == 1 && d.action == TensorAction::Swap)
+              d.prefetch_at = d.restore_before + static_cast<int>(rng() % static_cast<unsigned>(e - d.restore_before));
             ds.push_back(d);
           }
           pc.decisions.push_back(std::move(ds));

@@ -1,0 +1,69 @@
+#include "runtime/device_placement.h"
+
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+
+#include "util/error.h"
+
+#ifdef DAWNPIPER_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dawnpiper {
+
+int node_local_rank(MPI_Comm comm) {
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int rank = 0;
+  MPI_Comm_rank(node, &rank);
+  MPI_Comm_free(&node);
+  return rank;
+}
+
+c10::Device rank_device(c10::Device requested, MPI_Comm comm) {
+  const int local = node_local_rank(comm);  // collective: every rank calls it
+  if (!requested.is_cuda()) return requested;
+#ifdef DAWNPIPER_CUDA
+  const int gpus = static_cast<int>(c10::cuda::device_count());
+  if (gpus < 1) throw ConfigError("--device cuda: no GPU is visible to this rank");
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(local % gpus));
+  c10::cuda::set_device(device.index());
+  return device;
+#else
+  throw ConfigError("--device cuda: this build has no CUDA support");
+#endif
+}
+
+std::vector<std::string> device_identities(c10::Device device, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  constexpr size_t kLength = 128;
+  std::array<char, kLength> mine{};
+  char host[64] = {};
+  gethostname(host, sizeof host - 1);
+  std::string id = std::string(host) + "/cpu-rank-" + std::to_string(rank);
+#ifdef DAWNPIPER_CUDA
+  if (device.is_cuda()) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device.index()) != cudaSuccess)
+      throw Error("cannot read the properties of GPU " + std::to_string(device.index()));
+    char uuid[2 * sizeof prop.uuid.bytes + 1] = {};
+    for (size_t i = 0; i < sizeof prop.uuid.bytes; ++i)
+      std::snprintf(uuid + 2 * i, 3, "%02x", static_cast<unsigned char>(prop.uuid.bytes[i]));
+    id = std::string(host) + "/gpu-" + uuid;
+  }
+#endif
+  std::strncpy(mine.data(), id.c_str(), kLength - 1);
+  std::vector<char> all(kLength * static_cast<size_t>(size));
+  MPI_Allgather(mine.data(), static_cast<int>(kLength), MPI_CHAR, all.data(), static_cast<int>(kLength), MPI_CHAR, comm);
+  std::vector<std::string> ids;
+  for (int r = 0; r < size; ++r) ids.emplace_back(all.data() + kLength * static_cast<size_t>(r));
+  return ids;
+}
+
+}  // namespace dawnpiper
