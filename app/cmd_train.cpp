@@ -143,8 +143,6 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (checkpoint_every < 0) throw ConfigError("--checkpoint-every must not be negative");
   if ((checkpoint_every > 0 || resume) && !vm.count("checkpoint-dir"))
     throw ConfigError("--checkpoint-every and --resume need --checkpoint-dir DIR");
-  if ((checkpoint_every > 0 || resume) && vm["schedule"].as<std::string>() == "async")
-    throw ConfigError("checkpoints need a flush point between steps: use --schedule gpipe or 1f1b (async never drains)");
   if (in_process && (vm.count("trace") || checkpoint_every > 0 || resume))
     throw ConfigError("--trace, --checkpoint-every and --resume apply to MPI runs, not --in-process");
   if (vm.count("trace")) check_writable(vm["trace"].as<std::string>());
@@ -234,6 +232,8 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   run.preset = graph.preset;
   run.optimizer_name = config.optimizer.kind;
   pc.first_step = first_step;
+  // The asynchronous pipeline drains where it writes a checkpoint (PipelineConfig::drain_every).
+  if (pc.schedule == ScheduleKind::Async) pc.drain_every = checkpoint_every;
   Progress progress(pc.first_step, config.steps, samples_per_step, quiet || world.rank != 0, progress_style);
   run.on_loss = [&](const StepLoss& s) { progress.step(s.step, s.loss); };
   const auto start = std::chrono::steady_clock::now();

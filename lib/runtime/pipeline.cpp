@@ -29,8 +29,17 @@ void check_ranges(const OpGraph& g, const std::vector<std::pair<int, int>>& rang
 std::vector<Action> stage_actions(const PipelineConfig& c, int stage) {
   const int stages = static_cast<int>(c.ranges.size());
   if (c.schedule == ScheduleKind::Async) {
-    if (c.first_step != 0) throw ConfigError("the async schedule has no flush point to resume from");
-    return make_schedule(c.schedule, stages, c.steps * c.micro_batches).actions.at(stage);
+    std::vector<Action> all;
+    for (int64_t from = c.first_step; from < c.steps;) {
+      const int64_t to = c.drain_every > 0 ? std::min(c.steps, (from / c.drain_every + 1) * c.drain_every) : c.steps;
+      const Schedule stretch = make_schedule(c.schedule, stages, (to - from) * c.micro_batches);
+      for (Action a : stretch.actions.at(stage)) {
+        if (a.micro_batch >= 0) a.micro_batch += from * c.micro_batches;
+        all.push_back(a);
+      }
+      from = to;
+    }
+    return all;
   }
   const std::vector<Action> one = make_schedule(c.schedule, stages, c.micro_batches).actions.at(stage);
   std::vector<Action> all;
@@ -133,8 +142,8 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
     throw ConfigError(std::to_string(c.ranges.size()) + " stages need " + std::to_string(c.ranges.size()) +
                       " MPI ranks, not " + std::to_string(size));
   const bool checkpoints = options.checkpoint_every > 0 || options.resume;
-  if (checkpoints && c.schedule == ScheduleKind::Async)
-    throw ConfigError("checkpoints need a flush point between steps: use --schedule gpipe or 1f1b (async never drains)");
+  if (c.schedule == ScheduleKind::Async && options.checkpoint_every > 0 && c.drain_every != options.checkpoint_every)
+    throw std::logic_error("async checkpoints need the pipeline to drain where they are written (drain_every)");
   if (checkpoints && options.checkpoint_dir.empty()) throw ConfigError("--checkpoint-dir is required for checkpoints");
   const CheckpointIdentity identity{options.preset, options.optimizer_name, g.size(), size};
   MPI_Comm data_comm, control_comm;
@@ -207,12 +216,16 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
         tracer.record_nested(kind, mb, tensor, bytes, start, end);
       });
     int64_t step = c.first_step;  // of the latest action with a micro-batch (an update belongs to it)
+    int64_t micro_batch = -1;     // the latest action's
     for (const Action& a : stage_actions(c, rank)) {
-      if (a.micro_batch >= 0) step = a.micro_batch / c.micro_batches;
+      if (a.micro_batch >= 0) step = a.micro_batch / c.micro_batches, micro_batch = a.micro_batch;
       tracer.run(a, step, [&] { stage.execute(a); });
       poll_losses(false);
-      // A synchronous step ends with the optimizer step: every stage is between steps there.
-      if (a.kind == ActionKind::OptimizerStep && options.checkpoint_every > 0) {
+      // A synchronous step ends with the optimizer step: every stage is between steps there. An
+      // asynchronous stage updates after every backward; at the update after a step's last
+      // micro-batch, at a drain, nothing is in flight.
+      const bool step_done = c.schedule != ScheduleKind::Async || micro_batch % c.micro_batches == c.micro_batches - 1;
+      if (a.kind == ActionKind::OptimizerStep && options.checkpoint_every > 0 && step_done) {
         const int64_t done = step + 1;
         if (done % options.checkpoint_every == 0 || done == c.steps) {
           transport.flush();

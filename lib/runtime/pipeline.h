@@ -26,6 +26,9 @@ struct PipelineConfig {
   int64_t micro_batches = 1;                // per step
   int64_t steps = 1;                        // train steps first_step .. steps - 1
   int64_t first_step = 0;                   // > 0 when resuming from a checkpoint
+  // Async: the pipeline drains after every K steps (where checkpoints are written: there no
+  // micro-batch is in flight and no stashed weight version alive); 0: it never drains.
+  int64_t drain_every = 0;
   uint64_t seed = 42;
   OptimizerConfig optimizer;
   at::Device device = at::Device(at::kCPU);  // every stage's (each rank's own GPU on CUDA)
@@ -39,8 +42,9 @@ StageConfig stage_config(const PipelineConfig& config, int stage);
 void check_ranges(const OpGraph& graph, const std::vector<std::pair<int, int>>& ranges);
 
 // The action lists of one stage for the whole run: for gpipe and 1f1b one schedule per step,
-// its micro-batch ids offset by step * micro_batches; for async one stream of
-// steps * micro_batches micro-batches. Steps before first_step are left out.
+// its micro-batch ids offset by step * micro_batches; for async one stream of micro-batches per
+// stretch between drains (drain_every). Steps before first_step are left out (a resumed async
+// run starts at a drain: its checkpoint was written there).
 std::vector<Action> stage_actions(const PipelineConfig& config, int stage);
 
 struct StepLoss {
