@@ -216,6 +216,10 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     for (const StagePlan& s : plan.stages)
       std::printf("  stage %d: nodes [%d, %d), predicted peak %s\n", s.index, s.begin, s.end,
                   format_bytes(static_cast<double>(s.memory.predicted_peak())).c_str());
+    if (pc.schedule == ScheduleKind::Async)
+      for (const std::string& name : tied_across_stages(graph, pc))
+        std::printf("  note: %s is tied across stages; under async each stage updates its own copy with its own "
+                    "gradients (the copies drift apart; gpipe and 1f1b sum them)\n", name.c_str());
     for (const StagePlan& s : plan.stages)
       if (capacity > 0 && s.memory.predicted_peak() > capacity)
         std::printf("  warning: stage %d is predicted to peak at %s, above --device-memory; the planner's search "

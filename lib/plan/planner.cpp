@@ -147,7 +147,16 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
                            blocks ? MemoptGranularity::Block : MemoptGranularity::Tensor);
   Bounds bounds;
   evaluator.set_replay_capacity(replay_capacity);
-  if (options.planner == "dawnpiper") bounds = BiPar(evaluator).solve();
+  if (options.planner == "dawnpiper") {
+    bounds = BiPar(evaluator).solve();
+    // Second candidate: cuts at block boundaries refined by Kernighan-Lin moves (vPipe's
+    // search), judged by the same tensor-level evaluator. BiPar's sweeps assume feasibility is
+    // monotone in a stage's range, which the replayed peak is not (more recomputation holds
+    // more re-run buffers), so it can miss splits this local search finds.
+    const Bounds refined = static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
+    if (!refined.empty() && (bounds.empty() || evaluator.objective(refined) < evaluator.objective(bounds)))
+      bounds = refined;
+  }
   else if (options.planner == "exact") bounds = exact_partition(evaluator);
   else if (options.planner == "gpipe") bounds = gpipe_partition(model);
   else if (options.planner == "pipedream") bounds = pipedream_partition(model);

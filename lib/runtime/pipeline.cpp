@@ -86,6 +86,13 @@ std::map<std::pair<int, int>, std::vector<int>> tied_groups(const OpGraph& g, co
 
 }  // namespace
 
+std::vector<std::string> tied_across_stages(const OpGraph& g, const PipelineConfig& c) {
+  std::vector<std::string> names;
+  for (const auto& [key, holders] : tied_groups(g, c))
+    names.push_back(g.nodes[key.first].name + "." + g.nodes[key.first].params[key.second].name);
+  return names;
+}
+
 InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& c) {
   check_ranges(g, c.ranges);
   const int stages = static_cast<int>(c.ranges.size());

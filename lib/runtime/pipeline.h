@@ -38,6 +38,11 @@ struct PipelineConfig {
 // The configuration of one stage of `config`.
 StageConfig stage_config(const PipelineConfig& config, int stage);
 
+// Names of the parameters several stages hold copies of (weights tied across a cut). The
+// synchronous schedules sum their gradients before every update; the asynchronous one updates
+// each copy with its own stage's gradients (PipeDream has no rule for them), so they drift apart.
+std::vector<std::string> tied_across_stages(const OpGraph& graph, const PipelineConfig& config);
+
 // Throws ConfigError unless the ranges tile the graph's nodes in order, non-empty.
 void check_ranges(const OpGraph& graph, const std::vector<std::pair<int, int>>& ranges);
 
