@@ -197,9 +197,9 @@ void Evictor::evict(MicroBatch& m, int i, const at::Tensor& tensor) {
     throw std::logic_error("evictor: " + graph_.tensor(entry.tensor).name + " shares its storage with a tensor evicted before");
   const Clock::time_point start = Clock::now();
   c10::DataPtr data = storage->set_data_ptr(c10::DataPtr(nullptr, storage->device()));
-  if (entry.action == TensorAction::Swap) h.host = copier_->copy_out(std::move(data), h.bytes);
   h.evicted = true;
   if (entry.action == TensorAction::Swap) {
+    h.host = copier_->copy_out(std::move(data), h.bytes);
     emit(ActionKind::SwapOut, m.ctx.micro_batch, entry.tensor, h.bytes, start);
   }
 }

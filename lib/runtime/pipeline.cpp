@@ -28,26 +28,19 @@ void check_ranges(const OpGraph& g, const std::vector<std::pair<int, int>>& rang
 
 std::vector<Action> stage_actions(const PipelineConfig& c, int stage) {
   const int stages = static_cast<int>(c.ranges.size());
-  if (c.schedule == ScheduleKind::Async) {
-    std::vector<Action> all;
-    for (int64_t from = c.first_step; from < c.steps;) {
-      const int64_t to = c.drain_every > 0 ? std::min(c.steps, (from / c.drain_every + 1) * c.drain_every) : c.steps;
-      const Schedule stretch = make_schedule(c.schedule, stages, (to - from) * c.micro_batches);
-      for (Action a : stretch.actions.at(stage)) {
-        if (a.micro_batch >= 0) a.micro_batch += from * c.micro_batches;
-        all.push_back(a);
-      }
-      from = to;
-    }
-    return all;
-  }
-  const std::vector<Action> one = make_schedule(c.schedule, stages, c.micro_batches).actions.at(stage);
+  // One schedule per stretch between drains: a synchronous step drains, async only every
+  // drain_every steps (or never).
+  const int64_t every = c.schedule == ScheduleKind::Async ? c.drain_every : 1;
   std::vector<Action> all;
-  for (int64_t s = c.first_step; s < c.steps; ++s)
-    for (Action a : one) {
-      if (a.micro_batch >= 0) a.micro_batch += s * c.micro_batches;
+  for (int64_t from = c.first_step; from < c.steps;) {
+    const int64_t to = every > 0 ? std::min(c.steps, (from / every + 1) * every) : c.steps;
+    const Schedule stretch = make_schedule(c.schedule, stages, (to - from) * c.micro_batches);
+    for (Action a : stretch.actions.at(stage)) {
+      if (a.micro_batch >= 0) a.micro_batch += from * c.micro_batches;
       all.push_back(a);
     }
+    from = to;
+  }
   return all;
 }
 

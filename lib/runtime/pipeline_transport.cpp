@@ -49,9 +49,9 @@ void RoutedTransport::count() {
 void RoutedTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) {
   // A send completes the stage's previous one, whichever link it took (as MpiTransport does,
   // and as the planner's memory replay assumes).
-  Transport& other = to_stage == stage_ - 1 ? *(next_ ? next_ : previous_) : *(previous_ ? previous_ : next_);
-  if (&other != &link(to_stage)) other.flush();
-  link(to_stage).send(to_stage, kind, micro_batch, std::move(tensors));
+  Transport& target = link(to_stage);
+  if (std::unique_ptr<Transport>& other = to_stage == stage_ - 1 ? next_ : previous_) other->flush();
+  target.send(to_stage, kind, micro_batch, std::move(tensors));
   count();
 }
 
