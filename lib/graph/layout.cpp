@@ -60,4 +60,18 @@ bool reshape_is_view(const OpGraph& g, const std::vector<Strides>& st, int input
   return view_strides(g.tensor(input).shape, st[input], to, v);
 }
 
+std::vector<int> matmul_copied_inputs(const OpGraph& g, const std::vector<Strides>& st, int node) {
+  std::vector<int> copied;
+  const Node& n = g.nodes.at(node);
+  if (n.kind != OpKind::MatMul) return copied;
+  for (int in : n.inputs) {
+    const Shape& s = g.tensor(in).shape;
+    int64_t all = 1;
+    for (int64_t d : s) all *= d;
+    const Shape folded{all / (s[s.size() - 2] * s.back()), s[s.size() - 2], s.back()};
+    if (!reshape_is_view(g, st, in, folded)) copied.push_back(in);
+  }
+  return copied;
+}
+
 }  // namespace dawnpiper

@@ -17,5 +17,10 @@ std::vector<Strides> tensor_strides(const OpGraph& g);
 // Whether `to` can view tensor `input` laid out as `st[input]` (ATen's computeStride rule,
 // which decides whether reshape views or copies).
 bool reshape_is_view(const OpGraph& g, const std::vector<Strides>& st, int input, const Shape& to);
+// The inputs a batched matmul copies: ATen folds each operand's batch dimensions into one, and
+// an operand whose layout does not allow that view becomes a contiguous copy, which autograd
+// keeps instead of the operand. A stage that receives such an operand gets it contiguous and
+// copies nothing.
+std::vector<int> matmul_copied_inputs(const OpGraph& g, const std::vector<Strides>& st, int node);
 
 }  // namespace dawnpiper

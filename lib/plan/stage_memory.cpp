@@ -55,6 +55,11 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     key[static_cast<size_t>(t)] = k;
     storage[static_cast<size_t>(t)] = is_received[static_cast<size_t>(t)] || p.tensors[static_cast<size_t>(t)].owns_storage();
   }
+  // A received operand arrives contiguous: the copy the whole graph makes of it is not made.
+  for (int t = 0; t < T; ++t) {
+    const int c = p.tensors[static_cast<size_t>(t)].copy_of;
+    if (c >= 0 && is_received[static_cast<size_t>(c)]) storage[static_cast<size_t>(t)] = 0;
+  }
   // Received views: the stage's savers of the sender-side owner save the received copy.
   std::map<int, std::vector<int>> received_of_owner;
   for (const TensorBytes& r : received) {
@@ -371,7 +376,11 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
             if (g) {  // this node's contribution is summed into the existing gradient
               if (view) continue;
               transient += bytes(t);
-              if (g == 2) grads += bytes(t), g = 1;  // out of place: the stage still holds the received one
+              if (g == 2) {  // out of place: the stage still holds the received one
+                grads += bytes(t), g = 1;
+                // A tensor relayed to the next stage and read here: the sum is what goes back.
+                if (is_received[static_cast<size_t>(t)]) m.input_grads += bytes(t);
+              }
               continue;
             }
             passed_on = true;

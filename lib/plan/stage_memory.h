@@ -10,7 +10,9 @@
 //   - per micro-batch in flight: the data it loads, the activations it receives (until their
 //     gradients are sent back, with those gradients), every tensor until its last forward reader
 //     or saving backward has run, the tensors it sends (until its backward), the gradients it
-//     receives (during its backward), and the gradients flowing through the backward;
+//     receives (during its backward), and the gradients flowing through the backward; received
+//     tensors arrive contiguous, so the copies the whole graph makes of them (TensorProfile::
+//     copy_of) are not made;
 //   - what a send keeps referenced until MPI completes it (assumed: the stage's next send): the
 //     gradients sent back, copies of sent tensors the evictor empties;
 //   - transients: each node's forward / backward workspace, a recomputation's re-run outputs

@@ -114,13 +114,10 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n) {
       break;
     case OpKind::Transpose: f.output_is_view = true; f.kernels = 0; f.bytes = 0; break;
     case OpKind::MatMul: {
-      // Batched matmul folds each operand's batch dimensions into one; an operand whose
-      // layout does not allow that view becomes a contiguous copy, which the backward keeps
-      // instead of the operand.
+      // The backward keeps each operand, or the contiguous copy made of it.
+      const std::vector<int> copied = matmul_copied_inputs(g, st, n.id);
       for (int i = 0; i < 2; ++i) {
-        const Shape& s = in_shape(i);
-        Shape folded{numel(s) / (s[s.size() - 2] * s.back()), s[s.size() - 2], s.back()};
-        if (reshape_is_view(g, st, n.inputs[i], folded)) f.saved_inputs.push_back(i);
+        if (std::find(copied.begin(), copied.end(), n.inputs[i]) == copied.end()) f.saved_inputs.push_back(i);
         else f.internal_bytes += g.tensor(n.inputs[i]).bytes();
       }
       const Shape& a = in_shape(0);
@@ -187,7 +184,7 @@ Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec) {
     if (!rg[n.outputs[0]]) continue;  // no backward, nothing kept
     for (int i : f.saved_inputs) add_saved(p, n.inputs.at(i), n.id);
     if (f.saves_output) add_saved(p, n.outputs[0], n.id);
-    if (f.internal_bytes > 0) add_internal(p, n.id, f.internal_bytes);
+    if (f.internal_bytes > 0) add_internals(p, g, strides, n.id, f.internal_bytes);
   }
   finish_profile(p, g);
   return p;

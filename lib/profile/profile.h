@@ -33,6 +33,10 @@ struct TensorProfile {
   // as activation memory but the runtime cannot evict it, so it is never a swap/recompute
   // candidate.
   bool internal = false;
+  // An internal buffer that is a contiguous copy of this input of its producer (a batched
+  // matmul's operand whose layout does not fold): a stage that receives that input gets it
+  // contiguous, makes no copy and keeps the received tensor instead. -1 otherwise.
+  int copy_of = -1;
   // The tensor whose storage this one shares (a view: transpose, a reshape of a contiguous
   // tensor), -1 if it owns its storage. Views allocate nothing; when a backward saves a view,
   // saved_by is recorded on the storage owner, the tensor whose memory stays alive.

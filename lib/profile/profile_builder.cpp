@@ -58,10 +58,11 @@ void add_saved(Profile& p, int t, int node) {
   if (std::find(sb.begin(), sb.end(), node) == sb.end()) sb.push_back(node);
 }
 
-void add_internal(Profile& p, int node, int64_t bytes) {
+void add_internal(Profile& p, int node, int64_t bytes, int copy_of) {
   TensorProfile tp;
   tp.id = static_cast<int>(p.tensors.size());
-  tp.name = p.nodes.at(node).name + ".internal";
+  tp.name = p.nodes.at(node).name + (copy_of >= 0 ? ".copy_of_" + p.tensors.at(copy_of).name : ".internal");
+  tp.copy_of = copy_of;
   tp.producer = node;
   tp.bytes = bytes;
   tp.bytes_fit = {static_cast<double>(bytes), 0};
@@ -69,6 +70,16 @@ void add_internal(Profile& p, int node, int64_t bytes) {
   tp.internal = true;
   p.tensors.push_back(tp);
   p.nodes[node].outputs.push_back(tp.id);
+}
+
+void add_internals(Profile& p, const OpGraph& g, const std::vector<Strides>& st, int node, int64_t bytes) {
+  for (int in : matmul_copied_inputs(g, st, node)) {
+    const int64_t copy = g.tensor(in).bytes();
+    if (copy > bytes) break;
+    add_internal(p, node, copy, in);
+    bytes -= copy;
+  }
+  if (bytes > 0) add_internal(p, node, bytes);
 }
 
 void finish_profile(Profile& p, const OpGraph& g) {

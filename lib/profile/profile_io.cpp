@@ -74,6 +74,7 @@ void write_profile(const Profile& p, const std::string& path) {
     write_column<int64_t>(tensors, "producer", column(T, [](const TensorProfile& t) { return int64_t(t.producer); }));
     write_column<int64_t>(tensors, "is_data", column(T, [](const TensorProfile& t) { return int64_t(t.is_data); }));
     write_column<int64_t>(tensors, "internal", column(T, [](const TensorProfile& t) { return int64_t(t.internal); }));
+    write_column<int64_t>(tensors, "copy_of", column(T, [](const TensorProfile& t) { return int64_t(t.copy_of); }));
     write_column<int64_t>(tensors, "alias_of", column(T, [](const TensorProfile& t) { return int64_t(t.alias_of); }));
     write_column<int64_t>(tensors, "param_view", column(T, [](const TensorProfile& t) { return int64_t(t.param_view); }));
     write_column<int64_t>(tensors, "bytes", column(T, [](const TensorProfile& t) { return t.bytes; }));
@@ -161,6 +162,10 @@ Profile read_profile(const std::string& path) {
     auto producer = read_column<int64_t>(tensors, "producer");
     auto is_data = read_column<int64_t>(tensors, "is_data");
     auto internal = read_column<int64_t>(tensors, "internal");
+    // Added within schema 2: profiles written before record no input copies.
+    const std::vector<int64_t> copy_of = H5Lexists(tensors, "copy_of", H5P_DEFAULT) > 0
+                                             ? read_column<int64_t>(tensors, "copy_of")
+                                             : std::vector<int64_t>(tname.size(), -1);
     auto alias = read_column<int64_t>(tensors, "alias_of");
     auto param_view = read_column<int64_t>(tensors, "param_view");
     auto bytes = read_column<int64_t>(tensors, "bytes");
@@ -175,6 +180,7 @@ Profile read_profile(const std::string& path) {
       t.producer = static_cast<int>(producer[k]);
       t.is_data = is_data[k] != 0;
       t.internal = internal[k] != 0;
+      t.copy_of = static_cast<int>(copy_of[k]);
       t.alias_of = static_cast<int>(alias[k]);
       t.param_view = param_view[k] != 0;
       t.bytes = bytes[k];

@@ -272,11 +272,12 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
       if (opt.progress) std::fprintf(stderr, "the whole step does not fit: node times are from isolated runs\n");
     }
   }
+  const std::vector<Strides> strides = tensor_strides(g);
   for (const Node& n : g.nodes) {
     const NodeMeasurement& m = measured[n.id];
     for (int t : m.saved_inputs) add_saved(p, t, n.id);
     if (m.output_saved) add_saved(p, n.outputs[0], n.id);
-    if (m.internal_bytes > 0) add_internal(p, n.id, m.internal_bytes);
+    if (m.internal_bytes > 0) add_internals(p, g, strides, n.id, m.internal_bytes);
   }
   finish_profile(p, g);
   return p;

@@ -111,13 +111,22 @@ TEST_CASE("sharing repeated blocks keeps the memory structure", "[profile]") {
 
 TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]") {
   CountingAllocator::install();
-  Profile p = profile_model(preset_config("t5-tiny"), {1, 3}, quick());
+  Profile p = profile_model(preset_config("t5-tiny"), {2, 3}, quick());  // at 1 a matmul copies nothing
   p.measured_step_ms = 12.5;
   p.measured_peak_bytes = 123456;
   const std::string path = "test_profile_roundtrip.h5";
   int constants = 0;  // T5's relative-position buckets: one per attention
   for (const NodeProfile& n : p.nodes) constants += n.constant_bytes > 0;
   CHECK(constants > 0);
+  int copies = 0;  // attention matmuls copy their transposed value operand
+  for (const TensorProfile& t : p.tensors)
+    if (t.copy_of >= 0) {
+      ++copies;
+      CHECK(t.internal);
+      const std::vector<int>& reads = p.tensors[static_cast<size_t>(t.copy_of)].consumers;
+      CHECK(std::find(reads.begin(), reads.end(), t.producer) != reads.end());
+    }
+  CHECK(copies > 0);
   write_profile(p, path);
   Profile q = read_profile(path);
   CHECK(q.preset == p.preset);
@@ -153,6 +162,7 @@ TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]
     CHECK(a.consumers == b.consumers);
     CHECK(a.saved_by == b.saved_by);
     CHECK(a.internal == b.internal);
+    CHECK(a.copy_of == b.copy_of);
     CHECK(a.alias_of == b.alias_of);
     CHECK(a.param_view == b.param_view);
   }

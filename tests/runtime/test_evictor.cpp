@@ -210,6 +210,46 @@ TEST_CASE("the stage memory replay predicts the evictor's measured peak", "[runt
 }
 
 
+// Two things the whole graph does differently from a stage: a matmul operand that is a
+// transposed view is copied by the whole graph but arrives contiguous at a stage (no copy), and
+// a tensor the stage reads and also relays to the next stage (T5's encoder output) gets the sum
+// of its local and received gradients sent back. The replay counted the copy and the sum twice
+// (6-8% over on this stage; what is left, 2-3%, are backward workspaces measured node by node).
+TEST_CASE("a stage receiving a matmul operand and relaying a tensor it reads peaks at its replay", "[runtime][evictor]") {
+  at::set_num_threads(1);
+  CountingAllocator& counter = CountingAllocator::install();
+  OpGraph g = build_model(preset_config("t5-tiny"), 4);
+  const Profile profile = quick_profile(g);
+  const int b = 82, e = 131;  // inside decoder layer 0's self-attention .. inside layer 1's
+  REQUIRE(g.nodes[b].kind == OpKind::MatMul);
+  bool received_copy = false, relayed_and_read = false;
+  std::set<int> received;
+  for (const CrossingTensor& c : g.crossing(b)) received.insert(c.tensor);
+  for (const TensorProfile& t : profile.tensors) received_copy |= t.copy_of >= 0 && received.count(t.copy_of) > 0;
+  for (const CrossingTensor& c : g.crossing(e))
+    if (received.count(c.tensor))
+      for (int reader : profile.tensors[static_cast<size_t>(c.tensor)].consumers) relayed_and_read |= reader >= b && reader < e;
+  REQUIRE(received_copy);
+  REQUIRE(relayed_and_read);
+  for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::Async}) {
+    PlanOptions po;
+    po.stages = 3;
+    po.schedule = schedule_kind_name(kind);
+    po.micro_batches = 4;
+    const CostModel model(profile, po);
+    PipelineConfig pc;
+    pc.schedule = kind;
+    pc.ranges = {{0, b}, {b, e}, {e, g.size()}};
+    pc.micro_batches = 4;
+    pc.steps = 3;
+    const int64_t predicted = replay_stage_memory(model, b, e, 1, {}).peak;
+    const int64_t measured = measured_stage_peak(counter, g, pc, 1);
+    INFO(schedule_kind_name(kind) << ": measured " << measured << " predicted " << predicted);
+    CHECK(double(measured) <= 1.005 * double(predicted));
+    CHECK(double(measured) >= 0.955 * double(predicted));  // before: 0.94 (gpipe), 0.93 (async)
+  }
+}
+
 // The baselines' coarse modes (gpipe and vpipe: whole blocks recomputed or swapped, block
 // outputs kept as checkpoints) are plain decisions to the runtime: training is bitwise
 // unchanged and each stage peaks at its replayed prediction. (Some combinations have no
