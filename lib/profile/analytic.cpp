@@ -203,9 +203,8 @@ Profile analytic_profile_model(const ModelConfig& config, const std::vector<int6
     const double slope = (y1 - y0) / (x1 - x0);
     return LinearFit{y0 - slope * x0, slope};
   };
-  for (size_t t = 0; t < p.tensors.size(); ++t)
-    p.tensors[t].bytes_fit = line(static_cast<double>(ps.front().tensors[t].bytes),
-                                  static_cast<double>(ps.back().tensors[t].bytes));
+  const std::vector<ByteSamples> samples = batch_byte_samples(p, ps, sizes);
+  for (size_t t = 0; t < p.tensors.size(); ++t) p.tensors[t].bytes_fit = fit_bytes(samples[t]);
   for (size_t n = 0; n < p.nodes.size(); ++n) {
     p.nodes[n].fwd_ms_fit = line(ps.front().nodes[n].fwd_ms, ps.back().nodes[n].fwd_ms);
     p.nodes[n].bwd_ms_fit = line(ps.front().nodes[n].bwd_ms, ps.back().nodes[n].bwd_ms);

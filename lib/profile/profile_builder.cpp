@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <stdexcept>
 
 namespace dawnpiper {
@@ -80,6 +81,63 @@ void add_internals(Profile& p, const OpGraph& g, const std::vector<Strides>& st,
     bytes -= copy;
   }
   if (bytes > 0) add_internal(p, node, bytes);
+}
+
+namespace {
+
+// (producer, copied input, order among the producer's buffers copying that input) -> row.
+std::map<std::tuple<int, int, int>, int> internal_keys(const Profile& p) {
+  std::map<std::tuple<int, int, int>, int> keys;
+  std::map<std::pair<int, int>, int> seen;
+  for (const TensorProfile& t : p.tensors)
+    if (t.internal) keys[{t.producer, t.copy_of, seen[{t.producer, t.copy_of}]++}] = t.id;
+  return keys;
+}
+
+}  // namespace
+
+std::vector<ByteSamples> batch_byte_samples(Profile& base, const std::vector<Profile>& profiles,
+                                            const std::vector<int64_t>& sizes) {
+  std::vector<std::map<std::tuple<int, int, int>, int>> keys;
+  for (const Profile& q : profiles) keys.push_back(internal_keys(q));
+  std::map<std::tuple<int, int, int>, int> base_keys = internal_keys(base);
+  for (size_t i = 1; i < profiles.size(); ++i)
+    for (const auto& [key, row] : keys[i]) {
+      if (base_keys.count(key)) continue;
+      const TensorProfile& t = profiles[i].tensors[static_cast<size_t>(row)];
+      add_internal(base, t.producer, 0, t.copy_of);
+      base.nodes[static_cast<size_t>(t.producer)].saved.push_back(base.tensors.back().id);
+      base_keys[key] = base.tensors.back().id;
+    }
+  std::vector<ByteSamples> samples(base.tensors.size());
+  for (size_t i = 0; i < profiles.size(); ++i) {
+    const Profile& q = profiles[i];
+    auto add = [&](int base_row, int row) {
+      samples[static_cast<size_t>(base_row)].x.push_back(static_cast<double>(sizes[i]));
+      samples[static_cast<size_t>(base_row)].y.push_back(static_cast<double>(q.tensors[static_cast<size_t>(row)].bytes));
+    };
+    for (const TensorProfile& t : base.tensors)
+      if (!t.internal && static_cast<size_t>(t.id) < q.tensors.size()) add(t.id, t.id);
+    for (const auto& [key, row] : keys[i]) add(base_keys.at(key), row);
+  }
+  return samples;
+}
+
+LinearFit fit_line(const std::vector<double>& x, const std::vector<double>& y) {
+  if (x.size() < 2) return {y.empty() ? 0 : y[0], 0};
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < x.size(); ++i) mx += x[i], my += y[i];
+  mx /= static_cast<double>(x.size());
+  my /= static_cast<double>(y.size());
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < x.size(); ++i) sxy += (x[i] - mx) * (y[i] - my), sxx += (x[i] - mx) * (x[i] - mx);
+  const double slope = sxx > 0 ? sxy / sxx : 0;
+  return {my - slope * mx, slope};
+}
+
+LinearFit fit_bytes(const ByteSamples& s) {
+  if (s.x.size() == 1) return {0, s.y[0] / s.x[0]};
+  return fit_line(s.x, s.y);
 }
 
 void finish_profile(Profile& p, const OpGraph& g) {

@@ -23,6 +23,21 @@ void add_internal(Profile& profile, int node, int64_t bytes, int copy_of = -1);
 // Appends `node`'s internal buffers, `bytes` in all: first the copies of inputs the node makes
 // (graph/layout.h's matmul_copied_inputs), as far as `bytes` covers them, then the rest.
 void add_internals(Profile& profile, const OpGraph& graph, const std::vector<Strides>& strides, int node, int64_t bytes);
+// Byte sizes of one tensor at the profiled batch sizes that have it.
+struct ByteSamples {
+  std::vector<double> x, y;
+};
+// Samples of every tensor of `base` (a copy of profiles.front()) over `profiles`, one per batch
+// size. Graph tensors match by id; internal buffers by producer, the input they copy and their
+// order among such buffers. Buffers only other sizes have are appended to `base` first, with 0
+// bytes at its size: a batched matmul copies an operand from batch 2 on, not at batch 1, where
+// the batch dimension folds away.
+std::vector<ByteSamples> batch_byte_samples(Profile& base, const std::vector<Profile>& profiles,
+                                            const std::vector<int64_t>& sizes);
+// Least-squares line; a single point gives a flat line.
+LinearFit fit_line(const std::vector<double>& x, const std::vector<double>& y);
+// The line through a tensor's samples; one sample: proportional to the batch size.
+LinearFit fit_bytes(const ByteSamples& samples);
 // Places parameter gradients (tied weights at their last user), the largest parameter, the
 // nodes' saved lists, and flat fits for whatever has none yet.
 void finish_profile(Profile& profile, const OpGraph& graph);

@@ -284,19 +284,6 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
 }
 
 namespace {
-// Least-squares line through (x, y); with one point, a flat line.
-LinearFit fit_line(const std::vector<double>& x, const std::vector<double>& y) {
-  if (x.size() < 2) return {y.empty() ? 0 : y[0], 0};
-  double mx = 0, my = 0;
-  for (size_t i = 0; i < x.size(); ++i) mx += x[i], my += y[i];
-  mx /= x.size();
-  my /= y.size();
-  double sxy = 0, sxx = 0;
-  for (size_t i = 0; i < x.size(); ++i) sxy += (x[i] - mx) * (y[i] - my), sxx += (x[i] - mx) * (x[i] - mx);
-  const double slope = sxx > 0 ? sxy / sxx : 0;
-  return {my - slope * mx, slope};
-}
-
 // Worst relative error of a fit over its points, ignoring values too small to matter.
 double fit_error(const LinearFit& f, const std::vector<double>& x, const std::vector<double>& y, double floor) {
   double worst = 0;
@@ -324,14 +311,10 @@ Profile profile_model(const ModelConfig& config, std::vector<int64_t> batch_size
     for (const Profile& q : profiles) y.push_back(get(q));
     return y;
   };
-  // Internal buffers are matched by producer and position; a structure change across batch
-  // sizes (it does not happen for these models) leaves the flat fits.
-  bool same_structure = true;
-  for (const Profile& q : profiles) same_structure = same_structure && q.tensors.size() == p.tensors.size();
-  for (size_t t = 0; same_structure && t < p.tensors.size(); ++t) {
-    auto y = column([&](const Profile& q) { return static_cast<double>(q.tensors[t].bytes); });
-    p.tensors[t].bytes_fit = fit_line(x, y);
-    worst_bytes = std::max(worst_bytes, fit_error(p.tensors[t].bytes_fit, x, y, bytes_floor));
+  const std::vector<ByteSamples> samples = batch_byte_samples(p, profiles, batch_sizes);
+  for (size_t t = 0; t < p.tensors.size(); ++t) {
+    p.tensors[t].bytes_fit = fit_bytes(samples[t]);
+    worst_bytes = std::max(worst_bytes, fit_error(p.tensors[t].bytes_fit, samples[t].x, samples[t].y, bytes_floor));
   }
   for (size_t n = 0; n < p.nodes.size(); ++n) {
     NodeProfile& np = p.nodes[n];
