@@ -53,12 +53,10 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     while (!is_received[static_cast<size_t>(k)] && p.tensors[static_cast<size_t>(k)].alias_of >= 0)
       k = p.tensors[static_cast<size_t>(k)].alias_of;
     key[static_cast<size_t>(t)] = k;
-    storage[static_cast<size_t>(t)] = is_received[static_cast<size_t>(t)] || p.tensors[static_cast<size_t>(t)].owns_storage();
-  }
-  // A received operand arrives contiguous: the copy the whole graph makes of it is not made.
-  for (int t = 0; t < T; ++t) {
-    const int c = p.tensors[static_cast<size_t>(t)].copy_of;
-    if (c >= 0 && is_received[static_cast<size_t>(c)]) storage[static_cast<size_t>(t)] = 0;
+    // A received operand arrives contiguous: the copy the whole graph makes of it is not made.
+    const int copy_of = p.tensors[static_cast<size_t>(t)].copy_of;
+    storage[static_cast<size_t>(t)] = (is_received[static_cast<size_t>(t)] || p.tensors[static_cast<size_t>(t)].owns_storage()) &&
+                                      !(copy_of >= 0 && is_received[static_cast<size_t>(copy_of)]);
   }
   // Received views: the stage's savers of the sender-side owner save the received copy.
   std::map<int, std::vector<int>> received_of_owner;
