@@ -31,18 +31,23 @@ int cmd_graph(int argc, char** argv, const MpiWorld& world) {
     return 0;
   }
   const auto start = std::chrono::steady_clock::now();
-  ModelConfig config = model_config_from(vm);
-  OpGraph g = build_model(config, vm["micro-batch-size"].as<int64_t>());
+  const ModelSource model = model_source_from(vm);
+  OpGraph g = model.graph(vm["micro-batch-size"].as<int64_t>());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   int64_t edges = 0;
   for (const TensorInfo& t : g.tensors) edges += static_cast<int64_t>(t.consumers.size());
   std::map<std::string, int> per_kind;
-  for (const Node& n : g.nodes) ++per_kind[op_kind_name(n.kind)];
+  // Imported nodes count by their ATen operator.
+  auto kind_of = [](const Node& n) { return n.kind == OpKind::Aten ? n.call.qualified() : std::string(op_kind_name(n.kind)); };
+  for (const Node& n : g.nodes) ++per_kind[kind_of(n)];
   if (vm["nodes"].as<bool>()) {
-    for (const Node& n : g.nodes)
-      std::printf("%5d %-14s %-18s %-24s params=%lld\n", n.id, op_kind_name(n.kind),
-                  g.blocks[n.block].c_str(), shape_str(g.tensor(n.outputs[0]).shape).c_str(),
-                  static_cast<long long>(g.parameter_bytes(n.id) / 4));
+    for (const Node& n : g.nodes) {
+      int64_t params = 0;
+      for (const ParamSpec& p : n.params)
+        if (!p.tied()) params += numel(p.shape);
+      std::printf("%5d %-14s %-18s %-24s params=%lld %s\n", n.id, kind_of(n).c_str(), g.blocks[n.block].c_str(),
+                  shape_str(g.tensor(n.outputs[0]).shape).c_str(), static_cast<long long>(params), n.name.c_str());
+    }
   }
   std::printf("model        %s (%s), micro-batch %lld\n", g.preset.c_str(), g.model.c_str(),
               static_cast<long long>(g.micro_batch_size));
@@ -53,7 +58,7 @@ int cmd_graph(int argc, char** argv, const MpiWorld& world) {
               g.parameter_count() / 1e6);
   std::printf("build time   %.1f ms\n", ms);
   std::printf("op kinds:\n");
-  for (const auto& kv : per_kind) std::printf("  %-16s %d\n", kv.first.c_str(), kv.second);
+  for (const auto& kv : per_kind) std::printf("  %-28s %d\n", kv.first.c_str(), kv.second);
   return 0;
 }
 

@@ -50,7 +50,7 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
     if (!vm["micro-batch-size"].defaulted()) profile = profile.at_batch(B);
   } else if (vm.count("device-spec")) {
     const DeviceSpec spec = device_spec(vm["device-spec"].as<std::string>());
-    profile = analytic_profile_model(model_config_from(vm), {B, 2 * B}, spec);
+    profile = analytic_profile_model(model_source_from(vm), {B, 2 * B}, spec);
     o.capacity_bytes = spec.memory_bytes;
     o.host_bandwidth = spec.host_bandwidth;
     o.link_bandwidth = spec.link_bandwidth;

@@ -82,7 +82,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   if (B < 1) throw ConfigError("micro-batch size must be at least 1");
   const std::vector<int64_t> sizes = vm.count("batch-sizes") ? parse_batch_sizes(vm["batch-sizes"].as<std::string>())
                                                              : std::vector<int64_t>{B, 2 * B, 3 * B};
-  ModelConfig model = model_config_from(vm);
+  const ModelSource model = model_source_from(vm);
   const std::string optimizer = vm["optimizer"].as<std::string>();
   Profile::optimizer_state_multiplier(optimizer);  // validates the name before any work
   const std::string out = vm["out"].as<std::string>();
@@ -96,7 +96,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
                        : profile_model(model, sizes, opt);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!analytic && !vm["no-step-check"].as<bool>()) {
-    StepMeasurement step = measure_step(build_model(model, sizes.front()), optimizer, opt);
+    StepMeasurement step = measure_step(model.graph(sizes.front()), optimizer, opt);
     p.measured_step_ms = step.step_ms;
     // In-step timing measured forward+backward alongside the node times; keep that figure.
     if (p.measured_fwd_bwd_ms == 0) p.measured_fwd_bwd_ms = step.fwd_bwd_ms;

@@ -3,6 +3,7 @@
 // and peak memory against the plan's prediction. Validates a multi-device plan on one device.
 #include <cinttypes>
 #include <cstdio>
+#include <optional>
 
 #include "app/commands.h"
 #include "cli/options.h"
@@ -45,16 +46,16 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   const c10::Device device = parse_device(vm["device"].as<std::string>());
 
   // The plan's model, batch and schedule unless overridden.
-  ModelConfig model;
-  if (vm["model"].defaulted()) {
+  std::optional<ModelSource> model;
+  if (vm["model"].defaulted() && !vm.count("model-file")) {
     po::variables_map with_preset = vm;
     with_preset.at("model").value() = boost::any(plan.preset);
-    model = model_config_from(with_preset);
+    model = model_source_from(with_preset);
   } else {
-    model = model_config_from(vm);
+    model = model_source_from(vm);
   }
   const int64_t batch = vm["micro-batch-size"].defaulted() ? plan.micro_batch_size : vm["micro-batch-size"].as<int64_t>();
-  const OpGraph graph = build_model(model, batch);
+  const OpGraph graph = model->graph(batch);
   if (graph.size() != plan.nodes)
     throw ConfigError("the plan is for " + std::to_string(plan.nodes) + " nodes, " + graph.preset + " has " +
                       std::to_string(graph.size()) + " (give the model options the plan was made with)");

@@ -121,9 +121,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   int64_t capacity = 0;
   if (vm.count("device-memory")) capacity = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
 
-  ModelConfig model = model_config_from(vm);
+  const ModelSource model = model_source_from(vm);
   const int64_t micro_batch_size = vm["micro-batch-size"].as<int64_t>();
-  OpGraph graph = build_model(model, micro_batch_size);
+  OpGraph graph = model.graph(micro_batch_size);
   TrainConfig config;
   config.steps = vm["steps"].as<int64_t>();
   config.micro_batches = vm["micro-batches"].as<int64_t>();

@@ -12,6 +12,9 @@ po::options_description common_options() {
   d.add_options()
       ("config", po::value<std::string>(), "read options from an .ini file (key = value lines)")
       ("model", po::value<std::string>()->default_value("gpt2-tiny"), "model preset (see `dawnpiper graph --list`)")
+      ("model-file", po::value<std::string>(), "an imported model (scripts/export_model.py; docs/model-format.md) instead of a preset")
+      ("init-from", po::value<std::string>(), "with --model-file: initial weights from this safetensors checkpoint (PyTorch names, "
+                                              "e.g. a Hugging Face model.safetensors)")
       ("seed", po::value<uint64_t>()->default_value(42), "seed for parameters, data and dropout")
       ("micro-batch-size", po::value<int64_t>()->default_value(4), "samples per micro-batch")
       ("micro-batches", po::value<int64_t>()->default_value(4), "micro-batches per step (mini-batch = size x count)")
@@ -75,6 +78,19 @@ ModelConfig model_config_from(const po::variables_map& vm) {
   }
   check_config(c);
   return c;
+}
+
+ModelSource model_source_from(const po::variables_map& vm) {
+  if (!vm.count("model-file")) {
+    if (vm.count("init-from")) throw ConfigError("--init-from needs --model-file (presets start from their seed)");
+    return ModelSource::preset(model_config_from(vm));
+  }
+  if (!vm["model"].defaulted()) throw ConfigError("give either --model or --model-file, not both");
+  const po::options_description overrides = model_override_options();
+  for (const auto& opt : overrides.options())
+    if (vm.count(opt->long_name()))
+      throw ConfigError("--" + opt->long_name() + " changes a preset; an imported model is fixed by its file (export it again)");
+  return ModelSource::file(vm["model-file"].as<std::string>(), vm.count("init-from") ? vm["init-from"].as<std::string>() : "");
 }
 
 }  // namespace dawnpiper

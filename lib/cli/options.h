@@ -7,12 +7,14 @@
 #include <boost/program_options.hpp>
 
 #include "models/model_config.h"
+#include "models/model_source.h"
 
 namespace dawnpiper {
 
 namespace po = boost::program_options;
 
-// --config --model --seed --micro-batch-size --micro-batches --device --device-memory --quiet
+// --config --model --model-file --init-from --seed --micro-batch-size --micro-batches --device
+// --device-memory --quiet
 po::options_description common_options();
 // --layers --decoder-layers --hidden --heads --ffn --vocab --seq-len --image-size --classes
 // --in-features --dropout
@@ -27,5 +29,8 @@ bool parse_options(int argc, char** argv, const std::string& subcommand, const s
 
 // The model preset from --model with the override options applied and checked.
 ModelConfig model_config_from(const po::variables_map& vm);
+// The model: --model-file (with --init-from) if given, else the --model preset with overrides.
+// Mixing the two is a ConfigError.
+ModelSource model_source_from(const po::variables_map& vm);
 
 }  // namespace dawnpiper

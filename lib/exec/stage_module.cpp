@@ -4,9 +4,12 @@
 
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 
+#include "exec/aten_call.h"
+#include "exec/weights.h"
 #include "graph/layout.h"
 
 namespace dawnpiper {
@@ -20,8 +23,9 @@ uint64_t mix_seed(uint64_t a, uint64_t b) {
 
 namespace {
 
-at::Tensor init_param(const ParamSpec& spec, uint64_t seed) {
+at::Tensor init_param(const ParamSpec& spec, uint64_t seed, WeightLoader* weights) {
   at::NoGradGuard no_grad;
+  if (spec.init == Init::File) return weights->load(spec.source, spec.aliases, spec.shape, spec.dtype);
   at::Generator gen = at::detail::createCPUGenerator(seed);
   at::Tensor t = at::empty(spec.shape, at::kFloat);
   switch (spec.init) {
@@ -29,8 +33,14 @@ at::Tensor init_param(const ParamSpec& spec, uint64_t seed) {
     case Init::Uniform: t.uniform_(-spec.scale, spec.scale, gen); break;
     case Init::Zeros: t.zero_(); break;
     case Init::Ones: t.fill_(1.0); break;
+    case Init::File: break;
   }
   return t;
+}
+
+void buffers_read(const AtenArg& a, std::vector<char>& read) {
+  if (a.kind == AtenArg::Kind::Buffer) read[static_cast<size_t>(a.i)] = 1;
+  for (const AtenArg& item : a.items) buffers_read(item, read);
 }
 
 // T5's bucketing of relative positions (memory - query) into `buckets` buckets.
@@ -60,6 +70,9 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
   if (begin < 0 || end > graph.size() || begin >= end)
     throw std::logic_error("bad stage range [" + std::to_string(begin) + ", " +
                            std::to_string(end) + ")");
+  // Imported models read their weights from files, each rank only its own.
+  std::unique_ptr<WeightLoader> weights;
+  if (!graph.weight_files.empty()) weights = std::make_unique<WeightLoader>(graph.weight_files);
   // Parameters: owned ones, and tied ones whose owner lies outside the range (held as a copy
   // with the owner's initial values; the runtime keeps copies in sync).
   for (int n = begin; n < end; ++n) {
@@ -72,10 +85,10 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
       if (param_index_.count(key)) continue;
       const ParamSpec& owner_spec = graph.nodes[owner].params[owner_index];
       StageParameter p;
-      p.name = graph.nodes[owner].name + "." + owner_spec.name;
+      p.name = owner_spec.source.empty() ? graph.nodes[owner].name + "." + owner_spec.name : owner_spec.source;
       p.node = owner;
       p.index = owner_index;
-      p.tensor = init_param(owner_spec, mix_seed(mix_seed(seed, owner), owner_index))
+      p.tensor = init_param(owner_spec, mix_seed(mix_seed(seed, owner), owner_index), weights.get())
                      .to(device)
                      .set_requires_grad(true);
       param_index_[key] = static_cast<int>(params_.size());
@@ -108,13 +121,28 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
   const std::vector<Strides> strides = tensor_strides(graph);
   reshape_copies_.assign(end - begin, 0);
   constant_keys_.assign(end - begin, {});
+  kernels_.resize(static_cast<size_t>(end - begin));
+  std::vector<char> read(graph.buffers.size(), 0);
   for (int n = begin; n < end; ++n) {
     const Node& node = graph.nodes[n];
+    if (node.kind == OpKind::Aten) {
+      kernels_[static_cast<size_t>(n - begin)] = std::make_unique<AtenKernel>(node);
+      for (const AtenArg& a : node.call.args) buffers_read(a, read);
+    }
     if (node.kind == OpKind::Reshape)
       reshape_copies_[n - begin] = !reshape_is_view(graph, strides, node.inputs[0], graph.tensor(node.outputs[0]).shape);
     constant_keys_[n - begin] = graph.stage_constant(n).key;
   }
+  buffers_.resize(graph.buffers.size());
+  for (size_t i = 0; i < read.size(); ++i)
+    if (read[i]) {
+      const BufferSpec& b = graph.buffers[i];
+      buffers_[i] = weights->load(b.name, {}, b.shape, b.dtype).to(device);
+    }
 }
+
+StageModule::~StageModule() = default;
+StageModule::StageModule(StageModule&&) noexcept = default;
 
 int64_t StageModule::parameter_count() const {
   int64_t n = 0;
@@ -260,8 +288,35 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
                                    {}, at::Reduction::Mean, -100);
       break;
     }
+    case OpKind::Aten: {
+      run_aten(node, env, ctx);
+      return;
+    }
   }
   env[node.outputs[0]] = std::move(out);
+}
+
+void StageModule::run_aten(const Node& node, TensorEnv& env, const RunContext& ctx) const {
+  const AtenKernel& kernel = *kernels_[static_cast<size_t>(node.id - begin_)];
+  if (kernel.seeded()) {
+    // Random ops draw from the device's generator, seeded per (node, step, micro-batch) as the
+    // zoo's dropout is: a recomputation and every schedule see the same numbers.
+    at::Generator gen = at::globalContext().defaultGenerator(device_);  // a handle to it
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(
+        mix_seed(mix_seed(mix_seed(seed_, 0x5eed0000ULL + static_cast<uint64_t>(node.id)), ctx.step), ctx.micro_batch));
+  }
+  std::vector<at::Tensor> outs = kernel.call(
+      node,
+      [&](const AtenArg& a) -> at::Tensor {
+        switch (a.kind) {
+          case AtenArg::Kind::Tensor: return env[static_cast<size_t>(node.inputs[static_cast<size_t>(a.i)])];
+          case AtenArg::Kind::Param: return param(node.id, static_cast<int>(a.i));
+          default: return buffers_[static_cast<size_t>(a.i)];
+        }
+      },
+      device_);
+  for (size_t k = 0; k < node.outputs.size(); ++k) env[static_cast<size_t>(node.outputs[k])] = std::move(outs[k]);
 }
 
 }  // namespace dawnpiper

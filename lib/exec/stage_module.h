@@ -2,11 +2,13 @@
 // StageModule: a contiguous range [begin, end) of an OpGraph's nodes with its own parameters,
 // executed op by op with LibTorch autograd. The reference trainer uses the whole graph as one
 // stage; the pipeline runtime gives each rank one range. Only the range's parameters are
-// allocated. Parameters are initialized from (seed, owning node, parameter index) alone, so any
-// split of the graph holds exactly the same weights as the whole model.
+// allocated. Parameters are initialized from (seed, owning node, parameter index) alone, or for
+// imported models read from the weight files by name, so any split of the graph holds exactly
+// the same weights as the whole model.
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,8 @@
 #include "graph/op_graph.h"
 
 namespace dawnpiper {
+
+class AtenKernel;
 
 // What varies between executions of the same stage: which micro-batch this is (dropout masks
 // are drawn from (seed, node, step, micro_batch), so recomputation and every pipeline schedule
@@ -25,7 +29,7 @@ struct RunContext {
 };
 
 struct StageParameter {
-  std::string name;   // "<node name>.<param name>"
+  std::string name;   // "<node name>.<param name>"; imported models: the PyTorch name
   int node = -1;      // the node that owns it (for tied parameters: the owner, maybe outside)
   int index = -1;     // index in the owner's params
   at::Tensor tensor;  // leaf, requires_grad
@@ -38,6 +42,8 @@ class StageModule {
  public:
   StageModule(const OpGraph& graph, int begin, int end, uint64_t seed,
               at::Device device = at::Device(at::kCPU));
+  ~StageModule();
+  StageModule(StageModule&&) noexcept;
 
   int begin() const { return begin_; }
   int end() const { return end_; }
@@ -71,6 +77,7 @@ class StageModule {
 
  private:
   at::Tensor param(int node, int index) const;
+  void run_aten(const Node& node, TensorEnv& env, const RunContext& ctx) const;
   at::Tensor causal_mask(const Node& node, int64_t size) const;
   at::Tensor relative_buckets(const Node& node, int64_t sq, int64_t sk) const;
 
@@ -88,6 +95,8 @@ class StageModule {
   std::vector<char> reshape_copies_;
   std::vector<std::string> constant_keys_;  // node offset -> OpGraph::stage_constant key
   mutable std::map<std::string, at::Tensor> constants_;  // by key
+  std::vector<std::unique_ptr<AtenKernel>> kernels_;  // node offset -> imported node's call
+  std::vector<at::Tensor> buffers_;                   // OpGraph::buffers the range reads
 };
 
 // Deterministic 64-bit mixing of seeds (splitmix64).

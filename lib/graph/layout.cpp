@@ -41,6 +41,11 @@ bool view_strides(const Shape& shape, const Strides& strides, const Shape& new_s
 std::vector<Strides> tensor_strides(const OpGraph& g) {
   std::vector<Strides> st(g.tensors.size());
   for (const Node& n : g.nodes) {
+    if (n.kind == OpKind::Aten || n.kind == OpKind::Input) {  // imported: as torch.export recorded
+      for (int out : n.outputs)
+        st[out] = g.tensor(out).strides.empty() ? contiguous_strides(g.tensor(out).shape) : g.tensor(out).strides;
+      continue;
+    }
     const int out = n.outputs[0];
     const Shape& shape = g.tensor(out).shape;
     st[out] = contiguous_strides(shape);
@@ -63,9 +68,10 @@ bool reshape_is_view(const OpGraph& g, const std::vector<Strides>& st, int input
 std::vector<int> matmul_copied_inputs(const OpGraph& g, const std::vector<Strides>& st, int node) {
   std::vector<int> copied;
   const Node& n = g.nodes.at(node);
-  if (n.kind != OpKind::MatMul) return copied;
+  if (n.kind != OpKind::MatMul && !(n.kind == OpKind::Aten && n.call.op == "aten::matmul")) return copied;
   for (int in : n.inputs) {
     const Shape& s = g.tensor(in).shape;
+    if (s.size() < 3) continue;  // a matrix or vector operand: nothing to fold
     int64_t all = 1;
     for (int64_t d : s) all *= d;
     const Shape folded{all / (s[s.size() - 2] * s.back()), s[s.size() - 2], s.back()};

@@ -15,10 +15,21 @@ const char* const kKindNames[] = {
     "matmul",    "scale",      "causal_mask",   "softmax",    "add",            "conv2d",
     "batchnorm2d", "maxpool2d", "avgpool2d",    "concat",     "global_avgpool", "mul",
     "sub",       "div",        "erf",           "sqrt",       "mean",           "affine",
-    "scale_shift", "rel_pos_bias", "cross_entropy",
+    "scale_shift", "rel_pos_bias", "cross_entropy", "aten",
 };
 constexpr int kKindCount = sizeof(kKindNames) / sizeof(kKindNames[0]);
-static_assert(kKindCount == static_cast<int>(OpKind::CrossEntropy) + 1, "kind names out of sync");
+static_assert(kKindCount == static_cast<int>(OpKind::Aten) + 1, "kind names out of sync");
+
+struct DTypeInfo {
+  const char* name;
+  int size;
+  bool floating;
+};
+const DTypeInfo kDTypes[] = {
+    {"float32", 4, true}, {"int64", 8, false}, {"bfloat16", 2, true}, {"float16", 2, true}, {"float64", 8, true},
+    {"int32", 4, false},  {"int16", 2, false}, {"int8", 1, false},     {"uint8", 1, false},  {"bool", 1, false},
+};
+static_assert(sizeof(kDTypes) / sizeof(kDTypes[0]) == static_cast<int>(DType::Bool) + 1, "dtype table out of sync");
 }  // namespace
 
 const char* op_kind_name(OpKind kind) { return kKindNames[static_cast<int>(kind)]; }
@@ -31,7 +42,15 @@ OpKind op_kind_from_name(const std::string& name) {
 
 int op_kind_count() { return kKindCount; }
 
-int dtype_size(DType dtype) { return dtype == DType::I64 ? 8 : 4; }
+int dtype_size(DType dtype) { return kDTypes[static_cast<int>(dtype)].size; }
+const char* dtype_name(DType dtype) { return kDTypes[static_cast<int>(dtype)].name; }
+bool is_floating(DType dtype) { return kDTypes[static_cast<int>(dtype)].floating; }
+
+DType dtype_from_name(const std::string& name) {
+  for (int i = 0; i <= static_cast<int>(DType::Bool); ++i)
+    if (name == kDTypes[i].name) return static_cast<DType>(i);
+  throw ConfigError("unsupported dtype '" + name + "'");
+}
 
 int64_t numel(const Shape& shape) {
   int64_t n = 1;
@@ -93,14 +112,17 @@ int OpGraph::add(OpKind kind, const std::string& name, std::vector<int> inputs, 
 }
 
 void OpGraph::validate() const {
-  if (nodes.empty() || nodes.back().kind != OpKind::CrossEntropy)
+  const bool scalar_loss = !nodes.empty() && nodes.back().kind == OpKind::Aten && nodes.back().outputs.size() == 1 &&
+                           tensor(nodes.back().outputs[0]).shape.empty();
+  if (nodes.empty() || (nodes.back().kind != OpKind::CrossEntropy && !scalar_loss))
     throw std::logic_error(preset + ": the last node must be the loss");
   std::set<std::string> names;
   for (const Node& n : nodes) {
     if (!names.insert(n.name).second) throw std::logic_error("duplicate node name " + n.name);
     if (n.kind == OpKind::CrossEntropy && n.id != loss_node())
       throw std::logic_error("more than one loss node: " + n.name);
-    if ((n.kind == OpKind::Input) != n.inputs.empty())
+    // Imported calls may create tensors from nothing (arange, zeros).
+    if ((n.kind == OpKind::Input && !n.inputs.empty()) || (n.kind != OpKind::Input && n.kind != OpKind::Aten && n.inputs.empty()))
       throw std::logic_error("node " + n.name + ": only Input nodes may have no inputs");
     for (int in : n.inputs)
       if (tensor(in).producer >= n.id)
@@ -161,7 +183,7 @@ std::vector<bool> OpGraph::requires_grad() const {
   for (const Node& n : nodes) {
     bool r = !n.params.empty() && n.kind != OpKind::Input;
     for (int t : n.inputs) r = r || rg[t];
-    for (int t : n.outputs) rg[t] = r;
+    for (int t : n.outputs) rg[t] = tensor(t).requires_grad >= 0 ? tensor(t).requires_grad == 1 : r;
   }
   return rg;
 }
@@ -174,8 +196,25 @@ int64_t OpGraph::parameter_count() const {
   return n;
 }
 
+namespace {
+void buffers_read(const AtenArg& a, std::set<int>& out) {
+  if (a.kind == AtenArg::Kind::Buffer) out.insert(static_cast<int>(a.i));
+  for (const AtenArg& item : a.items) buffers_read(item, out);
+}
+}  // namespace
+
 StageConstant OpGraph::stage_constant(int node) const {
   const Node& n = nodes.at(node);
+  if (n.kind == OpKind::Aten) {  // the buffers it reads, loaded once per stage
+    std::set<int> read;
+    for (const AtenArg& a : n.call.args) buffers_read(a, read);
+    StageConstant c;
+    for (int b : read) {
+      c.key += (c.key.empty() ? "buffers " : " ") + buffers[static_cast<size_t>(b)].name;
+      c.bytes += buffers[static_cast<size_t>(b)].bytes();
+    }
+    return c;
+  }
   const Shape& out = tensor(n.outputs[0]).shape;
   if (n.kind == OpKind::CausalMask) {  // bool [S, S]
     const int64_t s = out.back();
@@ -194,7 +233,7 @@ StageConstant OpGraph::stage_constant(int node) const {
 int64_t OpGraph::parameter_bytes(int node) const {
   int64_t b = 0;
   for (const ParamSpec& p : nodes.at(node).params)
-    if (!p.tied()) b += numel(p.shape) * 4;
+    if (!p.tied()) b += p.bytes();
   return b;
 }
 

@@ -49,14 +49,19 @@ enum class OpKind {
   RelPosBias,     // params: table [buckets, heads]; T5 relative position bias -> [1, heads, Sq, Sk];
                   // attrs buckets, max_distance, bidirectional; input: any tensor (for S)
   CrossEntropy,   // inputs logits [.., C], labels [..] (int64, -100 ignored) -> scalar mean
+  Aten,           // an imported ATen operator call (Node::call): any op torch.export emits, run
+                  // through the c10 dispatcher; may have several outputs
 };
 
 const char* op_kind_name(OpKind kind);
 OpKind op_kind_from_name(const std::string& name);  // throws ConfigError if unknown
 int op_kind_count();                                // number of OpKind values
 
-enum class DType { F32, I64 };
+enum class DType { F32, I64, BF16, F16, F64, I32, I16, I8, U8, Bool };
 int dtype_size(DType dtype);
+const char* dtype_name(DType dtype);            // "float32", "int64", "bfloat16", ...
+DType dtype_from_name(const std::string& name);  // throws ConfigError if unknown
+bool is_floating(DType dtype);
 
 using Shape = std::vector<int64_t>;
 int64_t numel(const Shape& shape);
@@ -67,6 +72,7 @@ enum class Init {
   Uniform,  // U(-bound, bound), bound = std field
   Zeros,
   Ones,
+  File,     // read by ParamSpec::source from OpGraph::weight_files (imported models)
 };
 
 struct ParamSpec {
@@ -79,6 +85,44 @@ struct ParamSpec {
   int tied_node = -1;
   int tied_param = -1;
   bool tied() const { return tied_node >= 0; }
+  DType dtype = DType::F32;
+  // Imported models: the parameter's PyTorch name (what checkpoints and safetensors files call
+  // it) and the other names tied copies go by ("lm_head.weight" for GPT-2's token embedding).
+  std::string source;
+  std::vector<std::string> aliases;
+  int64_t bytes() const { return numel(shape) * dtype_size(dtype); }
+};
+
+// A non-trainable tensor an imported model reads (a buffer such as Llama's inv_freq, or a
+// constant torch.export lifted): loaded from the weight files, kept once per stage.
+struct BufferSpec {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::F32;
+  int64_t bytes() const { return numel(shape) * dtype_size(dtype); }
+};
+
+// One argument of an imported ATen call, resolved for the graph's micro-batch size. Lists hold
+// their elements in `items`; tensors refer to the node's inputs or parameters by position.
+struct AtenArg {
+  enum class Kind { None, Bool, Int, Real, String, Tensor, Param, Buffer, List, DType, Device, Layout, MemoryFormat };
+  Kind kind = Kind::None;
+  int64_t i = 0;       // Int, Bool (0/1), Tensor (index in Node::inputs), Param (in Node::params),
+                       // Buffer (in OpGraph::buffers), DType (DType value)
+  double r = 0;        // Real
+  std::string s;       // String, Layout, MemoryFormat (their names)
+  std::vector<AtenArg> items;
+};
+
+// An imported node's operator call: "aten::linear" with overload "" (default) or "Tensor".
+struct AtenCall {
+  std::string op, overload;
+  std::vector<AtenArg> args;  // every schema argument, in schema order (defaults filled in)
+  // Per Node::outputs entry: which of the op's returned tensors it is (tensor lists flattened),
+  // and the argument position it is a view of (-1: new storage).
+  std::vector<int> result_index, view_of_arg;
+  std::string module;  // the PyTorch module path it came from ("transformer.h.0.attn")
+  std::string qualified() const { return overload.empty() ? op : op + "." + overload; }
 };
 
 struct TensorInfo {
@@ -88,6 +132,10 @@ struct TensorInfo {
   DType dtype = DType::F32;
   std::vector<int> consumers;  // node ids, ascending, unique
   std::string name;
+  // Imported graphs: the strides torch.export recorded (empty: derived, graph/layout.h) and
+  // whether autograd tracks the tensor (-1: derived from parameters, OpGraph::requires_grad).
+  Shape strides;
+  int requires_grad = -1;
   int64_t bytes() const { return numel(shape) * dtype_size(dtype); }
 };
 
@@ -101,6 +149,11 @@ struct Node {
   std::vector<ParamSpec> params;
   std::map<std::string, std::vector<int64_t>> ints;
   std::map<std::string, double> reals;
+  // Input nodes: how the data loader fills the tensor (data/synthetic.h: tokens, tokens_next,
+  // mlm_tokens, mlm_labels, dec_tokens, image, class, randn, randint), with its parameters in
+  // `ints` (vocab, mask_token, high).
+  std::string role;
+  AtenCall call;  // Aten nodes
 
   int64_t attr_int(const std::string& key, int64_t fallback) const;
   const std::vector<int64_t>& attr_ints(const std::string& key) const;  // throws if absent
@@ -128,6 +181,10 @@ class OpGraph {
   std::vector<Node> nodes;       // execution order
   std::vector<TensorInfo> tensors;
   std::vector<std::string> blocks;  // block names: "embed", "layer0", ..., "head"
+  // Imported models: non-trainable tensors, and the safetensors files parameters and buffers
+  // are read from (the first that has a name wins: --init-from, then the model file).
+  std::vector<BufferSpec> buffers;
+  std::vector<std::string> weight_files;
 
   // --- building (used by lib/models) ---
   int add_block(const std::string& name);  // returns block index, becomes the current block
@@ -138,7 +195,7 @@ class OpGraph {
   const TensorInfo& tensor(int id) const { return tensors.at(id); }
   // Throws std::logic_error if the graph is malformed (a bug in a builder, not user input):
   // inputs produced later than their consumer, unused non-loss outputs, bad tie references,
-  // not exactly one loss node at the end.
+  // not exactly one loss node at the end (a cross-entropy, or for imported graphs a scalar).
   void validate() const;
 
   // --- queries (planner, profiler, runtime) ---
@@ -160,7 +217,10 @@ class OpGraph {
   std::vector<bool> requires_grad() const;
   int64_t parameter_count() const;  // unique parameters (tied ones counted once)
   int64_t parameter_bytes(int node) const;  // owned (untied) parameter bytes of one node
+  // What a stage holding the node keeps once: a causal mask, T5's buckets, the buffers an
+  // imported node reads.
   StageConstant stage_constant(int node) const;
+  bool imported() const { return !weight_files.empty(); }
 };
 
 }  // namespace dawnpiper

@@ -32,8 +32,10 @@ int64_t conv_out(int64_t in, int64_t k, int64_t stride, int64_t pad) {
 }
 }  // namespace
 
-int LayerBuilder::input(const std::string& name, Shape shape, DType dtype) {
-  return g_.add(OpKind::Input, name, {}, std::move(shape), {}, dtype);
+int LayerBuilder::input(const std::string& name, Shape shape, DType dtype, const std::string& role) {
+  const int t = g_.add(OpKind::Input, name, {}, std::move(shape), {}, dtype);
+  g_.last().role = role;
+  return t;
 }
 
 int LayerBuilder::linear(const std::string& name, int x, int64_t out, bool bias, double std) {

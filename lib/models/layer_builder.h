@@ -13,7 +13,8 @@ class LayerBuilder {
   OpGraph& graph() { return g_; }
   const Shape& shape(int t) const { return g_.tensor(t).shape; }
 
-  int input(const std::string& name, Shape shape, DType dtype);
+  // role: how the data loader fills it (Node::role, data/synthetic.h)
+  int input(const std::string& name, Shape shape, DType dtype, const std::string& role = "");
   int linear(const std::string& name, int x, int64_t out, bool bias = true, double std = 0.02);
   // A linear whose weight is another node's parameter (output projection tied to an embedding).
   int tied_linear(const std::string& name, int x, int owner_node, int owner_param, bool bias);

@@ -126,7 +126,7 @@ void build_gpt2(const ModelConfig& c, int64_t B, OpGraph& g) {
   LayerBuilder b(g);
   const Attention att{c.heads, c.hidden / c.heads, c.dropout, true};
   g.add_block("embed");
-  int tokens = b.input("tokens", {B, c.seq_len}, DType::I64);
+  int tokens = b.input("tokens", {B, c.seq_len}, DType::I64, "tokens");
   int wte = b.embedding("wte", tokens, c.vocab, c.hidden);
   int wte_node = g.tensor(wte).producer;
   int wpe = b.pos_embedding("wpe", tokens, c.max_positions, c.hidden);
@@ -146,7 +146,7 @@ void build_gpt2(const ModelConfig& c, int64_t B, OpGraph& g) {
   g.add_block("head");
   x = b.layernorm("ln_f", x);
   int logits = b.tied_linear("lm_head", x, wte_node, 0, false);
-  int labels = b.input("labels", {B, c.seq_len}, DType::I64);
+  int labels = b.input("labels", {B, c.seq_len}, DType::I64, "tokens_next");
   b.cross_entropy("loss", logits, labels);
 }
 
@@ -156,13 +156,13 @@ void build_bert(const ModelConfig& c, int64_t B, OpGraph& g) {
   LayerBuilder b(g);
   const Attention att{c.heads, c.hidden / c.heads, c.dropout, true};
   g.add_block("embed");
-  int tokens = b.input("tokens", {B, c.seq_len}, DType::I64);
+  int tokens = b.input("tokens", {B, c.seq_len}, DType::I64, "mlm_tokens");
   int word = b.embedding("word_embeddings", tokens, c.vocab, c.hidden);
   int word_node = g.tensor(word).producer;
   int pos = b.pos_embedding("position_embeddings", tokens, c.max_positions, c.hidden);
   int x = b.layernorm_unfused("embed_ln", b.add("embed_sum", {word, pos}));
   x = maybe_dropout(b, "embed_drop", x, c.dropout);
-  int mask = b.input("attn_mask", {B, 1, 1, c.seq_len}, DType::F32);  // additive padding mask
+  int mask = b.input("attn_mask", {B, 1, 1, c.seq_len}, DType::F32, "zeros");  // additive padding mask
   for (int64_t l = 0; l < c.layers; ++l) {
     std::string p = "layer" + std::to_string(l);
     g.add_block(p);
@@ -177,7 +177,7 @@ void build_bert(const ModelConfig& c, int64_t B, OpGraph& g) {
   int h = b.gelu_unfused("mlm.gelu", b.linear("mlm.transform", x, c.hidden));
   h = b.layernorm_unfused("mlm.ln", h);
   int logits = b.tied_linear("mlm.decoder", h, word_node, 0, true);
-  int labels = b.input("labels", {B, c.seq_len}, DType::I64);  // -100 where not masked
+  int labels = b.input("labels", {B, c.seq_len}, DType::I64, "mlm_labels");  // -100 where not masked
   b.cross_entropy("loss", logits, labels);
 }
 
@@ -189,7 +189,7 @@ void build_t5(const ModelConfig& c, int64_t B, OpGraph& g) {
   const Attention att{c.heads, c.hidden / c.heads, c.dropout, false};
   const int64_t buckets = 32, max_distance = 128;
   g.add_block("encoder.embed");
-  int tokens = b.input("tokens", {B, c.seq_len}, DType::I64);
+  int tokens = b.input("tokens", {B, c.seq_len}, DType::I64, "tokens");
   int emb = b.embedding("shared_embedding", tokens, c.vocab, c.hidden);
   int emb_node = g.tensor(emb).producer;
   int x = maybe_dropout(b, "encoder.embed_drop", emb, c.dropout);
@@ -213,7 +213,7 @@ void build_t5(const ModelConfig& c, int64_t B, OpGraph& g) {
   int enc = maybe_dropout(b, "encoder.final_drop", b.rmsnorm("encoder.final_ln", x), c.dropout);
 
   g.add_block("decoder.embed");
-  int dec_tokens = b.input("dec_tokens", {B, c.seq_len}, DType::I64);  // labels shifted right
+  int dec_tokens = b.input("dec_tokens", {B, c.seq_len}, DType::I64, "dec_tokens");  // labels shifted right
   x = maybe_dropout(b, "decoder.embed_drop", b.tied_embedding("decoder.embedding", dec_tokens, emb_node),
                     c.dropout);
   int dec_bias = -1;
@@ -239,7 +239,7 @@ void build_t5(const ModelConfig& c, int64_t B, OpGraph& g) {
   g.add_block("head");
   x = maybe_dropout(b, "decoder.final_drop", b.rmsnorm("decoder.final_ln", x), c.dropout);
   int logits = b.linear("lm_head", x, c.vocab, false);
-  int labels = b.input("labels", {B, c.seq_len}, DType::I64);
+  int labels = b.input("labels", {B, c.seq_len}, DType::I64, "tokens");
   b.cross_entropy("loss", logits, labels);
 }
 
@@ -327,7 +327,7 @@ void build_amoebanet(const ModelConfig& c, int64_t B, OpGraph& g) {
   AmoebaBuilder am(b);
   const int64_t F = c.hidden;
   g.add_block("stem");
-  int images = b.input("images", {B, 3, c.image_size, c.image_size}, DType::F32);
+  int images = b.input("images", {B, 3, c.image_size, c.image_size}, DType::F32, "prototype");
   int x = b.batchnorm2d("stem.bn", b.conv2d("stem.conv", images, F / 4, 3, 3, 2, 1, 1));
   // Two reduction cells bring the stem to 1/8 resolution (ImageNet stem), then three stacks of
   // normal cells separated by reductions, channels doubling at each reduction.
@@ -349,7 +349,7 @@ void build_amoebanet(const ModelConfig& c, int64_t B, OpGraph& g) {
   g.add_block("head");
   int pooled = b.global_avgpool("head.pool", b.unary(OpKind::Relu, "head.relu", s1));
   int logits = b.linear("head.fc", pooled, c.classes, true, 0.01);
-  int labels = b.input("labels", {B}, DType::I64);
+  int labels = b.input("labels", {B}, DType::I64, "class");
   b.cross_entropy("loss", logits, labels);
 }
 
@@ -358,7 +358,7 @@ void build_amoebanet(const ModelConfig& c, int64_t B, OpGraph& g) {
 void build_mlp(const ModelConfig& c, int64_t B, OpGraph& g) {
   LayerBuilder b(g);
   g.add_block("input");
-  int x = b.input("features", {B, c.in_features}, DType::F32);
+  int x = b.input("features", {B, c.in_features}, DType::F32, "prototype");
   for (int64_t l = 0; l < c.layers; ++l) {
     std::string p = "layer" + std::to_string(l);
     g.add_block(p);
@@ -367,7 +367,7 @@ void build_mlp(const ModelConfig& c, int64_t B, OpGraph& g) {
   }
   g.add_block("head");
   int logits = b.linear("head.fc", x, c.classes, true, 0.01);
-  int labels = b.input("labels", {B}, DType::I64);
+  int labels = b.input("labels", {B}, DType::I64, "class");
   b.cross_entropy("loss", logits, labels);
 }
 

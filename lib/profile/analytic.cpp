@@ -190,11 +190,11 @@ Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec) {
   return p;
 }
 
-Profile analytic_profile_model(const ModelConfig& config, const std::vector<int64_t>& sizes,
+Profile analytic_profile_model(const ModelSource& model, const std::vector<int64_t>& sizes,
                                const DeviceSpec& spec) {
   if (sizes.empty()) throw ConfigError("no micro-batch size to profile");
   std::vector<Profile> ps;
-  for (int64_t b : sizes) ps.push_back(analytic_profile(build_model(config, b), spec));
+  for (int64_t b : sizes) ps.push_back(analytic_profile(model.graph(b), spec));
   Profile p = ps.front();
   p.profiled_batch_sizes = sizes;
   if (ps.size() < 2) return p;

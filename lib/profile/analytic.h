@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "graph/op_graph.h"
-#include "models/model_config.h"
+#include "models/model_source.h"
 #include "profile/profile.h"
 
 namespace dawnpiper {
@@ -28,7 +28,7 @@ DeviceSpec device_spec(const std::string& name_or_file);
 
 Profile analytic_profile(const OpGraph& graph, const DeviceSpec& spec);
 // At each batch size, with exact linear fits (bytes) and fitted times; result at sizes.front().
-Profile analytic_profile_model(const ModelConfig& config, const std::vector<int64_t>& batch_sizes,
+Profile analytic_profile_model(const ModelSource& model, const std::vector<int64_t>& batch_sizes,
                                const DeviceSpec& spec);
 
 }  // namespace dawnpiper

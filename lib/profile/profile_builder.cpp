@@ -44,7 +44,7 @@ NodeProfile node_row(const OpGraph& g, int node, const std::vector<int>& depths)
       if (np.tied_owner >= 0 && np.tied_owner != ps.tied_node)
         throw std::logic_error("node " + n.name + " ties parameters of two nodes; the profile records one");
       np.tied_owner = ps.tied_node;
-      np.tied_bytes += numel(g.nodes[ps.tied_node].params[ps.tied_param].shape) * 4;
+      np.tied_bytes += g.nodes[ps.tied_node].params[ps.tied_param].bytes();
     }
   const StageConstant c = g.stage_constant(n.id);
   np.constant_key = c.key;
@@ -149,7 +149,7 @@ void finish_profile(Profile& p, const OpGraph& g) {
       last_user[ps.tied() ? std::make_pair(ps.tied_node, ps.tied_param) : std::make_pair(n.id, int(i))] = n.id;
     }
   for (const auto& [key, user] : last_user) {
-    const int64_t bytes = numel(g.nodes[key.first].params[key.second].shape) * 4;
+    const int64_t bytes = g.nodes[key.first].params[key.second].bytes();
     p.nodes[user].param_grad_bytes += bytes;
     p.largest_param_bytes = std::max(p.largest_param_bytes, bytes);
   }

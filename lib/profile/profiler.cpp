@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <set>
 
 #include "data/synthetic.h"
+#include "exec/dtypes.h"
 #include "exec/stage_module.h"
 #include "exec/torch_compat.h"
 #include "memory/device_memory.h"
@@ -51,9 +53,10 @@ struct NodeMeasurement {
   int64_t fwd_workspace = 0, bwd_workspace = 0;
   int64_t internal_bytes = 0;
   std::vector<int> saved_inputs;  // tensor ids
-  bool output_saved = false;
-  int output_alias_of = -1;       // input tensor id whose storage the output shares
-  bool output_param_view = false; // the output is a view of one of the node's parameters
+  // Per output (Node::outputs order):
+  std::vector<char> output_saved;
+  std::vector<int> output_alias_of;       // input tensor id whose storage the output shares, -1
+  std::vector<char> output_param_view;    // a view of one of the node's parameters
 };
 
 bool same_storage(const at::Tensor& a, const at::Tensor& b) {
@@ -82,10 +85,19 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     const Node& producer = g.nodes[info.producer];
     if (producer.kind == OpKind::Transpose) return rebuild(producer.inputs[0]).permute(producer.attr_ints("dims"));
     if (producer.kind == OpKind::Reshape) return rebuild(producer.inputs[0]).reshape(info.shape);
-    at::Tensor leaf = (at::rand(info.shape, at::kFloat) + 0.5).to(dev);
+    // Imported tensors come with the strides torch.export recorded. Integers are zeros (valid
+    // indices everywhere), booleans true (masks that keep everything).
+    const at::ScalarType type = scalar_type(info.dtype);
+    const Strides strides = info.strides.empty() ? contiguous_strides(info.shape) : info.strides;
+    int64_t storage = 1;  // elements the strides reach (an expanded dimension reaches one)
+    for (size_t d = 0; d < info.shape.size(); ++d) storage += (info.shape[d] - 1) * strides[d];
+    if (numel(info.shape) == 0) storage = 0;
+    at::Tensor leaf = at::empty({storage}, at::TensorOptions(type).device(dev));
+    if (at::isFloatingType(type)) leaf.uniform_(0.5, 1.5);
+    else leaf.fill_(type == at::kBool ? 1 : 0);
     if (rg[t]) leaf.requires_grad_(true);
     leaves.push_back(leaf);
-    return leaf.view(leaf.sizes());  // a non-leaf handle: autograd's references to it show
+    return leaf.as_strided(info.shape, strides);  // a non-leaf handle: autograd's references to it show
   };
   for (int t : ins) {
     at::Tensor x;
@@ -97,7 +109,11 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     }
     inputs.push_back(x);
   }
-  const int out_id = node.outputs[0];
+  const std::vector<int>& out_ids = node.outputs;
+  const size_t outs_n = out_ids.size();
+  m.output_saved.assign(outs_n, 0);
+  m.output_alias_of.assign(outs_n, -1);
+  m.output_param_view.assign(outs_n, 0);
   const int total = opt.warmup + opt.iterations;
   for (int it = 0; it < total; ++it) {
     const bool measured = it >= opt.warmup;
@@ -112,44 +128,63 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     DeviceMemory::reset_peak(dev);
     const double fwd = time_ms(dev, [&] { module.run_node(n, env, RunContext{0, it}); });
     synchronize(dev);
-    at::Tensor out = env[out_id];
+    std::vector<at::Tensor> outs;
+    for (int id : out_ids) outs.push_back(env[id]);
     const int64_t fwd_peak = DeviceMemory::peak_bytes(dev) - live0;
-    const int64_t held = DeviceMemory::live_bytes(dev) - live0;  // output (if new) + internal
-    int alias = -1;
-    for (size_t i = 0; i < ins.size(); ++i)
-      if (!g.is_data(ins[i]) && same_storage(out, inputs[i])) alias = ins[i];
+    const int64_t held = DeviceMemory::live_bytes(dev) - live0;  // outputs (if new) + internal
+    std::vector<int> alias(outs_n, -1);
+    std::vector<char> param_view(outs_n, 0);
+    std::vector<const c10::StorageImpl*> new_storages;  // outputs' own storages, counted once
+    int64_t out_bytes = 0;
+    for (size_t k = 0; k < outs_n; ++k) {
+      for (size_t i = 0; i < ins.size(); ++i)
+        if (!g.is_data(ins[i]) && same_storage(outs[k], inputs[i])) alias[k] = ins[i];
+      for (const auto& param : module.parameters()) param_view[k] = param_view[k] || same_storage(outs[k], param.tensor);
+      const c10::StorageImpl* st = outs[k].storage().unsafeGetStorageImpl();
+      if (alias[k] < 0 && !param_view[k] && std::find(new_storages.begin(), new_storages.end(), st) == new_storages.end()) {
+        new_storages.push_back(st);
+        out_bytes += outs[k].numel() * outs[k].element_size();
+      }
+    }
     if (measured) {
       m.fwd_ms.push_back(fwd);
       m.fwd_workspace = std::max(m.fwd_workspace, fwd_peak - held);
     }
-    bool param_view = false;
-    for (const auto& param : module.parameters()) param_view = param_view || same_storage(out, param.tensor);
     if (last) {
-      const int64_t out_bytes = alias >= 0 || param_view ? 0 : out.numel() * out.element_size();
       m.output_param_view = param_view;
       m.internal_bytes = std::max<int64_t>(0, held - out_bytes);
       m.output_alias_of = alias;
       // Drop every reference but ours: what autograd still references, it saved.
       for (int t : ins) env[t] = at::Tensor();
-      env[out_id] = at::Tensor();
+      for (int id : out_ids) env[id] = at::Tensor();
       for (size_t i = 0; i < ins.size(); ++i) {
-        const size_t own_views = same_storage(out, inputs[i]) ? 1 : 0;
+        size_t own_views = 0;
+        for (const at::Tensor& out : outs) own_views += same_storage(out, inputs[i]) ? 1 : 0;
         if (inputs[i].use_count() > 1 || inputs[i].storage().use_count() > storage_uses[i] + own_views)
           m.saved_inputs.push_back(ins[i]);
       }
-      // Our handle holds the output's storage once, and once more through its base if it is a
+      // Our handles hold an output's storage once each, and once more through the base of a
       // view (e.g. T5's bias: a permuted embedding); a further reference is autograd's.
-      const size_t expected_uses = out.is_view() ? 2 : 1;
-      m.output_saved = alias < 0 && out.requires_grad() && out.storage().use_count() > expected_uses;
+      for (size_t k = 0; k < outs_n; ++k) {
+        size_t expected_uses = outs[k].is_view() ? 2 : 1;
+        for (size_t j = 0; j < outs_n; ++j)
+          if (j != k && same_storage(outs[j], outs[k])) expected_uses += outs[j].is_view() ? 2 : 1;
+        m.output_saved[k] = alias[k] < 0 && outs[k].requires_grad() && outs[k].storage().use_count() > expected_uses;
+      }
     }
-    if (out.requires_grad()) {
-      at::Tensor grad = out.dim() == 0 ? at::ones_like(out) : at::rand_like(out);
+    std::vector<at::Tensor> with_grad, grads;
+    for (const at::Tensor& out : outs)
+      if (out.requires_grad()) {
+        with_grad.push_back(out);
+        grads.push_back(out.dim() == 0 ? at::ones_like(out) : at::rand_like(out));
+      }
+    if (!with_grad.empty()) {
       synchronize(dev);
       const int64_t lb0 = DeviceMemory::live_bytes(dev);
       DeviceMemory::reset_peak(dev);
       // Keep the graph (and so the saved tensors) alive until we have read the memory: what
       // remains allocated beyond it are the gradients.
-      const double bwd = time_ms(dev, [&] { out.backward(grad, /*retain_graph=*/true); });
+      const double bwd = time_ms(dev, [&] { torch::autograd::backward(with_grad, grads, /*retain_graph=*/true); });
       synchronize(dev);
       const int64_t bwd_peak = DeviceMemory::peak_bytes(dev) - lb0;
       const int64_t grads = DeviceMemory::live_bytes(dev) - lb0;
@@ -160,7 +195,7 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
       for (at::Tensor& leaf : leaves) leaf.mutable_grad() = at::Tensor();
       for (auto& p : module.parameters()) p.tensor.mutable_grad() = at::Tensor();
     }
-    env[out_id] = at::Tensor();
+    for (int id : out_ids) env[id] = at::Tensor();
   }
   return m;
 }
@@ -170,8 +205,8 @@ std::string block_signature(const OpGraph& g, int begin, int end) {
   std::string s;
   for (int i = begin; i < end; ++i) {
     const Node& n = g.nodes[i];
-    s += op_kind_name(n.kind);
-    s += shape_str(g.tensor(n.outputs[0]).shape);
+    s += n.kind == OpKind::Aten ? n.call.qualified() : op_kind_name(n.kind);
+    for (int out : n.outputs) s += shape_str(g.tensor(out).shape);
     for (const ParamSpec& p : n.params) s += "p" + shape_str(p.shape);
     // Inputs from inside the block by distance to their producer; inputs from outside (BERT's
     // mask, T5's position bias and encoder output, the previous block) by kind and shape.
@@ -224,10 +259,11 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
                                          g.nodes[src].inputs.begin());
           t = g.nodes[n].inputs.at(k);
         }
-        if (m.output_alias_of >= 0) {
-          const int k = static_cast<int>(std::find(g.nodes[src].inputs.begin(), g.nodes[src].inputs.end(),
-                                                   m.output_alias_of) - g.nodes[src].inputs.begin());
-          m.output_alias_of = g.nodes[n].inputs.at(k);
+        for (int& alias : m.output_alias_of) {
+          if (alias < 0) continue;
+          const int k = static_cast<int>(std::find(g.nodes[src].inputs.begin(), g.nodes[src].inputs.end(), alias) -
+                                         g.nodes[src].inputs.begin());
+          alias = g.nodes[n].inputs.at(k);
         }
         measured[n] = m;
         continue;
@@ -249,8 +285,10 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
     np.fwd_workspace = std::max<int64_t>(0, m.fwd_workspace);
     np.bwd_workspace = std::max<int64_t>(0, m.bwd_workspace);
     p.nodes.push_back(np);
-    if (m.output_alias_of >= 0) p.tensors[n.outputs[0]].alias_of = m.output_alias_of;
-    p.tensors[n.outputs[0]].param_view = m.output_param_view;
+    for (size_t k = 0; k < m.output_alias_of.size(); ++k) {
+      if (m.output_alias_of[k] >= 0) p.tensors[n.outputs[k]].alias_of = m.output_alias_of[k];
+      p.tensors[n.outputs[k]].param_view = m.output_param_view[k];
+    }
   }
   p.timing = "isolated";
   if (opt.in_step_timing) {
@@ -276,7 +314,8 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
   for (const Node& n : g.nodes) {
     const NodeMeasurement& m = measured[n.id];
     for (int t : m.saved_inputs) add_saved(p, t, n.id);
-    if (m.output_saved) add_saved(p, n.outputs[0], n.id);
+    for (size_t k = 0; k < m.output_saved.size(); ++k)
+      if (m.output_saved[k]) add_saved(p, n.outputs[k], n.id);
     if (m.internal_bytes > 0) add_internals(p, g, strides, n.id, m.internal_bytes);
   }
   finish_profile(p, g);
@@ -293,13 +332,13 @@ double fit_error(const LinearFit& f, const std::vector<double>& x, const std::ve
 }
 }  // namespace
 
-Profile profile_model(const ModelConfig& config, std::vector<int64_t> batch_sizes,
+Profile profile_model(const ModelSource& model, std::vector<int64_t> batch_sizes,
                       const ProfilerOptions& options) {
   if (batch_sizes.empty()) throw ConfigError("no micro-batch size to profile");
   for (int64_t b : batch_sizes)
     if (b < 1) throw ConfigError("micro-batch size must be at least 1");
   std::vector<Profile> profiles;
-  for (int64_t b : batch_sizes) profiles.push_back(profile_graph(build_model(config, b), options));
+  for (int64_t b : batch_sizes) profiles.push_back(profile_graph(model.graph(b), options));
   Profile p = profiles.front();
   p.profiled_batch_sizes = batch_sizes;
   if (profiles.size() == 1) return p;

@@ -12,7 +12,7 @@
 #include <c10/core/Device.h>
 
 #include "graph/op_graph.h"
-#include "models/model_config.h"
+#include "models/model_source.h"
 #include "profile/profile.h"
 
 namespace dawnpiper {
@@ -37,7 +37,7 @@ Profile profile_graph(const OpGraph& graph, const ProfilerOptions& options);
 // Profiles `config` at each of `batch_sizes` (at least one; two or more give a batch-size fit)
 // and returns the profile at batch_sizes.front() with linear fits of every byte and time figure
 // over the batch sizes and the fits' worst relative error.
-Profile profile_model(const ModelConfig& config, std::vector<int64_t> batch_sizes,
+Profile profile_model(const ModelSource& model, std::vector<int64_t> batch_sizes,
                       const ProfilerOptions& options);
 
 struct StepMeasurement {

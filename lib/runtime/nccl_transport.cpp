@@ -1,5 +1,6 @@
 #include "runtime/nccl_transport.h"
 
+#include "exec/dtypes.h"
 #include "util/error.h"
 
 #ifdef DAWNPIPER_NCCL
@@ -21,7 +22,6 @@ void check(ncclResult_t result, const char* what) {
   if (result != ncclSuccess) throw Error(std::string("NCCL ") + what + ": " + ncclGetErrorString(result));
 }
 
-at::ScalarType scalar_type(DType d) { return d == DType::I64 ? at::kLong : at::kFloat; }
 
 class NcclLink final : public Transport {
  public:

@@ -8,10 +8,20 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "exec/dtypes.h"
 #include "util/error.h"
 
 namespace dawnpiper {
 
+namespace {
+// The receiver allocates by the graph's shape and dtype: a mismatch would truncate the message.
+void check_message_tensor(const at::Tensor& t, const TensorInfo& spec) {
+  if (t.sizes().vec() != spec.shape || t.scalar_type() != scalar_type(spec.dtype))
+    throw std::logic_error("tensor " + spec.name + " is " + shape_str(t.sizes().vec()) + " " +
+                           c10::toString(t.scalar_type()) + ", the graph says " + shape_str(spec.shape) + " " +
+                           dtype_name(spec.dtype));
+}
+}  // namespace
 
 PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Transport& transport)
     : graph_(graph),
@@ -76,8 +86,12 @@ void PipelineStage::run(const Action& a) {
       // Contiguous ones, which the transport sends as they are.
       const bool copy = evictor_ && evictor_->evicts_after_send();
       std::vector<at::Tensor> out;
-      for (const at::Tensor& t : in_flight_.at(a.micro_batch).outputs)
+      const std::vector<at::Tensor>& outputs = in_flight_.at(a.micro_batch).outputs;
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        const at::Tensor& t = outputs[i];
+        check_message_tensor(t, graph_.tensor(send_ids_[i]));
         out.push_back(copy ? t.detach().clone(at::MemoryFormat::Contiguous) : t.detach());
+      }
       transport_.send(config_.stage + 1, MessageKind::Activation, a.micro_batch, std::move(out));
       if (evictor_) evictor_->after_send(a.micro_batch);
       break;
@@ -85,8 +99,10 @@ void PipelineStage::run(const Action& a) {
     case ActionKind::SendGrad: {
       InFlight& f = in_flight_.at(a.micro_batch);
       std::vector<at::Tensor> grads;
-      for (size_t i = 0; i < f.inputs.size(); ++i)
+      for (size_t i = 0; i < f.inputs.size(); ++i) {
         grads.push_back(f.inputs[i].grad().defined() ? f.inputs[i].grad() : at::zeros_like(f.inputs[i]));
+        check_message_tensor(grads.back(), *recv_specs_[i]);
+      }
       transport_.send(config_.stage - 1, MessageKind::Gradient, a.micro_batch, std::move(grads));
       in_flight_.erase(a.micro_batch);  // the micro-batch is done on this stage
       break;

@@ -5,14 +5,10 @@
 
 #include <stdexcept>
 
+#include "exec/dtypes.h"
 #include "util/error.h"
 
 namespace dawnpiper {
-
-namespace {
-at::ScalarType scalar_type(DType d) { return d == DType::I64 ? at::kLong : at::kFloat; }
-
-}  // namespace
 
 void LocalTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) {
   for (at::Tensor& t : tensors) {

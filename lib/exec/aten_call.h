@@ -1,0 +1,34 @@
+#pragma once
+// Running an imported node's ATen call through the c10 dispatcher, boxed, exactly as eager
+// PyTorch would (autograd included), so any operator torch.export emits runs.
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "graph/op_graph.h"
+
+namespace dawnpiper {
+
+class AtenKernel {
+ public:
+  // Finds the operator and checks the recorded arguments against its schema; throws ConfigError
+  // naming the node and the operator when this LibTorch does not know it or the arguments do
+  // not fit.
+  explicit AtenKernel(const Node& node);
+  // Random ops (dropout, ...): the caller seeds the device's generator before each call, so a
+  // recomputation and every schedule draw the same numbers.
+  bool seeded() const { return seeded_; }
+  // Calls the operator. `tensor` resolves Tensor, Param and Buffer arguments; Device arguments
+  // become `device`. Returns the node's outputs (Node::outputs order).
+  std::vector<at::Tensor> call(const Node& node, const std::function<at::Tensor(const AtenArg&)>& tensor,
+                               at::Device device) const;
+
+ private:
+  std::optional<c10::OperatorHandle> op_;
+  bool seeded_ = false;
+};
+
+}  // namespace dawnpiper

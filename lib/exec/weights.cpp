@@ -1,0 +1,41 @@
+#include "exec/weights.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include "exec/dtypes.h"
+#include "util/error.h"
+
+namespace dawnpiper {
+
+DType dtype_of(at::ScalarType type) {
+  for (int i = 0; i <= static_cast<int>(DType::Bool); ++i)
+    if (scalar_type(static_cast<DType>(i)) == type) return static_cast<DType>(i);
+  throw ConfigError(std::string("tensors of type ") + c10::toString(type) + " are not supported");
+}
+
+WeightLoader::WeightLoader(const std::vector<std::string>& files) {
+  for (const std::string& f : files) files_.push_back(std::make_unique<SafetensorsFile>(f));
+}
+
+at::Tensor WeightLoader::load(const std::string& name, const std::vector<std::string>& aliases, const Shape& shape,
+                              DType dtype) {
+  at::NoGradGuard no_grad;
+  std::vector<std::string> names{name};
+  names.insert(names.end(), aliases.begin(), aliases.end());
+  for (const auto& file : files_)
+    for (const std::string& n : names) {
+      if (!file->contains(n)) continue;
+      const SafetensorsEntry& e = file->entry(n);
+      if (e.shape != shape)
+        throw ConfigError("weight " + name + " in '" + file->path() + "' has shape " + shape_str(e.shape) +
+                          ", but the model needs " + shape_str(shape));
+      at::Tensor view = at::from_blob(const_cast<void*>(file->data(e)), e.shape, at::TensorOptions(scalar_type(e.dtype)));
+      return view.to(scalar_type(dtype), /*non_blocking=*/false, /*copy=*/true);
+    }
+  std::string where;
+  for (const auto& file : files_) where += (where.empty() ? "'" : ", '") + file->path() + "'";
+  throw ConfigError("weight " + name + " is missing: none of " + where + " holds it" +
+                    (aliases.empty() ? "" : " (nor its tied names)"));
+}
+
+}  // namespace dawnpiper

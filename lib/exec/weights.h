@@ -1,0 +1,28 @@
+#pragma once
+// Loading an imported model's weights: each parameter or buffer by its PyTorch name (or a name
+// a tied copy goes by) from the graph's weight files, first file first (--init-from before the
+// model file). Only the tensors asked for are read, so each rank loads only its own stage.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "graph/op_graph.h"
+#include "util/safetensors.h"
+
+namespace dawnpiper {
+
+class WeightLoader {
+ public:
+  explicit WeightLoader(const std::vector<std::string>& files);
+  // A fresh CPU tensor of `shape` and `dtype` (converted from the file's dtype if it differs).
+  // Throws ConfigError naming the weight when no file has it or its shape differs.
+  at::Tensor load(const std::string& name, const std::vector<std::string>& aliases, const Shape& shape, DType dtype);
+
+ private:
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+};
+
+}  // namespace dawnpiper

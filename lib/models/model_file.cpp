@@ -1,0 +1,283 @@
+#include "models/model_file.h"
+
+#include <limits>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "util/error.h"
+#include "util/safetensors.h"
+
+namespace dawnpiper {
+
+namespace {
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Sizes are integers or {"sym": [a, b]} = a * B + b.
+int64_t size_at(const Json& v, int64_t batch) {
+  if (v.is_object()) {
+    const Json& ab = v.at("sym");
+    return ab[0].as_int() * batch + ab[1].as_int();
+  }
+  return v.as_int();
+}
+
+Shape shape_at(const Json& list, int64_t batch) {
+  Shape s;
+  for (const Json& d : list.items()) s.push_back(size_at(d, batch));
+  return s;
+}
+
+struct Builder {
+  const ModelFile& file;
+  int64_t batch;
+  OpGraph g;
+  std::map<std::string, int> tensor_of;                   // graph tensor by name
+  std::map<std::string, std::pair<int, int>> param_owner;  // weight name -> (node, param index)
+  std::map<std::string, const Json*> weight_entry;
+  std::map<std::string, int> buffer_of;
+  std::set<std::string> read;  // tensor names some node reads
+
+  [[noreturn]] void bad(const std::string& what) const {
+    throw ConfigError("model file '" + file.path + "': " + what);
+  }
+
+  void collect_reads(const Json& a) {
+    if (a.is_object() && a.contains("t")) read.insert(a.at("t").as_string());
+    if (a.is_array())
+      for (const Json& x : a.items()) collect_reads(x);
+  }
+
+  AtenArg arg(const Json& v, Node& n) {
+    AtenArg a;
+    switch (v.type()) {
+      case Json::Type::Null: return a;
+      case Json::Type::Bool: a.kind = AtenArg::Kind::Bool, a.i = v.as_bool(); return a;
+      case Json::Type::String: a.kind = AtenArg::Kind::String, a.s = v.as_string(); return a;
+      case Json::Type::Number:
+        if (v.is_integer()) a.kind = AtenArg::Kind::Int, a.i = v.as_int();
+        else a.kind = AtenArg::Kind::Real, a.r = v.as_double();
+        return a;
+      case Json::Type::Array:
+        a.kind = AtenArg::Kind::List;
+        for (const Json& x : v.items()) a.items.push_back(arg(x, n));
+        return a;
+      case Json::Type::Object: break;
+    }
+    if (v.contains("t")) {
+      const std::string& name = v.at("t").as_string();
+      auto it = tensor_of.find(name);
+      if (it == tensor_of.end()) bad("node " + n.name + " reads " + name + " before it is produced");
+      a.kind = AtenArg::Kind::Tensor;
+      a.i = -1;
+      for (size_t i = 0; i < n.inputs.size(); ++i)
+        if (n.inputs[i] == it->second) a.i = static_cast<int64_t>(i);
+      if (a.i < 0) {  // each tensor is one input, however often the call reads it
+        a.i = static_cast<int64_t>(n.inputs.size());
+        n.inputs.push_back(it->second);
+      }
+      return a;
+    }
+    if (v.contains("w")) return weight(v.at("w").as_string(), n);
+    if (v.contains("sym")) {
+      a.kind = AtenArg::Kind::Int;
+      a.i = size_at(v, batch);
+      return a;
+    }
+    if (v.contains("float")) {
+      const std::string& s = v.at("float").as_string();
+      a.kind = AtenArg::Kind::Real;
+      a.r = s == "nan" ? std::numeric_limits<double>::quiet_NaN()
+                       : (s == "-inf" ? -1 : 1) * std::numeric_limits<double>::infinity();
+      return a;
+    }
+    if (v.contains("dtype")) {
+      a.kind = AtenArg::Kind::DType;
+      a.i = static_cast<int64_t>(dtype_from_name(v.at("dtype").as_string()));
+      return a;
+    }
+    if (v.contains("device")) return a.kind = AtenArg::Kind::Device, a;
+    if (v.contains("layout")) return a.kind = AtenArg::Kind::Layout, a.s = v.at("layout").as_string(), a;
+    if (v.contains("memory_format")) return a.kind = AtenArg::Kind::MemoryFormat, a.s = v.at("memory_format").as_string(), a;
+    bad("node " + n.name + " has an argument of unknown form " + v.dump());
+  }
+
+  // A parameter: the first node reading it owns it, later readers hold a tie to the owner. A
+  // buffer or constant: one graph-wide entry.
+  AtenArg weight(const std::string& name, Node& n) {
+    AtenArg a;
+    auto entry = weight_entry.find(name);
+    if (entry == weight_entry.end()) bad("node " + n.name + " reads weight " + name + ", which the file does not list");
+    const Json& w = *entry->second;
+    if (w.at("kind").as_string() != "param") {
+      auto [it, inserted] = buffer_of.emplace(name, static_cast<int>(g.buffers.size()));
+      if (inserted) {
+        BufferSpec b;
+        b.name = name;
+        b.shape = shape_at(w.at("shape"), batch);
+        b.dtype = dtype_from_name(w.at("dtype").as_string());
+        g.buffers.push_back(b);
+      }
+      a.kind = AtenArg::Kind::Buffer;
+      a.i = it->second;
+      return a;
+    }
+    a.kind = AtenArg::Kind::Param;
+    for (size_t i = 0; i < n.params.size(); ++i)
+      if (n.params[i].source == name) return a.i = static_cast<int64_t>(i), a;
+    ParamSpec p;
+    p.name = name;
+    p.source = name;
+    p.shape = shape_at(w.at("shape"), batch);
+    p.dtype = dtype_from_name(w.at("dtype").as_string());
+    p.init = Init::File;
+    if (w.contains("aliases"))
+      for (const Json& alias : w.at("aliases").items()) p.aliases.push_back(alias.as_string());
+    auto owner = param_owner.find(name);
+    if (owner != param_owner.end()) {
+      p.tied_node = owner->second.first;
+      p.tied_param = owner->second.second;
+    } else {
+      param_owner[name] = {n.id, static_cast<int>(n.params.size())};
+    }
+    a.i = static_cast<int64_t>(n.params.size());
+    n.params.push_back(std::move(p));
+    return a;
+  }
+
+  int add_tensor(const std::string& name, int producer, const Json& meta) {
+    TensorInfo t;
+    t.id = static_cast<int>(g.tensors.size());
+    t.producer = producer;
+    t.name = name;
+    t.shape = shape_at(meta.at("shape"), batch);
+    t.strides = shape_at(meta.at("strides"), batch);
+    t.dtype = dtype_from_name(meta.at("dtype").as_string());
+    t.requires_grad = meta.contains("requires_grad") && meta.at("requires_grad").as_bool() ? 1 : 0;
+    if (tensor_of.count(name)) bad("two tensors are called " + name);
+    tensor_of[name] = t.id;
+    g.tensors.push_back(std::move(t));
+    return g.tensors.back().id;
+  }
+
+  void build() {
+    const Json& graph = file.graph;
+    g.model = file.architecture;
+    g.preset = file.name;
+    g.micro_batch_size = batch;
+    for (const Json& b : graph.at("blocks").items()) g.blocks.push_back(b.as_string());
+    if (g.blocks.empty()) g.blocks.push_back("main");
+    for (const Json& w : graph.at("weights").items()) weight_entry[w.at("name").as_string()] = &w;
+    const Json& nodes = graph.at("nodes");
+    for (const Json& n : nodes.items()) collect_reads(n.at("args"));
+    const std::string loss = graph.at("loss").as_string();
+    read.insert(loss);
+    // Data inputs first: every stage that reads one loads it itself.
+    for (const Json& in : graph.at("inputs").items()) {
+      const std::string name = in.at("name").as_string();
+      if (!read.count(name)) continue;  // the model ignores it
+      Node node;
+      node.id = g.size();
+      node.kind = OpKind::Input;
+      node.name = name;
+      node.role = in.contains("role") ? in.at("role").as_string() : "randn";
+      for (const char* key : {"vocab", "mask_token", "high"})
+        if (in.contains(key)) node.ints[key] = {in.at(key).as_int()};
+      node.outputs.push_back(add_tensor(name, node.id, in));
+      g.nodes.push_back(std::move(node));
+    }
+    for (const Json& j : nodes.items()) {
+      Node n;
+      n.id = g.size();
+      n.kind = OpKind::Aten;
+      const std::string fx_name = j.at("name").as_string();
+      n.call.module = j.contains("module") ? j.at("module").as_string() : "";
+      n.name = n.call.module.empty() ? fx_name : n.call.module + "/" + fx_name;
+      n.block = static_cast<int>(j.at("block").as_int());
+      if (n.block < 0 || n.block >= static_cast<int>(g.blocks.size())) bad("node " + fx_name + " has no block");
+      n.call.op = j.at("op").as_string();
+      n.call.overload = j.at("overload").as_string();
+      for (const Json& a : j.at("args").items()) n.call.args.push_back(arg(a, n));
+      const Json& outs = j.at("outputs");
+      for (size_t k = 0; k < outs.size(); ++k) {
+        const Json& o = outs[k];
+        if (o.is_null() || !read.count(o.at("name").as_string())) continue;  // nobody reads it
+        n.outputs.push_back(add_tensor(o.at("name").as_string(), n.id, o));
+        n.call.result_index.push_back(static_cast<int>(k));
+        n.call.view_of_arg.push_back(o.contains("view_of_arg") ? static_cast<int>(o.at("view_of_arg").as_int()) : -1);
+      }
+      if (n.outputs.empty()) bad("node " + fx_name + " produces nothing the graph reads");
+      for (int t : n.inputs) {
+        auto& cons = g.tensors[static_cast<size_t>(t)].consumers;
+        if (cons.empty() || cons.back() != n.id) cons.push_back(n.id);
+      }
+      g.nodes.push_back(std::move(n));
+    }
+    if (g.nodes.back().outputs.size() != 1 || g.tensors[g.nodes.back().outputs[0]].name != loss)
+      bad("the loss " + loss + " is not the last node's output");
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const ModelFile> read_model_file(const std::string& path) {
+  SafetensorsFile st(path);
+  const std::string text = st.metadata("dawnpiper_model");
+  if (text.empty())
+    throw ConfigError("'" + path + "' is not a DawnPiper model file (a safetensors file without the graph; make one "
+                      "with scripts/export_model.py)");
+  auto file = std::make_shared<ModelFile>();
+  file->path = path;
+  file->name = base_name(path);
+  try {
+    file->graph = Json::parse(text);
+  } catch (const ConfigError& e) {
+    throw ConfigError("model file '" + path + "': its graph is not valid JSON (" + e.what() + ")");
+  }
+  const Json& g = file->graph;
+  if (!g.is_object() || !g.contains("format") || g.at("format").as_string() != "dawnpiper-model")
+    throw ConfigError("'" + path + "' is not a DawnPiper model file");
+  const int64_t version = g.at("version").as_int();
+  if (version != ModelFile::kFormatVersion)
+    throw ConfigError("model file '" + path + "' has format version " + std::to_string(version) +
+                      "; this dawnpiper reads version " + std::to_string(ModelFile::kFormatVersion) +
+                      " (export it again with this checkout's scripts/export_model.py)");
+  const Json& model = g.at("model");
+  file->architecture = model.contains("architecture") ? model.at("architecture").as_string()
+                                                      : (model.contains("function") ? model.at("function").as_string() : "imported");
+  file->min_batch = g.at("batch").at("min").as_int();
+  file->max_batch = g.at("batch").at("max").as_int();
+  for (const Json& w : g.at("weights").items())
+    if (!st.contains(w.at("name").as_string()))
+      throw ConfigError("model file '" + path + "' lists weight " + w.at("name").as_string() + " but holds no tensor of that name");
+  return file;
+}
+
+OpGraph build_imported(const ModelFile& file, int64_t micro_batch_size, const std::string& init_from) {
+  if (micro_batch_size < file.min_batch || micro_batch_size > file.max_batch)
+    throw ConfigError("model file '" + file.path + "' serves micro-batch sizes " + std::to_string(file.min_batch) +
+                      " to " + std::to_string(file.max_batch) + ", not " + std::to_string(micro_batch_size));
+  Builder b{file, micro_batch_size, {}, {}, {}, {}, {}, {}};
+  try {
+    b.build();
+  } catch (const ConfigError& e) {
+    if (std::string(e.what()).find(file.path) != std::string::npos) throw;
+    throw ConfigError("model file '" + file.path + "' has a malformed graph: " + e.what());
+  } catch (const std::exception& e) {
+    throw ConfigError("model file '" + file.path + "' has a malformed graph: " + e.what());
+  }
+  if (!init_from.empty()) b.g.weight_files.push_back(init_from);
+  b.g.weight_files.push_back(file.path);
+  try {
+    b.g.validate();
+  } catch (const std::logic_error& e) {
+    throw ConfigError("model file '" + file.path + "': " + e.what());
+  }
+  return std::move(b.g);
+}
+
+}  // namespace dawnpiper

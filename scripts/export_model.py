@@ -1,0 +1,726 @@
+#!/usr/bin/env python3
+"""Exports a PyTorch model to a DawnPiper model file (docs/model-format.md).
+
+The model is captured with torch.export (training IR, functionalized with an empty decomposition
+table: in-place ops become functional ones, composite ops such as linear, layer_norm and
+scaled_dot_product_attention stay whole) with a dynamic batch dimension, so one file serves every
+micro-batch size. The file is a safetensors file: the weights (parameters by their PyTorch names,
+buffers, constants) and, in its metadata, the graph as JSON.
+
+Sources:
+  --hf gpt2 --config n_layer=2,n_embd=128      a Hugging Face transformers architecture from a
+  --hf-config path/config.json                 config (no hub access needed); --pretrained DIR
+                                               loads a local save_pretrained() directory instead
+  --module my_pkg.models:build                 a function returning (model, inputs, loss[, roles])
+
+Run it with scripts/python (the project's environment). Exit status: 0 written, 2 bad input
+(the message says what to change), 1 anything else.
+"""
+import argparse
+import importlib
+import json
+import math
+import os
+import sys
+import tempfile
+import traceback
+
+FORMAT_VERSION = 1
+
+
+class UserError(Exception):
+    """Something the user can fix; printed as one line, exit status 2."""
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+def parse_overrides(text):
+    """'n_layer=2,n_embd=128,act=gelu' -> dict with ints, floats, bools and strings."""
+    out = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise UserError(f"--config: '{item}' is not key=value")
+        key, value = (s.strip() for s in item.split("=", 1))
+        for convert in (int, float):
+            try:
+                out[key] = convert(value)
+                break
+            except ValueError:
+                pass
+        else:
+            out[key] = {"true": True, "false": False, "none": None}.get(value.lower(), value)
+    return out
+
+
+def hf_task(config, task):
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+
+    model_type = config.model_type
+    if task == "auto":
+        if model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
+            task = "masked-lm"
+        elif getattr(config, "is_encoder_decoder", False):
+            task = "seq2seq"
+        else:
+            task = "causal-lm"
+    classes = {
+        "causal-lm": transformers.AutoModelForCausalLM,
+        "masked-lm": transformers.AutoModelForMaskedLM,
+        "seq2seq": transformers.AutoModelForSeq2SeqLM,
+    }
+    return task, classes[task]
+
+
+def hf_source(args):
+    """A Hugging Face model, wrapped so that forward(input_ids, labels) returns the loss."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    if args.pretrained:
+        config = transformers.AutoConfig.from_pretrained(args.pretrained, local_files_only=True)
+    elif args.hf_config:
+        path = args.hf_config
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise UserError(f"--hf-config: no such file {path}")
+        with open(path) as f:
+            values = json.load(f)
+        model_type = values.pop("model_type", args.hf)
+        if not model_type:
+            raise UserError(f"{path} has no model_type; give --hf ARCH")
+        config = transformers.AutoConfig.for_model(model_type, **values)
+    else:
+        try:
+            config = transformers.AutoConfig.for_model(args.hf)
+        except ValueError as e:
+            raise UserError(f"--hf {args.hf}: not a transformers architecture ({str(e).splitlines()[0]})")
+    import inspect
+
+    known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+    known |= set(inspect.signature(type(config).__init__).parameters)
+    for key, value in parse_overrides(args.config).items():
+        if key not in known:
+            raise UserError(f"--config: {config.model_type} configs have no setting '{key}'")
+        setattr(config, key, value)
+    config.use_cache = False  # training: no key/value cache in the graph
+    task, auto_class = hf_task(config, args.task)
+    if task == "seq2seq" and getattr(config, "decoder_start_token_id", None) is None:
+        config.decoder_start_token_id = config.pad_token_id or 0  # T5's convention
+    torch.manual_seed(args.seed)
+    if args.pretrained:
+        model = auto_class.from_pretrained(args.pretrained, config=config, local_files_only=True)
+    else:
+        model = auto_class.from_config(config)
+    model.train()
+    vocab = config.vocab_size
+    seq = args.seq_len
+    limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    if limit and seq > limit:
+        raise UserError(f"--seq-len {seq} exceeds the model's {limit} positions")
+
+    class CausalOrMasked(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, labels):
+            return self.model(input_ids=input_ids, labels=labels).loss
+
+    gen = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(0, vocab, (args.batch_size, seq), generator=gen)
+    if task == "masked-lm":
+        mask_token = getattr(config, "mask_token_id", None) or 0
+        roles = {"input_ids": {"role": "mlm_tokens", "mask_token": mask_token}, "labels": {"role": "mlm_labels"}}
+        labels = ids.clone()
+        labels[torch.rand(ids.shape, generator=gen) > 0.15] = -100
+    else:
+        # Causal LMs shift labels inside (labels = input ids); seq2seq learns to copy its input.
+        roles = {"input_ids": {"role": "tokens"}, "labels": {"role": "tokens"}}
+        labels = ids.clone()
+    for r in roles.values():
+        r["vocab"] = vocab
+    description = {
+        "source": "hf",
+        "architecture": config.model_type,
+        "task": task,
+        "model_class": type(model).__name__,
+        "hf_config": config.to_dict(),
+    }
+    return CausalOrMasked(model), "model.", {"input_ids": ids, "labels": labels}, roles, description
+
+
+def module_source(args):
+    """A user's function: module:function returning (model, inputs, loss[, roles])."""
+    import torch
+
+    spec = args.module
+    if ":" not in spec:
+        raise UserError(f"--module {spec}: expected module:function")
+    module_name, function_name = spec.split(":", 1)
+    sys.path.insert(0, os.getcwd())
+    for path in args.path or []:
+        sys.path.insert(0, path)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UserError(f"--module {spec}: cannot import {module_name} ({e})")
+    function = getattr(module, function_name, None)
+    if function is None:
+        raise UserError(f"--module {spec}: {module_name} has no {function_name}")
+    torch.manual_seed(args.seed)
+    result = function(**parse_overrides(args.config))
+    if isinstance(result, dict):
+        model, inputs, loss, roles = result.get("model"), result.get("inputs"), result.get("loss"), result.get("roles")
+    elif isinstance(result, (tuple, list)) and len(result) in (3, 4):
+        model, inputs, loss = result[:3]
+        roles = result[3] if len(result) == 4 else None
+    else:
+        raise UserError(f"{spec} must return (model, inputs, loss) or (model, inputs, loss, roles)")
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(f"{spec}: the model is a {type(model).__name__}, not a torch.nn.Module")
+    if not isinstance(inputs, dict) or not all(isinstance(v, torch.Tensor) for v in inputs.values()):
+        raise UserError(f"{spec}: inputs must be a dict of name -> tensor (batch first)")
+    if not callable(loss):
+        raise UserError(f"{spec}: loss must be a callable loss(model_output, inputs) -> scalar tensor")
+    roles = dict(roles or {})
+    for name, x in inputs.items():
+        if name not in roles:
+            if x.is_floating_point():
+                roles[name] = {"role": "randn"}
+            else:
+                roles[name] = {"role": "randint", "high": int(x.max().item()) + 1}
+        elif isinstance(roles[name], str):
+            roles[name] = {"role": roles[name]}
+    names = list(inputs)
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors):
+            batch = dict(zip(names, tensors))
+            return loss(self.model(**{k: v for k, v in batch.items() if k in model_arguments}), batch)
+
+    import inspect
+
+    try:
+        model_arguments = set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        model_arguments = set(names)
+    if not any(p in model_arguments for p in ("args", "kwargs")):
+        pass
+    else:
+        model_arguments = set(names)
+    model.train()
+    return WithLoss(model), "model.", inputs, roles, {"source": "module", "function": spec}
+
+
+# ----------------------------------------------------------------------------- capture
+
+
+def module_names(root):
+    return {id(m): name for name, m in root.named_modules()}
+
+
+def capture_error(e, wrapper, prefix):
+    """The module torch.export failed in (deepest frame with an nn.Module self) and the reason."""
+    import torch
+
+    names = module_names(wrapper)
+    where = None
+    tb = e.__traceback__
+    while tb is not None:
+        self_obj = tb.tb_frame.f_locals.get("self")
+        if isinstance(self_obj, torch.nn.Module) and id(self_obj) in names:
+            where = names[id(self_obj)]
+        tb = tb.tb_next
+    text = str(e)
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    reason = lines[0] if lines else type(e).__name__
+    for marker in ("Caused by:", "User code", "Could not guard on data-dependent", "Data-dependent"):
+        hit = [l for l in lines if marker in l]
+        if hit and "data-dependent" in text.lower():
+            reason = "data-dependent control flow (" + lines[0][:200] + ")"
+            break
+    if where is not None and where.startswith(prefix):
+        where = where[len(prefix):]
+    location = f"module '{where}'" if where else f"the model ({type(wrapper).__name__})"
+    for l in lines:  # torch.export names the user's source line: keep it
+        if l.startswith("File ") or " line " in l and ".py" in l:
+            reason += f"; at {l}"
+            break
+    return f"torch.export cannot capture {location}: {reason[:600]}"
+
+
+def relax_views(program):
+    """Functionalization turns reshape into view or clone+view by the tracer's strides, which need
+    not be the strides the real kernels produce (CPU attention returns a transposed layout): a
+    view the tracer allowed can fail at run time. reshape views wherever view would and copies
+    where it must, so every view becomes a reshape."""
+    import torch
+
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+    program.graph_module.recompile()
+
+
+def export_program(wrapper, inputs, prefix, max_batch):
+    import torch
+    from torch.export import Dim
+
+    batch = Dim("B", min=1, max=max_batch)
+    names = list(inputs)
+    args = tuple(inputs[n] for n in names)
+    for n, x in inputs.items():
+        if x.dim() == 0:
+            raise UserError(f"input '{n}' has no batch dimension")
+    # Dynamic shapes by position (the wrapper's forward takes *tensors or named arguments).
+    dynamic = tuple({0: batch} for _ in names)
+    try:
+        program = torch.export.export(wrapper, args, dynamic_shapes=dynamic, strict=False)
+        program = program.run_decompositions({})
+        relax_views(program)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch.export raises many kinds; all are the model's
+        raise UserError(capture_error(e, wrapper, prefix)) from e
+    return program, names
+
+
+# ----------------------------------------------------------------------------- graph
+
+
+DTYPE_NAMES = {
+    "torch.float32": "float32", "torch.float64": "float64", "torch.float16": "float16",
+    "torch.bfloat16": "bfloat16", "torch.int64": "int64", "torch.int32": "int32", "torch.int16": "int16",
+    "torch.int8": "int8", "torch.uint8": "uint8", "torch.bool": "bool",
+}
+SKIPPED_OPS = {"aten::_assert_tensor_metadata", "aten::_assert_scalar", "aten::sym_constrain_range_for_size",
+               "aten::sym_constrain_range", "aten::_assert_async"}
+
+
+def dtype_name(dtype):
+    name = DTYPE_NAMES.get(str(dtype))
+    if name is None:
+        raise UserError(f"tensors of dtype {dtype} are not supported")
+    return name
+
+
+class BatchExpr:
+    """Symbolic sizes are affine in the batch size B: encoded as [a, b] = a*B + b."""
+
+    def __init__(self, symbol):
+        self.symbol = symbol
+
+    def encode(self, value):
+        import sympy
+        import torch
+
+        if isinstance(value, torch.SymInt):
+            expr = value.node.expr
+        elif isinstance(value, int):
+            return value
+        else:
+            expr = value
+        expr = sympy.sympify(expr)
+        if expr.is_Integer:
+            return int(expr)
+        symbols = expr.free_symbols
+        if len(symbols) != 1:
+            raise UserError(f"a size depends on {sorted(map(str, symbols))}; only the batch dimension may vary")
+        (s,) = symbols
+        if self.symbol is None:
+            self.symbol = s
+        if s != self.symbol:
+            raise UserError(f"a size depends on {s}, not on the batch dimension")
+        poly = sympy.Poly(expr, s)
+        if poly.degree() > 1 or not all(c.is_Integer for c in poly.all_coeffs()):
+            raise UserError(f"size {expr} is not an affine function of the batch size")
+        coeffs = [int(c) for c in poly.all_coeffs()]
+        a, b = (coeffs + [0])[:2] if len(coeffs) == 2 else (0, coeffs[0])
+        return {"sym": [a, b]}
+
+
+def tensor_meta(x, batch, requires_grad=False):
+    return {
+        "shape": [batch.encode(d) for d in x.shape],
+        "strides": [batch.encode(s) for s in x.stride()],
+        "dtype": dtype_name(x.dtype),
+        "requires_grad": bool(requires_grad),
+    }
+
+
+def layer_of(path):
+    """The module path of the model's own layer: the shortest prefix ending in a list index
+    ('transformer.h.3', 'model.layers.0'), '' when the node belongs to no numbered layer."""
+    parts = path.split(".") if path else []
+    for i, p in enumerate(parts):
+        if p.isdigit():
+            return ".".join(parts[: i + 1])
+    return ""
+
+
+def tied_names(wrapper, prefix):
+    """Every name a parameter goes by (tied weights have several), first in module order first."""
+    groups = {}
+    for name, p in wrapper.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name[len(prefix):] if name.startswith(prefix) else name)
+    return {n: g for g in groups.values() for n in g}
+
+
+def requires_grad_of(program, inputs):
+    """Runs the exported graph once on the example inputs: which node outputs autograd tracks."""
+    import torch
+
+    sig = program.graph_signature
+    state = dict(program.state_dict)
+    state.update(program.constants)
+    flat, user = [], iter(inputs.values())
+    for spec in sig.input_specs:
+        flat.append(next(user) if spec.kind.name == "USER_INPUT" else state[spec.target])
+    found = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            result = super().run_node(n)
+            items = result if isinstance(result, (list, tuple)) else [result]
+            found[n.name] = [bool(getattr(x, "requires_grad", False)) for x in items]
+            return result
+
+    with torch.enable_grad():
+        Recorder(program.graph_module).run(*flat)
+    return found
+
+
+def build_graph(program, input_names, prefix, roles, names_of, grads):
+    import operator
+
+    import torch
+
+    sig = program.graph_signature
+    batch = BatchExpr(None)
+    weights = {}  # placeholder name -> (kind, weight name: a tied parameter's first name)
+    user_inputs = []
+    kinds = {"PARAMETER": "param", "BUFFER": "buffer", "CONSTANT_TENSOR": "constant"}
+    for spec in sig.input_specs:
+        kind = spec.kind.name
+        if kind in kinds:
+            target = spec.target[len(prefix):] if spec.target.startswith(prefix) else spec.target
+            if kind == "PARAMETER":
+                target = names_of.get(target, [target])[0]
+            weights[spec.arg.name] = (kinds[kind], target)
+        elif kind == "USER_INPUT":
+            user_inputs.append(spec.arg.name)
+        else:
+            raise UserError(f"torch.export input kind {kind} is not supported")
+    if len(user_inputs) != len(input_names):
+        raise UserError("the exported program's inputs do not match the example inputs")
+    input_alias = dict(zip(user_inputs, input_names))
+
+    values = {}  # fx node name -> tensor name(s) in the model file
+    meta = {}
+    inputs, nodes = [], []
+    for node in program.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in weights:
+                continue
+            name = input_alias[node.name]
+            x = node.meta["val"]
+            entry = {"name": name, **tensor_meta(x, batch)}
+            entry.update(roles.get(name, {}))
+            inputs.append(entry)
+            values[node.name] = name
+            continue
+        if node.op == "output":
+            continue
+        if node.op != "call_function":
+            raise UserError(f"graph node {node.name} ({node.op}) is not an ATen call")
+        if node.target is operator.getitem:
+            source, index = node.args
+            values[node.name] = (source.name, index)
+            continue
+        val = node.meta.get("val")
+        if not hasattr(node.target, "_schema"):
+            if isinstance(val, (torch.SymInt, int, float, bool)):
+                continue  # size arithmetic: folded into the sizes that use it
+            raise UserError(f"graph node {node.name} calls {node.target}, not an ATen operator")
+        schema = node.target._schema
+        if schema.name in SKIPPED_OPS or schema.name == "aten::sym_size":
+            continue
+        if isinstance(val, (torch.SymInt, int, float, bool)) or val is None:
+            continue  # scalar results are folded (their users get sizes) or unused
+        meta[node.name] = (node, schema, val)
+        nodes.append(node)
+
+    # Which outputs of multi-output nodes are read (getitem users), and their names.
+    output_names = {}
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is operator.getitem:
+            source, index = node.args
+            output_names[(source.name, index)] = node.name
+
+    def encode(value, node, arg_type):
+        if isinstance(value, torch.fx.Node):
+            if value.name in weights:
+                return {"w": weights[value.name][1]}
+            v = value.meta.get("val")
+            if isinstance(v, torch.SymInt) or isinstance(v, (int, bool)) and not isinstance(v, torch.Tensor):
+                return batch.encode(v)
+            ref = values.get(value.name)
+            if ref is None:
+                raise UserError(f"{node.name} reads {value.name}, which the graph does not produce")
+            if isinstance(ref, tuple):
+                return {"t": output_names[ref]}
+            return {"t": ref}
+        if isinstance(value, (list, tuple)):
+            return [encode(v, node, arg_type) for v in value]
+        if isinstance(value, torch.SymInt):
+            return batch.encode(value)
+        if isinstance(value, bool) or value is None or isinstance(value, str):
+            return value
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float):
+            if math.isfinite(value):
+                return value
+            return {"float": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+        if isinstance(value, torch.dtype):
+            return {"dtype": dtype_name(value)}
+        if isinstance(value, torch.device):
+            return {"device": str(value.type)}
+        if isinstance(value, torch.layout):
+            return {"layout": str(value).replace("torch.", "")}
+        if isinstance(value, torch.memory_format):
+            return {"memory_format": str(value).replace("torch.", "")}
+        raise UserError(f"{node.name}: argument {value!r} of type {type(value).__name__} is not supported")
+
+    out_nodes = []
+    for node in nodes:
+        _, schema, val = meta[node.name]
+        args = []
+        kwargs = dict(node.kwargs)
+        for i, a in enumerate(schema.arguments):
+            if i < len(node.args):
+                v = node.args[i]
+            elif a.name in kwargs:
+                v = kwargs.pop(a.name)
+            elif a.has_default_value():
+                v = a.default_value
+            else:
+                raise UserError(f"{node.name} ({schema.name}) lacks argument {a.name}")
+            args.append(encode(v, node, a.type))
+        if kwargs:
+            raise UserError(f"{node.name} ({schema.name}) has unknown arguments {sorted(kwargs)}")
+        # Outputs: one per returned tensor (tensor lists flattened), with the input they view.
+        results = list(val) if isinstance(val, (list, tuple)) else [val]
+        aliases = []
+        for r in schema.returns:
+            sets = r.alias_info.before_set if r.alias_info is not None else set()
+            source = -1
+            if sets:
+                for j, a in enumerate(schema.arguments):
+                    if a.alias_info is not None and a.alias_info.before_set & sets and not a.alias_info.is_write:
+                        source = j
+                        break
+            aliases.append(source)
+        outputs = []
+        single = not isinstance(val, (list, tuple))
+        for k, x in enumerate(results):
+            if x is None:
+                outputs.append(None)
+                continue
+            if not isinstance(x, torch.Tensor):
+                raise UserError(f"{node.name} ({schema.name}) returns a {type(x).__name__}")
+            name = node.name if single else output_names.get((node.name, k), f"{node.name}.{k}")
+            view_arg = aliases[min(k, len(aliases) - 1)] if aliases else -1
+            rg = grads.get(node.name, [])
+            outputs.append({"name": name, **tensor_meta(x, batch, k < len(rg) and rg[k]), "view_of_arg": view_arg})
+        if single:
+            values[node.name] = node.name
+        stack = node.meta.get("nn_module_stack") or {}
+        path = list(stack.values())[-1][0] if stack else ""
+        path = path[len(prefix):] if path.startswith(prefix) else ("" if path + "." == prefix else path)
+        out_nodes.append({
+            "name": node.name,
+            "op": schema.name,
+            "overload": schema.overload_name,
+            "args": args,
+            "outputs": outputs,
+            "module": path,
+            "layer": layer_of(path),
+        })
+    out = [n for n in program.graph.nodes if n.op == "output"][0]
+    loss = out.args[0][0] if isinstance(out.args[0], (list, tuple)) else out.args[0]
+    if len(out.args[0]) != 1 if isinstance(out.args[0], (list, tuple)) else False:
+        raise UserError("the model must return exactly one value: the loss")
+    lv = loss.meta.get("val")
+    if not isinstance(lv, torch.Tensor) or lv.dim() != 0 or not lv.is_floating_point():
+        raise UserError("the loss must be a floating-point scalar tensor")
+    if loss.name not in meta or out_nodes[-1]["name"] != loss.name:
+        raise UserError("the loss is not the last operation of the graph")
+    return inputs, out_nodes, weights, batch
+
+
+def weight_table(program, weights, nodes, prefix, names_of):
+    """Parameters (with the other names tied copies go by), buffers and constants the graph reads."""
+    state = dict(program.state_dict)
+    state.update(program.constants)
+    read = set()
+
+    def walk(a):
+        if isinstance(a, dict) and "w" in a:
+            read.add(a["w"])
+        elif isinstance(a, list):
+            for x in a:
+                walk(x)
+
+    for n in nodes:
+        walk(n["args"])
+    table, tensors = [], {}
+    for placeholder, (kind, name) in weights.items():
+        if name not in read or name in tensors:
+            continue
+        full = prefix + name
+        t = state.get(full, state.get(name))
+        if t is None:
+            raise UserError(f"no value for {kind} {name}")
+        t = t.detach()
+        entry = {"name": name, "kind": kind, "shape": list(t.shape), "dtype": dtype_name(t.dtype)}
+        if kind == "param":
+            entry["aliases"] = [a for a in names_of.get(name, []) if a != name]
+        table.append(entry)
+        tensors[name] = t.contiguous().clone()
+    return table, tensors
+
+
+def blocks_of(nodes):
+    """Contiguous blocks: 'embed' before the first numbered layer, one per layer, 'head' after."""
+    blocks, current = [], None
+    seen = set()
+    for n in nodes:
+        layer = n["layer"]
+        if current is None:
+            current = layer or "embed"
+            blocks.append(current)
+            seen.add(current)
+        elif layer and layer != current and layer not in seen:
+            current = layer
+            blocks.append(current)
+            seen.add(current)
+        n["block"] = len(blocks) - 1
+    # Nodes after the last layer form the head.
+    last_layer = max((i for i, n in enumerate(nodes) if n["layer"]), default=-1)
+    if 0 <= last_layer < len(nodes) - 1:
+        blocks.append("head")
+        for n in nodes[last_layer + 1:]:
+            n["block"] = len(blocks) - 1
+    for n in nodes:
+        del n["layer"]
+    return blocks
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def write_model_file(path, graph, tensors):
+    from safetensors.torch import save_file
+
+    metadata = {"format": "pt", "dawnpiper_model": json.dumps(graph, separators=(",", ":"))}
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".export-", dir=directory)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, path)  # nothing half-written under the final name
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_reference(path, wrapper, inputs, prefix, seed):
+    """Eager loss and every parameter's gradient on the example batch (for equivalence tests)."""
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    wrapper.zero_grad(set_to_none=True)
+    loss = wrapper(*inputs.values())
+    loss.backward()
+    out = {"loss": loss.detach().reshape(1).clone()}
+    for name, x in inputs.items():
+        out["input." + name] = x.contiguous().clone()
+    for name, p in wrapper.named_parameters():
+        key = name[len(prefix):] if name.startswith(prefix) else name
+        if p.grad is not None:
+            out["grad." + key] = p.grad.detach().contiguous().clone()
+    save_file(out, path)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--hf", help="Hugging Face transformers architecture (model_type), e.g. gpt2, bert, t5, llama")
+    src.add_argument("--hf-config", help="a Hugging Face config.json (or its directory)")
+    src.add_argument("--pretrained", help="a local save_pretrained() directory: its config and weights")
+    src.add_argument("--module", help="module:function returning (model, inputs, loss[, roles])")
+    parser.add_argument("--config", default="", help="key=value,... overrides of the HF config, or the function's keyword arguments")
+    parser.add_argument("--task", default="auto", choices=["auto", "causal-lm", "masked-lm", "seq2seq"])
+    parser.add_argument("--path", action="append", help="directory to import --module from (repeatable)")
+    parser.add_argument("--seq-len", type=int, default=128, help="sequence length (HF sources)")
+    parser.add_argument("--batch-size", type=int, default=2, help="example batch size traced (HF sources)")
+    parser.add_argument("--max-batch", type=int, default=65536, help="largest micro-batch size the file allows")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the example batch")
+    parser.add_argument("--reference", help="also write the eager loss and gradients on the example batch here")
+    parser.add_argument("--out", required=True, help="model file to write (safetensors with the graph in its metadata)")
+    args = parser.parse_args(argv)
+    if args.batch_size < 2:
+        raise UserError("--batch-size must be at least 2 (torch.export specializes sizes 0 and 1)")
+    if args.module:
+        wrapper, prefix, inputs, roles, description = module_source(args)
+    else:
+        wrapper, prefix, inputs, roles, description = hf_source(args)
+    program, names = export_program(wrapper, inputs, prefix, args.max_batch)
+    names_of = tied_names(wrapper, prefix)
+    grads = requires_grad_of(program, inputs)
+    graph_inputs, nodes, weights, batch = build_graph(program, names, prefix, roles, names_of, grads)
+    table, tensors = weight_table(program, weights, nodes, prefix, names_of)
+    blocks = blocks_of(nodes)
+    import torch
+
+    graph = {
+        "format": "dawnpiper-model",
+        "version": FORMAT_VERSION,
+        "exporter": {"torch": torch.__version__, "script": "scripts/export_model.py"},
+        "model": description,
+        "batch": {"example": args.batch_size, "min": 1, "max": args.max_batch},
+        "inputs": graph_inputs,
+        "weights": table,
+        "blocks": blocks,
+        "nodes": nodes,
+        "loss": nodes[-1]["name"],
+    }
+    write_model_file(args.out, graph, tensors)
+    if args.reference:
+        write_reference(args.reference, wrapper, inputs, prefix, args.seed)
+    params = sum(t.numel() for e, t in zip(table, tensors.values()) if e["kind"] == "param")
+    print(f"wrote {args.out}: {len(nodes)} nodes, {len(blocks)} blocks, {params / 1e6:.2f}M parameters")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as e:
+        print(f"export_model.py: {e}", file=sys.stderr)
+        sys.exit(2)

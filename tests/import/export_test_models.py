@@ -1,0 +1,34 @@
+#!/usr/bin/env python3
+"""Exports the tiny Hugging Face models the import tests use, each with an eager reference (loss
+and every parameter's gradient on the example batch, dropout 0), into the directory given.
+One process for all of them: torch's import dominates the time."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import export_model  # noqa: E402
+
+MODELS = {
+    "gpt2": ("gpt2", "n_layer=2,n_embd=64,n_head=4,vocab_size=256,n_positions=64,resid_pdrop=0,embd_pdrop=0,attn_pdrop=0"),
+    "bert": ("bert", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,intermediate_size=128,vocab_size=256,"
+                     "max_position_embeddings=64,hidden_dropout_prob=0,attention_probs_dropout_prob=0"),
+    "t5": ("t5", "num_layers=2,num_decoder_layers=2,d_model=64,num_heads=4,d_kv=16,d_ff=128,vocab_size=256,"
+                 "dropout_rate=0,pad_token_id=0"),
+    "llama": ("llama", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,num_key_value_heads=2,"
+                       "intermediate_size=128,vocab_size=256,max_position_embeddings=64"),
+}
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    import torch
+
+    torch.set_num_threads(1)
+    for name, (arch, config) in MODELS.items():
+        export_model.main(["--hf", arch, "--config", config, "--seq-len", "16", "--batch-size", "3",
+                           "--out", os.path.join(out, name + ".dpm"), "--reference", os.path.join(out, name + ".ref")])
+
+
+if __name__ == "__main__":
+    main()
