@@ -29,6 +29,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/device_placement.h"
 #include "runtime/stage_tracer.h"
+#include "runtime/weights_export.h"
 
 namespace dawnpiper {
 
@@ -66,6 +67,20 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
   return plan.to_json();
 }
 
+DataConfig data_config_from(const po::variables_map& vm) {
+  DataConfig d;
+  if (vm.count("data")) d.path = vm["data"].as<std::string>();
+  const std::string order = vm["data-order"].as<std::string>();
+  if (order != "shuffled" && order != "sequential")
+    throw ConfigError("--data-order '" + order + "': expected shuffled or sequential");
+  d.sequential = order == "sequential";
+  d.validation_fraction = vm["validation-fraction"].as<double>();
+  if (d.validation_fraction < 0 || d.validation_fraction >= 1) throw ConfigError("--validation-fraction must be in [0, 1)");
+  if (d.path.empty() && (!vm["data-order"].defaulted() || d.validation_fraction > 0))
+    throw ConfigError("--data-order and --validation-fraction apply to --data (a token file)");
+  return d;
+}
+
 void broadcast(std::string& text) {
   int64_t n = static_cast<int64_t>(text.size());
   MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
@@ -93,10 +108,18 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       ("trace", po::value<std::string>(), "write an HDF5 trace of every action on every rank (docs/trace-format.md)")
       ("checkpoint-dir", po::value<std::string>(), "directory for checkpoints (every stage's parameters and optimizer state)")
       ("checkpoint-every", po::value<int64_t>()->default_value(0), "write a checkpoint every K steps (and after the last)")
+      ("save-weights", po::value<std::string>(), "after training, write the weights to this safetensors file (PyTorch names: "
+                                                 "transformers' from_pretrained loads it)")
       ("progress", po::value<std::string>()->default_value("auto"),
        "auto (a bar on a terminal, lines in logs and under mpirun) | bar | lines")
       ("resume", po::bool_switch(), "continue from the latest checkpoint in --checkpoint-dir")
       ("steps", po::value<int64_t>()->default_value(10), "training steps")
+      ("data", po::value<std::string>(), "train on this token file (scripts/prepare_data.py) instead of synthetic data")
+      ("data-order", po::value<std::string>()->default_value("shuffled"),
+       "shuffled (windows in a seeded order per epoch) | sequential (sample i of the run is window i)")
+      ("validation-fraction", po::value<double>()->default_value(0.0), "share of the token file's windows held out for validation")
+      ("eval-every", po::value<int64_t>()->default_value(0), "report the validation loss every N steps (0: never)")
+      ("eval-batches", po::value<int64_t>()->default_value(4), "micro-batches of the validation split per evaluation")
       ("optimizer", po::value<std::string>()->default_value("sgd"), "sgd (with momentum) | adam")
       ("lr", po::value<double>()->default_value(0.01), "learning rate")
       ("momentum", po::value<double>()->default_value(0.9), "SGD momentum");
@@ -132,6 +155,11 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   config.optimizer.lr = vm["lr"].as<double>();
   config.optimizer.momentum = vm["momentum"].as<double>();
   make_optimizer(config.optimizer, {});  // validates before any work
+  config.data = data_config_from(vm);
+  const int64_t eval_every = vm["eval-every"].as<int64_t>(), eval_batches = vm["eval-batches"].as<int64_t>();
+  if (eval_every < 0 || eval_batches < 1) throw ConfigError("--eval-every must be >= 0 and --eval-batches >= 1");
+  if (eval_every > 0 && !config.data.path.empty() && config.data.validation_fraction <= 0)
+    throw ConfigError("--eval-every needs a validation split: give --validation-fraction (e.g. 0.05)");
   if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
   if (config.steps < 0) throw ConfigError("--steps must not be negative");
   const bool quiet = vm["quiet"].as<bool>();
@@ -146,6 +174,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (in_process && (vm.count("trace") || checkpoint_every > 0 || resume))
     throw ConfigError("--trace, --checkpoint-every and --resume apply to MPI runs, not --in-process");
   if (vm.count("trace")) check_writable(vm["trace"].as<std::string>());
+  const std::string save_path = vm.count("save-weights") ? vm["save-weights"].as<std::string>() : "";
+  if (!save_path.empty()) check_writable(save_path);
+  if (!save_path.empty() && in_process) throw ConfigError("--save-weights applies to MPI runs and one-stage runs, not --in-process");
   // The reference trainer serves plain one-stage runs; traces, checkpoints and planned memory
   // optimization need the runtime.
   const bool runtime_features = vm.count("trace") || checkpoint_every > 0 || resume ||
@@ -162,10 +193,15 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     trainer.run([&](const StepResult& r) {
       peak = std::max(peak, r.peak_bytes);
       progress.step(r.step, r.loss);
+      if (eval_every > 0 && (r.step + 1) % eval_every == 0) progress.validation(r.step, trainer.evaluate(eval_batches));
     });
     progress.finish();
     std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s, peak memory %s\n", config.steps,
                 progress.last_loss(), progress.samples_per_second(), format_bytes(static_cast<double>(peak)).c_str());
+    if (!save_path.empty()) {
+      save_weights(trainer.module().parameters(), save_path, MPI_COMM_SELF);
+      std::printf("wrote weights %s\n", save_path.c_str());
+    }
     return 0;
   }
 
@@ -206,6 +242,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   pc.seed = config.seed;
   pc.optimizer = config.optimizer;
   pc.device = device;
+  pc.data = config.data;
   check_ranges(graph, pc.ranges);
   DeviceMemory::set_capacity(device, capacity);
   if (world.rank == 0 && !quiet) {
@@ -238,8 +275,19 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   pc.first_step = first_step;
   // The asynchronous pipeline drains where it writes a checkpoint (PipelineConfig::drain_every).
   if (pc.schedule == ScheduleKind::Async) pc.drain_every = checkpoint_every;
+  run.eval_every = eval_every;
+  run.eval_batches = eval_batches;
+  if (eval_every > 0 && in_process) throw ConfigError("--eval-every applies to MPI runs and one-stage runs, not --in-process");
+  // Asynchronous pipelines evaluate where they drain.
+  if (eval_every > 0 && pc.schedule == ScheduleKind::Async) {
+    if (pc.drain_every == 0) pc.drain_every = eval_every;
+    if (eval_every % pc.drain_every != 0)
+      throw ConfigError("under --schedule async, --eval-every must be a multiple of --checkpoint-every (the pipeline "
+                        "drains there)");
+  }
   Progress progress(pc.first_step, config.steps, samples_per_step, quiet || world.rank != 0, progress_style);
   run.on_loss = [&](const StepLoss& s) { progress.step(s.step, s.loss); };
+  run.on_validation = [&](const StepLoss& s) { progress.validation(s.step, s.loss); };
   const auto start = std::chrono::steady_clock::now();
   StageRun mine;
   if (in_process) {
@@ -285,7 +333,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       write_trace(trace, vm["trace"].as<std::string>());
     }
   }
+  if (!save_path.empty()) save_weights(mine.parameters, save_path, MPI_COMM_WORLD);
   if (world.rank == 0) {
+    if (!save_path.empty()) std::printf("wrote weights %s\n", save_path.c_str());
     if (!in_process && !quiet) std::printf("  transport: %s on %s\n", mine.transport.c_str(), device.is_cuda() ? "cuda" : "cpu");
     if (!in_process)
       for (int r = 0; r < world.size; ++r)

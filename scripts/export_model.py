@@ -18,14 +18,26 @@ Run it with scripts/python (the project's environment). Exit status: 0 written, 
 """
 import argparse
 import importlib
+import inspect
 import json
+import logging
 import math
 import os
 import sys
 import tempfile
+import warnings
+
+# Noise torch and transformers print on import and export that says nothing about the model.
+def quiet_torch_logs():
+    """torch configures its loggers on import: quiet them afterwards."""
+    for name in ("torch.utils.flop_counter", "torch.fx.experimental.symbolic_shapes", "torch._export",
+                 "torch.export", "torch._dynamo"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+warnings.filterwarnings("ignore", category=FutureWarning)
 import traceback
 
 FORMAT_VERSION = 1
+VERBOSE = False
 
 
 class UserError(Exception):
@@ -102,7 +114,6 @@ def hf_source(args):
             config = transformers.AutoConfig.for_model(args.hf)
         except ValueError as e:
             raise UserError(f"--hf {args.hf}: not a transformers architecture ({str(e).splitlines()[0]})")
-    import inspect
 
     known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
     known |= set(inspect.signature(type(config).__init__).parameters)
@@ -201,6 +212,13 @@ def module_source(args):
             roles[name] = {"role": roles[name]}
     names = list(inputs)
 
+    # The batch goes to the model by keyword when its forward names every input, else in order.
+    try:
+        accepted = set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        accepted = set()
+    by_keyword = all(n in accepted for n in names)
+
     class WithLoss(torch.nn.Module):
         def __init__(self, model):
             super().__init__()
@@ -208,18 +226,9 @@ def module_source(args):
 
         def forward(self, *tensors):
             batch = dict(zip(names, tensors))
-            return loss(self.model(**{k: v for k, v in batch.items() if k in model_arguments}), batch)
+            out = self.model(**batch) if by_keyword else self.model(*tensors)
+            return loss(out, batch)
 
-    import inspect
-
-    try:
-        model_arguments = set(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        model_arguments = set(names)
-    if not any(p in model_arguments for p in ("args", "kwargs")):
-        pass
-    else:
-        model_arguments = set(names)
     model.train()
     return WithLoss(model), "model.", inputs, roles, {"source": "module", "function": spec}
 
@@ -278,22 +287,41 @@ def export_program(wrapper, inputs, prefix, max_batch):
     import torch
     from torch.export import Dim
 
+    quiet_torch_logs()
     batch = Dim("B", min=1, max=max_batch)
     names = list(inputs)
     args = tuple(inputs[n] for n in names)
     for n, x in inputs.items():
         if x.dim() == 0:
             raise UserError(f"input '{n}' has no batch dimension")
-    # Dynamic shapes by position (the wrapper's forward takes *tensors or named arguments).
+    # Dynamic shapes by position; a forward(*tensors) takes them as one tuple.
     dynamic = tuple({0: batch} for _ in names)
-    try:
-        program = torch.export.export(wrapper, args, dynamic_shapes=dynamic, strict=False)
-        program = program.run_decompositions({})
-        relax_views(program)
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001 - torch.export raises many kinds; all are the model's
-        raise UserError(capture_error(e, wrapper, prefix)) from e
+    params = inspect.signature(wrapper.forward).parameters.values()
+    if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params):
+        dynamic = (dynamic,)
+    # torch.export logs graphs and guesses while it works; the outcome is what users need, so
+    # its stderr goes to a file kept only for --verbose.
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            program = torch.export.export(wrapper, args, dynamic_shapes=dynamic, strict=False)
+            program = program.run_decompositions({})
+            relax_views(program)
+        except Exception as e:  # noqa: BLE001 - torch.export raises many kinds; all are the model's
+            error = e
+        else:
+            error = None
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if VERBOSE:
+                log.seek(0)
+                sys.stderr.write(log.read().decode(errors="replace"))
+    if error is not None:
+        raise UserError(capture_error(error, wrapper, prefix)) from error
     return program, names
 
 
@@ -378,8 +406,11 @@ def tied_names(wrapper, prefix):
     return {n: g for g in groups.values() for n in g}
 
 
-def requires_grad_of(program, inputs):
-    """Runs the exported graph once on the example inputs: which node outputs autograd tracks."""
+def observe(program, inputs):
+    """Runs the exported graph once on the example inputs: which node outputs autograd tracks,
+    and which share the storage of a tensor argument (the real kernels decide: reshape views or
+    copies, _unsafe_view views without saying so in its schema). Per node, per output:
+    (requires_grad, argument position it aliases or -1)."""
     import torch
 
     sig = program.graph_signature
@@ -390,11 +421,21 @@ def requires_grad_of(program, inputs):
         flat.append(next(user) if spec.kind.name == "USER_INPUT" else state[spec.target])
     found = {}
 
+    def storage(x):
+        return x.untyped_storage().data_ptr() if isinstance(x, torch.Tensor) and x.numel() > 0 else None
+
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
             result = super().run_node(n)
             items = result if isinstance(result, (list, tuple)) else [result]
-            found[n.name] = [bool(getattr(x, "requires_grad", False)) for x in items]
+            args = [self.env[a] if isinstance(a, torch.fx.Node) else None for a in n.args] if n.op == "call_function" else []
+            arg_storages = [storage(a) for a in args]
+            entries = []
+            for x in items:
+                s = storage(x)
+                alias = arg_storages.index(s) if s is not None and s in arg_storages else -1
+                entries.append((bool(getattr(x, "requires_grad", False)), alias))
+            found[n.name] = entries
             return result
 
     with torch.enable_grad():
@@ -402,7 +443,7 @@ def requires_grad_of(program, inputs):
     return found
 
 
-def build_graph(program, input_names, prefix, roles, names_of, grads):
+def build_graph(program, input_names, prefix, roles, names_of, observed):
     import operator
 
     import torch
@@ -542,9 +583,12 @@ def build_graph(program, input_names, prefix, roles, names_of, grads):
             if not isinstance(x, torch.Tensor):
                 raise UserError(f"{node.name} ({schema.name}) returns a {type(x).__name__}")
             name = node.name if single else output_names.get((node.name, k), f"{node.name}.{k}")
-            view_arg = aliases[min(k, len(aliases) - 1)] if aliases else -1
-            rg = grads.get(node.name, [])
-            outputs.append({"name": name, **tensor_meta(x, batch, k < len(rg) and rg[k]), "view_of_arg": view_arg})
+            # May it share an argument's storage? The schema says for views; the real run for
+            # ops that view depending on strides (reshape) or without saying (_unsafe_view).
+            seen = observed.get(node.name, [])
+            rg, alias = seen[k] if k < len(seen) else (False, -1)
+            view_arg = alias if alias >= 0 else (aliases[min(k, len(aliases) - 1)] if aliases else -1)
+            outputs.append({"name": name, **tensor_meta(x, batch, rg), "view_of_arg": view_arg})
         if single:
             values[node.name] = node.name
         stack = node.meta.get("nn_module_stack") or {}
@@ -683,7 +727,10 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the example batch")
     parser.add_argument("--reference", help="also write the eager loss and gradients on the example batch here")
     parser.add_argument("--out", required=True, help="model file to write (safetensors with the graph in its metadata)")
+    parser.add_argument("--verbose", action="store_true", help="show what torch.export logs")
     args = parser.parse_args(argv)
+    global VERBOSE
+    VERBOSE = args.verbose
     if args.batch_size < 2:
         raise UserError("--batch-size must be at least 2 (torch.export specializes sizes 0 and 1)")
     if args.module:
@@ -692,8 +739,8 @@ def main(argv=None):
         wrapper, prefix, inputs, roles, description = hf_source(args)
     program, names = export_program(wrapper, inputs, prefix, args.max_batch)
     names_of = tied_names(wrapper, prefix)
-    grads = requires_grad_of(program, inputs)
-    graph_inputs, nodes, weights, batch = build_graph(program, names, prefix, roles, names_of, grads)
+    observed = observe(program, inputs)
+    graph_inputs, nodes, weights, batch = build_graph(program, names, prefix, roles, names_of, observed)
     table, tensors = weight_table(program, weights, nodes, prefix, names_of)
     blocks = blocks_of(nodes)
     import torch

@@ -25,7 +25,8 @@ namespace {
 
 at::Tensor init_param(const ParamSpec& spec, uint64_t seed, WeightLoader* weights) {
   at::NoGradGuard no_grad;
-  if (spec.init == Init::File) return weights->load(spec.source, spec.aliases, spec.shape, spec.dtype);
+  // With --init-from (two weight files) every parameter must come from that checkpoint.
+  if (spec.init == Init::File) return weights->load(spec.source, spec.aliases, spec.shape, spec.dtype, weights->files() > 1);
   at::Generator gen = at::detail::createCPUGenerator(seed);
   at::Tensor t = at::empty(spec.shape, at::kFloat);
   switch (spec.init) {
@@ -215,6 +216,10 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
     case OpKind::Relu: out = at::relu(in(0)); break;
     case OpKind::Tanh: out = at::tanh(in(0)); break;
     case OpKind::Dropout: {
+      if (ctx.eval) {
+        out = in(0);
+        break;
+      }
       const double p = node.attr_real("p", 0.1);
       uint64_t s = mix_seed(mix_seed(mix_seed(seed_, 0x5eed0000ULL + n), ctx.step), ctx.micro_batch);
       at::Generator gen = at::detail::createCPUGenerator(s);
@@ -298,6 +303,10 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
 
 void StageModule::run_aten(const Node& node, TensorEnv& env, const RunContext& ctx) const {
   const AtenKernel& kernel = *kernels_[static_cast<size_t>(node.id - begin_)];
+  if (ctx.eval && node.call.op.find("dropout") != std::string::npos && node.call.result_index == std::vector<int>{0}) {
+    env[static_cast<size_t>(node.outputs[0])] = env[static_cast<size_t>(node.inputs.at(0))];  // evaluation: no dropout
+    return;
+  }
   if (kernel.seeded()) {
     // Random ops draw from the device's generator, seeded per (node, step, micro-batch) as the
     // zoo's dropout is: a recomputation and every schedule see the same numbers.

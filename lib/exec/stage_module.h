@@ -26,6 +26,7 @@ class AtenKernel;
 struct RunContext {
   int64_t step = 0;
   int64_t micro_batch = 0;
+  bool eval = false;  // evaluation: dropout passes its input through
 };
 
 struct StageParameter {

@@ -18,12 +18,14 @@ WeightLoader::WeightLoader(const std::vector<std::string>& files) {
 }
 
 at::Tensor WeightLoader::load(const std::string& name, const std::vector<std::string>& aliases, const Shape& shape,
-                              DType dtype) {
+                              DType dtype, bool first_only) {
   at::NoGradGuard no_grad;
   std::vector<std::string> names{name};
   names.insert(names.end(), aliases.begin(), aliases.end());
-  for (const auto& file : files_)
+  const size_t searched = first_only ? std::min<size_t>(1, files_.size()) : files_.size();
+  for (size_t f = 0; f < searched; ++f)
     for (const std::string& n : names) {
+      const auto& file = files_[f];
       if (!file->contains(n)) continue;
       const SafetensorsEntry& e = file->entry(n);
       if (e.shape != shape)
@@ -33,7 +35,7 @@ at::Tensor WeightLoader::load(const std::string& name, const std::vector<std::st
       return view.to(scalar_type(dtype), /*non_blocking=*/false, /*copy=*/true);
     }
   std::string where;
-  for (const auto& file : files_) where += (where.empty() ? "'" : ", '") + file->path() + "'";
+  for (size_t f = 0; f < searched; ++f) where += (where.empty() ? "'" : ", '") + files_[f]->path() + "'";
   throw ConfigError("weight " + name + " is missing: none of " + where + " holds it" +
                     (aliases.empty() ? "" : " (nor its tied names)"));
 }

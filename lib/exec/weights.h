@@ -17,9 +17,12 @@ namespace dawnpiper {
 class WeightLoader {
  public:
   explicit WeightLoader(const std::vector<std::string>& files);
+  size_t files() const { return files_.size(); }
   // A fresh CPU tensor of `shape` and `dtype` (converted from the file's dtype if it differs).
-  // Throws ConfigError naming the weight when no file has it or its shape differs.
-  at::Tensor load(const std::string& name, const std::vector<std::string>& aliases, const Shape& shape, DType dtype);
+  // Throws ConfigError naming the weight when no file (or, with first_only, not the first
+  // file: a checkpoint must hold every parameter) has it or its shape differs.
+  at::Tensor load(const std::string& name, const std::vector<std::string>& aliases, const Shape& shape, DType dtype,
+                  bool first_only = false);
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

@@ -230,6 +230,16 @@ StageConstant OpGraph::stage_constant(int node) const {
   return {};
 }
 
+int OpGraph::aliased_input(int node, size_t k) const {
+  const Node& n = nodes.at(node);
+  if (n.kind == OpKind::Reshape || n.kind == OpKind::Transpose) return n.inputs.at(0);
+  if (n.kind != OpKind::Aten || k >= n.call.view_of_arg.size()) return -1;
+  const int arg = n.call.view_of_arg[k];
+  if (arg < 0 || arg >= static_cast<int>(n.call.args.size())) return -1;
+  const AtenArg& a = n.call.args[static_cast<size_t>(arg)];
+  return a.kind == AtenArg::Kind::Tensor ? n.inputs.at(static_cast<size_t>(a.i)) : -1;
+}
+
 int64_t OpGraph::parameter_bytes(int node) const {
   int64_t b = 0;
   for (const ParamSpec& p : nodes.at(node).params)

@@ -220,6 +220,9 @@ class OpGraph {
   // What a stage holding the node keeps once: a causal mask, T5's buckets, the buffers an
   // imported node reads.
   StageConstant stage_constant(int node) const;
+  // The input tensor whose storage output k of `node` may share (a transpose, a reshape, an
+  // imported view op), or -1.
+  int aliased_input(int node, size_t k) const;
   bool imported() const { return !weight_files.empty(); }
 };
 

@@ -89,15 +89,18 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     // indices everywhere), booleans true (masks that keep everything).
     const at::ScalarType type = scalar_type(info.dtype);
     const Strides strides = info.strides.empty() ? contiguous_strides(info.shape) : info.strides;
+    const bool contiguous = strides == contiguous_strides(info.shape);
     int64_t storage = 1;  // elements the strides reach (an expanded dimension reaches one)
     for (size_t d = 0; d < info.shape.size(); ++d) storage += (info.shape[d] - 1) * strides[d];
     if (numel(info.shape) == 0) storage = 0;
-    at::Tensor leaf = at::empty({storage}, at::TensorOptions(type).device(dev));
+    at::Tensor leaf = at::empty(contiguous ? info.shape : Shape{storage}, at::TensorOptions(type).device(dev));
     if (at::isFloatingType(type)) leaf.uniform_(0.5, 1.5);
     else leaf.fill_(type == at::kBool ? 1 : 0);
     if (rg[t]) leaf.requires_grad_(true);
     leaves.push_back(leaf);
-    return leaf.as_strided(info.shape, strides);  // a non-leaf handle: autograd's references to it show
+    // A non-leaf handle: autograd's references to it show. A plain view where the layout is
+    // contiguous: as_strided's backward would add a gradient buffer of its own.
+    return contiguous ? leaf.view(leaf.sizes()) : leaf.as_strided(info.shape, strides);
   };
   for (int t : ins) {
     at::Tensor x;
@@ -138,7 +141,7 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     int64_t out_bytes = 0;
     for (size_t k = 0; k < outs_n; ++k) {
       for (size_t i = 0; i < ins.size(); ++i)
-        if (!g.is_data(ins[i]) && same_storage(outs[k], inputs[i])) alias[k] = ins[i];
+        if (same_storage(outs[k], inputs[i])) alias[k] = ins[i];  // views of data too (imported reshapes)
       for (const auto& param : module.parameters()) param_view[k] = param_view[k] || same_storage(outs[k], param.tensor);
       const c10::StorageImpl* st = outs[k].storage().unsafeGetStorageImpl();
       if (alias[k] < 0 && !param_view[k] && std::find(new_storages.begin(), new_storages.end(), st) == new_storages.end()) {

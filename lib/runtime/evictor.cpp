@@ -17,10 +17,6 @@ namespace dawnpiper {
 
 namespace {
 
-// Ops whose output may share its input's storage: a tensor's memory stays in use while any of
-// these views of it is still read.
-bool may_alias_input(OpKind kind) { return kind == OpKind::Reshape || kind == OpKind::Transpose; }
-
 c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
 
 struct RestoreBeforeBackward : torch::autograd::FunctionPreHook {
@@ -61,7 +57,9 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
   std::function<void(int, std::vector<int>&)> readers = [&](int t, std::vector<int>& out) {
     for (int c : graph_.tensor(t).consumers) {
       out.push_back(c);
-      if (may_alias_input(graph_.nodes[c].kind)) readers(graph_.nodes[c].outputs[0], out);
+      // Outputs that may share its storage (views): their readers read it too.
+      for (size_t k = 0; k < graph_.nodes[c].outputs.size(); ++k)
+        if (graph_.aliased_input(c, k) == t) readers(graph_.nodes[c].outputs[k], out);
     }
   };
   auto available = [&](int t) {
@@ -130,6 +128,12 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
     }
     entries_.push_back(std::move(entry));
   }
+  pickup_after_.assign(static_cast<size_t>(e - b), {});
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const int p = graph_.tensor(entries_[i].tensor).producer;
+    if (p >= b && p < e && !graph_.is_data(entries_[i].tensor)) pickup_after_[static_cast<size_t>(p - b)].push_back(static_cast<int>(i));
+    else external_pickups_.push_back(static_cast<int>(i));
+  }
   // Where the evictor picks up what recomputation reads: the stage's inputs at the forward's
   // start, the rest right after the node that produces it.
   for (int t = 0; t < tensors; ++t) {
@@ -160,6 +164,17 @@ void Evictor::begin_forward(int64_t mb, const RunContext& ctx, const TensorEnv& 
   m.ctx = ctx;
   m.node_seq.assign(static_cast<size_t>(module_.end() - module_.begin()), 0);
   for (int t : external_leaves_) m.leaves[t] = env.at(static_cast<size_t>(t));
+  for (int i : external_pickups_) pick_up(m, i, env);
+}
+
+void Evictor::pick_up(MicroBatch& m, int i, const TensorEnv& env) {
+  const Entry& entry = entries_[static_cast<size_t>(i)];
+  const at::Tensor& t = env[static_cast<size_t>(entry.tensor)];
+  if (!t.defined())
+    throw std::logic_error("evictor: tensor " + graph_.tensor(entry.tensor).name + " is not in the forward's env");
+  Held& h = m.held[i];
+  h.tensor = t.detach();
+  h.bytes = static_cast<int64_t>(t.storage().nbytes());
 }
 
 void Evictor::before_node(int64_t mb, int node) {
@@ -170,16 +185,9 @@ void Evictor::after_node(int64_t mb, int node, TensorEnv& env) {
   MicroBatch& m = mbs_.at(mb);
   const size_t offset = static_cast<size_t>(node - module_.begin());
   for (int t : leaves_of_node_[offset]) m.leaves[t] = env[static_cast<size_t>(t)];
-  for (int i : evict_after_[offset]) {
-    const Entry& entry = entries_[static_cast<size_t>(i)];
-    const at::Tensor& t = env[static_cast<size_t>(entry.tensor)];
-    if (!t.defined())
-      throw std::logic_error("evictor: tensor " + graph_.tensor(entry.tensor).name + " is not in the forward's env");
-    Held& h = m.held[i];
-    h.tensor = t.detach();
-    h.bytes = static_cast<int64_t>(t.storage().nbytes());
-    if (entry.evict_after >= 0) evict(m, i, t);
-  }
+  for (int i : pickup_after_[offset]) pick_up(m, i, env);
+  for (int i : evict_after_[offset])
+    if (entries_[static_cast<size_t>(i)].evict_after >= 0) evict(m, i, m.held.at(i).tensor);
 }
 
 void Evictor::after_send(int64_t mb) {

@@ -93,6 +93,7 @@ class Evictor {
     std::map<int, Held> held;              // entry index -> evicted tensor
   };
 
+  void pick_up(MicroBatch& m, int entry, const TensorEnv& env);
   void evict(MicroBatch& m, int entry, const at::Tensor& tensor);
   void start_swap_in(int64_t mb, MicroBatch& m, int entry);
   void finish_swap_in(MicroBatch& m, int entry);
@@ -108,6 +109,11 @@ class Evictor {
   std::vector<char> is_leaf_;                   // tensor -> some recomputation reads it
   std::vector<std::vector<int>> leaves_of_node_;  // node offset -> leaf tensors it produces
   std::vector<int> external_leaves_;
+  // Entries to pick up where their tensor appears (the stage keeps a tensor in its env only
+  // until its last direct reader; readers of its views come later): node offset -> entries, and
+  // those of data and received tensors, present from the forward's start.
+  std::vector<std::vector<int>> pickup_after_;
+  std::vector<int> external_pickups_;
   std::map<int64_t, MicroBatch> mbs_;
   std::unique_ptr<SwapCopier> copier_;  // when some entry swaps
   Listener listener_;

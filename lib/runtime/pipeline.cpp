@@ -56,6 +56,7 @@ StageConfig stage_config(const PipelineConfig& c, int stage) {
   s.optimizer = c.optimizer;
   s.device = c.device;
   if (static_cast<size_t>(stage) < c.decisions.size()) s.decisions = c.decisions[static_cast<size_t>(stage)];
+  s.data = c.data;
   return s;
 }
 
@@ -225,6 +226,15 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
       // asynchronous stage updates after every backward; at the update after a step's last
       // micro-batch, at a drain, nothing is in flight.
       const bool step_done = c.schedule != ScheduleKind::Async || micro_batch % c.micro_batches == c.micro_batches - 1;
+      if (a.kind == ActionKind::OptimizerStep && options.eval_every > 0 && step_done && (step + 1) % options.eval_every == 0) {
+        // Message ids past every training micro-batch's.
+        const int64_t base = (c.steps + (step + 1) / options.eval_every * options.eval_batches) * c.micro_batches;
+        double sum = 0;
+        for (int64_t k = 0; k < options.eval_batches; ++k) sum += stage.evaluate(base + k, k);
+        double mean = sum / static_cast<double>(options.eval_batches);
+        MPI_Bcast(&mean, 1, MPI_DOUBLE, last, comm);
+        if (rank == 0 && options.on_validation) options.on_validation({step, mean});
+      }
       if (a.kind == ActionKind::OptimizerStep && options.checkpoint_every > 0 && step_done) {
         const int64_t done = step + 1;
         if (done % options.checkpoint_every == 0 || done == c.steps) {

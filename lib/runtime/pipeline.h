@@ -33,6 +33,7 @@ struct PipelineConfig {
   OptimizerConfig optimizer;
   at::Device device = at::Device(at::kCPU);  // every stage's (each rank's own GPU on CUDA)
   std::vector<std::vector<TensorDecision>> decisions;  // per stage (the plan's); empty: keep all
+  DataConfig data;
 };
 
 // The configuration of one stage of `config`.
@@ -75,6 +76,10 @@ struct RunOptions {
   bool resume = false;  // load the checkpoint of step config.first_step (latest_checkpoint()) first
   std::string preset, optimizer_name;             // checkpoint identity
   TransportChoice transport = TransportChoice::Auto;
+  // Validation: every `eval_every` steps (at drains under async), `eval_batches` micro-batches
+  // of the validation split; rank 0 gets the mean loss.
+  int64_t eval_every = 0, eval_batches = 1;
+  std::function<void(const StepLoss&)> on_validation;
 };
 
 struct StageRun {

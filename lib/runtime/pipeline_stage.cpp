@@ -28,7 +28,7 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
       config_(config),
       transport_(transport),
       module_(graph, config.begin, config.end, config.seed, config.device),
-      data_(graph, config.seed) {
+      data_(make_data_source(graph, config.data, config.seed, DataSplit::Train, graph.micro_batch_size * config.micro_batches)) {
   const std::vector<bool> rg = graph.requires_grad();
   for (int t : module_.external_inputs())
     if (graph.is_data(t)) data_ids_.push_back(t);
@@ -133,7 +133,7 @@ std::vector<at::Tensor>& PipelineStage::version_tensors(int64_t version) {
 void PipelineStage::forward(int64_t mb) {
   InFlight& f = in_flight_[mb];
   TensorEnv env = module_.make_env();
-  data_.load(env, data_ids_, mb * graph_.micro_batch_size, module_.device());
+  data_->load(env, data_ids_, mb * graph_.micro_batch_size, module_.device());
   for (size_t i = 0; i < recv_ids_.size(); ++i) env[recv_ids_[i]] = f.inputs.at(i);
   if (config_.schedule == ScheduleKind::Async) {
     // This forward (and its backward) use the current weights, stashed until that backward.
@@ -209,6 +209,26 @@ void PipelineStage::backward(int64_t mb) {
     step_loss_ = 0;
     step_losses_ = 0;
   }
+}
+
+double PipelineStage::evaluate(int64_t id, int64_t index) {
+  at::NoGradGuard no_grad;
+  if (!validation_)
+    validation_ = make_data_source(graph_, config_.data, config_.seed, DataSplit::Validation, graph_.micro_batch_size);
+  TensorEnv env = module_.make_env();
+  validation_->load(env, data_ids_, index * graph_.micro_batch_size, module_.device());
+  if (config_.stage > 0) {
+    std::vector<at::Tensor> in = transport_.recv(config_.stage - 1, MessageKind::Activation, id, recv_specs_);
+    for (size_t i = 0; i < recv_ids_.size(); ++i) env[recv_ids_[i]] = in[i];
+  }
+  RunContext ctx{-1, id};
+  ctx.eval = true;
+  module_.forward(env, ctx);
+  if (is_last()) return env[graph_.nodes[graph_.loss_node()].outputs[0]].item<double>();
+  std::vector<at::Tensor> out;
+  for (int t : send_ids_) out.push_back(env[t]);
+  transport_.send(config_.stage + 1, MessageKind::Activation, id, std::move(out));
+  return 0;
 }
 
 void PipelineStage::optimizer_step() {

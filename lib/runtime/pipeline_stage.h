@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "data/synthetic.h"
+#include "data/token_file.h"
 #include "exec/stage_module.h"
 #include "plan/plan.h"
 #include "runtime/evictor.h"
@@ -31,6 +32,7 @@ struct StageConfig {
   // The plan's per-tensor decisions for this stage; swap and recompute entries are carried out
   // by an Evictor (keep entries change nothing).
   std::vector<TensorDecision> decisions;
+  DataConfig data;  // synthetic, or a token file
 };
 
 // Sums gradients of parameters that several stages hold copies of (weights tied across the
@@ -48,6 +50,11 @@ class PipelineStage {
   void execute(const Action& action);
   void set_loss_callback(std::function<void(int64_t step, double loss)> on_loss) { on_loss_ = std::move(on_loss); }
   void set_tied_reducer(TiedGradReducer reducer) { reduce_tied_ = std::move(reducer); }
+  // Forward only, without autograd or dropout, of validation micro-batch `index` (its samples
+  // from the validation split): received from the previous stage and sent to the next under
+  // message id `id` (apart from every training micro-batch's). Returns the loss on the last
+  // stage, 0 elsewhere. Every stage calls it for the same ids in the same order.
+  double evaluate(int64_t id, int64_t index);
 
   StageModule& module() { return module_; }
   Optimizer& optimizer() { return *optimizer_; }
@@ -77,7 +84,7 @@ class PipelineStage {
   StageConfig config_;
   Transport& transport_;
   StageModule module_;
-  SyntheticData data_;
+  std::unique_ptr<DataSource> data_, validation_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Evictor> evictor_;
   std::vector<int> recv_ids_, send_ids_, data_ids_;

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cmath>
 
+#include <ATen/core/grad_mode.h>
+
 #include "memory/counting_allocator.h"
 #include "util/error.h"
 
@@ -12,7 +14,7 @@ ReferenceTrainer::ReferenceTrainer(const OpGraph& graph, const TrainConfig& conf
     : graph_(graph),
       config_(config),
       module_(graph, 0, graph.size(), config.seed),
-      data_(graph, config.seed),
+      data_(make_data_source(graph, config.data, config.seed, DataSplit::Train, graph.micro_batch_size * config.micro_batches)),
       data_inputs_(graph.data_inputs(0, graph.size())) {
   if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
   if (config.steps < 0) throw ConfigError("--steps must not be negative");
@@ -29,8 +31,7 @@ StepResult ReferenceTrainer::step() {
   double loss_sum = 0;
   for (int64_t mb = 0; mb < config_.micro_batches; ++mb) {
     TensorEnv env = module_.make_env();
-    data_.load(env, data_inputs_, data_.first_sample(next_step_, mb, config_.micro_batches),
-              module_.device());
+    data_->load(env, data_inputs_, data_->first_sample(next_step_, mb, config_.micro_batches), module_.device());
     module_.forward(env, RunContext{next_step_, next_step_ * config_.micro_batches + mb});
     at::Tensor loss = env[loss_tensor];
     const double value = loss.item<double>();
@@ -47,6 +48,23 @@ StepResult ReferenceTrainer::step() {
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.peak_bytes = counter ? counter->peak_bytes() : 0;
   return r;
+}
+
+double ReferenceTrainer::evaluate(int64_t batches) {
+  at::NoGradGuard no_grad;
+  if (!validation_)
+    validation_ = make_data_source(graph_, config_.data, config_.seed, DataSplit::Validation, graph_.micro_batch_size);
+  const int loss_tensor = graph_.nodes[graph_.loss_node()].outputs[0];
+  double sum = 0;
+  for (int64_t k = 0; k < batches; ++k) {
+    TensorEnv env = module_.make_env();
+    validation_->load(env, data_inputs_, k * graph_.micro_batch_size, module_.device());
+    RunContext ctx{-1, k};
+    ctx.eval = true;
+    module_.forward(env, ctx);
+    sum += env[loss_tensor].item<double>();
+  }
+  return sum / static_cast<double>(batches);
 }
 
 std::vector<StepResult> ReferenceTrainer::run(const std::function<void(const StepResult&)>& report) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "data/synthetic.h"
+#include "data/token_file.h"
 #include "exec/stage_module.h"
 #include "train/optimizer.h"
 
@@ -16,6 +17,7 @@ struct TrainConfig {
   int64_t micro_batches = 1;
   uint64_t seed = 42;
   OptimizerConfig optimizer;
+  DataConfig data;
 };
 
 struct StepResult {
@@ -32,13 +34,16 @@ class ReferenceTrainer {
   StepResult step();
   // Runs config.steps steps, calling `report` after each.
   std::vector<StepResult> run(const std::function<void(const StepResult&)>& report = {});
+  // Mean loss over the first `batches` micro-batches of the validation split (no autograd, no
+  // dropout).
+  double evaluate(int64_t batches);
   StageModule& module() { return module_; }
 
  private:
   const OpGraph& graph_;
   TrainConfig config_;
   StageModule module_;
-  SyntheticData data_;
+  std::unique_ptr<DataSource> data_, validation_;
   std::vector<int> data_inputs_;
   std::unique_ptr<Optimizer> optimizer_;
   int64_t next_step_ = 0;

@@ -74,6 +74,12 @@ void Progress::step(int64_t step, double loss) {
   std::fflush(out_);
 }
 
+void Progress::validation(int64_t step, double loss) {
+  if (quiet_) return;
+  std::fprintf(out_, "%svalidation step %" PRId64 " loss %.9g\n", terminal_ ? "\n" : "", step, loss);
+  std::fflush(out_);
+}
+
 void Progress::finish() {
   if (!quiet_ && terminal_ && done_ > 0) std::fprintf(out_, "\n");
   std::fflush(out_);

@@ -19,6 +19,8 @@ class Progress {
   Progress(int64_t first_step, int64_t steps, double samples_per_step, bool quiet, Style style = Style::Auto,
            std::FILE* out = stdout);
   void step(int64_t step, double loss);
+  // A line "validation step <n> loss <value>" (after the step it follows).
+  void validation(int64_t step, double loss);
   // Ends the bar's line (terminal only).
   void finish();
   double samples_per_second() const;

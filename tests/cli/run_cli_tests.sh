@@ -7,35 +7,7 @@ bin="$1"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-passed=0
-failed=0
-
-# expect_fail NAME PATTERN ARGS...: exit != 0, stderr has PATTERN, one line, no backtrace.
-expect_fail() {
-  local name="$1" pattern="$2"
-  shift 2
-  "$bin" "$@" >"$work/out" 2>"$work/err"
-  local code=$?
-  if [ $code -ne 0 ] && grep -q -- "$pattern" "$work/err" && [ "$(wc -l <"$work/err")" -eq 1 ] &&
-     ! grep -qiE 'backtrace|frame #|terminate called' "$work/err"; then
-    passed=$((passed + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: $name (exit $code)"; sed 's/^/  stderr: /' "$work/err"
-  fi
-}
-
-# expect_ok NAME PATTERN ARGS...: exit 0 and stdout has PATTERN.
-expect_ok() {
-  local name="$1" pattern="$2"
-  shift 2
-  if "$bin" "$@" >"$work/out" 2>"$work/err" && grep -q -- "$pattern" "$work/out"; then
-    passed=$((passed + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: $name"; sed 's/^/  out: /' "$work/out" | tail -5; sed 's/^/  err: /' "$work/err"
-  fi
-}
+source "$root/tests/cli/cli_lib.sh"
 
 expect_ok "top-level help" "subcommands:" --help
 expect_ok "train help" "--micro-batch-size" train --help
@@ -93,9 +65,6 @@ expect_fail "plan not a profile" "not a readable HDF5 profile" plan --profile-in
 mpi="mpirun --oversubscribe -np"
 common=(--model gpt2-tiny --steps 3 --micro-batches 4 --quiet)
 "$bin" train "${common[@]}" >/dev/null 2>&1  # warm the page cache
-losses() { grep '^step' | grep -o 'loss [0-9.e+-]*' | awk '{print $2}'; }
-# same_losses A B: equal count, each within 1e-5 relative (summation order differs by stage).
-same_losses() { [ -n "$1" ] && paste <(echo "$1") <(echo "$2") | awk 'NF != 2 || ($1 - $2) / $2 > 1e-5 || ($2 - $1) / $2 > 1e-5 { bad = 1 } END { exit bad }'; }
 ref=$("$bin" train "${common[@]/--quiet/}" --stages 1 2>/dev/null | losses)
 for sched in gpipe 1f1b; do
   got=$($mpi 3 "$bin" train "${common[@]/--quiet/}" --schedule $sched 2>"$work/err" | losses)

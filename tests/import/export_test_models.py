@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import export_model  # noqa: E402
 
 MODELS = {
-    "gpt2": ("gpt2", "n_layer=2,n_embd=64,n_head=4,vocab_size=256,n_positions=64,resid_pdrop=0,embd_pdrop=0,attn_pdrop=0"),
+    "gpt2": ("gpt2", "n_layer=2,n_embd=64,n_head=4,vocab_size=512,n_positions=64,resid_pdrop=0,embd_pdrop=0,attn_pdrop=0"),
     "bert": ("bert", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,intermediate_size=128,vocab_size=256,"
                      "max_position_embeddings=64,hidden_dropout_prob=0,attention_probs_dropout_prob=0"),
     "t5": ("t5", "num_layers=2,num_decoder_layers=2,d_model=64,num_heads=4,d_kv=16,d_ff=128,vocab_size=256,"

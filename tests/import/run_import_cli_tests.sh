@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Imported models and real data through the real binary: the exported test models (fixture
+# "exported models") trained on a token file made from text every Debian ships, over 1, 2 and 4
+# MPI ranks; memory optimization under a tight cap measured against its prediction; and every
+# bad input the import path can meet, each with one clear line and a non-zero exit.
+# usage: run_import_cli_tests.sh path/to/dawnpiper TEST_MODELS_DIR
+set -u
+bin="$1"
+models="$2"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+python="$root/scripts/python"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$root/tests/cli/cli_lib.sh"
+mpi="mpirun --oversubscribe -np"
+gpt2="$models/gpt2.dpm"
+
+expect_ok "graph of an imported model" "aten::scaled_dot_product_attention" graph --model-file "$gpt2"
+"$python" "$root/scripts/prepare_data.py" --input /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 \
+  --vocab-size 512 --out "$work/tokens.bin" >/dev/null
+check "prepare-data writes the tokens, metadata and tokenizer" \
+  test -s "$work/tokens.bin" -a -s "$work/tokens.bin.json" -a -s "$work/tokens.bin.tokenizer.json"
+
+# Synchronous pipelines on the token file give the single-process losses.
+data=(--model-file "$gpt2" --data "$work/tokens.bin" --data-order sequential --micro-batch-size 2 --micro-batches 4 --steps 5)
+ref=$("$bin" train "${data[@]}" 2>"$work/err" | losses)
+check "single-process imported training on a token file" test "$(echo "$ref" | wc -l)" -eq 5
+for ranks in 2 4; do
+  got=$($mpi $ranks "$bin" train "${data[@]}" --schedule 1f1b 2>>"$work/err" | losses)
+  if same_losses "$ref" "$got"; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: $ranks-rank 1f1b losses differ"; paste <(echo "$ref") <(echo "$got"); cat "$work/err"; fi
+done
+# Asynchronous: the same plan in one process (the async reference) gives the same losses, bitwise.
+for ranks in 2 4; do
+  amp=$($mpi $ranks "$bin" train "${data[@]}" --schedule async --plan-out "$work/async$ranks.json" 2>"$work/err" | grep '^step' | cut -d' ' -f1-4)
+  one=$("$bin" train "${data[@]}" --schedule async --stages $ranks --in-process --plan-in "$work/async$ranks.json" 2>&1 | grep '^step' | cut -d' ' -f1-4)
+  if [ -n "$amp" ] && [ "$amp" = "$one" ]; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: $ranks-rank async differs from in-process"; echo "$amp"; echo "$one"; cat "$work/err"; fi
+done
+# Validation loss every N steps, equal on one rank and on two.
+v1=$("$bin" train "${data[@]}" --validation-fraction 0.1 --eval-every 2 --eval-batches 2 2>&1 | grep '^validation')
+v2=$($mpi 2 "$bin" train "${data[@]}" --validation-fraction 0.1 --eval-every 2 --eval-batches 2 2>&1 | grep '^validation')
+if [ "$(echo "$v1" | wc -l)" -eq 2 ] && same_losses "$(echo "$v1" | awk '{print $5}')" "$(echo "$v2" | awk '{print $5}')"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: validation losses"; echo "$v1"; echo "$v2"; fi
+
+# Swap and recompute under a tight cap: the largest cap from 2000 KiB down whose sr plan evicts.
+# Every stage's measured peak lies within 5% of its prediction, and the losses are those of
+# keeping everything.
+mem=(--model-file "$gpt2" --data "$work/tokens.bin" --micro-batch-size 4 --micro-batches 4 --steps 3 --schedule 1f1b)
+"$bin" profile --model-file "$gpt2" --micro-batch-size 4 --out "$work/g4.h5" --quiet >/dev/null 2>&1
+cap=none
+for kib in 2000 1900 1800 1700 1600 1500 1400; do
+  "$bin" plan --profile-in "$work/g4.h5" --stages 2 --schedule 1f1b --micro-batches 4 --memopt sr --memory ${kib}KiB \
+    --out "$work/sr.json" >/dev/null 2>&1 || continue
+  if grep -q '"action": "\(swap\|recompute\)"' "$work/sr.json"; then cap=${kib}KiB; break; fi
+done
+sed -e 's/"action": "swap"/"action": "keep"/; s/"action": "recompute"/"action": "keep"/' "$work/sr.json" >"$work/keep.json"
+$mpi 2 "$bin" train "${mem[@]}" --plan-in "$work/keep.json" >"$work/keep.out" 2>&1
+$mpi 2 "$bin" train "${mem[@]}" --plan-in "$work/sr.json" --device-memory "$cap" >"$work/sr.out" 2>&1
+if [ "$cap" != none ] &&
+   diff <(grep -o 'step [0-9]* loss [0-9.]*' "$work/keep.out") <(grep -o 'step [0-9]* loss [0-9.]*' "$work/sr.out") >/dev/null &&
+   [ "$(grep -c 'step [0-9]* loss' "$work/sr.out")" -eq 3 ] &&
+   grep -o 'measured peak [0-9.]* [KM]iB (predicted [0-9.]* [KM]iB)' "$work/sr.out" |
+   awk '{m = $3 * ($4 == "MiB" ? 1024 : 1); p = $6 * ($7 == "MiB)" ? 1024 : 1); n++; if (m > 1.05 * p || m < 0.95 * p) bad = 1}
+        END {exit bad || n != 2}'; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: memopt sr under $cap"; cat "$work/sr.out"; fi
+
+# Profile and plan an imported model; replay one of its stages.
+expect_ok "profile an imported model" "wrote" profile --model-file "$gpt2" --micro-batch-size 2 --out "$work/p.h5" --quiet
+expect_ok "plan an imported model" "bottleneck" plan --profile-in "$work/p.h5" --stages 2 --schedule 1f1b --out "$work/p.json"
+expect_ok "replay a stage of an imported model" "peak memory: measured" replay-stage --model-file "$gpt2" --plan "$work/p.json" --stage 1 --steps 2
+
+# Bad input: one line each, exit != 0, nothing half-written.
+"$python" "$root/tests/import/bad_inputs.py" "$gpt2" "$work/bad" >/dev/null
+expect_fail "another format version" "format version 99; this dawnpiper reads version 1" graph --model-file "$work/bad/version99.dpm"
+expect_fail "an unknown operator" "aten::no_such_op, an operator this LibTorch" train --model-file "$work/bad/unknown_op.dpm" --steps 1
+expect_fail "not a model file" "is not a DawnPiper model file" graph --model-file "$work/bad/missing.safetensors"
+head -c 1000 "$gpt2" >"$work/bad/truncated.dpm"
+expect_fail "a truncated model file" "truncated" graph --model-file "$work/bad/truncated.dpm"
+expect_fail "a missing model file" "cannot read" graph --model-file "$work/none.dpm"
+expect_fail "a missing weight" "weight transformer.ln_f.bias is missing" train --model-file "$gpt2" --init-from "$work/bad/missing.safetensors" --steps 1
+expect_fail "a mis-shaped weight" "weight transformer.wte.weight in '.*' has shape \[511, 64\], but the model needs \[512, 64\]" \
+  train --model-file "$gpt2" --init-from "$work/bad/misshaped.safetensors" --steps 1
+expect_fail "ids outside the vocabulary" "holds id [0-9]* at offset [0-9]*, outside bert.dpm's vocabulary of 256" \
+  train --model-file "$models/bert.dpm" --data "$work/tokens.bin" --steps 1
+expect_fail "a token file too short" "is too short: 20 tokens give 1 training windows" \
+  train --model-file "$gpt2" --data "$work/bad/short.bin" --steps 1
+expect_fail "a token file without metadata" "has no metadata" train --model-file "$gpt2" --data "$gpt2" --steps 1
+expect_fail "model and model file" "either --model or --model-file" graph --model gpt2-tiny --model-file "$gpt2"
+expect_fail "overrides of a model file" "--layers changes a preset" graph --model-file "$gpt2" --layers 3
+expect_fail "init-from without a model file" "--init-from needs --model-file" train --init-from "$gpt2"
+expect_fail "eval without a validation split" "needs a validation split" train "${data[@]}" --eval-every 2
+expect_fail "a batch the file does not serve" "serves micro-batch sizes 1 to" graph --model-file "$gpt2" --micro-batch-size 100000
+# The exporter: data-dependent control flow names the module; nothing is written.
+(cd "$work/bad" && "$python" "$root/scripts/export_model.py" --module branchy:build --out "$work/bad/branchy.dpm") \
+  >"$work/out" 2>"$work/err"
+code=$?
+if [ $code -eq 2 ] && grep -q "cannot capture module 'gate': data-dependent control flow" "$work/err" &&
+   [ "$(wc -l <"$work/err")" -eq 1 ] && [ ! -e "$work/bad/branchy.dpm" ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: exporter on data-dependent control flow (exit $code)"; cat "$work/err"; fi
+# A user's own module:function exports and trains.
+(cd "$work/bad" && "$python" "$root/scripts/export_model.py" --module branchy:good --out "$work/mlp.dpm" >/dev/null 2>"$work/err")
+expect_ok "train a user's module" "done: 3 steps" train --model-file "$work/mlp.dpm" --steps 3 --micro-batch-size 4
+leftovers=$(find "$work" -name '*.tmp.*' -o -name '.export-*' -o -name '.prepare-*' | wc -l)
+check "no temporary files left behind" test "$leftovers" -eq 0
+
+echo "import cli: $passed passed, $failed failed"
+[ $failed -eq 0 ]
