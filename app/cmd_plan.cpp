@@ -11,6 +11,7 @@
 #include "plan/planner.h"
 #include "profile/analytic.h"
 #include "profile/profile_io.h"
+#include "profile/profiler.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/units.h"
@@ -50,7 +51,11 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
     if (!vm["micro-batch-size"].defaulted()) profile = profile.at_batch(B);
   } else if (vm.count("device-spec")) {
     const DeviceSpec spec = device_spec(vm["device-spec"].as<std::string>());
-    profile = analytic_profile_model(model_source_from(vm), {B, 2 * B}, spec);
+    ProfilerOptions measured;
+    measured.seed = vm["seed"].as<uint64_t>();
+    profile = analytic_profile_model(model_source_from(vm), {B, 2 * B}, spec,
+                                     [&](const OpGraph& g, int node) { return measure_node_facts(g, node, measured); });
+    if (!profile.notes.empty()) std::printf("note: %s\n", profile.notes.c_str());
     o.capacity_bytes = spec.memory_bytes;
     o.host_bandwidth = spec.host_bandwidth;
     o.link_bandwidth = spec.link_bandwidth;

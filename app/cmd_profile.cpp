@@ -92,7 +92,9 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   if (vm.count("device-spec") && !analytic) throw ConfigError("--device-spec needs --analytic");
   if (analytic && !vm.count("device-spec")) throw ConfigError("--analytic needs --device-spec (e.g. a100-40gb)");
   const auto t0 = std::chrono::steady_clock::now();
-  Profile p = analytic ? analytic_profile_model(model, sizes, device_spec(vm["device-spec"].as<std::string>()))
+  // Operators without a roofline formula: what autograd keeps is measured here.
+  const MeasureNode measure = [&opt](const OpGraph& g, int node) { return measure_node_facts(g, node, opt); };
+  Profile p = analytic ? analytic_profile_model(model, sizes, device_spec(vm["device-spec"].as<std::string>()), measure)
                        : profile_model(model, sizes, opt);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!analytic && !vm["no-step-check"].as<bool>()) {
@@ -120,6 +122,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   if (p.measured_peak_bytes > 0)
     std::printf(", measured peak %s (%+.1f%%)", format_bytes(double(p.measured_peak_bytes)).c_str(),
                 100 * (double(replay.peak_bytes) / double(p.measured_peak_bytes) - 1));
+  if (!p.notes.empty()) std::printf("\nnote: %s", p.notes.c_str());
   std::printf("\nwrote %s\n", out.c_str());
   return 0;
 }

@@ -78,9 +78,140 @@ struct OpFacts {
   double flops = 0, bwd_flops = 0;
   double bytes = 0, bwd_bytes = 0;
   int kernels = 1, bwd_kernels = 1;
+  // Imported (Aten) nodes: per output, the input tensor whose storage it shares (-1: its own);
+  // known is false for operators without a formula (then what autograd keeps is measured).
+  std::vector<int> output_alias;
+  bool known = true;
 };
 
-OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n) {
+// The input position of Aten argument j, or -1 when it is not a graph tensor.
+int arg_input(const Node& n, size_t j) {
+  if (j >= n.call.args.size() || n.call.args[j].kind != AtenArg::Kind::Tensor) return -1;
+  return static_cast<int>(n.call.args[j].i);
+}
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Formulas for the ATen operators Hugging Face models are made of: what the backward keeps (as
+// PyTorch's derivatives.yaml says) and a roofline cost. Views cost nothing and share storage.
+void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, const std::vector<bool>& rg, OpFacts& f) {
+  const std::string& op = n.call.op;
+  const TensorInfo& out = g.tensor(n.outputs[0]);
+  f.output_alias.assign(n.outputs.size(), -1);
+  bool any_grad = false;
+  for (int t : n.outputs) any_grad = any_grad || rg[static_cast<size_t>(t)];
+  auto shape = [&](int pos) -> const Shape& { return g.tensor(n.inputs.at(static_cast<size_t>(pos))).shape; };
+  auto save = [&](int pos) {
+    if (pos >= 0) f.saved_inputs.push_back(pos);
+  };
+  auto matmul_flops = [&](const Shape& a, int64_t n_out) {
+    const double k = static_cast<double>(a.back());
+    return 2.0 * static_cast<double>(numel(a)) / k * k * static_cast<double>(n_out);
+  };
+  // Views: every output that may share an input's storage, and reshapes that can.
+  bool view = false;
+  for (size_t k = 0; k < n.outputs.size(); ++k) {
+    const int src = g.aliased_input(n.id, k);
+    if (src < 0) continue;
+    const bool is_view = op != "aten::reshape" || reshape_is_view(g, st, src, g.tensor(n.outputs[k]).shape);
+    if (is_view) f.output_alias[k] = src, view = true;
+  }
+  if (view) {
+    f.kernels = f.bwd_kernels = 0, f.bytes = f.bwd_bytes = 0;
+    return;
+  }
+  if (!any_grad) {  // integer and mask arithmetic, constants: a forward kernel, nothing kept
+    f.bwd_bytes = 0, f.bwd_kernels = 0;
+    return;
+  }
+  if (op == "aten::linear") {
+    save(arg_input(n, 0)), save(arg_input(n, 1));
+    f.flops = matmul_flops(shape(arg_input(n, 0)), out.shape.back());
+  } else if (op == "aten::addmm" || op == "aten::mm" || op == "aten::bmm" || op == "aten::matmul") {
+    const bool addmm = op == "aten::addmm";
+    const int a = arg_input(n, addmm ? 1 : 0), b = arg_input(n, addmm ? 2 : 1);
+    save(a), save(b);
+    const Shape& as = a >= 0 ? shape(a) : out.shape;
+    f.flops = matmul_flops(as, out.shape.back());
+    if (op == "aten::matmul") {  // operands whose layout does not fold are copied, the copy kept
+      const std::vector<int> copied = matmul_copied_inputs(g, st, n.id);
+      f.saved_inputs.clear();
+      for (int pos : {a, b})
+        if (pos >= 0 && std::find(copied.begin(), copied.end(), n.inputs[static_cast<size_t>(pos)]) == copied.end()) save(pos);
+      for (int t : copied) f.internal_bytes += g.tensor(t).bytes();
+    }
+  } else if (op == "aten::scaled_dot_product_attention") {
+    // Fused attention keeps q, k, v, the output and the log-sum-exp per row (and a boolean mask
+    // as a float bias); backward recomputes the probabilities.
+    for (int j = 0; j < 3; ++j) save(arg_input(n, static_cast<size_t>(j)));
+    f.saves_output = true;
+    const Shape& q = shape(arg_input(n, 0));
+    const Shape& k = shape(arg_input(n, 1));
+    const double rows = static_cast<double>(numel(q)) / static_cast<double>(q.back());
+    f.internal_bytes = static_cast<int64_t>(rows) * 4;
+    const int mask = arg_input(n, 3);
+    if (mask >= 0) {
+      const TensorInfo& m = g.tensor(n.inputs[static_cast<size_t>(mask)]);
+      if (m.dtype == DType::Bool) f.internal_bytes += numel(m.shape) * 4;
+      else save(mask);
+    }
+    f.flops = 4.0 * rows * static_cast<double>(k[k.size() - 2]) * static_cast<double>(q.back());
+    f.bwd_flops = 2.5 * f.flops;
+    f.kernels = 1, f.bwd_kernels = 2;
+    return;
+  } else if (op == "aten::layer_norm" || op == "aten::native_layer_norm" || op == "aten::group_norm" ||
+             op == "aten::rms_norm") {
+    save(arg_input(n, 0));
+    f.internal_bytes = (numel(out.shape) / std::max<int64_t>(1, out.shape.empty() ? 1 : out.shape.back())) * 8;
+  } else if (op == "aten::embedding") {
+    save(arg_input(n, 1));
+  } else if (op == "aten::softmax" || op == "aten::_softmax" || op == "aten::log_softmax" || op == "aten::_log_softmax" ||
+             op == "aten::relu" || op == "aten::tanh" || op == "aten::sigmoid" || op == "aten::exp" ||
+             op == "aten::rsqrt" || op == "aten::sqrt") {
+    f.saves_output = true;
+  } else if (op == "aten::gelu" || op == "aten::silu" || op == "aten::log" || op == "aten::pow" || op == "aten::erf" ||
+             op == "aten::sin" || op == "aten::cos" || op == "aten::abs") {
+    save(arg_input(n, 0));
+  } else if (op == "aten::mul" || op == "aten::div") {
+    // mul: each factor for the other's gradient; div: the divisor for the dividend's, both for
+    // the divisor's. A number factor is kept as a wrapped scalar.
+    const int a = arg_input(n, 0), b = arg_input(n, 1);
+    auto grad = [&](size_t j, int pos) {  // the factor needs a gradient (a parameter always does)
+      if (n.call.args[j].kind == AtenArg::Kind::Param) return true;
+      return pos >= 0 && rg[static_cast<size_t>(n.inputs[static_cast<size_t>(pos)])];
+    };
+    const bool ga = grad(0, a), gb = grad(1, b);
+    if (gb && a >= 0) save(a);
+    if (ga || (op == "aten::div" && gb)) {
+      if (b >= 0) save(b);
+      else if (n.call.args[1].kind != AtenArg::Kind::Param) f.internal_bytes += 8;
+    }
+  } else if (op == "aten::native_dropout" || op == "aten::dropout") {
+    f.internal_bytes = numel(out.shape);  // the boolean mask
+    f.kernels = 3;
+  } else if (op == "aten::cross_entropy_loss") {
+    save(arg_input(n, 1));
+    f.internal_bytes = g.tensor(n.inputs.at(static_cast<size_t>(arg_input(n, 0)))).bytes() + 4;
+    f.kernels = 2;
+  } else if (op == "aten::where" || op == "aten::masked_fill") {
+    save(arg_input(n, op == "aten::where" ? 0 : 1));  // the condition / mask
+  } else if (op == "aten::index" || op == "aten::gather") {
+    save(arg_input(n, op == "aten::gather" ? 2 : 1));
+  } else if (op == "aten::add" || op == "aten::sub" || op == "aten::neg" || op == "aten::mean" || op == "aten::sum" ||
+             op == "aten::cat" || op == "aten::clone" || op == "aten::contiguous" || op == "aten::_to_copy" ||
+             op == "aten::to" || op == "aten::expand" || op == "aten::pad" || op == "aten::constant_pad_nd" ||
+             op == "aten::slice_scatter" || op == "aten::select_scatter" || op == "aten::copy" ||
+             starts_with(op, "aten::_unsafe_view") || op == "aten::stack" || op == "aten::repeat") {
+    // Gradients need shapes only.
+  } else {
+    f.known = false;
+    for (size_t i = 0; i < n.inputs.size(); ++i)  // without a measurement: every float input kept
+      if (is_floating(g.tensor(n.inputs[i]).dtype)) f.saved_inputs.push_back(static_cast<int>(i));
+  }
+  f.bwd_flops = 2 * f.flops;
+}
+
+OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, const std::vector<bool>& rg) {
   OpFacts f;
   const TensorInfo& out = g.tensor(n.outputs[0]);
   const double ob = static_cast<double>(out.bytes());
@@ -151,20 +282,28 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n) {
       f.kernels = 2;
       break;
     }
+    case OpKind::Aten: aten_facts(g, st, n, rg, f); break;
   }
   return f;
 }
 
 }  // namespace
 
-Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec) {
+Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec, const MeasureNode& measure) {
   Profile p = profile_skeleton(g, "analytic", spec.name);
   p.timing = "roofline";
   const auto depth = g.depths();
   std::vector<OpFacts> all;
   const std::vector<Strides> strides = tensor_strides(g);
+  const std::vector<bool> rg = g.requires_grad();
+  std::map<int, KeptFacts> measured;  // nodes whose operator has no formula
+  std::map<std::string, int> unknown;
   for (const Node& n : g.nodes) {
-    OpFacts f = facts(g, strides, n);
+    OpFacts f = facts(g, strides, n, rg);
+    if (!f.known) {
+      ++unknown[n.call.qualified()];
+      if (measure) measured[n.id] = measure(g, n.id);
+    }
     all.push_back(f);
     NodeProfile np = node_row(g, n.id, depth);
     auto seconds = [&](double flops, double bytes, int kernels) {
@@ -173,28 +312,57 @@ Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec) {
     np.fwd_ms = 1e3 * seconds(f.flops, f.bytes, f.kernels);
     np.bwd_ms = n.kind == OpKind::Input ? 0 : 1e3 * seconds(f.bwd_flops, f.bwd_bytes, f.bwd_kernels);
     np.recompute_ms = np.fwd_ms;
+    auto found = measured.find(n.id);
+    if (found != measured.end()) {
+      np.fwd_workspace = found->second.fwd_workspace;
+      np.bwd_workspace = found->second.bwd_workspace;
+    }
     p.nodes.push_back(np);
     TensorProfile& out = p.tensors[n.outputs[0]];
     if (f.output_is_view) out.alias_of = n.inputs[0];
     out.param_view = f.output_is_param_view;
+    for (size_t k = 0; k < f.output_alias.size(); ++k)
+      if (f.output_alias[k] >= 0) p.tensors[n.outputs[k]].alias_of = f.output_alias[k];
+    if (found != measured.end())
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        p.tensors[n.outputs[k]].alias_of = found->second.output_alias_of[k];
+        p.tensors[n.outputs[k]].param_view = found->second.output_param_view[k];
+      }
   }
-  const std::vector<bool> rg = g.requires_grad();
   for (const Node& n : g.nodes) {
     const OpFacts& f = all[n.id];
-    if (!rg[n.outputs[0]]) continue;  // no backward, nothing kept
+    bool any_grad = false;
+    for (int t : n.outputs) any_grad = any_grad || rg[t];
+    if (!any_grad) continue;  // no backward, nothing kept
+    auto found = measured.find(n.id);
+    if (found != measured.end()) {
+      for (int t : found->second.saved_inputs) add_saved(p, t, n.id);
+      for (size_t k = 0; k < n.outputs.size(); ++k)
+        if (found->second.output_saved[k]) add_saved(p, n.outputs[k], n.id);
+      if (found->second.internal_bytes > 0) add_internals(p, g, strides, n.id, found->second.internal_bytes);
+      continue;
+    }
     for (int i : f.saved_inputs) add_saved(p, n.inputs.at(i), n.id);
     if (f.saves_output) add_saved(p, n.outputs[0], n.id);
     if (f.internal_bytes > 0) add_internals(p, g, strides, n.id, f.internal_bytes);
+  }
+  if (!unknown.empty()) {
+    std::string ops;
+    int count = 0;
+    for (const auto& [op, k] : unknown) ops += (ops.empty() ? "" : ", ") + op + " x" + std::to_string(k), count += k;
+    p.notes = "no roofline formula for " + std::to_string(count) + " nodes (" + ops + "): " +
+              (measure ? "what autograd keeps was measured on this machine" : "every floating-point input assumed kept") +
+              ", times memory-bound";
   }
   finish_profile(p, g);
   return p;
 }
 
 Profile analytic_profile_model(const ModelSource& model, const std::vector<int64_t>& sizes,
-                               const DeviceSpec& spec) {
+                               const DeviceSpec& spec, const MeasureNode& measure) {
   if (sizes.empty()) throw ConfigError("no micro-batch size to profile");
   std::vector<Profile> ps;
-  for (int64_t b : sizes) ps.push_back(analytic_profile(model.graph(b), spec));
+  for (int64_t b : sizes) ps.push_back(analytic_profile(model.graph(b), spec, measure));
   Profile p = ps.front();
   p.profiled_batch_sizes = sizes;
   if (ps.size() < 2) return p;

@@ -9,6 +9,7 @@
 #include "graph/op_graph.h"
 #include "models/model_source.h"
 #include "profile/profile.h"
+#include "profile/profile_builder.h"
 
 namespace dawnpiper {
 
@@ -26,9 +27,14 @@ struct DeviceSpec {
 // bandwidth, host_bandwidth, link_bandwidth, kernel_overhead_us). ConfigError otherwise.
 DeviceSpec device_spec(const std::string& name_or_file);
 
-Profile analytic_profile(const OpGraph& graph, const DeviceSpec& spec);
+// Imported graphs: common ATen operators have formulas (matmuls, linear, attention, norms,
+// softmax, elementwise, views, losses); for any other operator whose outputs need gradients,
+// `measure` (the measured profiler on this machine) says what autograd keeps, and its time is
+// memory-bound. Without `measure` every floating-point input is assumed kept. Profile::notes
+// names those operators.
+Profile analytic_profile(const OpGraph& graph, const DeviceSpec& spec, const MeasureNode& measure = {});
 // At each batch size, with exact linear fits (bytes) and fitted times; result at sizes.front().
 Profile analytic_profile_model(const ModelSource& model, const std::vector<int64_t>& batch_sizes,
-                               const DeviceSpec& spec);
+                               const DeviceSpec& spec, const MeasureNode& measure = {});
 
 }  // namespace dawnpiper

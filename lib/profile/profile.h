@@ -85,6 +85,7 @@ struct Profile {
   std::string model, preset, device, source;  // source: "measured" | "analytic"
   std::string timing;  // how node times were obtained: "in-step" | "isolated" | "roofline"
   std::string torch_version, created;         // provenance
+  std::string notes;  // caveats a reader should know (operators the analytic profile has no formula for)
   int64_t micro_batch_size = 1;
   std::vector<int64_t> profiled_batch_sizes;
   // Worst relative error of the batch-size fits at the profiled sizes: per tensor for bytes,

@@ -1,6 +1,7 @@
 #pragma once
 // The parts of building a Profile from an OpGraph that the measured profiler and the analytic
 // one share: the graph's facts, recording what a backward keeps, and the finishing pass.
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,17 @@ void add_internal(Profile& profile, int node, int64_t bytes, int copy_of = -1);
 // Appends `node`'s internal buffers, `bytes` in all: first the copies of inputs the node makes
 // (graph/layout.h's matmul_copied_inputs), as far as `bytes` covers them, then the rest.
 void add_internals(Profile& profile, const OpGraph& graph, const std::vector<Strides>& strides, int node, int64_t bytes);
+// What autograd keeps for one node, as the measured profiler reads it off a run of the node
+// alone: the analytic profile's fallback for operators it has no formula for.
+struct KeptFacts {
+  std::vector<int> saved_inputs;        // tensor ids the backward keeps
+  std::vector<char> output_saved;       // per output (Node::outputs order)
+  std::vector<int> output_alias_of;     // per output: the input tensor whose storage it shares, -1
+  std::vector<char> output_param_view;  // per output: a view of a parameter
+  int64_t internal_bytes = 0, fwd_workspace = 0, bwd_workspace = 0;
+};
+using MeasureNode = std::function<KeptFacts(const OpGraph& graph, int node)>;
+
 // Byte sizes of one tensor at the profiled batch sizes that have it.
 struct ByteSamples {
   std::vector<double> x, y;

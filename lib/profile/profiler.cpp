@@ -383,6 +383,22 @@ Profile profile_model(const ModelSource& model, std::vector<int64_t> batch_sizes
   return p;
 }
 
+KeptFacts measure_node_facts(const OpGraph& g, int node, const ProfilerOptions& options) {
+  ProfilerOptions once = options;
+  once.warmup = 0;
+  once.iterations = 1;
+  const NodeMeasurement m = measure_node(g, node, g.requires_grad(), SyntheticData(g, options.seed), once);
+  KeptFacts f;
+  f.saved_inputs = m.saved_inputs;
+  f.output_saved = m.output_saved;
+  f.output_alias_of = m.output_alias_of;
+  f.output_param_view = m.output_param_view;
+  f.internal_bytes = m.internal_bytes;
+  f.fwd_workspace = std::max<int64_t>(0, m.fwd_workspace);
+  f.bwd_workspace = std::max<int64_t>(0, m.bwd_workspace);
+  return f;
+}
+
 StepMeasurement measure_step(const OpGraph& g, const std::string& optimizer,
                              const ProfilerOptions& opt, int steps) {
   const c10::Device dev = opt.device;

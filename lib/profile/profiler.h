@@ -14,6 +14,7 @@
 #include "graph/op_graph.h"
 #include "models/model_source.h"
 #include "profile/profile.h"
+#include "profile/profile_builder.h"
 
 namespace dawnpiper {
 
@@ -45,6 +46,10 @@ struct StepMeasurement {
   double fwd_bwd_ms = 0;   // median of forward + backward alone (what the node times sum to)
   int64_t peak_bytes = 0;  // peak live bytes in the last measured step
 };
+
+// What autograd keeps for one node, measured by running it alone (the analytic profile's
+// fallback: profile/analytic.h).
+KeptFacts measure_node_facts(const OpGraph& graph, int node, const ProfilerOptions& options);
 
 // Runs real training steps of the whole graph (one micro-batch each) and measures them; the
 // first steps create the optimizer state and are not measured.

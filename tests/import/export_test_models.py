@@ -28,6 +28,8 @@ def main():
     for name, (arch, config) in MODELS.items():
         export_model.main(["--hf", arch, "--config", config, "--seq-len", "16", "--batch-size", "3",
                            "--out", os.path.join(out, name + ".dpm"), "--reference", os.path.join(out, name + ".ref")])
+    export_model.main(["--module", "odd_model:build", "--path", os.path.dirname(os.path.abspath(__file__)),
+                       "--out", os.path.join(out, "odd.dpm"), "--reference", os.path.join(out, "odd.ref")])
 
 
 if __name__ == "__main__":
