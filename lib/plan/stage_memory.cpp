@@ -77,7 +77,10 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
   for (const NodeProfile& n : p.nodes) {
     bool rg = (n.param_bytes > 0 || n.param_grad_bytes > 0 || n.tied_bytes > 0) && n.kind != "input";
     for (int t : model.inputs(n.id)) rg = rg || requires_grad[static_cast<size_t>(t)];
-    for (int t : n.outputs) requires_grad[static_cast<size_t>(t)] = rg && !p.tensors[static_cast<size_t>(t)].internal;
+    for (int t : n.outputs) {
+      const TensorProfile& tp = p.tensors[static_cast<size_t>(t)];
+      requires_grad[static_cast<size_t>(t)] = tp.requires_grad >= 0 ? tp.requires_grad == 1 : rg && !tp.internal;
+    }
   }
 
   // Forward references of each storage: readers in the range, savers in the range.
@@ -270,11 +273,15 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     return s;
   };
   const int64_t received_bytes = sum_bytes(received), sent_bytes = sum_bytes(sent);
+  // Gradients travel back only for tensors autograd tracks.
+  int64_t received_grad_bytes = 0;
+  for (const TensorBytes& r : received)
+    if (requires_grad[static_cast<size_t>(r.tensor)]) received_grad_bytes += r.bytes;
   // A transposed view is sent as a contiguous copy (MPI reads one dense buffer).
   int64_t permuted_sent_bytes = 0;
   for (const TensorBytes& s : sent)
     for (int t = s.tensor; t >= 0; t = p.tensors[static_cast<size_t>(t)].alias_of)
-      if (p.nodes[static_cast<size_t>(p.tensors[static_cast<size_t>(t)].producer)].kind == "transpose") {
+      if (is_permute_kind(p.nodes[static_cast<size_t>(p.tensors[static_cast<size_t>(t)].producer)].kind)) {
         permuted_sent_bytes += s.bytes;
         break;
       }
@@ -351,7 +358,8 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
       case ActionKind::RecvGrad: {
         MicroBatch& m = state();
         int64_t total = 0;
-        for (const TensorBytes& t : sent) total += t.bytes, m.has_grad[static_cast<size_t>(t.tensor)] = 2;
+        for (const TensorBytes& t : sent)
+          if (requires_grad[static_cast<size_t>(t.tensor)]) total += t.bytes, m.has_grad[static_cast<size_t>(t.tensor)] = 2;
         receive(total);
         m.received_grads = total;
         break;
@@ -360,10 +368,18 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
         MicroBatch& m = state();
         for (int i = e - 1; i >= b; --i) {
           const NodeProfile& node = p.nodes[static_cast<size_t>(i)];
-          const int out = node.outputs[0];
-          if (node.kind == "input" || !requires_grad[static_cast<size_t>(out)]) continue;
+          if (node.kind == "input") continue;
+          // The node's graph outputs (its internal buffers follow them), some with gradients.
+          std::vector<int> outs;
+          bool any_grad = false;
+          for (int t : node.outputs)
+            if (!p.tensors[static_cast<size_t>(t)].internal) outs.push_back(t), any_grad |= requires_grad[static_cast<size_t>(t)] != 0;
+          if (!any_grad) continue;
+          const int out = outs[0];
           restore_for(m, i);
-          const bool view = !p.tensors[static_cast<size_t>(out)].owns_storage();
+          // A view hands its output's gradient on as a view, unless its backward allocates one
+          // of the input's size (slices, expands, splits).
+          const bool view = !p.tensors[static_cast<size_t>(out)].owns_storage() && !view_allocates_gradient(node.kind);
           const char out_grad = m.has_grad[static_cast<size_t>(out)];
           int64_t grads = 0, transient = 0;
           bool passed_on = false;     // a view hands its output's gradient to its input
@@ -385,11 +401,11 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
             if (is_received[static_cast<size_t>(t)]) m.input_grads += bytes(t);  // held until sent back
             if (!view) {
               g = 1, grads += bytes(t);
-            } else if (node.kind == "reshape" && m.permuted[static_cast<size_t>(out)]) {
+            } else if (is_reshape_kind(node.kind) && m.permuted[static_cast<size_t>(out)]) {
               g = 1, grads += bytes(t), copied_view = true;  // a permuted gradient is not viewable
             } else {  // a view of the output's gradient, with its owner
               g = out_grad ? out_grad : 1;
-              m.permuted[static_cast<size_t>(t)] = m.permuted[static_cast<size_t>(out)] || node.kind == "transpose";
+              m.permuted[static_cast<size_t>(t)] = m.permuted[static_cast<size_t>(out)] || is_permute_kind(node.kind);
             }
           }
           if (view && !passed_on && out_grad == 1)
@@ -407,8 +423,9 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
           }
           note(live + grads + transient + node.bwd_workspace, i);
           live += grads;
-          if (out_grad == 1 && (!view || copied_view) && !is_received[static_cast<size_t>(out)])
-            live -= bytes(out);  // the output's gradient has been consumed
+          for (int o : outs)  // the outputs' gradients have been consumed
+            if (m.has_grad[static_cast<size_t>(o)] == 1 && (!view || copied_view) && !is_received[static_cast<size_t>(o)])
+              live -= bytes(o);
           for (int t : node.saved)
             for (int k : saver_keys(t)) release(m, k);
         }
@@ -425,11 +442,11 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
       }
       case ActionKind::SendGrad: {
         MicroBatch& m = state();
-        // Every received activation gets a gradient back (zeros where none flowed); the sent
+        // Every received activation autograd tracks gets a gradient back (zeros where none flowed); the sent
         // gradients live until the send completes.
-        const int64_t zeros = received_bytes - m.input_grads;
+        const int64_t zeros = received_grad_bytes - m.input_grads;
         live += zeros;
-        send(received_bytes);
+        send(received_grad_bytes);
         for (const TensorBytes& t : received) release(m, t.tensor);
         mbs.erase(a.micro_batch);
         break;

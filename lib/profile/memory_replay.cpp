@@ -29,7 +29,7 @@ ReplayResult replay_step(const Profile& p, const std::string& optimizer) {
   for (const NodeProfile& n : p.nodes) {
     bool rg = (n.param_bytes > 0 || n.param_grad_bytes > 0) && n.kind != "input";
     for (int t : inputs[n.id]) rg = rg || requires_grad[t];
-    for (int t : n.outputs) requires_grad[t] = rg && !p.tensors[t].internal;
+    for (int t : n.outputs) requires_grad[t] = p.tensors[t].requires_grad >= 0 ? p.tensors[t].requires_grad == 1 : rg && !p.tensors[t].internal;
   }
 
   ReplayResult r;
@@ -71,9 +71,13 @@ ReplayResult replay_step(const Profile& p, const std::string& optimizer) {
   std::vector<bool> has_grad(T, false);
   for (int i = p.size() - 1; i >= 0; --i) {
     const NodeProfile& n = p.nodes[i];
-    const int out = n.outputs[0];
-    if (n.kind == "input" || !requires_grad[out]) continue;
-    const bool view = !p.tensors[out].owns_storage();
+    if (n.kind == "input") continue;
+    std::vector<int> outs;  // graph outputs (internal buffers follow them)
+    bool any_grad = false;
+    for (int t : n.outputs)
+      if (!p.tensors[t].internal) outs.push_back(t), any_grad = any_grad || requires_grad[t];
+    if (!any_grad) continue;
+    const bool view = !p.tensors[outs[0]].owns_storage() && !view_allocates_gradient(n.kind);
     int64_t grads = 0;
     for (int t : inputs[i])
       if (requires_grad[t] && !has_grad[t]) {
@@ -83,7 +87,8 @@ ReplayResult replay_step(const Profile& p, const std::string& optimizer) {
     grads += n.param_grad_bytes;
     note_peak(live + grads + n.bwd_workspace, i, true);
     live += grads;
-    if (has_grad[out] && !view) live -= p.tensors[out].bytes;  // output gradient consumed
+    for (int o : outs)
+      if (has_grad[o] && !view) live -= p.tensors[o].bytes;  // output gradients consumed
     for (int t : n.saved) release(t);
   }
   // The optimizer step updates parameters in node order and frees each gradient after its

@@ -13,6 +13,30 @@ int64_t bytes_at(const LinearFit& fit, int64_t batch) {
 double ms_at(const LinearFit& fit, int64_t batch) { return std::max(0.0, fit.at(batch)); }
 }  // namespace
 
+namespace {
+// "aten::transpose.int" -> "aten::transpose"
+std::string op_of(const std::string& kind) { return kind.substr(0, kind.find('.', kind.find("::") == std::string::npos ? 0 : kind.find("::"))); }
+}  // namespace
+
+bool is_permute_kind(const std::string& kind) {
+  const std::string op = op_of(kind);
+  return kind == "transpose" || op == "aten::transpose" || op == "aten::permute" || op == "aten::t" ||
+         op == "aten::swapaxes" || op == "aten::movedim";
+}
+
+bool is_reshape_kind(const std::string& kind) {
+  const std::string op = op_of(kind);
+  return kind == "reshape" || op == "aten::reshape" || op == "aten::view" || op == "aten::_unsafe_view" ||
+         op == "aten::flatten";
+}
+
+bool view_allocates_gradient(const std::string& kind) {
+  const std::string op = op_of(kind);
+  return op == "aten::slice" || op == "aten::select" || op == "aten::narrow" || op == "aten::expand" ||
+         op == "aten::split" || op == "aten::split_with_sizes" || op == "aten::unbind" || op == "aten::chunk" ||
+         op == "aten::as_strided" || op == "aten::diagonal" || op == "aten::unfold";
+}
+
 Profile Profile::at_batch(int64_t batch) const {
   if (batch < 1) throw ConfigError("micro-batch size must be at least 1");
   Profile p = *this;

@@ -43,13 +43,26 @@ struct TensorProfile {
   int alias_of = -1;
   // A view of a parameter (GPT-2's position table sliced to the sequence): allocates nothing.
   bool param_view = false;
+  // Whether autograd tracks it (gradients flow through it): 1/0, or -1 where the profile does
+  // not say (older files: the replays derive it from parameters).
+  int requires_grad = -1;
   bool owns_storage() const { return alias_of < 0 && !param_view; }
 };
+
+// Node kinds the replays treat specially (NodeProfile::kind: zoo kinds, or the ATen operator of
+// an imported node, "aten::transpose.int"):
+// permutes, whose gradient is a permuted view (reshaping it copies);
+bool is_permute_kind(const std::string& kind);
+// reshapes, which copy a permuted gradient;
+bool is_reshape_kind(const std::string& kind);
+// views whose backward allocates a gradient of the input's size (a slice scatters into zeros, an
+// expand sums, a split concatenates) rather than viewing the output's gradient.
+bool view_allocates_gradient(const std::string& kind);
 
 struct NodeProfile {
   int id = -1;
   std::string name;
-  std::string kind;   // op_kind_name()
+  std::string kind;   // op_kind_name(), or the ATen operator of an imported node
   int block = 0;      // OpGraph block index (layer / cell)
   int depth = 0;      // longest path from the inputs
   LinearFit fwd_ms_fit, bwd_ms_fit;

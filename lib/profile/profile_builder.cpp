@@ -16,6 +16,7 @@ Profile profile_skeleton(const OpGraph& g, const std::string& source, const std:
   p.micro_batch_size = g.micro_batch_size;
   p.profiled_batch_sizes = {g.micro_batch_size};
   p.blocks = g.blocks;
+  const std::vector<bool> rg = g.requires_grad();
   for (const TensorInfo& t : g.tensors) {
     TensorProfile tp;
     tp.id = t.id;
@@ -23,6 +24,7 @@ Profile profile_skeleton(const OpGraph& g, const std::string& source, const std:
     tp.producer = t.producer;
     tp.consumers = t.consumers;
     tp.is_data = g.is_data(t.id);
+    tp.requires_grad = rg[static_cast<size_t>(t.id)] ? 1 : 0;
     tp.bytes = t.bytes();
     tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
     p.tensors.push_back(tp);
@@ -35,7 +37,7 @@ NodeProfile node_row(const OpGraph& g, int node, const std::vector<int>& depths)
   NodeProfile np;
   np.id = n.id;
   np.name = n.name;
-  np.kind = op_kind_name(n.kind);
+  np.kind = n.kind == OpKind::Aten ? n.call.qualified() : op_kind_name(n.kind);
   np.block = n.block;
   np.depth = depths.at(node);
   np.param_bytes = g.parameter_bytes(n.id);
@@ -69,6 +71,7 @@ void add_internal(Profile& p, int node, int64_t bytes, int copy_of) {
   tp.bytes_fit = {static_cast<double>(bytes), 0};
   tp.saved_by = {node};
   tp.internal = true;
+  tp.requires_grad = 0;
   p.tensors.push_back(tp);
   p.nodes[node].outputs.push_back(tp.id);
 }

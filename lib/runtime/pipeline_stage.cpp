@@ -40,9 +40,11 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
     recv_specs_.push_back(&graph.tensor(c.tensor));
     recv_requires_grad_.push_back(rg[c.tensor]);
   }
+  // Gradients travel back only for tensors autograd tracks (not for masks, positions, ids).
   for (const CrossingTensor& c : graph.crossing(config.end)) {
     send_ids_.push_back(c.tensor);
-    grad_specs_.push_back(&graph.tensor(c.tensor));
+    send_requires_grad_.push_back(rg[c.tensor]);
+    if (rg[c.tensor]) grad_specs_.push_back(&graph.tensor(c.tensor));
   }
   for (auto& p : module_.parameters()) masters_.push_back(p.tensor);
   optimizer_ = make_optimizer(config.optimizer, masters_);
@@ -100,6 +102,7 @@ void PipelineStage::run(const Action& a) {
       InFlight& f = in_flight_.at(a.micro_batch);
       std::vector<at::Tensor> grads;
       for (size_t i = 0; i < f.inputs.size(); ++i) {
+        if (!recv_requires_grad_[i]) continue;
         grads.push_back(f.inputs[i].grad().defined() ? f.inputs[i].grad() : at::zeros_like(f.inputs[i]));
         check_message_tensor(grads.back(), *recv_specs_[i]);
       }
@@ -180,10 +183,13 @@ void PipelineStage::backward(int64_t mb) {
   } else {
     const size_t n = send_ids_.size();
     std::vector<at::Tensor> outs(f.outputs.begin(), f.outputs.begin() + n);
-    std::vector<at::Tensor> grads(f.outputs.begin() + n, f.outputs.end());
+    std::vector<at::Tensor> grads(f.outputs.begin() + n, f.outputs.end());  // of the tracked ones
     std::vector<at::Tensor> with_grad, their_grads;
-    for (size_t i = 0; i < n; ++i)
-      if (outs[i].requires_grad()) with_grad.push_back(outs[i]), their_grads.push_back(grads[i]);
+    for (size_t i = 0, g = 0; i < n; ++i) {
+      if (!send_requires_grad_[i]) continue;
+      if (outs[i].requires_grad()) with_grad.push_back(outs[i]), their_grads.push_back(grads.at(g));
+      ++g;
+    }
     if (evictor_) evictor_->before_backward(mb, with_grad);
     if (!with_grad.empty()) torch::autograd::backward(with_grad, their_grads);
   }

@@ -89,7 +89,7 @@ class PipelineStage {
   std::unique_ptr<Evictor> evictor_;
   std::vector<int> recv_ids_, send_ids_, data_ids_;
   std::vector<const TensorInfo*> recv_specs_, grad_specs_;
-  std::vector<bool> recv_requires_grad_;
+  std::vector<bool> recv_requires_grad_, send_requires_grad_;
   std::map<int64_t, InFlight> in_flight_;
   // Async weight stashing: the master weights are the optimizer's; a forward uses a snapshot
   // of the current version, kept until the last micro-batch that used it has run backward.
