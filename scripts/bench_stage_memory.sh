@@ -4,7 +4,8 @@
 # (one rank per stage, one intra-op thread each), and read the trace's measured and predicted
 # peaks. Prints a Markdown table of measured / predicted - 1 per stage.
 #   usage: scripts/bench_stage_memory.sh [BIN [STAGES]] > table.md
-#   rows:  ROWS="preset:schedule:memopt:cap ..." overrides the default set
+#   rows:  ROWS="preset:schedule:memopt:cap ..." overrides the default set; a preset ending in .dpm
+#          is an imported model file (scripts/export_model.py)
 set -euo pipefail
 bin=${1:-build/dawnpiper}
 stages=${2:-4}
@@ -23,11 +24,13 @@ echo "$header"
 echo "$rule"
 for row in $rows; do
   IFS=: read -r preset schedule memopt cap <<<"$row"
-  profile="$work/$preset.h5"
-  [ -f "$profile" ] || "$bin" profile --model "$preset" --micro-batch-size 4 --out "$profile" --quiet >/dev/null
+  model=(--model "$preset")
+  [[ "$preset" == *.dpm ]] && model=(--model-file "$preset")
+  profile="$work/$(basename "$preset").h5"
+  [ -f "$profile" ] || "$bin" profile "${model[@]}" --micro-batch-size 4 --out "$profile" --quiet >/dev/null
   "$bin" plan --profile-in "$profile" --stages "$stages" --schedule "$schedule" --micro-batches 4 \
     --memopt "$memopt" --memory "$cap" --out "$work/plan.json" --quiet >/dev/null
-  mpirun --oversubscribe -np "$stages" "$bin" train --model "$preset" --steps 3 --schedule "$schedule" \
+  mpirun --oversubscribe -np "$stages" "$bin" train "${model[@]}" --steps 3 --schedule "$schedule" \
     --micro-batches 4 --plan-in "$work/plan.json" --trace "$work/trace.h5" --quiet >/dev/null
   "$python" - "$work/trace.h5" "$preset $schedule $memopt $cap" <<'EOF'
 import sys
@@ -36,6 +39,6 @@ with h5py.File(sys.argv[1], "r") as f:
     s = f["stages"]
     cells = [f"{100 * (m / p - 1):+.1f}% ({m / 2**20:.2f} / {p / 2**20:.2f} MiB)"
              for m, p in zip(s["measured_peak_bytes"][:], s["predicted_peak_bytes"][:])]
-print(f"| {sys.argv[2]} | " + " | ".join(cells) + " |")
+print(f"| {sys.argv[2].split('/')[-1]} | " + " | ".join(cells) + " |")
 EOF
 done

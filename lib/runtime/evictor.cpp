@@ -68,9 +68,15 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
            a == static_cast<int>(TensorAction::Swap);
   };
 
+  std::set<int> received;
+  for (const CrossingTensor& c : graph_.crossing(b)) received.insert(c.tensor);
   for (const TensorDecision& d : decisions) {
     if (d.tensor >= tensors || d.action == TensorAction::Keep) continue;
     const TensorInfo& info = graph_.tensor(d.tensor);
+    // A tensor of an earlier stage that reaches this one only as views of it (received as
+    // tensors of their own): nothing here holds its storage, and the planner's replay leaves
+    // the decision out too.
+    if (!graph_.is_data(d.tensor) && info.producer < b && !received.count(d.tensor)) continue;
     if (info.producer >= 0 && graph_.nodes[info.producer].kind == OpKind::PosEmbedding)
       throw ConfigError("plan evicts tensor " + info.name + ", a view of a parameter");
     Entry entry;
