@@ -48,6 +48,8 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
   Profile profile;
   if (vm.count("profile-in")) {
     profile = read_profile(vm["profile-in"].as<std::string>());
+    if (vm.count("precision") && vm["precision"].as<std::string>() != profile.precision)
+      throw ConfigError("--profile-in was profiled in " + profile.precision + ", not " + vm["precision"].as<std::string>());
     if (!vm["micro-batch-size"].defaulted()) profile = profile.at_batch(B);
   } else if (vm.count("device-spec")) {
     const DeviceSpec spec = device_spec(vm["device-spec"].as<std::string>());

@@ -42,6 +42,9 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
   Profile profile;
   if (vm.count("profile-in")) {
     profile = read_profile(vm["profile-in"].as<std::string>());
+    if (profile.precision != graph.precision)
+      throw ConfigError("--profile-in was profiled in " + profile.precision + ", this run trains in " + graph.precision +
+                        " (profile again with --precision " + graph.precision + ")");
     if (profile.preset != graph.preset || profile.size() != graph.size())
       throw ConfigError("--profile-in is a profile of " + profile.preset + " (" + std::to_string(profile.size()) +
                         " nodes), not of this " + graph.preset + " graph (" + std::to_string(graph.size()) + " nodes)");
@@ -227,6 +230,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   }
   broadcast(plan_json);
   Plan plan = plan_from_json(plan_json);
+  if (plan.precision != graph.precision)
+    throw ConfigError("the plan was made for " + plan.precision + ", this run trains in " + graph.precision +
+                      " (plan again from a " + graph.precision + " profile)");
   if (static_cast<int>(plan.stages.size()) != stages)
     throw ConfigError("the plan has " + std::to_string(plan.stages.size()) + " stages, but " + std::to_string(stages) +
                       " are launched");

@@ -47,6 +47,16 @@ class UserError(Exception):
 # ----------------------------------------------------------------------------- sources
 
 
+def autocast(precision):
+    """bf16: torch.autocast, recorded by torch.export as explicit casts (bf16 matmuls, fp32
+    parameters: the master weights); fp32: nothing."""
+    import contextlib
+
+    import torch
+
+    return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+
 def parse_overrides(text):
     """'n_layer=2,n_embd=128,act=gelu' -> dict with ints, floats, bools and strings."""
     out = {}
@@ -143,7 +153,8 @@ def hf_source(args):
             self.model = model
 
         def forward(self, input_ids, labels):
-            return self.model(input_ids=input_ids, labels=labels).loss
+            with autocast(args.precision):
+                return self.model(input_ids=input_ids, labels=labels).loss
 
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, vocab, (args.batch_size, seq), generator=gen)
@@ -226,8 +237,9 @@ def module_source(args):
 
         def forward(self, *tensors):
             batch = dict(zip(names, tensors))
-            out = self.model(**batch) if by_keyword else self.model(*tensors)
-            return loss(out, batch)
+            with autocast(args.precision):
+                out = self.model(**batch) if by_keyword else self.model(*tensors)
+                return loss(out, batch)
 
     model.train()
     return WithLoss(model), "model.", inputs, roles, {"source": "module", "function": spec}
@@ -727,6 +739,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the example batch")
     parser.add_argument("--reference", help="also write the eager loss and gradients on the example batch here")
     parser.add_argument("--out", required=True, help="model file to write (safetensors with the graph in its metadata)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                        help="bf16: mixed precision as torch.autocast does it (bf16 compute, fp32 master weights)")
     parser.add_argument("--verbose", action="store_true", help="show what torch.export logs")
     args = parser.parse_args(argv)
     global VERBOSE
@@ -751,6 +765,7 @@ def main(argv=None):
         "exporter": {"torch": torch.__version__, "script": "scripts/export_model.py"},
         "model": description,
         "batch": {"example": args.batch_size, "min": 1, "max": args.max_batch},
+        "precision": args.precision,
         "inputs": graph_inputs,
         "weights": table,
         "blocks": blocks,

@@ -16,6 +16,8 @@ po::options_description common_options() {
       ("init-from", po::value<std::string>(), "with --model-file: initial weights from this safetensors checkpoint (PyTorch names, "
                                               "e.g. a Hugging Face model.safetensors)")
       ("seed", po::value<uint64_t>()->default_value(42), "seed for parameters, data and dropout")
+      ("precision", po::value<std::string>(), "fp32 (default) | bf16: bf16 compute, fp32 master weights and optimizer state "
+                                              "(a model file has the precision it was exported with)")
       ("micro-batch-size", po::value<int64_t>()->default_value(4), "samples per micro-batch")
       ("micro-batches", po::value<int64_t>()->default_value(4), "micro-batches per step (mini-batch = size x count)")
       ("device", po::value<std::string>()->default_value("cpu"), "cpu | cuda")
@@ -83,14 +85,15 @@ ModelConfig model_config_from(const po::variables_map& vm) {
 ModelSource model_source_from(const po::variables_map& vm) {
   if (!vm.count("model-file")) {
     if (vm.count("init-from")) throw ConfigError("--init-from needs --model-file (presets start from their seed)");
-    return ModelSource::preset(model_config_from(vm));
+    return ModelSource::preset(model_config_from(vm), vm.count("precision") ? vm["precision"].as<std::string>() : "fp32");
   }
   if (!vm["model"].defaulted()) throw ConfigError("give either --model or --model-file, not both");
   const po::options_description overrides = model_override_options();
   for (const auto& opt : overrides.options())
     if (vm.count(opt->long_name()))
       throw ConfigError("--" + opt->long_name() + " changes a preset; an imported model is fixed by its file (export it again)");
-  return ModelSource::file(vm["model-file"].as<std::string>(), vm.count("init-from") ? vm["init-from"].as<std::string>() : "");
+  return ModelSource::file(vm["model-file"].as<std::string>(), vm.count("init-from") ? vm["init-from"].as<std::string>() : "",
+                           vm.count("precision") ? vm["precision"].as<std::string>() : "");
 }
 
 }  // namespace dawnpiper

@@ -194,22 +194,28 @@ void StageModule::forward(TensorEnv& env, const RunContext& ctx,
 void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
   const Node& node = graph_->nodes[n];
   auto in = [&](size_t i) -> const at::Tensor& { return env[node.inputs.at(i)]; };
+  // bf16: parameters are cast at each use (autograd carries fp32 gradients to the masters).
+  const bool bf16 = graph_->precision == "bf16";
+  auto weight = [&](int i) {
+    at::Tensor p = param(n, i);
+    return bf16 ? p.to(at::kBFloat16) : p;
+  };
   at::Tensor out;
   switch (node.kind) {
     case OpKind::Input:  // the data loader filled env (external_inputs() lists what is read)
       return;
-    case OpKind::Embedding: out = at::embedding(param(n, 0), in(0)); break;
-    case OpKind::PosEmbedding: out = param(n, 0).narrow(0, 0, in(0).size(1)); break;
+    case OpKind::Embedding: out = at::embedding(weight(0), in(0)); break;
+    case OpKind::PosEmbedding: out = weight(0).narrow(0, 0, in(0).size(1)); break;
     case OpKind::Linear:
-      out = at::linear(in(0), param(n, 0), node.params.size() > 1 ? param(n, 1) : at::Tensor());
+      out = at::linear(in(0), weight(0), node.params.size() > 1 ? weight(1) : at::Tensor());
       break;
     case OpKind::LayerNorm:
-      out = at::layer_norm(in(0), {in(0).size(-1)}, param(n, 0), param(n, 1),
+      out = at::layer_norm(in(0), {in(0).size(-1)}, weight(0), weight(1),
                            node.attr_real("eps", 1e-5));
       break;
     case OpKind::RMSNorm: {
       at::Tensor x = in(0);
-      out = x * at::rsqrt(x.pow(2).mean(-1, true) + node.attr_real("eps", 1e-6)) * param(n, 0);
+      out = x * at::rsqrt(x.pow(2).mean(-1, true) + node.attr_real("eps", 1e-6)) * weight(0);
       break;
     }
     case OpKind::Gelu: out = at::gelu(in(0)); break;
@@ -254,20 +260,20 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
       out = scale == 1.0 ? in(0) + shift : in(0) * scale + shift;
       break;
     }
-    case OpKind::ScaleShift: out = at::addcmul(param(n, 1), in(0), param(n, 0)); break;
+    case OpKind::ScaleShift: out = at::addcmul(weight(1), in(0), weight(0)); break;
     case OpKind::RelPosBias: {
       const Shape& s = graph_->tensor(node.outputs[0]).shape;  // [1, heads, Sq, Sk]
       // Contiguous, as the profile and the planner assume of every non-view op's output (and as
       // a transport sends it).
-      out = at::embedding(param(n, 0), relative_buckets(node, s[2], s[3])).permute({2, 0, 1}).unsqueeze(0).contiguous();
+      out = at::embedding(weight(0), relative_buckets(node, s[2], s[3])).permute({2, 0, 1}).unsqueeze(0).contiguous();
       break;
     }
     case OpKind::Conv2d:
-      out = at::conv2d(in(0), param(n, 0), node.params.size() > 1 ? param(n, 1) : at::Tensor(),
+      out = at::conv2d(in(0), weight(0), node.params.size() > 1 ? weight(1) : at::Tensor(),
                        node.attr_ints("stride"), node.attr_ints("padding"));
       break;
     case OpKind::BatchNorm2d:
-      out = at::batch_norm(in(0), param(n, 0), param(n, 1), at::Tensor(), at::Tensor(),
+      out = at::batch_norm(in(0), weight(0), weight(1), at::Tensor(), at::Tensor(),
                            /*training=*/true, 0.1, node.attr_real("eps", 1e-5), true);
       break;
     case OpKind::MaxPool2d: {
@@ -289,6 +295,7 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
     case OpKind::GlobalAvgPool: out = in(0).mean({2, 3}); break;
     case OpKind::CrossEntropy: {
       at::Tensor logits = in(0);
+      if (bf16) logits = logits.to(at::kFloat);  // the loss in fp32
       out = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), in(1).reshape({-1}),
                                    {}, at::Reduction::Mean, -100);
       break;

@@ -185,6 +185,10 @@ class OpGraph {
   // are read from (the first that has a name wins: --init-from, then the model file).
   std::vector<BufferSpec> buffers;
   std::vector<std::string> weight_files;
+  // "fp32", or "bf16": bf16 compute with fp32 master weights (presets: every floating-point
+  // activation bf16, parameters cast at each use, the loss in fp32; imported models: the
+  // torch.autocast casts the exporter recorded).
+  std::string precision = "fp32";
 
   // --- building (used by lib/models) ---
   int add_block(const std::string& name);  // returns block index, becomes the current block

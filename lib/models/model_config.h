@@ -39,7 +39,10 @@ void apply_override(ModelConfig& config, const std::string& key, const std::stri
 // position table, image size that the reduction cells cannot halve evenly, ...).
 void check_config(const ModelConfig& config);
 
-// Builds the validated OpGraph for one micro-batch of `micro_batch_size` samples.
-OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size);
+// Builds the validated OpGraph for one micro-batch of `micro_batch_size` samples, in precision
+// "fp32" or "bf16" (ConfigError otherwise).
+OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size, const std::string& precision = "fp32");
+// Throws ConfigError unless precision is fp32 or bf16.
+void check_precision(const std::string& precision);
 
 }  // namespace dawnpiper

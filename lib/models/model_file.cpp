@@ -167,6 +167,7 @@ struct Builder {
   void build() {
     const Json& graph = file.graph;
     g.model = file.architecture;
+    g.precision = file.precision;
     g.preset = file.name;
     g.micro_batch_size = batch;
     for (const Json& b : graph.at("blocks").items()) g.blocks.push_back(b.as_string());
@@ -249,6 +250,7 @@ std::shared_ptr<const ModelFile> read_model_file(const std::string& path) {
   const Json& model = g.at("model");
   file->architecture = model.contains("architecture") ? model.at("architecture").as_string()
                                                       : (model.contains("function") ? model.at("function").as_string() : "imported");
+  file->precision = g.contains("precision") ? g.at("precision").as_string() : "fp32";
   file->min_batch = g.at("batch").at("min").as_int();
   file->max_batch = g.at("batch").at("max").as_int();
   for (const Json& w : g.at("weights").items())

@@ -4,16 +4,27 @@
 
 namespace dawnpiper {
 
-ModelSource ModelSource::file(const std::string& path, const std::string& init_from) {
+ModelSource ModelSource::preset(const ModelConfig& config, const std::string& precision) {
+  check_precision(precision);
+  ModelSource s(config);
+  s.precision_ = precision;
+  return s;
+}
+
+ModelSource ModelSource::file(const std::string& path, const std::string& init_from, const std::string& precision) {
   ModelSource s;
   s.file_ = read_model_file(path);
   s.init_from_ = init_from;
+  s.precision_ = s.file_->precision;
+  if (!precision.empty() && precision != s.file_->precision)
+    throw ConfigError("model file '" + path + "' was exported in " + s.file_->precision + ", not " + precision +
+                      " (export it with scripts/export_model.py --precision " + precision + ")");
   return s;
 }
 
 OpGraph ModelSource::graph(int64_t micro_batch_size) const {
   if (file_) return build_imported(*file_, micro_batch_size, init_from_);
-  return build_model(*config_, micro_batch_size);
+  return build_model(*config_, micro_batch_size, precision_);
 }
 
 std::string ModelSource::name() const { return file_ ? file_->name : config_->preset; }

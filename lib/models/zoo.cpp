@@ -441,9 +441,15 @@ void check_config(const ModelConfig& c) {
   }
 }
 
-OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size) {
+void check_precision(const std::string& precision) {
+  if (precision != "fp32" && precision != "bf16")
+    throw ConfigError("--precision '" + precision + "': expected fp32 or bf16");
+}
+
+OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size, const std::string& precision) {
   if (micro_batch_size < 1) throw ConfigError("micro-batch size must be at least 1");
   check_config(config);
+  check_precision(precision);
   OpGraph g;
   g.model = config.family;
   g.preset = config.preset;
@@ -453,6 +459,12 @@ OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size) {
                   {"amoebanet", build_amoebanet}, {"mlp", build_mlp}};
   builders.at(config.family)(config, micro_batch_size, g);
   g.validate();
+  if (precision == "bf16") {  // bf16 activations; the loss stays fp32
+    g.precision = precision;
+    const int loss = g.nodes[g.loss_node()].outputs[0];
+    for (TensorInfo& t : g.tensors)
+      if (t.dtype == DType::F32 && t.id != loss) t.dtype = DType::BF16;
+  }
   return g;
 }
 

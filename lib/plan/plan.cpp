@@ -90,6 +90,7 @@ std::string Plan::to_json(int indent) const {
   j["planner"] = options.planner;
   j["model"] = model;
   j["preset"] = preset;
+  j["precision"] = precision;
   Json in = Json::object();
   in["stages"] = options.stages;
   in["schedule"] = options.schedule;
@@ -156,6 +157,7 @@ Plan plan_from_json(const std::string& text) {
   p.options.planner = j.at("planner").as_string();
   p.model = j.at("model").as_string();
   p.preset = j.at("preset").as_string();
+  p.precision = j.contains("precision") ? j.at("precision").as_string() : "fp32";  // optional in version 1
   const Json& in = j.at("inputs");
   p.options.stages = static_cast<int>(in.at("stages").as_int());
   p.options.schedule = in.at("schedule").as_string();

@@ -167,6 +167,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
   Plan plan;
   plan.model = profile.model;
   plan.preset = profile.preset;
+  plan.precision = profile.precision;
   plan.options = options;
   plan.micro_batch_size = profile.micro_batch_size;
   plan.nodes = profile.size();

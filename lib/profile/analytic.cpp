@@ -277,12 +277,22 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, c
     case OpKind::AvgPool2d: f.saved_inputs = {0}; break;
     case OpKind::CrossEntropy: {
       f.saved_inputs = {1};  // the labels
-      // log-softmax of the logits, and nll_loss's total weight (one float)
-      f.internal_bytes = g.tensor(n.inputs[0]).bytes() + 4;
+      // log-softmax of the logits (fp32, also in bf16 runs) and nll_loss's total weight
+      f.internal_bytes = numel(g.tensor(n.inputs[0]).shape) * 4 + 4;
       f.kernels = 2;
       break;
     }
     case OpKind::Aten: aten_facts(g, st, n, rg, f); break;
+  }
+  if (g.precision == "bf16" && n.kind != OpKind::Aten) {
+    // Parameters are cast to bf16 at each use. Linear, convolution and the affine part of a
+    // layer norm keep their weight's copy until their backward (the normalizations keep none,
+    // as measured); a position table's slice keeps the whole table's copy alive.
+    const bool keeps_weight = n.kind == OpKind::Linear || n.kind == OpKind::Conv2d || n.kind == OpKind::ScaleShift;
+    const int64_t weight_copy = n.params.empty() ? 0 : numel(n.params[0].shape) * dtype_size(DType::BF16);
+    if (keeps_weight) f.internal_bytes += weight_copy;
+    if (n.kind == OpKind::PosEmbedding) f.output_is_param_view = false, f.internal_bytes += weight_copy - out.bytes();
+    if (n.kind == OpKind::BatchNorm2d) f.internal_bytes = out.shape[1] * 6;  // mean fp32, inverse std bf16
   }
   return f;
 }

@@ -30,6 +30,7 @@ void write_profile(const Profile& p, const std::string& path) {
     write_attr(file, "source", p.source);
     write_attr(file, "timing", p.timing);
     write_attr(file, "notes", p.notes);
+    write_attr(file, "precision", p.precision);
     write_attr(file, "torch_version", p.torch_version);
     write_attr(file, "created", p.created.empty() ? now_iso8601() : p.created);
     write_attr<int64_t>(file, "micro_batch_size", p.micro_batch_size);
@@ -106,6 +107,7 @@ Profile read_profile(const std::string& path) {
     p.source = read_attr_string(file, "source");
     p.timing = read_attr_string(file, "timing");
     if (has_attr(file, "notes")) p.notes = read_attr_string(file, "notes");  // optional in schema 2
+    if (has_attr(file, "precision")) p.precision = read_attr_string(file, "precision");
     p.torch_version = read_attr_string(file, "torch_version");
     p.created = read_attr_string(file, "created");
     p.micro_batch_size = read_attr<int64_t>(file, "micro_batch_size");

@@ -28,6 +28,9 @@ def main():
     for name, (arch, config) in MODELS.items():
         export_model.main(["--hf", arch, "--config", config, "--seq-len", "16", "--batch-size", "3",
                            "--out", os.path.join(out, name + ".dpm"), "--reference", os.path.join(out, name + ".ref")])
+    gpt2 = MODELS["gpt2"][1]
+    export_model.main(["--hf", "gpt2", "--config", gpt2, "--seq-len", "16", "--batch-size", "3", "--precision", "bf16",
+                       "--out", os.path.join(out, "gpt2_bf16.dpm"), "--reference", os.path.join(out, "gpt2_bf16.ref")])
     export_model.main(["--module", "odd_model:build", "--path", os.path.dirname(os.path.abspath(__file__)),
                        "--out", os.path.join(out, "odd.dpm"), "--reference", os.path.join(out, "odd.ref")])
 

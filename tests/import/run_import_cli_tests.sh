@@ -65,6 +65,32 @@ if [ "$cap" != none ] &&
         END {exit bad || n != 2}'; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: memopt sr under $cap"; cat "$work/sr.out"; fi
 
+# bf16 (fp32 master weights): presets and an imported model exported under autocast. Pipelines
+# give the one-process losses, every stage peaks within 5% of its prediction, and the first loss
+# is the fp32 run's within 1%.
+peaks_within_5() {
+  grep -o 'measured peak [0-9.]* [KM]iB (predicted [0-9.]* [KM]iB)' "$1" |
+    awk '{m = $3 * ($4 == "MiB" ? 1024 : 1); p = $6 * ($7 == "MiB)" ? 1024 : 1); n++; if (m > 1.05 * p || m < 0.95 * p) bad = 1}
+         END {exit bad || n < 2}'
+}
+for model in "--model gpt2-tiny" "--model t5-tiny" "--model-file $models/gpt2_bf16.dpm"; do
+  one=$("$bin" train $model --precision bf16 --steps 3 --micro-batch-size 4 2>&1 | losses)
+  three=$($mpi 3 "$bin" train $model --precision bf16 --steps 3 --micro-batch-size 4 2>&1 | tee "$work/bf16.out" | losses)
+  if same_losses "$one" "$three" && peaks_within_5 "$work/bf16.out"; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: bf16 pipeline of $model"; paste <(echo "$one") <(echo "$three"); cat "$work/bf16.out"; fi
+done
+fp32_first=$("$bin" train --model gpt2-tiny --steps 1 --micro-batch-size 4 2>&1 | losses)
+bf16_first=$("$bin" train --model gpt2-tiny --precision bf16 --steps 1 --micro-batch-size 4 2>&1 | losses)
+check "bf16 loss near fp32" awk -v a="$fp32_first" -v b="$bf16_first" 'BEGIN {d = (a - b) / a; exit !(a > 0 && d < 0.01 && d > -0.01)}'
+expect_fail "unknown precision" "--precision 'fp16': expected fp32 or bf16" train --model gpt2-tiny --precision fp16
+expect_fail "model file of another precision" "was exported in bf16, not fp32" train --model-file "$models/gpt2_bf16.dpm" --precision fp32
+"$bin" profile --model gpt2-tiny --micro-batch-size 4 --out "$work/fp32.h5" --quiet >/dev/null 2>&1
+expect_fail "profile of another precision" "profiled in fp32, this run trains in bf16" \
+  train --model gpt2-tiny --precision bf16 --stages 2 --in-process --profile-in "$work/fp32.h5" --micro-batch-size 4
+"$bin" plan --profile-in "$work/fp32.h5" --stages 2 --schedule 1f1b --out "$work/fp32-plan.json" >/dev/null 2>&1
+expect_fail "plan of another precision" "the plan was made for fp32, this run trains in bf16" \
+  train --model gpt2-tiny --precision bf16 --stages 2 --in-process --plan-in "$work/fp32-plan.json" --micro-batch-size 4
+
 # Profile and plan an imported model; replay one of its stages.
 expect_ok "profile an imported model" "wrote" profile --model-file "$gpt2" --micro-batch-size 2 --out "$work/p.h5" --quiet
 expect_ok "plan an imported model" "bottleneck" plan --profile-in "$work/p.h5" --stages 2 --schedule 1f1b --out "$work/p.json"
