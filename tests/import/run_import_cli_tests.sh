@@ -91,6 +91,15 @@ expect_fail "profile of another precision" "profiled in fp32, this run trains in
 expect_fail "plan of another precision" "the plan was made for fp32, this run trains in bf16" \
   train --model gpt2-tiny --precision bf16 --stages 2 --in-process --plan-in "$work/fp32-plan.json" --micro-batch-size 4
 
+# Checkpoints and traces of an imported model: a resumed run repeats the uninterrupted one's
+# last steps bitwise; inspect reads the trace.
+ck=(train --model-file "$gpt2" --micro-batch-size 2 --optimizer adam --lr 0.001 --schedule gpipe)
+full=$($mpi 2 "$bin" "${ck[@]}" --steps 5 --plan-out "$work/ck-plan.json" 2>/dev/null | grep '^step' | cut -d' ' -f1-4)
+$mpi 2 "$bin" "${ck[@]}" --steps 3 --plan-in "$work/ck-plan.json" --checkpoint-dir "$work/ck" --checkpoint-every 2 --quiet >/dev/null 2>&1
+resumed=$($mpi 2 "$bin" "${ck[@]}" --steps 5 --checkpoint-dir "$work/ck" --resume --trace "$work/ck.h5" 2>&1 | grep '^step' | cut -d' ' -f1-4)
+check "imported checkpoint resume" test -n "$resumed" -a "$resumed" = "$(echo "$full" | tail -2)"
+expect_ok "inspect an imported model's trace" "gpt2.dpm, gpipe schedule, 2 stages" inspect "$work/ck.h5"
+
 # Profile and plan an imported model; replay one of its stages.
 expect_ok "profile an imported model" "wrote" profile --model-file "$gpt2" --micro-batch-size 2 --out "$work/p.h5" --quiet
 expect_ok "plan an imported model" "bottleneck" plan --profile-in "$work/p.h5" --stages 2 --schedule 1f1b --out "$work/p.json"
