@@ -50,13 +50,7 @@ Stats stats(const std::vector<double>& xs) {
 
 struct NodeMeasurement {
   std::vector<double> fwd_ms, bwd_ms;
-  int64_t fwd_workspace = 0, bwd_workspace = 0;
-  int64_t internal_bytes = 0;
-  std::vector<int> saved_inputs;  // tensor ids
-  // Per output (Node::outputs order):
-  std::vector<char> output_saved;
-  std::vector<int> output_alias_of;       // input tensor id whose storage the output shares, -1
-  std::vector<char> output_param_view;    // a view of one of the node's parameters
+  KeptFacts kept;  // what autograd keeps, aliases, workspaces (may be negative: clamped on use)
 };
 
 bool same_storage(const at::Tensor& a, const at::Tensor& b) {
@@ -114,9 +108,9 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
   }
   const std::vector<int>& out_ids = node.outputs;
   const size_t outs_n = out_ids.size();
-  m.output_saved.assign(outs_n, 0);
-  m.output_alias_of.assign(outs_n, -1);
-  m.output_param_view.assign(outs_n, 0);
+  m.kept.output_saved.assign(outs_n, 0);
+  m.kept.output_alias_of.assign(outs_n, -1);
+  m.kept.output_param_view.assign(outs_n, 0);
   const int total = opt.warmup + opt.iterations;
   for (int it = 0; it < total; ++it) {
     const bool measured = it >= opt.warmup;
@@ -151,12 +145,12 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     }
     if (measured) {
       m.fwd_ms.push_back(fwd);
-      m.fwd_workspace = std::max(m.fwd_workspace, fwd_peak - held);
+      m.kept.fwd_workspace = std::max(m.kept.fwd_workspace, fwd_peak - held);
     }
     if (last) {
-      m.output_param_view = param_view;
-      m.internal_bytes = std::max<int64_t>(0, held - out_bytes);
-      m.output_alias_of = alias;
+      m.kept.output_param_view = param_view;
+      m.kept.internal_bytes = std::max<int64_t>(0, held - out_bytes);
+      m.kept.output_alias_of = alias;
       // Drop every reference but ours: what autograd still references, it saved.
       for (int t : ins) env[t] = at::Tensor();
       for (int id : out_ids) env[id] = at::Tensor();
@@ -164,7 +158,7 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
         size_t own_views = 0;
         for (const at::Tensor& out : outs) own_views += same_storage(out, inputs[i]) ? 1 : 0;
         if (inputs[i].use_count() > 1 || inputs[i].storage().use_count() > storage_uses[i] + own_views)
-          m.saved_inputs.push_back(ins[i]);
+          m.kept.saved_inputs.push_back(ins[i]);
       }
       // Our handles hold an output's storage once each, and once more through the base of a
       // view (e.g. T5's bias: a permuted embedding); a further reference is autograd's.
@@ -172,7 +166,7 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
         size_t expected_uses = outs[k].is_view() ? 2 : 1;
         for (size_t j = 0; j < outs_n; ++j)
           if (j != k && same_storage(outs[j], outs[k])) expected_uses += outs[j].is_view() ? 2 : 1;
-        m.output_saved[k] = alias[k] < 0 && outs[k].requires_grad() && outs[k].storage().use_count() > expected_uses;
+        m.kept.output_saved[k] = alias[k] < 0 && outs[k].requires_grad() && outs[k].storage().use_count() > expected_uses;
       }
     }
     std::vector<at::Tensor> with_grad, grads;
@@ -193,7 +187,7 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
       const int64_t grads = DeviceMemory::live_bytes(dev) - lb0;
       if (measured) {
         m.bwd_ms.push_back(bwd);
-        m.bwd_workspace = std::max(m.bwd_workspace, bwd_peak - grads);
+        m.kept.bwd_workspace = std::max(m.kept.bwd_workspace, bwd_peak - grads);
       }
       for (at::Tensor& leaf : leaves) leaf.mutable_grad() = at::Tensor();
       for (auto& p : module.parameters()) p.tensor.mutable_grad() = at::Tensor();
@@ -257,12 +251,12 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
         const int offset = n - begin;
         const int src = block_range[source_block].first + offset;
         NodeMeasurement m = measured[src];
-        for (int& t : m.saved_inputs) {
+        for (int& t : m.kept.saved_inputs) {
           const int k = static_cast<int>(std::find(g.nodes[src].inputs.begin(), g.nodes[src].inputs.end(), t) -
                                          g.nodes[src].inputs.begin());
           t = g.nodes[n].inputs.at(k);
         }
-        for (int& alias : m.output_alias_of) {
+        for (int& alias : m.kept.output_alias_of) {
           if (alias < 0) continue;
           const int k = static_cast<int>(std::find(g.nodes[src].inputs.begin(), g.nodes[src].inputs.end(), alias) -
                                          g.nodes[src].inputs.begin());
@@ -285,12 +279,12 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
     np.bwd_ms = b.mean;
     np.bwd_ms_std = b.std;
     np.recompute_ms = f.mean;
-    np.fwd_workspace = std::max<int64_t>(0, m.fwd_workspace);
-    np.bwd_workspace = std::max<int64_t>(0, m.bwd_workspace);
+    np.fwd_workspace = std::max<int64_t>(0, m.kept.fwd_workspace);
+    np.bwd_workspace = std::max<int64_t>(0, m.kept.bwd_workspace);
     p.nodes.push_back(np);
-    for (size_t k = 0; k < m.output_alias_of.size(); ++k) {
-      if (m.output_alias_of[k] >= 0) p.tensors[n.outputs[k]].alias_of = m.output_alias_of[k];
-      p.tensors[n.outputs[k]].param_view = m.output_param_view[k];
+    for (size_t k = 0; k < m.kept.output_alias_of.size(); ++k) {
+      if (m.kept.output_alias_of[k] >= 0) p.tensors[n.outputs[k]].alias_of = m.kept.output_alias_of[k];
+      p.tensors[n.outputs[k]].param_view = m.kept.output_param_view[k];
     }
   }
   p.timing = "isolated";
@@ -316,10 +310,10 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
   const std::vector<Strides> strides = tensor_strides(g);
   for (const Node& n : g.nodes) {
     const NodeMeasurement& m = measured[n.id];
-    for (int t : m.saved_inputs) add_saved(p, t, n.id);
-    for (size_t k = 0; k < m.output_saved.size(); ++k)
-      if (m.output_saved[k]) add_saved(p, n.outputs[k], n.id);
-    if (m.internal_bytes > 0) add_internals(p, g, strides, n.id, m.internal_bytes);
+    for (int t : m.kept.saved_inputs) add_saved(p, t, n.id);
+    for (size_t k = 0; k < m.kept.output_saved.size(); ++k)
+      if (m.kept.output_saved[k]) add_saved(p, n.outputs[k], n.id);
+    if (m.kept.internal_bytes > 0) add_internals(p, g, strides, n.id, m.kept.internal_bytes);
   }
   finish_profile(p, g);
   return p;
@@ -388,14 +382,9 @@ KeptFacts measure_node_facts(const OpGraph& g, int node, const ProfilerOptions& 
   once.warmup = 0;
   once.iterations = 1;
   const NodeMeasurement m = measure_node(g, node, g.requires_grad(), SyntheticData(g, options.seed), once);
-  KeptFacts f;
-  f.saved_inputs = m.saved_inputs;
-  f.output_saved = m.output_saved;
-  f.output_alias_of = m.output_alias_of;
-  f.output_param_view = m.output_param_view;
-  f.internal_bytes = m.internal_bytes;
-  f.fwd_workspace = std::max<int64_t>(0, m.fwd_workspace);
-  f.bwd_workspace = std::max<int64_t>(0, m.bwd_workspace);
+  KeptFacts f = m.kept;
+  f.fwd_workspace = std::max<int64_t>(0, f.fwd_workspace);
+  f.bwd_workspace = std::max<int64_t>(0, f.bwd_workspace);
   return f;
 }
 

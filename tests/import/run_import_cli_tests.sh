@@ -37,6 +37,10 @@ for ranks in 2 4; do
   if [ -n "$amp" ] && [ "$amp" = "$one" ]; then passed=$((passed + 1)); else
     failed=$((failed + 1)); echo "FAIL: $ranks-rank async differs from in-process"; echo "$amp"; echo "$one"; cat "$work/err"; fi
 done
+# The shuffled order comes from the seed: the same seed repeats a run, another changes it.
+shuf=(train --model-file "$gpt2" --data "$work/tokens.bin" --micro-batch-size 2 --micro-batches 2 --steps 2)
+s1=$("$bin" "${shuf[@]}" 2>&1 | losses); s2=$("$bin" "${shuf[@]}" 2>&1 | losses); s3=$("$bin" "${shuf[@]}" --seed 7 2>&1 | losses)
+check "shuffled order reproducible from the seed" test -n "$s1" -a "$s1" = "$s2" -a "$s1" != "$s3"
 # Validation loss every N steps, equal on one rank and on two.
 v1=$("$bin" train "${data[@]}" --validation-fraction 0.1 --eval-every 2 --eval-batches 2 2>&1 | grep '^validation')
 v2=$($mpi 2 "$bin" train "${data[@]}" --validation-fraction 0.1 --eval-every 2 --eval-batches 2 2>&1 | grep '^validation')
