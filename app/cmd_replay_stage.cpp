@@ -75,6 +75,8 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   if (vm.count("device-memory"))
     DeviceMemory::set_capacity(device, parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory"));
   StandInTransport transport(device);
+  // Positions, masks and ids it receives are computed for real (stand-ins could index out of range).
+  if (x > 0) transport.set_exact(exact_integer_inputs(graph, pc.ranges[static_cast<size_t>(x)].first, pc.seed));
   PipelineStage stage(graph, stage_config(pc, x), transport);
   StageTracer tracer(x, device, transport, StageTracer::Clock::now(), /*keep_records=*/true);
   if (stage.evictor())

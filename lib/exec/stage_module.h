@@ -50,6 +50,8 @@ class StageModule {
   int end() const { return end_; }
   const OpGraph& graph() const { return *graph_; }
   std::vector<StageParameter>& parameters() { return params_; }
+  // The OpGraph::buffers the range reads (undefined where it reads none), on the stage's device.
+  const std::vector<at::Tensor>& buffers() const { return buffers_; }
   const std::vector<StageParameter>& parameters() const { return params_; }
   int64_t parameter_count() const;
 

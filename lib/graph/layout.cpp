@@ -1,11 +1,36 @@
 #include "graph/layout.h"
 
+#include <algorithm>
+
 namespace dawnpiper {
 
 Strides contiguous_strides(const Shape& shape) {
   Strides s(shape.size(), 1);
   for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
   return s;
+}
+
+bool is_contiguous(const Shape& shape, const Strides& strides) {
+  int64_t expected = 1;
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    if (shape[static_cast<size_t>(i)] == 1) continue;
+    if (strides[static_cast<size_t>(i)] != expected) return false;
+    expected *= shape[static_cast<size_t>(i)];
+  }
+  return true;
+}
+
+bool is_dense(const Shape& shape, const Strides& strides) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] != 1) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return strides[a] < strides[b]; });
+  int64_t expected = 1;
+  for (size_t i : order) {
+    if (strides[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
 }
 
 namespace {

@@ -13,6 +13,11 @@ namespace dawnpiper {
 using Strides = std::vector<int64_t>;
 
 Strides contiguous_strides(const Shape& shape);
+// Whether (shape, strides) lays the elements out contiguously (dimensions of size 1 ignored).
+bool is_contiguous(const Shape& shape, const Strides& strides);
+// Whether the strides lay the elements out densely without overlap in some dimension order (a
+// permuted contiguous tensor, e.g. a transpose of a contiguous one).
+bool is_dense(const Shape& shape, const Strides& strides);
 std::vector<Strides> tensor_strides(const OpGraph& g);
 // Whether `to` can view tensor `input` laid out as `st[input]` (ATen's computeStride rule,
 // which decides whether reshape views or copies).

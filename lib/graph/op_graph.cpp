@@ -240,6 +240,16 @@ int OpGraph::aliased_input(int node, size_t k) const {
   return a.kind == AtenArg::Kind::Tensor ? n.inputs.at(static_cast<size_t>(a.i)) : -1;
 }
 
+bool OpGraph::views_weight(int node, size_t k) const {
+  const Node& n = nodes.at(node);
+  if (n.kind == OpKind::PosEmbedding) return true;
+  if (n.kind != OpKind::Aten || k >= n.call.view_of_arg.size()) return false;
+  const int arg = n.call.view_of_arg[k];
+  if (arg < 0 || arg >= static_cast<int>(n.call.args.size())) return false;
+  const AtenArg::Kind kind = n.call.args[static_cast<size_t>(arg)].kind;
+  return kind == AtenArg::Kind::Param || kind == AtenArg::Kind::Buffer;
+}
+
 int64_t OpGraph::parameter_bytes(int node) const {
   int64_t b = 0;
   for (const ParamSpec& p : nodes.at(node).params)

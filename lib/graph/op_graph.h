@@ -227,6 +227,9 @@ class OpGraph {
   // The input tensor whose storage output k of `node` may share (a transpose, a reshape, an
   // imported view op), or -1.
   int aliased_input(int node, size_t k) const;
+  // Whether output k of `node` may share a parameter's or buffer's storage (a position table's
+  // slice, an expanded buffer): it allocates nothing and must never be evicted.
+  bool views_weight(int node, size_t k) const;
   bool imported() const { return !weight_files.empty(); }
 };
 

@@ -279,12 +279,18 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     if (requires_grad[static_cast<size_t>(r.tensor)]) received_grad_bytes += r.bytes;
   // A transposed view is sent as a contiguous copy (MPI reads one dense buffer).
   int64_t permuted_sent_bytes = 0;
-  for (const TensorBytes& s : sent)
-    for (int t = s.tensor; t >= 0; t = p.tensors[static_cast<size_t>(t)].alias_of)
+  for (const TensorBytes& s : sent) {
+    const int contiguous = p.tensors[static_cast<size_t>(s.tensor)].contiguous;
+    if (contiguous >= 0) {  // the profile says
+      if (contiguous == 0) permuted_sent_bytes += s.bytes;
+      continue;
+    }
+    for (int t = s.tensor; t >= 0; t = p.tensors[static_cast<size_t>(t)].alias_of)  // older profiles
       if (is_permute_kind(p.nodes[static_cast<size_t>(p.tensors[static_cast<size_t>(t)].producer)].kind)) {
         permuted_sent_bytes += s.bytes;
         break;
       }
+  }
   // Receives allocate the tensors they receive. A send keeps what it sends referenced until
   // MPI completes it: found done by the next send (the receiver may not have taken it earlier).
   auto receive = [&](int64_t total) { live += total; };

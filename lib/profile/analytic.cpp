@@ -108,6 +108,12 @@ void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n,
     const double k = static_cast<double>(a.back());
     return 2.0 * static_cast<double>(numel(a)) / k * k * static_cast<double>(n_out);
   };
+  // Views of parameters and buffers allocate nothing.
+  if (g.views_weight(n.id, 0)) {
+    f.output_is_param_view = true;
+    f.kernels = f.bwd_kernels = 0, f.bytes = f.bwd_bytes = 0;
+    return;
+  }
   // Views: every output that may share an input's storage, and reshapes that can.
   bool view = false;
   for (size_t k = 0; k < n.outputs.size(); ++k) {

@@ -46,6 +46,9 @@ struct TensorProfile {
   // Whether autograd tracks it (gradients flow through it): 1/0, or -1 where the profile does
   // not say (older files: the replays derive it from parameters).
   int requires_grad = -1;
+  // Whether its layout is contiguous (1/0; -1 unknown): a transport sends a non-contiguous
+  // tensor as a contiguous copy.
+  int contiguous = -1;
   bool owns_storage() const { return alias_of < 0 && !param_view; }
 };
 

@@ -18,6 +18,7 @@ Profile profile_skeleton(const OpGraph& g, const std::string& source, const std:
   p.profiled_batch_sizes = {g.micro_batch_size};
   p.blocks = g.blocks;
   const std::vector<bool> rg = g.requires_grad();
+  const std::vector<Strides> strides = tensor_strides(g);
   for (const TensorInfo& t : g.tensors) {
     TensorProfile tp;
     tp.id = t.id;
@@ -26,6 +27,7 @@ Profile profile_skeleton(const OpGraph& g, const std::string& source, const std:
     tp.consumers = t.consumers;
     tp.is_data = g.is_data(t.id);
     tp.requires_grad = rg[static_cast<size_t>(t.id)] ? 1 : 0;
+    tp.contiguous = is_contiguous(t.shape, strides[static_cast<size_t>(t.id)]) ? 1 : 0;
     tp.bytes = t.bytes();
     tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
     p.tensors.push_back(tp);

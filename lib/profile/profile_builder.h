@@ -31,6 +31,7 @@ struct KeptFacts {
   std::vector<char> output_saved;       // per output (Node::outputs order)
   std::vector<int> output_alias_of;     // per output: the input tensor whose storage it shares, -1
   std::vector<char> output_param_view;  // per output: a view of a parameter
+  std::vector<char> output_contiguous;  // per output: its layout is contiguous
   int64_t internal_bytes = 0, fwd_workspace = 0, bwd_workspace = 0;
 };
 using MeasureNode = std::function<KeptFacts(const OpGraph& graph, int node)>;

@@ -80,6 +80,7 @@ void write_profile(const Profile& p, const std::string& path) {
     write_column<int64_t>(tensors, "alias_of", column(T, [](const TensorProfile& t) { return int64_t(t.alias_of); }));
     write_column<int64_t>(tensors, "param_view", column(T, [](const TensorProfile& t) { return int64_t(t.param_view); }));
     write_column<int64_t>(tensors, "requires_grad", column(T, [](const TensorProfile& t) { return int64_t(t.requires_grad); }));
+    write_column<int64_t>(tensors, "contiguous", column(T, [](const TensorProfile& t) { return int64_t(t.contiguous); }));
     write_column<int64_t>(tensors, "bytes", column(T, [](const TensorProfile& t) { return t.bytes; }));
     write_column<double>(tensors, "bytes_base", column(T, [](const TensorProfile& t) { return t.bytes_fit.base; }));
     write_column<double>(tensors, "bytes_per_sample", column(T, [](const TensorProfile& t) { return t.bytes_fit.per_sample; }));
@@ -175,6 +176,9 @@ Profile read_profile(const std::string& path) {
     const std::vector<int64_t> requires_grad = H5Lexists(tensors, "requires_grad", H5P_DEFAULT) > 0
                                                    ? read_column<int64_t>(tensors, "requires_grad")
                                                    : std::vector<int64_t>(tname.size(), -1);
+    const std::vector<int64_t> contiguous = H5Lexists(tensors, "contiguous", H5P_DEFAULT) > 0
+                                                ? read_column<int64_t>(tensors, "contiguous")
+                                                : std::vector<int64_t>(tname.size(), -1);
     auto alias = read_column<int64_t>(tensors, "alias_of");
     auto param_view = read_column<int64_t>(tensors, "param_view");
     auto bytes = read_column<int64_t>(tensors, "bytes");
@@ -193,6 +197,7 @@ Profile read_profile(const std::string& path) {
       t.alias_of = static_cast<int>(alias[k]);
       t.param_view = param_view[k] != 0;
       t.requires_grad = static_cast<int>(requires_grad[k]);
+      t.contiguous = static_cast<int>(contiguous[k]);
       t.bytes = bytes[k];
       t.bytes_fit = {bb2[k], bs2[k]};
       t.consumers = consumers[k];

@@ -111,6 +111,7 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
   m.kept.output_saved.assign(outs_n, 0);
   m.kept.output_alias_of.assign(outs_n, -1);
   m.kept.output_param_view.assign(outs_n, 0);
+  m.kept.output_contiguous.assign(outs_n, 1);
   const int total = opt.warmup + opt.iterations;
   for (int it = 0; it < total; ++it) {
     const bool measured = it >= opt.warmup;
@@ -137,6 +138,8 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
       for (size_t i = 0; i < ins.size(); ++i)
         if (same_storage(outs[k], inputs[i])) alias[k] = ins[i];  // views of data too (imported reshapes)
       for (const auto& param : module.parameters()) param_view[k] = param_view[k] || same_storage(outs[k], param.tensor);
+      for (const at::Tensor& buffer : module.buffers())
+        param_view[k] = param_view[k] || (buffer.defined() && same_storage(outs[k], buffer));
       const c10::StorageImpl* st = outs[k].storage().unsafeGetStorageImpl();
       if (alias[k] < 0 && !param_view[k] && std::find(new_storages.begin(), new_storages.end(), st) == new_storages.end()) {
         new_storages.push_back(st);
@@ -151,6 +154,7 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
       m.kept.output_param_view = param_view;
       m.kept.internal_bytes = std::max<int64_t>(0, held - out_bytes);
       m.kept.output_alias_of = alias;
+      for (size_t k = 0; k < outs_n; ++k) m.kept.output_contiguous[k] = outs[k].is_contiguous();
       // Drop every reference but ours: what autograd still references, it saved.
       for (int t : ins) env[t] = at::Tensor();
       for (int id : out_ids) env[id] = at::Tensor();
@@ -285,6 +289,7 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
     for (size_t k = 0; k < m.kept.output_alias_of.size(); ++k) {
       if (m.kept.output_alias_of[k] >= 0) p.tensors[n.outputs[k]].alias_of = m.kept.output_alias_of[k];
       p.tensors[n.outputs[k]].param_view = m.kept.output_param_view[k];
+      p.tensors[n.outputs[k]].contiguous = m.kept.output_contiguous[k];
     }
   }
   p.timing = "isolated";

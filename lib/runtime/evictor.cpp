@@ -77,8 +77,12 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
     // tensors of their own): nothing here holds its storage, and the planner's replay leaves
     // the decision out too.
     if (!graph_.is_data(d.tensor) && info.producer < b && !received.count(d.tensor)) continue;
-    if (info.producer >= 0 && graph_.nodes[info.producer].kind == OpKind::PosEmbedding)
-      throw ConfigError("plan evicts tensor " + info.name + ", a view of a parameter");
+    if (info.producer >= 0) {
+      const std::vector<int>& outs = graph_.nodes[static_cast<size_t>(info.producer)].outputs;
+      const size_t k = static_cast<size_t>(std::find(outs.begin(), outs.end(), d.tensor) - outs.begin());
+      if (graph_.views_weight(info.producer, k))
+        throw ConfigError("plan evicts tensor " + info.name + ", a view of a parameter or buffer");
+    }
     Entry entry;
     entry.tensor = d.tensor;
     entry.action = d.action;

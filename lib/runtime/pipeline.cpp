@@ -1,5 +1,7 @@
 #include "runtime/pipeline.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -132,6 +134,31 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   if (!pending_updates.empty()) run_updates();
   for (auto& s : stage) result.parameters.push_back(s->module().parameters());
   return result;
+}
+
+std::map<int, at::Tensor> exact_integer_inputs(const OpGraph& g, int begin, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  std::set<int> wanted, nodes;
+  for (const CrossingTensor& c : g.crossing(begin))
+    if (!is_floating(g.tensor(c.tensor).dtype)) wanted.insert(c.tensor);
+  std::vector<int> stack(wanted.begin(), wanted.end());
+  while (!stack.empty()) {  // the nodes they depend on
+    const int n = g.tensor(stack.back()).producer;
+    stack.pop_back();
+    if (!nodes.insert(n).second) continue;
+    for (int in : g.nodes[static_cast<size_t>(n)].inputs) stack.push_back(in);
+  }
+  TensorEnv env(g.tensors.size());
+  SyntheticData data(g, seed);
+  std::vector<int> inputs;
+  for (int n : nodes)
+    if (g.nodes[static_cast<size_t>(n)].kind == OpKind::Input) inputs.push_back(g.nodes[static_cast<size_t>(n)].outputs[0]);
+  data.load(env, inputs, 0, at::Device(at::kCPU));
+  for (int n : nodes)  // ascending: execution order; each node alone holds only its parameters
+    if (g.nodes[static_cast<size_t>(n)].kind != OpKind::Input) StageModule(g, n, n + 1, seed).run_node(n, env, RunContext{});
+  std::map<int, at::Tensor> out;
+  for (int t : wanted) out[t] = env[static_cast<size_t>(t)].clone();
+  return out;
 }
 
 StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, const RunOptions& options) {

@@ -90,6 +90,11 @@ struct StageRun {
   std::string transport;                   // what carried the tensors (PipelineTransport::description)
 };
 
+// The integer and boolean tensors a stage starting at node `begin` receives (positions, masks,
+// ids), computed for real on the first micro-batch's synthetic data by running only the nodes
+// they depend on: what a stage run alone (replay-stage) needs besides stand-ins.
+std::map<int, at::Tensor> exact_integer_inputs(const OpGraph& graph, int begin, uint64_t seed);
+
 // This rank's stage (rank == stage in `comm`, size == stages).
 StageRun run_pipeline_mpi(const OpGraph& graph, const PipelineConfig& config, MPI_Comm comm, const RunOptions& options);
 

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "exec/dtypes.h"
+#include "graph/layout.h"
 #include "util/error.h"
 
 namespace dawnpiper {
@@ -79,8 +80,17 @@ void PipelineStage::run(const Action& a) {
     case ActionKind::RecvActivation: {
       InFlight& f = in_flight_[a.micro_batch];
       f.inputs = transport_.recv(config_.stage - 1, MessageKind::Activation, a.micro_batch, recv_specs_);
-      for (size_t i = 0; i < f.inputs.size(); ++i)
+      for (size_t i = 0; i < f.inputs.size(); ++i) {
+        // An imported tensor that is a permuted view in the whole graph gets that layout back, so
+        // the stage views and copies where the whole graph does (a reshape of a transposed
+        // attention output views there; of a contiguous copy it would copy).
+        const TensorInfo& spec = *recv_specs_[i];
+        if (!spec.strides.empty() && !is_contiguous(spec.shape, spec.strides) && is_dense(spec.shape, spec.strides)) {
+          at::NoGradGuard no_grad;
+          f.inputs[i] = at::empty_strided(spec.shape, spec.strides, f.inputs[i].options()).copy_(f.inputs[i]);
+        }
         if (recv_requires_grad_[i]) f.inputs[i].requires_grad_(true);
+      }
       break;
     }
     case ActionKind::SendActivation: {

@@ -55,7 +55,7 @@ class LocalTransport final : public Transport {
 };
 
 // For running one stage alone (replay-stage): receives return stand-in tensors of the right
-// shapes and dtypes (small random values, zeros for integers), sends are counted and held until
+// shapes and dtypes (small positive random values; zeros for integers unless set_exact gives them), sends are counted and held until
 // the next send (the latest an MPI send completes, as the planner's memory replay assumes), as
 // contiguous copies where MPI would need one (transposed views).
 class StandInTransport final : public Transport {
@@ -65,11 +65,16 @@ class StandInTransport final : public Transport {
   std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                const std::vector<const TensorInfo*>& specs) override;
   void flush() override { in_flight_.clear(); }
+  // Received tensors to give exactly (by graph tensor id) instead of stand-ins: integer and
+  // boolean ones, whose values index or mask (a zero relative position would become an index
+  // out of range). See exact_integer_inputs (runtime/pipeline.h).
+  void set_exact(std::map<int, at::Tensor> exact) { exact_ = std::move(exact); }
 
  private:
   at::Device device_;
   uint64_t seed_;
   std::vector<at::Tensor> in_flight_;
+  std::map<int, at::Tensor> exact_;
 };
 
 }  // namespace dawnpiper

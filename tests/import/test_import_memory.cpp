@@ -1,0 +1,142 @@
+// Per-stage memory of imported graphs: the planner's replay of a stage's action list against the
+// counting allocator's peak of the same stage run alone, at every block boundary and every
+// eighth of the graph, every schedule, keeping every tensor or evicting at random.
+#include "import/import_test.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <set>
+
+#include "memory/counting_allocator.h"
+#include "models/model_file.h"
+#include "plan/cost_model.h"
+#include "plan/stage_memory.h"
+#include "profile/profiler.h"
+#include "runtime/pipeline.h"
+#include "runtime/pipeline_stage.h"
+#include "runtime/transport.h"
+
+using namespace dawnpiper;
+using namespace dawnpiper::test;
+
+namespace {
+
+// What a stage run alone holds at its peak, as the counting allocator sees it.
+int64_t measured_stage_peak(CountingAllocator& counter, const OpGraph& g, const PipelineConfig& pc, int x) {
+  const int64_t base = counter.live_bytes();
+  StandInTransport transport;
+  if (x > 0) transport.set_exact(exact_integer_inputs(g, pc.ranges[static_cast<size_t>(x)].first, pc.seed));
+  PipelineStage stage(g, stage_config(pc, x), transport);
+  counter.reset_peak();
+  for (const Action& a : stage_actions(pc, x)) stage.execute(a);
+  return counter.peak_bytes() - base;
+}
+
+// Random decisions for the stage's saved tensors: keep, swap, or recompute what it produces.
+std::vector<TensorDecision> random_decisions(const CostModel& model, const Profile& profile, int b, int e, std::mt19937& rng) {
+  std::set<int> saved;
+  for (int n = b; n < e; ++n) saved.insert(model.saved_at(n).begin(), model.saved_at(n).end());
+  std::vector<TensorDecision> ds;
+  for (int tensor : saved) {
+    const TensorProfile& t = profile.tensors[static_cast<size_t>(tensor)];
+    const std::vector<int>& savers = model.saved_by(tensor);
+    TensorDecision d{tensor, t.bytes, TensorAction::Keep, *(std::lower_bound(savers.begin(), savers.end(), e) - 1)};
+    const bool recomputable = !t.is_data && t.producer >= b && t.producer < e;
+    const int pick = static_cast<int>(rng() % 3);
+    if (!t.internal && !t.param_view && pick > 0) d.action = pick == 1 || !recomputable ? TensorAction::Swap : TensorAction::Recompute;
+    ds.push_back(d);
+  }
+  return ds;
+}
+
+}  // namespace
+
+// Every block boundary and every eighth of the graph, every schedule, keeping every tensor and
+// then swapping or recomputing at random: the stage's measured peak against the replay's
+// prediction (below it by up to 5%: backward workspaces measured node by node). DEBUG_MEMORY=1
+// prints every ratio.
+TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[import]") {
+  at::set_num_threads(1);
+  CountingAllocator& counter = CountingAllocator::install();
+  for (const char* name : {"gpt2", "bert", "t5", "llama", "gpt2_bf16"}) {
+    const OpGraph g = build_imported(*read_model_file(test_model(name)), 4);
+    ProfilerOptions quick;
+    quick.warmup = 0;
+    quick.iterations = 1;
+    quick.in_step_timing = false;
+    const Profile profile = profile_graph(g, quick);
+    std::mt19937 rng(5);
+    std::set<int> cuts;
+    for (int n = 1; n < g.size(); ++n)
+      if (profile.nodes[static_cast<size_t>(n)].block != profile.nodes[static_cast<size_t>(n) - 1].block) cuts.insert(n);
+    for (int q = 1; q < 8; ++q) cuts.insert(g.size() * q / 8);
+    for (int cut : cuts)
+      for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async})
+        for (int round = 0; round < 2; ++round) {
+          PlanOptions po;
+          po.stages = 2;
+          po.schedule = schedule_kind_name(kind);
+          po.micro_batches = 3;
+          const CostModel model(profile, po);
+          PipelineConfig pc;
+          pc.schedule = kind;
+          pc.ranges = {{0, cut}, {cut, g.size()}};
+          pc.micro_batches = 3;
+          pc.steps = 2;
+          for (const auto& [b, e] : pc.ranges)
+            pc.decisions.push_back(round == 0 ? std::vector<TensorDecision>{} : random_decisions(model, profile, b, e, rng));
+          for (int x = 0; x < 2; ++x) {
+            const auto [b, e] = pc.ranges[static_cast<size_t>(x)];
+            const int64_t predicted = replay_stage_memory(model, b, e, x, pc.decisions[static_cast<size_t>(x)]).peak;
+            const int64_t measured = measured_stage_peak(counter, g, pc, x);
+            if (std::getenv("DEBUG_MEMORY"))
+              std::fprintf(stderr, "%s %s cut %d round %d stage %d (%+.1f%%)\n", name, schedule_kind_name(kind), cut, round, x,
+                           100.0 * (double(measured) / double(predicted) - 1));
+            INFO(name << " cut " << cut << " (" << g.nodes[static_cast<size_t>(cut)].name << ") " << schedule_kind_name(kind)
+                      << " round " << round << " stage " << x << ": measured " << measured << " predicted " << predicted);
+            // Keeping everything: at most 2% above (measured: +0.8%). Random evictions: 6% (T5
+            // reaches +5.5% under gpipe, not yet explained; the planner's own decisions stay
+            // within 2% in the command-line tests).
+            CHECK(double(measured) <= (round == 0 ? 1.02 : 1.06) * double(predicted));
+            CHECK(double(measured) >= 0.93 * double(predicted));
+          }
+        }
+  }
+}
+
+// Swapping and recomputing imported tensors changes nothing the model computes.
+TEST_CASE("random swaps and recomputations of imported tensors train bitwise like keeping them", "[import]") {
+  at::set_num_threads(1);
+  for (const char* name : {"gpt2", "llama"}) {
+    INFO(name);
+    const OpGraph g = build_imported(*read_model_file(test_model(name)), 2);
+    ProfilerOptions quick;
+    quick.warmup = 0;
+    quick.iterations = 1;
+    quick.in_step_timing = false;
+    const Profile profile = profile_graph(g, quick);
+    PlanOptions po;
+    po.stages = 2;
+    po.schedule = "1f1b";
+    po.micro_batches = 2;
+    const CostModel model(profile, po);
+    PipelineConfig pc;
+    pc.schedule = ScheduleKind::OneFOneB;
+    pc.ranges = {{0, g.size() / 2}, {g.size() / 2, g.size()}};
+    pc.micro_batches = 2;
+    pc.steps = 2;
+    pc.optimizer.kind = "adam";
+    const InProcessResult kept = run_pipeline_in_process(g, pc);
+    std::mt19937 rng(3);
+    for (const auto& [b, e] : pc.ranges) pc.decisions.push_back(random_decisions(model, profile, b, e, rng));
+    const InProcessResult evicted = run_pipeline_in_process(g, pc);
+    REQUIRE(kept.losses.size() == 2);
+    REQUIRE(evicted.losses.size() == 2);
+    for (size_t s = 0; s < 2; ++s) CHECK(kept.losses[s].loss == evicted.losses[s].loss);
+    for (size_t x = 0; x < 2; ++x)
+      for (size_t i = 0; i < kept.parameters[x].size(); ++i)
+        CHECK(at::equal(kept.parameters[x][i].tensor, evicted.parameters[x][i].tensor));
+  }
+}
