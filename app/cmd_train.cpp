@@ -6,6 +6,9 @@
 
 #include <chrono>
 #include <cinttypes>
+#include <optional>
+#include <sstream>
+#include <type_traits>
 #include <climits>
 #include <cstdio>
 #include <fstream>
@@ -84,6 +87,33 @@ DataConfig data_config_from(const po::variables_map& vm) {
   return d;
 }
 
+// Takes the plan's schedule, micro-batching, optimizer, planner, memory optimization, precision
+// and stage count into vm; a value given on the command line or in the config file that differs
+// is a ConfigError naming both.
+void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
+  auto adopt = [&](const char* key, const auto& planned) {
+    using T = std::decay_t<decltype(planned)>;
+    auto found = vm.find(key);
+    if (found != vm.end() && !found->second.defaulted() && found->second.template as<T>() != planned) {
+      std::ostringstream given, wanted;
+      given << found->second.template as<T>();
+      wanted << planned;
+      throw ConfigError("--" + std::string(key) + " " + given.str() + " contradicts the plan (--plan-in), made for " +
+                        wanted.str() + "; leave the option out or plan again");
+    }
+    vm.erase(key);
+    vm.insert({key, po::variable_value(boost::any(planned), false)});
+  };
+  adopt("schedule", plan.options.schedule);
+  adopt("micro-batch-size", plan.micro_batch_size);
+  adopt("micro-batches", plan.options.micro_batches);
+  adopt("optimizer", plan.options.optimizer);
+  adopt("planner", plan.options.planner);
+  adopt("memopt", plan.options.memopt);
+  adopt("precision", plan.precision);
+  adopt("stages", static_cast<int>(plan.stages.size()));
+}
+
 void broadcast(std::string& text) {
   int64_t n = static_cast<int64_t>(text.size());
   MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
@@ -131,6 +161,15 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (!parse_options(argc, argv, "train", "Trains a model: one stage with the reference trainer, several as a pipeline.",
                      options, vm))
     return 0;
+  // A given plan decides how the run trains; flags and config values may only repeat it.
+  std::optional<Plan> given_plan;
+  if (vm.count("plan-in")) {
+    std::string text;
+    if (world.rank == 0) text = read_text_file(vm["plan-in"].as<std::string>());
+    broadcast(text);
+    given_plan = plan_from_json(text);
+    adopt_plan_settings(*given_plan, vm);
+  }
   const bool in_process = vm["in-process"].as<bool>();
   const int stages = vm.count("stages") ? vm["stages"].as<int>() : world.size;
   if (stages < 1) throw ConfigError("--stages must be at least 1");
@@ -150,6 +189,10 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   const ModelSource model = model_source_from(vm);
   const int64_t micro_batch_size = vm["micro-batch-size"].as<int64_t>();
   OpGraph graph = model.graph(micro_batch_size);
+  if (given_plan && !given_plan->graph_hash.empty() && given_plan->graph_hash != graph.fingerprint())
+    throw ConfigError("the plan (--plan-in) was made for another graph: " + given_plan->preset + " with " +
+                      std::to_string(given_plan->nodes) + " nodes, fingerprint " + given_plan->graph_hash + "; this run's " +
+                      graph.preset + " has " + std::to_string(graph.size()) + " nodes, fingerprint " + graph.fingerprint());
   TrainConfig config;
   config.steps = vm["steps"].as<int64_t>();
   config.micro_batches = vm["micro-batches"].as<int64_t>();

@@ -282,6 +282,29 @@ def capture_error(e, wrapper, prefix):
     return f"torch.export cannot capture {location}: {reason[:600]}"
 
 
+def module_paths(program):
+    """Module path by node name, also inside higher-order regions (autocast, no_grad), whose
+    nodes lose their module stack when decompositions inline them."""
+    import torch
+
+    paths = {}
+
+    def visit(module):
+        for node in module.graph.nodes:
+            stack = node.meta.get("nn_module_stack")
+            if stack:
+                paths[node.name] = list(stack.values())[-1][0]
+        for _, child in module.named_children():
+            if isinstance(child, torch.fx.GraphModule):
+                visit(child)
+
+    children = [c for _, c in program.graph_module.named_children() if isinstance(c, torch.fx.GraphModule)]
+    if not children:
+        return {}  # no such regions: every node kept its own stack
+    visit(program.graph_module)
+    return paths
+
+
 def relax_views(program):
     """Functionalization turns reshape into view or clone+view by the tracer's strides, which need
     not be the strides the real kernels produce (CPU attention returns a transposed layout): a
@@ -319,6 +342,7 @@ def export_program(wrapper, inputs, prefix, max_batch):
         os.dup2(log.fileno(), 2)
         try:
             program = torch.export.export(wrapper, args, dynamic_shapes=dynamic, strict=False)
+            paths = module_paths(program)
             program = program.run_decompositions({})
             relax_views(program)
         except Exception as e:  # noqa: BLE001 - torch.export raises many kinds; all are the model's
@@ -334,7 +358,7 @@ def export_program(wrapper, inputs, prefix, max_batch):
                 sys.stderr.write(log.read().decode(errors="replace"))
     if error is not None:
         raise UserError(capture_error(error, wrapper, prefix)) from error
-    return program, names
+    return program, names, paths
 
 
 # ----------------------------------------------------------------------------- graph
@@ -455,7 +479,7 @@ def observe(program, inputs):
     return found
 
 
-def build_graph(program, input_names, prefix, roles, names_of, observed):
+def build_graph(program, input_names, prefix, roles, names_of, observed, paths):
     import operator
 
     import torch
@@ -605,6 +629,8 @@ def build_graph(program, input_names, prefix, roles, names_of, observed):
             values[node.name] = node.name
         stack = node.meta.get("nn_module_stack") or {}
         path = list(stack.values())[-1][0] if stack else ""
+        if path + "." == prefix or not path:  # inlined from a higher-order region: recover it by name
+            path = paths.get(node.name, path)
         path = path[len(prefix):] if path.startswith(prefix) else ("" if path + "." == prefix else path)
         out_nodes.append({
             "name": node.name,
@@ -751,10 +777,10 @@ def main(argv=None):
         wrapper, prefix, inputs, roles, description = module_source(args)
     else:
         wrapper, prefix, inputs, roles, description = hf_source(args)
-    program, names = export_program(wrapper, inputs, prefix, args.max_batch)
+    program, names, paths = export_program(wrapper, inputs, prefix, args.max_batch)
     names_of = tied_names(wrapper, prefix)
     observed = observe(program, inputs)
-    graph_inputs, nodes, weights, batch = build_graph(program, names, prefix, roles, names_of, observed)
+    graph_inputs, nodes, weights, batch = build_graph(program, names, prefix, roles, names_of, observed, paths)
     table, tensors = weight_table(program, weights, nodes, prefix, names_of)
     blocks = blocks_of(nodes)
     import torch

@@ -1,6 +1,7 @@
 #include "graph/op_graph.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 #include <stdexcept>
 
@@ -238,6 +239,26 @@ int OpGraph::aliased_input(int node, size_t k) const {
   if (arg < 0 || arg >= static_cast<int>(n.call.args.size())) return -1;
   const AtenArg& a = n.call.args[static_cast<size_t>(arg)];
   return a.kind == AtenArg::Kind::Tensor ? n.inputs.at(static_cast<size_t>(a.i)) : -1;
+}
+
+std::string OpGraph::fingerprint() const {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+    h = (h ^ 0xff) * 1099511628211ULL;
+  };
+  mix(precision);
+  for (const Node& n : nodes) {
+    mix(op_kind_name(n.kind));
+    mix(n.call.qualified());
+    mix(n.name);
+    for (int t : n.inputs) mix(std::to_string(t));
+    for (int t : n.outputs) mix(std::to_string(t) + dtype_name(tensor(t).dtype));
+    for (const ParamSpec& p : n.params) mix(shape_str(p.shape) + std::to_string(p.tied_node));
+  }
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
+  return text;
 }
 
 bool OpGraph::views_weight(int node, size_t k) const {

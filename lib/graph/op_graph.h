@@ -231,6 +231,10 @@ class OpGraph {
   // slice, an expanded buffer): it allocates nothing and must never be evicted.
   bool views_weight(int node, size_t k) const;
   bool imported() const { return !weight_files.empty(); }
+  // A digest of the graph's structure (node kinds and operators, names, wiring, parameter shapes,
+  // dtypes, precision), the same at every micro-batch size: what a profile and a plan were made
+  // for. 16 hex digits.
+  std::string fingerprint() const;
 };
 
 }  // namespace dawnpiper

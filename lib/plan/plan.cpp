@@ -91,6 +91,7 @@ std::string Plan::to_json(int indent) const {
   j["model"] = model;
   j["preset"] = preset;
   j["precision"] = precision;
+  j["graph_hash"] = graph_hash;
   Json in = Json::object();
   in["stages"] = options.stages;
   in["schedule"] = options.schedule;
@@ -158,6 +159,7 @@ Plan plan_from_json(const std::string& text) {
   p.model = j.at("model").as_string();
   p.preset = j.at("preset").as_string();
   p.precision = j.contains("precision") ? j.at("precision").as_string() : "fp32";  // optional in version 1
+  p.graph_hash = j.contains("graph_hash") ? j.at("graph_hash").as_string() : "";
   const Json& in = j.at("inputs");
   p.options.stages = static_cast<int>(in.at("stages").as_int());
   p.options.schedule = in.at("schedule").as_string();

@@ -95,6 +95,7 @@ struct Plan {
   int version = kVersion;
   std::string model, preset;  // from the profile, for the reader's orientation
   std::string precision = "fp32";  // the profile's: train refuses to run the plan in another
+  std::string graph_hash;          // the profile's OpGraph::fingerprint(): train refuses another graph
   PlanOptions options;        // the inputs; options.stages == stages.size()
   int64_t micro_batch_size = 1;
   int nodes = 0;              // profile size the node ranges refer to

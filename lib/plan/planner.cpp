@@ -168,6 +168,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
   plan.model = profile.model;
   plan.preset = profile.preset;
   plan.precision = profile.precision;
+  plan.graph_hash = profile.graph_hash;
   plan.options = options;
   plan.micro_batch_size = profile.micro_batch_size;
   plan.nodes = profile.size();

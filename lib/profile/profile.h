@@ -102,6 +102,7 @@ struct Profile {
   std::string timing;  // how node times were obtained: "in-step" | "isolated" | "roofline"
   std::string torch_version, created;         // provenance
   std::string precision = "fp32";  // of the graph profiled: fp32 | bf16
+  std::string graph_hash;          // OpGraph::fingerprint() of the graph profiled ("" in older files)
   std::string notes;  // caveats a reader should know (operators the analytic profile has no formula for)
   int64_t micro_batch_size = 1;
   std::vector<int64_t> profiled_batch_sizes;

@@ -14,6 +14,7 @@ Profile profile_skeleton(const OpGraph& g, const std::string& source, const std:
   p.device = device;
   p.source = source;
   p.precision = g.precision;
+  p.graph_hash = g.fingerprint();
   p.micro_batch_size = g.micro_batch_size;
   p.profiled_batch_sizes = {g.micro_batch_size};
   p.blocks = g.blocks;

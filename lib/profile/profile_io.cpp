@@ -26,6 +26,7 @@ void write_profile(const Profile& p, const std::string& path) {
     write_attr<int64_t>(file, "schema_version", Profile::kSchemaVersion);
     write_attr(file, "model", p.model);
     write_attr(file, "preset", p.preset);
+    write_attr(file, "graph_hash", p.graph_hash);
     write_attr(file, "device", p.device);
     write_attr(file, "source", p.source);
     write_attr(file, "timing", p.timing);
@@ -104,6 +105,7 @@ Profile read_profile(const std::string& path) {
                         "; this build reads version " + std::to_string(Profile::kSchemaVersion) + " (re-profile)");
     p.model = read_attr_string(file, "model");
     p.preset = read_attr_string(file, "preset");
+    if (has_attr(file, "graph_hash")) p.graph_hash = read_attr_string(file, "graph_hash");
     p.device = read_attr_string(file, "device");
     p.source = read_attr_string(file, "source");
     p.timing = read_attr_string(file, "timing");

@@ -60,6 +60,16 @@ expect_fail "plan without profile" "give --profile-in" plan --stages 2
 expect_fail "plan unknown planner" "planner" plan --profile-in "$work/p.h5" --planner magic --stages 2
 expect_fail "plan not a profile" "not a readable HDF5 profile" plan --profile-in "$work/bad.ini" --stages 2
 
+# A plan is run as planned: its schedule and micro-batching, not the defaults; a flag that
+# contradicts it, or a plan of another graph, is refused.
+"$bin" plan --profile-in "$work/p.h5" --stages 2 --schedule async --micro-batch-size 8 --micro-batches 3 --out "$work/async8.json" >/dev/null
+expect_ok "train runs the plan's settings" "micro-batch 8 x 3, sgd lr 0.01, 2 stages, async" \
+  train --model mlp-tiny --plan-in "$work/async8.json" --stages 2 --in-process --steps 1
+expect_fail "a flag against the plan" "--schedule 1f1b contradicts the plan (--plan-in), made for async" \
+  train --model mlp-tiny --plan-in "$work/async8.json" --in-process --schedule 1f1b
+expect_fail "a plan of another graph" "the plan (--plan-in) was made for another graph" \
+  train --model mlp-tiny --hidden 48 --plan-in "$work/async8.json" --in-process
+
 # Pipeline training over MPI: synchronous losses equal the reference trainer's; the
 # asynchronous run equals the single-process execution of the same action lists, bitwise.
 mpi="mpirun --oversubscribe -np"

@@ -183,6 +183,8 @@ TEST_CASE("plans round-trip through JSON", "[plan][planner]") {
   CHECK(back.options.link_bandwidth == opt.link_bandwidth);
   CHECK(back.options.schedule == "1f1b");
   CHECK(back.micro_batch_size == plan.micro_batch_size);
+  CHECK(back.graph_hash == plan.graph_hash);
+  CHECK(back.precision == plan.precision);
   REQUIRE(back.stages.size() == plan.stages.size());
   for (size_t x = 0; x < plan.stages.size(); ++x) {
     const StagePlan &a = plan.stages[x], &b = back.stages[x];
