@@ -114,6 +114,39 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
   adopt("stages", static_cast<int>(plan.stages.size()));
 }
 
+// Data x pipeline parallelism: world = replicas x stages; ranks r*stages .. r*stages+stages-1
+// form replica r's pipeline, so with block placement a pipeline's stages share a node.
+struct Layout {
+  int stages = 1, replicas = 1;
+  int replica = 0, stage = 0;  // this rank's
+};
+
+Layout data_pipeline_layout(const po::variables_map& vm, const MpiWorld& world, bool in_process) {
+  Layout l;
+  const int dp = vm.count("data-parallel") ? vm["data-parallel"].as<int>() : 0;
+  if (vm.count("data-parallel") && dp < 1) throw ConfigError("--data-parallel must be at least 1");
+  if (in_process) {
+    if (world.size != 1) throw ConfigError("--in-process runs every stage in one process: launch one rank");
+    if (dp > 1) throw ConfigError("--data-parallel needs MPI ranks, not --in-process");
+    l.stages = vm.count("stages") ? vm["stages"].as<int>() : 1;
+    if (l.stages < 1) throw ConfigError("--stages must be at least 1");
+    return l;
+  }
+  l.stages = vm.count("stages") ? vm["stages"].as<int>() : (dp > 0 ? world.size / dp : world.size);
+  if (l.stages < 1 || (vm.count("stages") && vm["stages"].as<int>() < 1)) throw ConfigError("--stages must be at least 1");
+  if (dp > 0 && dp * l.stages != world.size)
+    throw ConfigError("--data-parallel " + std::to_string(dp) + " x " + std::to_string(l.stages) + " stages needs " +
+                      std::to_string(dp * l.stages) + " MPI ranks, but " + std::to_string(world.size) + " are launched");
+  if (world.size % l.stages != 0)
+    throw ConfigError("--stages " + std::to_string(l.stages) + " but " + std::to_string(world.size) +
+                      " MPI ranks: launch with `mpirun -np " + std::to_string(l.stages) +
+                      "` (or a multiple of it for data parallelism, or use --in-process)");
+  l.replicas = world.size / l.stages;
+  l.replica = world.rank / l.stages;
+  l.stage = world.rank % l.stages;
+  return l;
+}
+
 void broadcast(std::string& text) {
   int64_t n = static_cast<int64_t>(text.size());
   MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
@@ -127,7 +160,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   po::options_description options;
   po::options_description own("Training options");
   own.add_options()
-      ("stages", po::value<int>(), "pipeline stages (default: the number of MPI ranks)")
+      ("stages", po::value<int>(), "pipeline stages (default: the number of MPI ranks / --data-parallel)")
+      ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
+                                          "averaged every step (default: MPI ranks / --stages); consecutive ranks form a pipeline")
       ("schedule", po::value<std::string>()->default_value("1f1b"), "gpipe | 1f1b | async (PipeDream, weight stashing)")
       ("planner", po::value<std::string>()->default_value("dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
       ("memopt", po::value<std::string>()->default_value("none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions")
@@ -171,12 +206,8 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     adopt_plan_settings(*given_plan, vm);
   }
   const bool in_process = vm["in-process"].as<bool>();
-  const int stages = vm.count("stages") ? vm["stages"].as<int>() : world.size;
-  if (stages < 1) throw ConfigError("--stages must be at least 1");
-  if (in_process && world.size != 1) throw ConfigError("--in-process runs every stage in one process: launch one rank");
-  if (!in_process && stages != world.size)
-    throw ConfigError("--stages " + std::to_string(stages) + " but " + std::to_string(world.size) +
-                      " MPI ranks: launch with `mpirun -np " + std::to_string(stages) + "` (or use --in-process)");
+  const Layout layout = data_pipeline_layout(vm, world, in_process);
+  const int stages = layout.stages, replicas = layout.replicas;
   memopt_mode_from_name(vm["memopt"].as<std::string>());  // validates before any work
   const TransportChoice transport = transport_choice_from_name(vm["transport"].as<std::string>());
   // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
@@ -210,7 +241,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (config.steps < 0) throw ConfigError("--steps must not be negative");
   const bool quiet = vm["quiet"].as<bool>();
   const Progress::Style progress_style = Progress::style_from_name(vm["progress"].as<std::string>());
-  const double samples_per_step = static_cast<double>(config.micro_batches * micro_batch_size);
+  const double samples_per_step = static_cast<double>(config.micro_batches * micro_batch_size * replicas);
 
   const int64_t checkpoint_every = vm["checkpoint-every"].as<int64_t>();
   const bool resume = vm["resume"].as<bool>();
@@ -227,7 +258,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   // optimization need the runtime.
   const bool runtime_features = vm.count("trace") || checkpoint_every > 0 || resume ||
                                 vm["memopt"].as<std::string>() != "none" || vm.count("plan-in") || device.is_cuda();
-  if (stages == 1 && !in_process && !runtime_features) {
+  if (stages == 1 && replicas == 1 && !in_process && !runtime_features) {
     counter.set_capacity(capacity);
     ReferenceTrainer trainer(graph, config);
     if (!quiet)
@@ -292,13 +323,16 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   pc.optimizer = config.optimizer;
   pc.device = device;
   pc.data = config.data;
+  pc.replica = layout.replica;
+  pc.replicas = replicas;
   check_ranges(graph, pc.ranges);
   DeviceMemory::set_capacity(device, capacity);
   if (world.rank == 0 && !quiet) {
-    std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, %d stages, %s\n",
+    std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, %d stages, %s%s\n",
                 graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size,
                 config.micro_batches, config.optimizer.kind.c_str(), config.optimizer.lr, stages,
-                schedule_kind_name(pc.schedule));
+                schedule_kind_name(pc.schedule),
+                replicas > 1 ? (", " + std::to_string(replicas) + " data-parallel replicas").c_str() : "");
     for (const StagePlan& s : plan.stages)
       std::printf("  stage %d: nodes [%d, %d), predicted peak %s\n", s.index, s.begin, s.end,
                   format_bytes(static_cast<double>(s.memory.predicted_peak())).c_str());
@@ -343,7 +377,14 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     for (const StepLoss& s : run_pipeline_in_process(graph, pc).losses) run.on_loss(s);
     mine.peak_bytes = DeviceMemory::peak_bytes(device);
   } else {
-    mine = run_pipeline_mpi(graph, pc, MPI_COMM_WORLD, run);
+    // Each replica's pipeline on its own communicator; each stage's replicas on another.
+    MPI_Comm pipeline = MPI_COMM_WORLD;
+    if (replicas > 1) {
+      MPI_Comm_split(MPI_COMM_WORLD, layout.replica, layout.stage, &pipeline);
+      MPI_Comm_split(MPI_COMM_WORLD, layout.stage, layout.replica, &run.replica_comm);
+    }
+    mine = run_pipeline_mpi(graph, pc, pipeline, run);
+    if (replicas > 1) MPI_Comm_free(&pipeline), MPI_Comm_free(&run.replica_comm);
   }
   progress.finish();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -356,12 +397,14 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     double wall = 0;
     MPI_Reduce(&mine.wall_s, &wall, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     StageRecord rec;
-    rec.stage = rec.rank = world.rank;
-    rec.node_begin = pc.ranges[world.rank].first;
-    rec.node_end = pc.ranges[world.rank].second;
+    rec.stage = layout.stage;
+    rec.rank = world.rank;
+    rec.replica = layout.replica;
+    rec.node_begin = pc.ranges[static_cast<size_t>(layout.stage)].first;
+    rec.node_end = pc.ranges[static_cast<size_t>(layout.stage)].second;
     for (const auto& p : mine.parameters) rec.parameters += p.tensor.numel();
-    rec.predicted_peak_bytes = plan.stages[world.rank].memory.predicted_peak();
-    rec.predicted_ms_per_micro_batch = plan.stages[world.rank].time_ms();
+    rec.predicted_peak_bytes = plan.stages[static_cast<size_t>(layout.stage)].memory.predicted_peak();
+    rec.predicted_ms_per_micro_batch = plan.stages[static_cast<size_t>(layout.stage)].time_ms();
     rec.measured_peak_bytes = mine.peak_bytes;
     gethostname(rec.host, sizeof rec.host - 1);
     std::vector<StageRecord> records(static_cast<size_t>(world.size));
@@ -373,6 +416,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       trace.device = device.str();
       trace.transport = mine.transport;
       trace.stages = stages;
+      trace.replicas = replicas;
       trace.micro_batch_size = micro_batch_size;
       trace.micro_batches = config.micro_batches;
       trace.first_step = pc.first_step;
@@ -388,8 +432,10 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     if (!in_process && !quiet) std::printf("  transport: %s on %s\n", mine.transport.c_str(), device.is_cuda() ? "cuda" : "cpu");
     if (!in_process)
       for (int r = 0; r < world.size; ++r)
-        std::printf("  stage %d: measured peak %s (predicted %s)\n", r, format_bytes(double(peaks[r])).c_str(),
-                    format_bytes(double(plan.stages[r].memory.predicted_peak())).c_str());
+        std::printf("  stage %d%s: measured peak %s (predicted %s)\n", r % stages,
+                    replicas > 1 ? (" of replica " + std::to_string(r / stages)).c_str() : "",
+                    format_bytes(double(peaks[r])).c_str(),
+                    format_bytes(double(plan.stages[static_cast<size_t>(r % stages)].memory.predicted_peak())).c_str());
     const double trained = static_cast<double>(config.steps - pc.first_step);
     std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s\n", config.steps,
                 progress.last_loss(), seconds > 0 ? samples_per_step * trained / seconds : 0.0);

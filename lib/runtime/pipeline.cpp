@@ -59,6 +59,8 @@ StageConfig stage_config(const PipelineConfig& c, int stage) {
   s.device = c.device;
   if (static_cast<size_t>(stage) < c.decisions.size()) s.decisions = c.decisions[static_cast<size_t>(stage)];
   s.data = c.data;
+  s.replica = c.replica;
+  s.replicas = c.replicas;
   return s;
 }
 
@@ -194,6 +196,22 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
       MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, rank, &sub);
       if (member) tie_comms.push_back({key, sub});
     }
+    StageTracer* tracing = nullptr;  // set once the tracer exists
+    if (c.replicas > 1)
+      stage.set_replica_reducer([&](std::vector<StageParameter>& params) {
+        const auto start = StageTracer::Clock::now();
+        int64_t bytes = 0;
+        for (auto& p : params) {
+          if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+          // Averaged in host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
+          at::Tensor grad = p.tensor.mutable_grad().to(at::kCPU, at::kFloat).contiguous();
+          MPI_Allreduce(MPI_IN_PLACE, grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, options.replica_comm);
+          grad.div_(static_cast<double>(c.replicas));
+          p.tensor.mutable_grad() = grad.to(p.tensor.device(), p.tensor.scalar_type());
+          bytes += grad.numel() * grad.element_size();
+        }
+        if (tracing) tracing->record_nested(ActionKind::AllReduce, -1, -1, bytes, start, StageTracer::Clock::now());
+      });
     if (c.schedule != ScheduleKind::Async && !tie_comms.empty())
       stage.set_tied_reducer([&](std::vector<StageParameter>& params) {
         for (auto& [key, sub] : tie_comms)
@@ -215,6 +233,10 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
     std::vector<MPI_Request> requests;
     outgoing.reserve(static_cast<size_t>(c.steps));
     stage.set_loss_callback([&](int64_t step, double loss) {
+      if (c.replicas > 1) {  // the step's loss over every replica's micro-batches
+        MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, options.replica_comm);
+        loss /= static_cast<double>(c.replicas);
+      }
       if (rank == 0) {
         report({step, loss});
         return;
@@ -238,6 +260,7 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
     };
     MPI_Barrier(comm);  // the common origin of every rank's trace times
     StageTracer tracer(rank, stage.module().device(), transport, StageTracer::Clock::now(), options.trace);
+    tracing = &tracer;
     if (stage.evictor())
       stage.evictor()->set_listener([&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes,
                                               StageTracer::Clock::time_point start, StageTracer::Clock::time_point end) {
@@ -262,7 +285,8 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
         MPI_Bcast(&mean, 1, MPI_DOUBLE, last, comm);
         if (rank == 0 && options.on_validation) options.on_validation({step, mean});
       }
-      if (a.kind == ActionKind::OptimizerStep && options.checkpoint_every > 0 && step_done) {
+      if (a.kind == ActionKind::OptimizerStep && options.checkpoint_every > 0 && step_done && c.replica == 0) {
+        // Written once per stage: the replicas hold the same weights.
         const int64_t done = step + 1;
         if (done % options.checkpoint_every == 0 || done == c.steps) {
           transport.flush();
@@ -276,6 +300,7 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
     for (auto& [key, sub] : tie_comms) MPI_Comm_free(&sub);
     result.parameters = stage.module().parameters();
     result.actions = tracer.records();
+    for (ActionRecord& r : result.actions) r.replica = c.replica;
     result.peak_bytes = tracer.peak_bytes();
     result.wall_s = tracer.last_end_s();
   }

@@ -34,6 +34,7 @@ struct PipelineConfig {
   at::Device device = at::Device(at::kCPU);  // every stage's (each rank's own GPU on CUDA)
   std::vector<std::vector<TensorDecision>> decisions;  // per stage (the plan's); empty: keep all
   DataConfig data;
+  int replica = 0, replicas = 1;  // data parallelism (StageConfig)
 };
 
 // The configuration of one stage of `config`.
@@ -80,6 +81,10 @@ struct RunOptions {
   // of the validation split; rank 0 gets the mean loss.
   int64_t eval_every = 0, eval_batches = 1;
   std::function<void(const StepLoss&)> on_validation;
+  // Data parallelism: this stage's ranks in every replica (rank = replica), MPI_COMM_NULL
+  // without. Gradients are averaged over it before each update, losses too; replica 0 reports
+  // and writes checkpoints.
+  MPI_Comm replica_comm = MPI_COMM_NULL;
 };
 
 struct StageRun {

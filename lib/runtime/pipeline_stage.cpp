@@ -58,7 +58,11 @@ int PipelineStage::weight_versions() const {
 }
 
 void PipelineStage::execute(const Action& a) {
-  const auto where = [&] { return "stage " + std::to_string(config_.stage) + ", action " + to_string(a) + ": "; };
+  const auto where = [&] {
+    return "stage " + std::to_string(config_.stage) +
+           (config_.replicas > 1 ? " of replica " + std::to_string(config_.replica) : std::string()) + ", action " +
+           to_string(a) + ": ";
+  };
   try {
     run(a);
   } catch (const Error& e) {
@@ -146,7 +150,7 @@ std::vector<at::Tensor>& PipelineStage::version_tensors(int64_t version) {
 void PipelineStage::forward(int64_t mb) {
   InFlight& f = in_flight_[mb];
   TensorEnv env = module_.make_env();
-  data_->load(env, data_ids_, mb * graph_.micro_batch_size, module_.device());
+  data_->load(env, data_ids_, job_micro_batch(mb) * graph_.micro_batch_size, module_.device());
   for (size_t i = 0; i < recv_ids_.size(); ++i) env[recv_ids_[i]] = f.inputs.at(i);
   if (config_.schedule == ScheduleKind::Async) {
     // This forward (and its backward) use the current weights, stashed until that backward.
@@ -155,7 +159,7 @@ void PipelineStage::forward(int64_t mb) {
     ++stash_users_[version_];
     for (size_t i = 0; i < tensors.size(); ++i) module_.parameters()[i].tensor = tensors[i];
   }
-  const RunContext ctx{step_of(mb), mb};
+  const RunContext ctx{step_of(mb), job_micro_batch(mb)};
   if (evictor_) {
     evictor_->begin_forward(mb, ctx, env);
     module_.forward(env, ctx, [&](int n) { evictor_->before_node(mb, n); },
@@ -248,6 +252,7 @@ double PipelineStage::evaluate(int64_t id, int64_t index) {
 }
 
 void PipelineStage::optimizer_step() {
+  if (reduce_replicas_) reduce_replicas_(module_.parameters());
   if (config_.schedule != ScheduleKind::Async && reduce_tied_) reduce_tied_(module_.parameters());
   optimizer_->step();
   ++version_;

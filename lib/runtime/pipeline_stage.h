@@ -33,6 +33,10 @@ struct StageConfig {
   // by an Evictor (keep entries change nothing).
   std::vector<TensorDecision> decisions;
   DataConfig data;  // synthetic, or a token file
+  // Data parallelism: this pipeline is replica `replica` of `replicas`. Its micro-batch k is
+  // micro-batch k * replicas + replica of the whole job (its samples and its dropout masks), so
+  // D replicas of m micro-batches train what one pipeline of D x m micro-batches would.
+  int replica = 0, replicas = 1;
 };
 
 // Sums gradients of parameters that several stages hold copies of (weights tied across the
@@ -50,6 +54,9 @@ class PipelineStage {
   void execute(const Action& action);
   void set_loss_callback(std::function<void(int64_t step, double loss)> on_loss) { on_loss_ = std::move(on_loss); }
   void set_tied_reducer(TiedGradReducer reducer) { reduce_tied_ = std::move(reducer); }
+  // Averages the stage's gradients over the data-parallel replicas before every optimizer step
+  // (every schedule; under async, each replica's k-th update averages their k-th gradients).
+  void set_replica_reducer(TiedGradReducer reducer) { reduce_replicas_ = std::move(reducer); }
   // Forward only, without autograd or dropout, of validation micro-batch `index` (its samples
   // from the validation split): received from the previous stage and sent to the next under
   // message id `id` (apart from every training micro-batch's). Returns the loss on the last
@@ -78,6 +85,7 @@ class PipelineStage {
   void backward(int64_t mb);
   void optimizer_step();
   int64_t step_of(int64_t mb) const { return mb / config_.micro_batches; }
+  int64_t job_micro_batch(int64_t mb) const { return mb * config_.replicas + config_.replica; }
   std::vector<at::Tensor>& version_tensors(int64_t version);
 
   const OpGraph& graph_;
@@ -100,7 +108,7 @@ class PipelineStage {
   double step_loss_ = 0;
   int64_t step_losses_ = 0;
   std::function<void(int64_t, double)> on_loss_;
-  TiedGradReducer reduce_tied_;
+  TiedGradReducer reduce_tied_, reduce_replicas_;
 };
 
 }  // namespace dawnpiper

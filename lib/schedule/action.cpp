@@ -14,7 +14,7 @@ struct KindCode {
 };
 // Longest codes first so that prefix matching in parse_action is unambiguous.
 const KindCode kKindCodes[] = {
-    {ActionKind::SwapOut, "SWAP_OUT"},       {ActionKind::SwapIn, "SWAP_IN"},
+    {ActionKind::AllReduce, "ALLREDUCE"},    {ActionKind::SwapOut, "SWAP_OUT"},       {ActionKind::SwapIn, "SWAP_IN"},
     {ActionKind::Recompute, "RECOMPUTE"},    {ActionKind::SendActivation, "SEND_F"},
     {ActionKind::RecvActivation, "RECV_F"},  {ActionKind::SendGrad, "SEND_B"},
     {ActionKind::RecvGrad, "RECV_B"},        {ActionKind::Forward, "F"},

@@ -26,6 +26,9 @@ enum class ActionKind {
   SwapOut,
   SwapIn,
   Recompute,
+  // Reserved for the runtime: averaging a stage's gradients over its data-parallel replicas,
+  // inside the optimizer step.
+  AllReduce,
 };
 
 struct Action {
@@ -40,7 +43,8 @@ struct Action {
   bool operator!=(const Action& o) const { return !(*this == o); }
 };
 
-// "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "U", "SWAP_OUT", "SWAP_IN", "RECOMPUTE".
+// "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "U", "SWAP_OUT", "SWAP_IN", "RECOMPUTE",
+// "ALLREDUCE".
 const char* action_kind_code(ActionKind kind);
 // Inverse of action_kind_code; throws ConfigError for an unknown code.
 ActionKind action_kind_from_code(const std::string& code);

@@ -24,6 +24,7 @@ struct Fields {
 
 const Fields<ActionRecord>& action_fields() {
   static const Fields<ActionRecord> f{{{"stage", &ActionRecord::stage},
+                                       {"replica", &ActionRecord::replica},
                                        {"micro_batch", &ActionRecord::micro_batch},
                                        {"step", &ActionRecord::step},
                                        {"bytes_sent", &ActionRecord::bytes_sent},
@@ -38,6 +39,7 @@ const Fields<ActionRecord>& action_fields() {
 
 const Fields<StageRecord>& stage_fields() {
   static const Fields<StageRecord> f{{{"stage", &StageRecord::stage},
+                                      {"replica", &StageRecord::replica},
                                       {"rank", &StageRecord::rank},
                                       {"node_begin", &StageRecord::node_begin},
                                       {"node_end", &StageRecord::node_end},
@@ -64,7 +66,11 @@ std::vector<Row> read_fields(hid_t group, const Fields<Row>& fields) {
     if (values.size() != rows.size()) throw std::runtime_error(std::string("column ") + name + " has another length");
     for (size_t i = 0; i < rows.size(); ++i) rows[i].*member = values[i];
   };
-  for (const auto& [name, member] : fields.ints) fill(name, read_column<int64_t>(group, name), member);
+  for (const auto& [name, member] : fields.ints) {
+    // "replica" was added within schema 2: absent in older traces, it is 0.
+    if (std::string(name) == "replica" && H5Lexists(group, name, H5P_DEFAULT) <= 0) continue;
+    fill(name, read_column<int64_t>(group, name), member);
+  }
   for (const auto& [name, member] : fields.reals) fill(name, read_column<double>(group, name), member);
   return rows;
 }
@@ -74,6 +80,8 @@ std::vector<Row> read_fields(hid_t group, const Fields<Row>& fields) {
 bool is_evictor(ActionKind kind) {
   return kind == ActionKind::SwapOut || kind == ActionKind::SwapIn || kind == ActionKind::Recompute;
 }
+
+bool is_nested(ActionKind kind) { return is_evictor(kind) || kind == ActionKind::AllReduce; }
 
 bool is_compute(ActionKind kind) {
   switch (kind) {
@@ -102,6 +110,7 @@ void write_trace(const Trace& t, const std::string& path) {
     write_attr(file, "transport", t.transport);
     write_attr(file, "created", t.created.empty() ? now_iso8601() : t.created);
     write_attr<int64_t>(file, "stages", t.stages);
+    write_attr<int64_t>(file, "replicas", t.replicas);
     write_attr<int64_t>(file, "micro_batch_size", t.micro_batch_size);
     write_attr<int64_t>(file, "micro_batches", t.micro_batches);
     write_attr<int64_t>(file, "first_step", t.first_step);
@@ -136,6 +145,7 @@ Trace read_trace(const std::string& path) {
     t.transport = read_attr_string(file, "transport");
     t.created = read_attr_string(file, "created");
     t.stages = read_attr<int64_t>(file, "stages");
+    if (has_attr(file, "replicas")) t.replicas = read_attr<int64_t>(file, "replicas");
     t.micro_batch_size = read_attr<int64_t>(file, "micro_batch_size");
     t.micro_batches = read_attr<int64_t>(file, "micro_batches");
     t.first_step = read_attr<int64_t>(file, "first_step");
@@ -167,6 +177,11 @@ std::vector<StageSummary> summarize(const Trace& t) {
     if (r.stage < 0 || r.stage >= t.stages) continue;
     StageSummary& s = out[r.stage];
     const double d = r.end_s - r.start_s;
+    if (r.action_kind() == ActionKind::AllReduce) {  // every replica's, averaged below
+      s.allreduce_s += d / static_cast<double>(std::max<int64_t>(1, t.replicas));
+      continue;
+    }
+    if (r.replica != 0) continue;  // the table shows replica 0's pipeline
     if (is_evictor(r.action_kind())) {
       s.memopt_s += d;
       if (r.action_kind() == ActionKind::SwapOut) s.swapped_bytes += r.memopt_bytes;
@@ -188,7 +203,8 @@ std::vector<StageSummary> summarize(const Trace& t) {
 }
 
 double throughput(const Trace& t) {
-  const double samples = static_cast<double>((t.steps - t.first_step) * t.micro_batches * t.micro_batch_size);
+  const double samples =
+      static_cast<double>((t.steps - t.first_step) * t.micro_batches * t.micro_batch_size * t.replicas);
   return t.wall_s > 0 ? samples / t.wall_s : 0;
 }
 
@@ -220,6 +236,15 @@ void print_summary(const Trace& t, std::ostream& out) {
                   format_bytes(static_cast<double>(s.peak_bytes)).c_str(), predicted.c_str(),
                   format_bytes(static_cast<double>(s.bytes_sent)).c_str());
     out << line;
+  }
+  if (t.replicas > 1) {
+    out << t.replicas << " data-parallel replicas (the table shows replica 0); gradient allreduce per stage, mean over replicas:";
+    for (const StageSummary& s : summarize(t)) {
+      std::snprintf(line, sizeof line, " %lld: %.3f s (%.1f%% of busy)", static_cast<long long>(s.stage), s.allreduce_s,
+                    s.busy_s > 0 ? 100 * s.allreduce_s / s.busy_s : 0.0);
+      out << line;
+    }
+    out << "\n";
   }
   for (const StageSummary& s : summarize(t)) {
     if (s.memopt_s == 0 && s.swapped_bytes == 0 && s.recomputed_bytes == 0) continue;

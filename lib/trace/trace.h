@@ -14,6 +14,7 @@ namespace dawnpiper {
 // Plain data, so ranks can send records to rank 0 as bytes.
 struct ActionRecord {
   int64_t stage = 0;
+  int64_t replica = 0;  // data-parallel replica (0 without data parallelism)
   int64_t kind = 0;  // ActionKind
   int64_t micro_batch = -1;
   int64_t step = 0;
@@ -30,6 +31,7 @@ struct ActionRecord {
 
 struct StageRecord {
   int64_t stage = 0, rank = 0;
+  int64_t replica = 0;
   int64_t node_begin = 0, node_end = 0;
   int64_t parameters = 0;
   int64_t predicted_peak_bytes = 0;
@@ -42,6 +44,7 @@ struct Trace {
   static constexpr int kSchemaVersion = 2;
   std::string model, preset, schedule, device, transport, created;
   int64_t stages = 0, micro_batch_size = 0, micro_batches = 0, first_step = 0, steps = 0;
+  int64_t replicas = 1;  // data-parallel pipelines; micro_batches is per replica
   double wall_s = 0;
   std::vector<ActionRecord> actions;  // by stage, then execution order
   std::vector<StageRecord> stage_records;
@@ -66,6 +69,9 @@ struct StageSummary {
   double memopt_s = 0;
   int64_t swapped_bytes = 0;     // out (each byte that went to the host once)
   int64_t recomputed_bytes = 0;
+  // Data parallelism: averaging gradients with the other replicas, inside the optimizer steps
+  // (mean over replicas).
+  double allreduce_s = 0;
 };
 std::vector<StageSummary> summarize(const Trace& trace);
 // Samples per second over the whole run.
@@ -77,5 +83,7 @@ void print_summary(const Trace& trace, std::ostream& out);
 bool is_compute(ActionKind kind);
 // SWAP_OUT, SWAP_IN, RECOMPUTE: records nested inside a forward or backward.
 bool is_evictor(ActionKind kind);
+// Records nested inside another action: the evictor's and ALLREDUCE (inside an optimizer step).
+bool is_nested(ActionKind kind);
 
 }  // namespace dawnpiper
