@@ -34,6 +34,8 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
       ("host-bandwidth", po::value<std::string>(), "device<->host bytes/s for swaps, e.g. 24GB")
       ("link-bandwidth", po::value<std::string>(), "stage<->stage bytes/s, e.g. 10GB")
       ("max-batch", po::bool_switch(), "find the largest micro-batch size with a feasible plan")
+      ("data-parallel", po::value<int>()->default_value(1), "pipeline replicas: their gradient allreduce (over --link-bandwidth) "
+                                                            "is part of each stage's time; reports the predicted step")
       ("out", po::value<std::string>(), "write the plan as JSON");
   options.add(own).add(common_options()).add(model_override_options());
   po::variables_map vm;
@@ -71,6 +73,8 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
   o.planner = vm["planner"].as<std::string>();
   o.memopt = vm["memopt"].as<std::string>();
   o.fit_replayed = true;
+  o.data_parallel = vm["data-parallel"].as<int>();
+  if (o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
   if (vm.count("memory")) o.capacity_bytes = parse_bytes(vm["memory"].as<std::string>(), "--memory");
   if (vm.count("device-memory")) o.capacity_bytes = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
   if (vm.count("host-bandwidth")) o.host_bandwidth = static_cast<double>(parse_bytes(vm["host-bandwidth"].as<std::string>(), "--host-bandwidth"));

@@ -39,7 +39,7 @@ namespace dawnpiper {
 namespace {
 
 // Rank 0: the plan (loaded, or made from a loaded or freshly measured profile) as JSON.
-std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int stages, int64_t capacity,
+std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int stages, int replicas, int64_t capacity,
                           c10::Device device) {
   if (vm.count("plan-in")) return read_text_file(vm["plan-in"].as<std::string>());
   Profile profile;
@@ -69,6 +69,7 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
   o.planner = vm["planner"].as<std::string>();
   o.memopt = vm["memopt"].as<std::string>();
   o.fit_replayed = true;
+  o.data_parallel = replicas;
   Plan plan = make_plan(profile, o);
   return plan.to_json();
 }
@@ -112,6 +113,7 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
   adopt("memopt", plan.options.memopt);
   adopt("precision", plan.precision);
   adopt("stages", static_cast<int>(plan.stages.size()));
+  adopt("data-parallel", plan.options.data_parallel);
 }
 
 // Data x pipeline parallelism: world = replicas x stages; ranks r*stages .. r*stages+stages-1
@@ -296,7 +298,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   const std::string saved_plan = vm.count("checkpoint-dir") ? vm["checkpoint-dir"].as<std::string>() + "/plan.json" : "";
   if (world.rank == 0) {
     if (resume && !vm.count("plan-in") && std::ifstream(saved_plan).good()) plan_json = read_text_file(saved_plan);
-    else plan_json = plan_on_rank0(vm, graph, stages, capacity, device);
+    else plan_json = plan_on_rank0(vm, graph, stages, replicas, capacity, device);
     if (checkpoint_every > 0) {
       make_directories(vm["checkpoint-dir"].as<std::string>());
       write_text_atomically(saved_plan, plan_json);

@@ -28,6 +28,9 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
   optimizer_multiplier_ = Profile::optimizer_state_multiplier(options.optimizer);
   host_bw_ = options.host_bandwidth;
   link_bw_ = options.link_bandwidth;
+  if (options.data_parallel < 1) throw ConfigError("data parallelism must be at least 1");
+  data_parallel_ = options.data_parallel;
+  micro_batches_ = options.micro_batches;
   optimizer_ = options.optimizer;
   schedule_actions_ = make_schedule(
       schedule_, stages_, simulated_micro_batches(schedule_, stages_, options.micro_batches));
@@ -214,6 +217,16 @@ double CostModel::recompute_ms(int node) const {
   // A profile without recompute measurements (0) falls back to the forward time.
   const NodeProfile& p = profile_->nodes[static_cast<size_t>(node)];
   return p.recompute_ms > 0 ? p.recompute_ms : p.fwd_ms;
+}
+
+double CostModel::allreduce_ms(int b, int e) const {
+  if (data_parallel_ <= 1) return 0;
+  const double d = static_cast<double>(data_parallel_);
+  return 2 * (d - 1) / d * link_ms(param_bytes(b, e));
+}
+
+double CostModel::allreduce_per_micro_batch_ms(int b, int e) const {
+  return schedule_ == ScheduleKind::Async ? allreduce_ms(b, e) : allreduce_ms(b, e) / static_cast<double>(micro_batches_);
 }
 
 }  // namespace dawnpiper

@@ -51,6 +51,10 @@ class CostModel {
   double compute_ms(int b, int e) const { return fwd_ms(b, e) + bwd_ms(b, e); }
   double host_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / host_bw_; }
   double link_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / link_bw_; }
+  // Data parallelism: a ring allreduce of the stage's gradients, 2 (D - 1) / D of them over the
+  // link, once per update; and its share per micro-batch.
+  double allreduce_ms(int b, int e) const;
+  double allreduce_per_micro_batch_ms(int b, int e) const;
 
   // --- memory (bytes) ---
   int64_t param_bytes(int b, int e) const { return params_[e] - params_[b]; }
@@ -103,6 +107,8 @@ class CostModel {
   std::string optimizer_;
   int optimizer_multiplier_ = 1;
   double host_bw_ = 0, link_bw_ = 0;
+  int data_parallel_ = 1;
+  int64_t micro_batches_ = 1;
 
   std::vector<double> fwd_, bwd_;    // prefix sums, size n+1
   std::vector<int64_t> params_;      // prefix sums

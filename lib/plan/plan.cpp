@@ -32,6 +32,14 @@ double Plan::bottleneck_ms() const {
   return worst;
 }
 
+double Plan::step_ms() const {
+  const double m = static_cast<double>(options.micro_batches), l = static_cast<double>(stages.size());
+  if (options.schedule == "async") return m * bottleneck_ms();
+  double period = 0, allreduce = 0;
+  for (const StagePlan& s : stages) period = std::max(period, s.compute_ms + s.memopt_ms), allreduce = std::max(allreduce, s.allreduce_ms);
+  return (m + l - 1) * period + allreduce;
+}
+
 int64_t Plan::max_peak_bytes() const {
   int64_t worst = 0;
   for (const StagePlan& s : stages) worst = std::max(worst, s.memory.total());
@@ -102,6 +110,7 @@ std::string Plan::to_json(int indent) const {
   in["host_bandwidth"] = options.host_bandwidth;
   in["link_bandwidth"] = options.link_bandwidth;
   in["memopt"] = options.memopt;
+  in["data_parallel"] = options.data_parallel;
   in["nodes"] = nodes;
   j["inputs"] = in;
   j["planning_ms"] = planning_ms;
@@ -116,6 +125,8 @@ std::string Plan::to_json(int indent) const {
     st["end"] = s.end;
     st["compute_ms"] = s.compute_ms;
     st["memopt_ms"] = s.memopt_ms;
+    st["allreduce_ms"] = s.allreduce_ms;
+    st["allreduce_per_micro_batch_ms"] = s.allreduce_per_micro_batch_ms;
     st["time_ms"] = s.time_ms();
     st["memory"] = memory_json(s.memory);
     st["peak_without_memopt"] = s.peak_without_memopt;
@@ -170,6 +181,7 @@ Plan plan_from_json(const std::string& text) {
   p.options.host_bandwidth = in.at("host_bandwidth").as_double();
   p.options.link_bandwidth = in.at("link_bandwidth").as_double();
   p.options.memopt = in.at("memopt").as_string();
+  if (in.contains("data_parallel")) p.options.data_parallel = static_cast<int>(in.at("data_parallel").as_int());
   p.nodes = static_cast<int>(in.at("nodes").as_int());
   p.planning_ms = j.at("planning_ms").as_double();
   for (const Json& st : j.at("stages").items()) {
@@ -179,6 +191,9 @@ Plan plan_from_json(const std::string& text) {
     s.end = static_cast<int>(st.at("end").as_int());
     s.compute_ms = st.at("compute_ms").as_double();
     s.memopt_ms = st.at("memopt_ms").as_double();
+    if (st.contains("allreduce_ms")) s.allreduce_ms = st.at("allreduce_ms").as_double();
+    if (st.contains("allreduce_per_micro_batch_ms"))
+      s.allreduce_per_micro_batch_ms = st.at("allreduce_per_micro_batch_ms").as_double();
     s.memory = memory_from_json(st.at("memory"));
     s.peak_without_memopt = st.at("peak_without_memopt").as_int();
     if (st.contains("replayed_peak_without_memopt"))
@@ -248,6 +263,17 @@ void Plan::print_table(std::ostream& out) const {
                 bottleneck_ms(), format_bytes(static_cast<double>(max_predicted_peak_bytes())).c_str(),
                 planning_ms);
   out << line;
+  if (options.data_parallel > 1) {
+    double allreduce = 0;
+    for (const StagePlan& s : stages) allreduce = std::max(allreduce, s.allreduce_ms);
+    const double samples = static_cast<double>(options.data_parallel * options.micro_batches * micro_batch_size);
+    std::snprintf(line, sizeof line,
+                  "data parallel %d x %zu stages: gradient allreduce up to %.3f ms per update; predicted step %.3f ms, "
+                  "%.1f samples/s over %lld samples\n",
+                  options.data_parallel, stages.size(), allreduce, step_ms(), samples / (step_ms() / 1e3),
+                  static_cast<long long>(samples));
+    out << line;
+  }
 }
 
 }  // namespace dawnpiper

@@ -26,6 +26,9 @@ struct PlanOptions {
   // plan whose replayed peak exceeds the capacity is searched again with the capacity lowered
   // by the overshoot. Unset, plans are the search's own (its tests check it against the formula).
   bool fit_replayed = false;
+  // Pipelines training in parallel on their shares of the data: each stage averages its
+  // gradients with its replicas (a ring allreduce over link_bandwidth) before every update.
+  int data_parallel = 1;
 };
 
 enum class TensorAction { Keep, Swap, Recompute };
@@ -81,7 +84,10 @@ struct StagePlan {
   int begin = 0, end = 0;      // node range [begin, end) in profile order
   double compute_ms = 0;       // sum of fwd + bwd of the nodes, per micro-batch
   double memopt_ms = 0;        // swap stalls + recomputation, per micro-batch
-  double time_ms() const { return compute_ms + memopt_ms; }
+  // Data parallelism: the gradient allreduce of one update, and its share per micro-batch (a
+  // step's m micro-batches share one update under gpipe / 1f1b; async updates every time).
+  double allreduce_ms = 0, allreduce_per_micro_batch_ms = 0;
+  double time_ms() const { return compute_ms + memopt_ms + allreduce_per_micro_batch_ms; }
   MemoryBreakdown memory;      // after memory optimization
   int64_t peak_without_memopt = 0;           // the formula's, as the search sees it
   int64_t replayed_peak_without_memopt = 0;  // the replay's, keeping every tensor (0: unknown)
@@ -103,6 +109,9 @@ struct Plan {
   std::vector<StagePlan> stages;
 
   double bottleneck_ms() const;   // slowest stage: the pipeline's per-micro-batch period
+  // One training step: (m + l - 1) periods and the last allreduce for gpipe / 1f1b, m periods
+  // in the steady state of async.
+  double step_ms() const;
   int64_t max_peak_bytes() const;            // by the search's formula (MemoryBreakdown::total)
   int64_t max_predicted_peak_bytes() const;  // what the runtime is measured against (the replay)
   std::string to_json(int indent = 2) const;

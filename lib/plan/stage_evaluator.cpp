@@ -23,6 +23,7 @@ const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
   ev.uses_memopt = m.swapped + m.recomputed > 0;
   ev.compute_ms = model_.compute_ms(b, e);
   ev.memopt_ms = m.overhead_ms;
+  ev.allreduce_ms = model_.allreduce_per_micro_batch_ms(b, e);
   ev.peak = replay_capacity_ > 0 ? replayed : m.peak;
   return cache_.emplace(key, ev).first->second;
 }
@@ -88,6 +89,8 @@ StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
   s.end = e;
   s.compute_ms = model_.compute_ms(b, e);
   s.memopt_ms = m.overhead_ms;
+  s.allreduce_ms = model_.allreduce_ms(b, e);
+  s.allreduce_per_micro_batch_ms = model_.allreduce_per_micro_batch_ms(b, e);
   s.memory = model_.memory(b, e, x, m.activation_per_micro_batch);
   s.memory.replayed_peak = replayed;
   s.peak_without_memopt = m.peak_before;

@@ -441,3 +441,34 @@ TEST_CASE("with fit_replayed a stage evicts no more than its replay needs", "[pl
   }
   CHECK(relaxed > 0);
 }
+
+TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "[plan]") {
+  const Profile p = analytic_profile(build_model(preset_config("bert-large"), 4), device_spec("a100-40gb"));
+  for (const char* schedule : {"1f1b", "async"}) {
+    INFO(schedule);
+    PlanOptions opt;
+    opt.stages = 4;
+    opt.schedule = schedule;
+    opt.memopt = "none";
+    opt.micro_batches = 4;
+    opt.link_bandwidth = 10e9;
+    const Plan alone = make_plan(p, opt);
+    opt.data_parallel = 4;
+    const Plan replicated = make_plan(p, opt);
+    const CostModel model(p, opt);
+    for (const StagePlan& s : replicated.stages) {
+      // A ring allreduce moves 2 (D - 1) / D of the stage's gradients over the link per update.
+      const double expected = 2.0 * 3 / 4 * 1e3 * static_cast<double>(model.param_bytes(s.begin, s.end)) / 10e9;
+      CHECK(s.allreduce_ms == Approx(expected));
+      CHECK(s.allreduce_per_micro_batch_ms == Approx(std::string(schedule) == "async" ? expected : expected / 4));
+      CHECK(s.time_ms() == Approx(s.compute_ms + s.memopt_ms + s.allreduce_per_micro_batch_ms));
+    }
+    CHECK(replicated.bottleneck_ms() > alone.bottleneck_ms());
+    const Plan back = plan_from_json(replicated.to_json());
+    CHECK(back.options.data_parallel == 4);
+    CHECK(back.stages[0].allreduce_ms == replicated.stages[0].allreduce_ms);
+    std::ostringstream table;
+    replicated.print_table(table);
+    CHECK_THAT(table.str(), Catch::Contains("data parallel 4 x 4 stages"));
+  }
+}
