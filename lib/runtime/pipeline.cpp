@@ -8,6 +8,7 @@
 
 #include "runtime/checkpoint.h"
 #include "runtime/pipeline_stage.h"
+#include "runtime/replica_averager.h"
 #include "runtime/stage_tracer.h"
 #include "runtime/transport.h"
 #include "schedule/simulate.h"
@@ -197,21 +198,16 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
       if (member) tie_comms.push_back({key, sub});
     }
     StageTracer* tracing = nullptr;  // set once the tracer exists
-    if (c.replicas > 1)
+    std::unique_ptr<ReplicaAverager> averager;
+    if (c.replicas > 1) {
+      averager = make_replica_averager(options.replica_comm, c.device);
+      result.transport += ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averager->description();
       stage.set_replica_reducer([&](std::vector<StageParameter>& params) {
         const auto start = StageTracer::Clock::now();
-        int64_t bytes = 0;
-        for (auto& p : params) {
-          if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
-          // Averaged in host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
-          at::Tensor grad = p.tensor.mutable_grad().to(at::kCPU, at::kFloat).contiguous();
-          MPI_Allreduce(MPI_IN_PLACE, grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, options.replica_comm);
-          grad.div_(static_cast<double>(c.replicas));
-          p.tensor.mutable_grad() = grad.to(p.tensor.device(), p.tensor.scalar_type());
-          bytes += grad.numel() * grad.element_size();
-        }
+        const int64_t bytes = averager->average(params);
         if (tracing) tracing->record_nested(ActionKind::AllReduce, -1, -1, bytes, start, StageTracer::Clock::now());
       });
+    }
     if (c.schedule != ScheduleKind::Async && !tie_comms.empty())
       stage.set_tied_reducer([&](std::vector<StageParameter>& params) {
         for (auto& [key, sub] : tie_comms)
