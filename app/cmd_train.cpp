@@ -4,7 +4,10 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
+#include <numeric>
 #include <cinttypes>
 #include <optional>
 #include <sstream>
@@ -116,12 +119,36 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
   adopt("data-parallel", plan.options.data_parallel);
 }
 
-// Data x pipeline parallelism: world = replicas x stages; ranks r*stages .. r*stages+stages-1
-// form replica r's pipeline, so with block placement a pipeline's stages share a node.
+// Data x pipeline parallelism: world = replicas x stages. A pipeline's stages exchange activations
+// every micro-batch, its replicas only gradients once a step, so a pipeline is kept on one node:
+// ranks are ordered by node (the ranks MPI says share memory), then by rank, and consecutive
+// ranks in that order form a pipeline. Under block placement this is the plain rank order.
 struct Layout {
   int stages = 1, replicas = 1;
   int replica = 0, stage = 0;  // this rank's
+  int nodes = 1;
+  bool pipelines_within_nodes = true;  // false when a node's rank count is no multiple of stages
 };
+
+void order_ranks_by_node(const MpiWorld& world, Layout& l) {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank, MPI_INFO_NULL, &node);
+  int leader = world.rank;  // the node's lowest world rank names the node
+  MPI_Bcast(&leader, 1, MPI_INT, 0, node);
+  MPI_Comm_free(&node);
+  std::vector<int> leaders(static_cast<size_t>(world.size));
+  MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  std::vector<int> order(static_cast<size_t>(world.size));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return leaders[a] < leaders[b]; });
+  const int position = static_cast<int>(std::find(order.begin(), order.end(), world.rank) - order.begin());
+  l.replica = position / l.stages;
+  l.stage = position % l.stages;
+  std::map<int, int> ranks_per_node;
+  for (int n : leaders) ++ranks_per_node[n];
+  l.nodes = static_cast<int>(ranks_per_node.size());
+  for (const auto& [n, count] : ranks_per_node) l.pipelines_within_nodes &= count % l.stages == 0;
+}
 
 Layout data_pipeline_layout(const po::variables_map& vm, const MpiWorld& world, bool in_process) {
   Layout l;
@@ -144,8 +171,7 @@ Layout data_pipeline_layout(const po::variables_map& vm, const MpiWorld& world, 
                       " MPI ranks: launch with `mpirun -np " + std::to_string(l.stages) +
                       "` (or a multiple of it for data parallelism, or use --in-process)");
   l.replicas = world.size / l.stages;
-  l.replica = world.rank / l.stages;
-  l.stage = world.rank % l.stages;
+  order_ranks_by_node(world, l);
   return l;
 }
 
@@ -334,7 +360,11 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
                 graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size,
                 config.micro_batches, config.optimizer.kind.c_str(), config.optimizer.lr, stages,
                 schedule_kind_name(pc.schedule),
-                replicas > 1 ? (", " + std::to_string(replicas) + " data-parallel replicas").c_str() : "");
+                replicas > 1 ? (", " + std::to_string(replicas) + " data-parallel replicas on " +
+                                std::to_string(layout.nodes) + (layout.nodes == 1 ? " host" : " hosts")).c_str() : "");
+    if (!layout.pipelines_within_nodes)
+      std::printf("  warning: some host runs a number of ranks that is no multiple of %d stages, so some pipelines "
+                  "span hosts and send their activations between them\n", stages);
     for (const StagePlan& s : plan.stages)
       std::printf("  stage %d: nodes [%d, %d), predicted peak %s\n", s.index, s.begin, s.end,
                   format_bytes(static_cast<double>(s.memory.predicted_peak())).c_str());
@@ -393,6 +423,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   // Per-stage measured peaks, gathered on rank 0 next to the plan's predictions.
   std::vector<int64_t> peaks(static_cast<size_t>(world.size));
   MPI_Gather(&mine.peak_bytes, 1, MPI_INT64_T, peaks.data(), 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  std::vector<int> places(2 * static_cast<size_t>(world.size));  // per rank: replica, stage
+  const int place[2] = {layout.replica, layout.stage};
+  MPI_Gather(place, 2, MPI_INT, places.data(), 2, MPI_INT, 0, MPI_COMM_WORLD);
   if (run.trace) {
     Trace trace;
     trace.actions = gather_records(mine.actions, MPI_COMM_WORLD);
@@ -428,16 +461,22 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       write_trace(trace, vm["trace"].as<std::string>());
     }
   }
-  if (!save_path.empty()) save_weights(mine.parameters, save_path, MPI_COMM_WORLD);
+  if (!save_path.empty()) {  // replica 0's stages in stage order (the replicas hold the same weights)
+    MPI_Comm first_replica;
+    MPI_Comm_split(MPI_COMM_WORLD, layout.replica == 0 ? 0 : MPI_UNDEFINED, layout.stage, &first_replica);
+    if (first_replica != MPI_COMM_NULL) save_weights(mine.parameters, save_path, first_replica), MPI_Comm_free(&first_replica);
+  }
   if (world.rank == 0) {
     if (!save_path.empty()) std::printf("wrote weights %s\n", save_path.c_str());
     if (!in_process && !quiet) std::printf("  transport: %s on %s\n", mine.transport.c_str(), device.is_cuda() ? "cuda" : "cpu");
     if (!in_process)
-      for (int r = 0; r < world.size; ++r)
-        std::printf("  stage %d%s: measured peak %s (predicted %s)\n", r % stages,
-                    replicas > 1 ? (" of replica " + std::to_string(r / stages)).c_str() : "",
+      for (int r = 0; r < world.size; ++r) {
+        const int stage = places[2 * r + 1];
+        std::printf("  stage %d%s: measured peak %s (predicted %s)\n", stage,
+                    replicas > 1 ? (" of replica " + std::to_string(places[2 * r])).c_str() : "",
                     format_bytes(double(peaks[r])).c_str(),
-                    format_bytes(double(plan.stages[static_cast<size_t>(r % stages)].memory.predicted_peak())).c_str());
+                    format_bytes(double(plan.stages[static_cast<size_t>(stage)].memory.predicted_peak())).c_str());
+      }
     const double trained = static_cast<double>(config.steps - pc.first_step);
     std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s\n", config.steps,
                 progress.last_loss(), seconds > 0 ? samples_per_step * trained / seconds : 0.0);

@@ -41,6 +41,14 @@ ref=$($mpi 4 "$bin" train --config "$root/inputs/gpt2-tiny.ini" --steps 3 --plan
 job multi "$root/slurm/multi-node.sbatch" "$root/inputs/gpt2-tiny.ini" --steps 3 --planner even --trace "$work/multi.h5"
 if same_losses "$ref" "$(losses <"$work/job.out")" && grep -q "2 stages, 1f1b, 2 data-parallel replicas" "$work/job.out"; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: multi-node job"; cat "$work/job.out" "$work/sbatch.err"; fi
+# Ranks dealt round robin over the nodes: each pipeline still lies on one node (rank 1 is
+# stage 0 of replica 1, on the second node), and the losses do not change.
+job cyclic -N 2 --ntasks-per-node=2 --cpus-per-task=1 --wrap "srun --mpi=pmix --distribution=cyclic '$bin' train \
+  --config '$root/inputs/gpt2-tiny.ini' --steps 3 --planner even --stages 2"
+if same_losses "$ref" "$(losses <"$work/job.out")" && grep -q "2 data-parallel replicas on 2 hosts" "$work/job.out" &&
+   [ "$(grep -o 'stage [01] of replica [01]: measured' "$work/job.out" | head -2 | tail -1)" = "stage 0 of replica 1: measured" ] &&
+   ! grep -q "pipelines span hosts" "$work/job.out"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: cyclic placement"; cat "$work/job.out" "$work/sbatch.err"; fi
 expect_ok "inspect the multi-node trace" "2 data-parallel replicas" inspect "$work/multi.h5"
 
 # Bad input: the job fails at once with a usage line and the cause.
