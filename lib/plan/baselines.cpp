@@ -1,6 +1,7 @@
 #include "plan/baselines.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -241,38 +242,56 @@ Bounds vpipe_partition(StageEvaluator& evaluator) {
   return to_node_bounds(units, ub);
 }
 
+// best[x][e] = min over s of max(best[x-1][s], t(s, e, x)), t infinite where the stage does not
+// fit. compute + allreduce is a lower bound of t (memory optimization only adds time), so each
+// cell takes its candidate starts in the order of that bound and evaluates a stage (memory,
+// memory optimization) only while the bound can still beat the best found. O(l n^2) bound
+// computations; evaluations: per cell the candidates whose bound lies below the cell's optimum
+// (for memopt none usually one or two). Stage 0's ranges are evaluated when first needed.
 Bounds exact_partition(StageEvaluator& evaluator) {
   const CostModel& model = evaluator.model();
   const int n = model.size(), l = model.stages();
-  if (n > kExactMaxNodes)
-    throw ConfigError("planner 'exact' is limited to " + std::to_string(kExactMaxNodes) +
-                      " nodes (the profile has " + std::to_string(n) + ")");
+  const size_t columns = static_cast<size_t>(n) + 1;
+  auto bound = [&](int b, int e) { return model.compute_ms(b, e) + model.allreduce_per_micro_batch_ms(b, e); };
   // best[x][e]: slowest stage of stages 0..x over nodes [0, e); from[x][e]: where x starts.
-  std::vector<std::vector<double>> best(static_cast<size_t>(l),
-                                        std::vector<double>(static_cast<size_t>(n) + 1, kInf));
-  std::vector<std::vector<int>> from(static_cast<size_t>(l),
-                                     std::vector<int>(static_cast<size_t>(n) + 1, -1));
-  for (int e = 1; e <= n - (l - 1); ++e) best[0][e] = evaluator.evaluate(0, e, 0).time_ms();
+  std::vector<std::vector<double>> best(static_cast<size_t>(l), std::vector<double>(columns, kInf));
+  std::vector<std::vector<int>> from(static_cast<size_t>(l), std::vector<int>(columns, -1));
+  std::vector<bool> first_known(columns, false);
+  auto first = [&](int e) {  // best[0][e], evaluated on demand
+    if (!first_known[static_cast<size_t>(e)])
+      best[0][static_cast<size_t>(e)] = evaluator.evaluate(0, e, 0).time_ms(), first_known[static_cast<size_t>(e)] = true;
+    return best[0][static_cast<size_t>(e)];
+  };
+  auto known_or_bound = [&](int x, int s) { return x == 1 && !first_known[static_cast<size_t>(s)] ? bound(0, s) : best[static_cast<size_t>(x - 1)][static_cast<size_t>(s)]; };
+  if (l == 1) first(n);
+  std::vector<std::pair<double, int>> candidates;  // (lower bound, start), a min-heap
+  const auto later = std::greater<std::pair<double, int>>();
   for (int x = 1; x < l; ++x) {
-    for (int e = x + 1; e <= n - (l - 1 - x); ++e) {
-      double& b = best[x][e];
-      for (int s = e - 1; s >= x; --s) {
-        if (model.compute_ms(s, e) >= b) break;  // a stage is never faster than its compute
-        double before = best[x - 1][s];
+    // The last stage ends at n; stage x leaves at least one node to each later stage.
+    for (int e = x == l - 1 ? n : x + 1; e <= n - (l - 1 - x); ++e) {
+      candidates.clear();
+      for (int s = x; s < e; ++s) {
+        const double before = known_or_bound(x, s);
+        if (before < kInf) candidates.push_back({std::max(before, bound(s, e)), s});
+      }
+      std::make_heap(candidates.begin(), candidates.end(), later);
+      double& b = best[static_cast<size_t>(x)][static_cast<size_t>(e)];
+      while (!candidates.empty() && candidates.front().first < b) {
+        std::pop_heap(candidates.begin(), candidates.end(), later);
+        const int s = candidates.back().second;
+        candidates.pop_back();
+        const double before = x == 1 ? first(s) : best[static_cast<size_t>(x - 1)][static_cast<size_t>(s)];
         if (before >= b) continue;
-        double v = std::max(before, evaluator.evaluate(s, e, x).time_ms());
-        if (v < b) {
-          b = v;
-          from[x][e] = s;
-        }
+        const double v = std::max(before, evaluator.evaluate(s, e, x).time_ms());
+        if (v < b) b = v, from[static_cast<size_t>(x)][static_cast<size_t>(e)] = s;
       }
     }
   }
-  if (best[l - 1][n] == kInf) return {};
+  if (best[static_cast<size_t>(l) - 1][static_cast<size_t>(n)] == kInf) return {};
   Bounds bounds(static_cast<size_t>(l) + 1);
   bounds[static_cast<size_t>(l)] = n;
   for (int x = l - 1, e = n; x > 0; --x) {
-    e = from[x][e];
+    e = from[static_cast<size_t>(x)][static_cast<size_t>(e)];
     bounds[static_cast<size_t>(x)] = e;
   }
   bounds[0] = 0;

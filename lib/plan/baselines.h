@@ -13,7 +13,8 @@
 //             Kernighan-Lin refinement that moves boundary blocks between neighbours while it
 //             lowers (capacity overflow, slowest stage).
 //  exact      the optimum over all node-granularity cut positions with the stage memory
-//             optimizer: a DP over (stage, cut), for small graphs. The yardstick for BiPar.
+//             optimizer: a DP over (stage, cut), stages evaluated best bound first. The
+//             yardstick for BiPar.
 #include <vector>
 
 #include "plan/stage_evaluator.h"
@@ -30,8 +31,7 @@ Bounds pipedream_partition(const CostModel& model);
 // `block_evaluator` must use MemoptGranularity::Block. Empty when no refinement fits.
 Bounds vpipe_partition(StageEvaluator& block_evaluator);
 
-constexpr int kExactMaxNodes = 400;
-// Empty when no partition fits. Throws ConfigError above kExactMaxNodes nodes.
+// Empty when no partition fits.
 Bounds exact_partition(StageEvaluator& evaluator);
 
 // torchgpipe's blockpartition.solve: sizes of `partitions` consecutive groups of `costs`.

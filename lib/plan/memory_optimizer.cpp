@@ -344,8 +344,8 @@ StageMemopt MemoryOptimizer::optimize(int b, int e, int x, bool with_decisions) 
   out.peak = out.peak_before;
   out.activation_per_micro_batch = model_.activation_bytes(b, e);
   const int64_t need = out.peak_before - capacity_;
-  if (need <= 0 && !with_decisions) {
-    out.feasible = true;
+  if (!with_decisions && (need <= 0 || mode_ == MemoptMode::None)) {
+    out.feasible = need <= 0;
     return out;
   }
   ++epoch_;

@@ -51,12 +51,17 @@ double Progress::samples_per_second() const {
   return s > 0 ? samples_per_step_ * static_cast<double>(done_) / s : 0;
 }
 
+double Progress::steady_samples_per_second() const {
+  const double s = std::chrono::duration<double>(last_ - first_done_).count();
+  return done_ >= 2 && s > 0 ? samples_per_step_ * static_cast<double>(done_ - 1) / s : samples_per_second();
+}
+
 void Progress::step(int64_t step, double loss) {
   const auto now = Clock::now();
   const double step_s = std::chrono::duration<double>(now - last_).count();
   last_ = now;
   last_loss_ = loss;
-  ++done_;
+  if (++done_ == 1) first_done_ = now;
   if (quiet_) return;
   const int64_t total = steps_ - first_;
   const double elapsed = std::chrono::duration<double>(now - start_).count();

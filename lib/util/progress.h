@@ -24,6 +24,9 @@ class Progress {
   // Ends the bar's line (terminal only).
   void finish();
   double samples_per_second() const;
+  // Without the first reported step (warm-up: first allocations, pipeline fill, lazy
+  // initialization); the overall rate when fewer than two steps were reported.
+  double steady_samples_per_second() const;
   double last_loss() const { return last_loss_; }
 
  private:
@@ -32,7 +35,7 @@ class Progress {
   double samples_per_step_;
   bool quiet_, terminal_;
   std::FILE* out_;
-  Clock::time_point start_, last_;
+  Clock::time_point start_, last_, first_done_;
   double last_loss_ = 0;
 };
 

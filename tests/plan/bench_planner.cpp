@@ -10,7 +10,10 @@
 #include <random>
 #include <vector>
 
+#include "models/model_config.h"
+#include "models/model_source.h"
 #include "plan/planner.h"
+#include "profile/analytic.h"
 #include "synthetic_profile.h"
 
 using namespace dawnpiper;
@@ -105,4 +108,51 @@ TEST_CASE("BiPar against exact on medium graphs", "[.bench]") {
               "%.1f%%, worst gap %.2f%%, BiPar no plan %d; total time BiPar %.0f ms, exact %.0f ms\n",
               instances, 100.0 * equal / instances, 100.0 * within3 / instances, 100 * worst, no_plan,
               bipar_ms, exact_ms);
+}
+
+// docs/benchmarks.md "BiPar against the exact optimum on the paper's models": analytic A100
+// profiles of the four paper presets, memopt none, the partition theorem's memory formula for
+// both planners (fit_replayed off: the exact DP evaluates every candidate range, and the replay
+// costs a simulation per range). The micro-batch size is the largest that fits 2 stages under
+// 40 GiB (4 micro-batches), per schedule, so memory binds at few stages and loosens at more.
+TEST_CASE("BiPar against the exact optimum on the paper's models", "[.bench]") {
+  const DeviceSpec spec = device_spec("a100-40gb");
+  std::printf("| model | micro-batch | schedule | stages 2..8: BiPar / exact - 1 | BiPar ms | exact ms |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- |\n");
+  for (const char* preset : {"bert-large", "gpt2-large", "t5-large", "amoebanet-d"}) {
+    const Profile fits = analytic_profile_model(ModelSource(preset_config(preset)), {1, 2}, spec);
+    PlanOptions base;
+    base.capacity_bytes = spec.memory_bytes;
+    base.host_bandwidth = spec.host_bandwidth;
+    base.link_bandwidth = spec.link_bandwidth;
+    base.memopt = "none";
+    base.stages = 2;
+    base.micro_batches = 4;
+    base.planner = "exact";
+    for (const char* schedule : {"gpipe", "1f1b", "async"}) {
+      base.schedule = schedule;
+      const int64_t batch = find_max_batch(fits, base, 1024).micro_batch_size;
+      const Profile p = fits.at_batch(batch);
+      std::string gaps;
+      double bipar_ms = 0, exact_ms = 0;
+      for (int stages = 2; stages <= 8; ++stages) {
+        PlanOptions opt = base;
+        opt.schedule = schedule;
+        opt.stages = stages;
+        opt.micro_batches = 2 * stages;
+        std::optional<Plan> ex, bp;
+        exact_ms += median_ms(1, [&] { ex = try_plan(p, opt); });
+        opt.planner = "dawnpiper";
+        bipar_ms += median_ms(1, [&] { bp = try_plan(p, opt); });
+        char cell[32];
+        if (!ex) std::snprintf(cell, sizeof cell, "no plan");
+        else if (!bp) std::snprintf(cell, sizeof cell, "BiPar none");
+        else std::snprintf(cell, sizeof cell, "%.2f%%", 100 * (bp->bottleneck_ms() / ex->bottleneck_ms() - 1));
+        gaps += (gaps.empty() ? "" : " / ") + std::string(cell);
+      }
+      std::printf("| %s | %lld | %s | %s | %.0f | %.0f |\n", preset, static_cast<long long>(batch), schedule,
+                  gaps.c_str(), bipar_ms, exact_ms);
+      std::fflush(stdout);
+    }
+  }
 }
