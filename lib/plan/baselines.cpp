@@ -248,7 +248,7 @@ Bounds vpipe_partition(StageEvaluator& evaluator) {
 // memory optimization) only while the bound can still beat the best found. O(l n^2) bound
 // computations; evaluations: per cell the candidates whose bound lies below the cell's optimum
 // (for memopt none usually one or two). Stage 0's ranges are evaluated when first needed.
-Bounds exact_partition(StageEvaluator& evaluator) {
+Bounds exact_partition(StageEvaluator& evaluator, double below) {
   const CostModel& model = evaluator.model();
   const int n = model.size(), l = model.stages();
   const size_t columns = static_cast<size_t>(n) + 1;
@@ -263,19 +263,22 @@ Bounds exact_partition(StageEvaluator& evaluator) {
     return best[0][static_cast<size_t>(e)];
   };
   auto known_or_bound = [&](int x, int s) { return x == 1 && !first_known[static_cast<size_t>(s)] ? bound(0, s) : best[static_cast<size_t>(x - 1)][static_cast<size_t>(s)]; };
-  if (l == 1) first(n);
+  if (l == 1) return first(n) < below ? Bounds{0, n} : Bounds{};
   std::vector<std::pair<double, int>> candidates;  // (lower bound, start), a min-heap
   const auto later = std::greater<std::pair<double, int>>();
   for (int x = 1; x < l; ++x) {
     // The last stage ends at n; stage x leaves at least one node to each later stage.
     for (int e = x == l - 1 ? n : x + 1; e <= n - (l - 1 - x); ++e) {
       candidates.clear();
-      for (int s = x; s < e; ++s) {
+      for (int s = e - 1; s >= x; --s) {
+        const double stage = bound(s, e);
+        if (stage >= below) break;  // longer stages only take longer
         const double before = known_or_bound(x, s);
-        if (before < kInf) candidates.push_back({std::max(before, bound(s, e)), s});
+        if (before < below) candidates.push_back({std::max(before, stage), s});
       }
       std::make_heap(candidates.begin(), candidates.end(), later);
       double& b = best[static_cast<size_t>(x)][static_cast<size_t>(e)];
+      b = below;  // nothing at or above it is wanted (kInf: no bound)
       while (!candidates.empty() && candidates.front().first < b) {
         std::pop_heap(candidates.begin(), candidates.end(), later);
         const int s = candidates.back().second;
@@ -287,7 +290,7 @@ Bounds exact_partition(StageEvaluator& evaluator) {
       }
     }
   }
-  if (best[static_cast<size_t>(l) - 1][static_cast<size_t>(n)] == kInf) return {};
+  if (best[static_cast<size_t>(l) - 1][static_cast<size_t>(n)] >= below) return {};
   Bounds bounds(static_cast<size_t>(l) + 1);
   bounds[static_cast<size_t>(l)] = n;
   for (int x = l - 1, e = n; x > 0; --x) {

@@ -15,6 +15,7 @@
 //  exact      the optimum over all node-granularity cut positions with the stage memory
 //             optimizer: a DP over (stage, cut), stages evaluated best bound first. The
 //             yardstick for BiPar.
+#include <limits>
 #include <vector>
 
 #include "plan/stage_evaluator.h"
@@ -31,8 +32,8 @@ Bounds pipedream_partition(const CostModel& model);
 // `block_evaluator` must use MemoptGranularity::Block. Empty when no refinement fits.
 Bounds vpipe_partition(StageEvaluator& block_evaluator);
 
-// Empty when no partition fits.
-Bounds exact_partition(StageEvaluator& evaluator);
+// Empty when no partition fits, or none whose slowest stage is faster than `below`.
+Bounds exact_partition(StageEvaluator& evaluator, double below = std::numeric_limits<double>::infinity());
 
 // torchgpipe's blockpartition.solve: sizes of `partitions` consecutive groups of `costs`.
 std::vector<int> barany_block_partition(const std::vector<double>& costs, int partitions);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "plan/baselines.h"
 #include "plan/bipar.h"
@@ -156,6 +157,14 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     const Bounds refined = static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
     if (!refined.empty() && (bounds.empty() || evaluator.objective(refined) < evaluator.objective(bounds)))
       bounds = refined;
+    // Without memory optimization a stage's time is its compute: the exact DP over the memory
+    // formula, bounded by the best found so far, is cheap, and it catches the splits BiPar's
+    // sweeps miss (encoder-decoder graphs). Its answer must still fit when checked like the rest.
+    if (evaluator.mode() == MemoptMode::None) {
+      StageEvaluator formula(model, MemoptMode::None, options.capacity_bytes);
+      const Bounds exact = exact_partition(formula, bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds));
+      if (!exact.empty() && (bounds.empty() || evaluator.objective(exact) < evaluator.objective(bounds))) bounds = exact;
+    }
   }
   else if (options.planner == "exact") bounds = exact_partition(evaluator);
   else if (options.planner == "gpipe") bounds = gpipe_partition(model);
