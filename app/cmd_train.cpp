@@ -236,7 +236,8 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   const bool in_process = vm["in-process"].as<bool>();
   const Layout layout = data_pipeline_layout(vm, world, in_process);
   const int stages = layout.stages, replicas = layout.replicas;
-  memopt_mode_from_name(vm["memopt"].as<std::string>());  // validates before any work
+  memopt_mode_from_name(vm["memopt"].as<std::string>());  // validate before any work, one stage too
+  schedule_kind_from_name(vm["schedule"].as<std::string>());
   const TransportChoice transport = transport_choice_from_name(vm["transport"].as<std::string>());
   // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
   const c10::Device device = rank_device(parse_device(vm["device"].as<std::string>()), MPI_COMM_WORLD);

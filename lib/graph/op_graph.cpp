@@ -41,7 +41,6 @@ OpKind op_kind_from_name(const std::string& name) {
   throw ConfigError("unknown op kind '" + name + "'");
 }
 
-int op_kind_count() { return kKindCount; }
 
 int dtype_size(DType dtype) { return kDTypes[static_cast<int>(dtype)].size; }
 const char* dtype_name(DType dtype) { return kDTypes[static_cast<int>(dtype)].name; }

@@ -55,7 +55,6 @@ enum class OpKind {
 
 const char* op_kind_name(OpKind kind);
 OpKind op_kind_from_name(const std::string& name);  // throws ConfigError if unknown
-int op_kind_count();                                // number of OpKind values
 
 enum class DType { F32, I64, BF16, F16, F64, I32, I16, I8, U8, Bool };
 int dtype_size(DType dtype);

@@ -106,7 +106,6 @@ BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff)
     int c = adjust_cut(model_, raw, lo, hi, min_cut, max_cut, avg_stage_ms, options_.comm);
     if (c < 0 || !tried.insert(c).second) return -1;
     if (lower(c) >= bound()) return -1;
-    ++cuts_tried_;
     // A group that cannot fit even when packed greedily is not searched.
     if (!may_fit(b, c, first, first + k - 1)) {
       failed_side = -1;

@@ -50,7 +50,6 @@ class BiPar {
   Bounds solve();
   double objective() const { return objective_; }
   int64_t subproblems() const { return static_cast<int64_t>(memo_.size()); }
-  int64_t cuts_tried() const { return cuts_tried_; }
 
  private:
   struct Key {
@@ -91,7 +90,6 @@ class BiPar {
   std::unordered_map<Key, Result, KeyHash> memo_;
   std::unordered_map<uint64_t, int> reach_;
   double objective_ = 0;
-  int64_t cuts_tried_ = 0;
 };
 
 }  // namespace dawnpiper

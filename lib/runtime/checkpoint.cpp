@@ -79,10 +79,9 @@ int64_t latest_checkpoint(const std::string& dir) {
   return step;
 }
 
-void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage, const CheckpointIdentity& id) {
-  const std::string path = stage_file(dir, step, stage.config().stage);
-  quiet_errors();
-  if (H5Fis_hdf5(path.c_str()) <= 0) throw ConfigError("checkpoint file '" + path + "' is missing or unreadable");
+namespace {
+
+void read_stage_file(const std::string& path, PipelineStage& stage, const CheckpointIdentity& id) {
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
   auto mismatch = [&](const std::string& what, const std::string& have, const std::string& want) {
     return ConfigError("checkpoint '" + path + "' is for " + what + " " + have + ", this run has " + want);
@@ -125,6 +124,22 @@ void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage,
     s[i] = host.to(owner.device());
   }
   stage.optimizer().restore(s, read_attr<int64_t>(file, "optimizer_steps"));
+}
+
+}  // namespace
+
+void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage, const CheckpointIdentity& id) {
+  const std::string path = stage_file(dir, step, stage.config().stage);
+  quiet_errors();
+  if (H5Fis_hdf5(path.c_str()) <= 0) throw ConfigError("checkpoint file '" + path + "' is missing or unreadable");
+  try {
+    read_stage_file(path, stage, id);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::runtime_error& e) {  // HDF5 or a dataset of the wrong size: a damaged file
+    throw ConfigError("checkpoint file '" + path + "' is truncated or corrupt (" + e.what() +
+                      "); to resume from an earlier step, write its number into " + dir + "/latest, or start without --resume");
+  }
 }
 
 }  // namespace dawnpiper

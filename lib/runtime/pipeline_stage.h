@@ -69,7 +69,6 @@ class PipelineStage {
   Evictor* evictor() { return evictor_.get(); }
   const StageConfig& config() const { return config_; }
   bool is_last() const { return config_.stage == config_.stages - 1; }
-  int live_micro_batches() const { return static_cast<int>(in_flight_.size()); }
   int weight_versions() const;
 
  private:

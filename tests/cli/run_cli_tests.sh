@@ -122,6 +122,16 @@ code=$?
 if [ $code -ne 0 ] && grep -q "is for optimizer adam, this run has sgd" "$work/err"; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: resume with another optimizer (exit $code)"; cat "$work/err"; fi
 expect_fail "bad progress style" "--progress 'fancy': expected auto, bar or lines" train --model mlp-tiny --progress fancy
+# A truncated stage file: the error names the file and what to do, not "internal error".
+cp -r "$work/ck" "$work/ck-cut"
+truncate -s 3000 "$work/ck-cut/step-$(cat "$work/ck-cut/latest")/stage-1.h5"
+$mpi 3 "$bin" train --model gpt2-tiny --steps 5 --schedule gpipe --optimizer adam --lr 0.001 --checkpoint-dir "$work/ck-cut" \
+  --resume >/dev/null 2>"$work/err"
+code=$?
+if [ $code -eq 2 ] && grep -q "checkpoint file '$work/ck-cut/step-[0-9]*/stage-1.h5' is truncated or corrupt" "$work/err" &&
+   ! grep -q "internal error" "$work/err"; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: truncated checkpoint (exit $code)"; cat "$work/err"; fi
+expect_fail "unknown schedule on one stage" "unknown schedule 'zigzag'" train --model mlp-tiny --steps 1 --schedule zigzag
 expect_fail "resume without checkpoint" "no complete checkpoint" train --model gpt2-tiny --steps 2 --checkpoint-dir "$work/none" --resume
 # Asynchronous checkpoints: the pipeline drains every K steps and writes them there; a resumed
 # run (same K, same split) reproduces the uninterrupted run's losses bitwise.
