@@ -1,6 +1,7 @@
 // dawnpiper train: the reference trainer for one stage; for several stages the SPMD pipeline:
 // rank 0 profiles and plans (or loads a profile / a plan), broadcasts the plan, and every rank
 // builds and trains only its own stage.
+#include <ATen/Parallel.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include "memory/device_memory.h"
 #include "plan/memory_optimizer.h"
 #include "plan/planner.h"
+#include "profile/profile_cache.h"
 #include "profile/profile_io.h"
 #include "profile/profiler.h"
 #include "runtime/pipeline.h"
@@ -41,6 +43,33 @@ namespace dawnpiper {
 
 namespace {
 
+// The profile train plans from: measured here, or the one measured before under the same key
+// (profile/profile_cache.h), so that runs of one setup plan from the same numbers.
+Profile measured_profile(const po::variables_map& vm, const OpGraph& graph, c10::Device device) {
+  ProfilerOptions options;
+  options.warmup = 1;
+  options.iterations = 3;
+  options.seed = vm["seed"].as<uint64_t>();
+  options.device = device;
+  const bool quiet = vm["quiet"].as<bool>();
+  const std::string dir = profile_cache_dir(vm["profile-cache"].as<std::string>());
+  const std::string settings = device.str() + " threads " + std::to_string(at::get_num_threads()) + " warmup " +
+                               std::to_string(options.warmup) + " iterations " + std::to_string(options.iterations) +
+                               " seed " + std::to_string(options.seed);
+  const std::string path = dir.empty() ? "" : profile_cache_path(dir, graph, settings);
+  if (!path.empty())
+    if (std::optional<Profile> cached = read_cached_profile(path, graph)) {
+      if (!quiet) std::printf("profile: %s (cached; --profile-cache off measures afresh)\n", path.c_str());
+      return std::move(*cached);
+    }
+  Profile profile = profile_graph(graph, options);
+  if (!path.empty() && !quiet)
+    std::printf("profile: measured, %s %s\n", write_cached_profile(path, profile) ? "kept in" : "could not keep it in",
+                path.c_str());
+  else if (!path.empty()) write_cached_profile(path, profile);
+  return profile;
+}
+
 // Rank 0: the plan (loaded, or made from a loaded or freshly measured profile) as JSON.
 std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int stages, int replicas, int64_t capacity,
                           c10::Device device) {
@@ -56,12 +85,7 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
                         " nodes), not of this " + graph.preset + " graph (" + std::to_string(graph.size()) + " nodes)");
     profile = profile.at_batch(graph.micro_batch_size);
   } else {
-    ProfilerOptions quick;
-    quick.warmup = 1;
-    quick.iterations = 2;
-    quick.seed = vm["seed"].as<uint64_t>();
-    quick.device = device;
-    profile = profile_graph(graph, quick);
+    profile = measured_profile(vm, graph, device);
   }
   PlanOptions o;
   o.stages = stages;
@@ -196,6 +220,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       ("memopt", po::value<std::string>()->default_value("none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions")
       ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
       ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
+      ("profile-cache", po::value<std::string>()->default_value(""),
+       "where measured profiles are kept and reused: a directory, or off (default: $DAWNPIPER_CACHE, else "
+       "$XDG_CACHE_HOME/dawnpiper or ~/.cache/dawnpiper)")
       ("plan-out", po::value<std::string>(), "write the plan used to this file")
       ("transport", po::value<std::string>()->default_value("auto"),
        "auto | mpi (CPU tensors) | nccl (CUDA, ranks on different GPUs) | host (CUDA through host memory over MPI; "

@@ -122,6 +122,21 @@ code=$?
 if [ $code -ne 0 ] && grep -q "is for optimizer adam, this run has sgd" "$work/err"; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: resume with another optimizer (exit $code)"; cat "$work/err"; fi
 expect_fail "bad progress style" "--progress 'fancy': expected auto, bar or lines" train --model mlp-tiny --progress fancy
+# Profile cache: a second run plans from the first run's profile (the same split); another
+# micro-batch size is another profile; a damaged cache file is measured again.
+cached() { $mpi 2 "$bin" train --model gpt2-tiny --steps 1 --profile-cache "$work/cache" "$@" 2>>"$work/err"; }
+first=$(cached)
+second=$(cached)
+other=$(cached --micro-batch-size 8)
+if echo "$first" | grep -q "profile: measured, kept in $work/cache/profile-[0-9a-f]*.h5" &&
+   echo "$second" | grep -q "profile: $work/cache/profile-[0-9a-f]*.h5 (cached" &&
+   [ -n "$(echo "$first" | grep 'nodes \[')" ] &&
+   [ "$(echo "$first" | grep 'nodes \[')" = "$(echo "$second" | grep 'nodes \[')" ] &&
+   echo "$other" | grep -q "profile: measured" && [ "$(ls "$work/cache" | wc -l)" = 2 ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: profile cache"; echo "$first"; echo "$second"; cat "$work/err"; fi
+for f in "$work"/cache/*.h5; do truncate -s 100 "$f"; done
+if cached | grep -q "profile: measured, kept in"; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: damaged profile cache"; cat "$work/err"; fi
 # A truncated stage file: the error names the file and what to do, not "internal error".
 cp -r "$work/ck" "$work/ck-cut"
 truncate -s 3000 "$work/ck-cut/step-$(cat "$work/ck-cut/latest")/stage-1.h5"

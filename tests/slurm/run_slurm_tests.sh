@@ -14,7 +14,7 @@ eval "$("$root/scripts/slurm-local.sh" start "$cluster" 2 4)" || { echo "FAIL: n
 # Two fake nodes share one host: Open MPI stays on the loopback interface and off shared memory
 # (it would take ranks of different "nodes" for strangers on the same machine).
 export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl=self,tcp
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 DAWNPIPER_CACHE=off
 export DAWNPIPER_BIN="$bin"
 mpi="mpirun --oversubscribe -np"
 cd "$work"  # not the checkout: the scripts find it themselves
