@@ -123,6 +123,23 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
     cross_count_[static_cast<size_t>(cut)] = c;
     cross_bytes_[static_cast<size_t>(cut)] = bytes;
   }
+
+  // Which tensors carry gradients (as memory_replay.cpp): outputs of nodes with parameters or
+  // with such inputs, unless the profile says.
+  node_kinds_.assign(profile.nodes.size(), 0);
+  for (const NodeProfile& node : profile.nodes)
+    node_kinds_[static_cast<size_t>(node.id)] = static_cast<char>(
+        (node.kind == "input" ? kInputNode : 0) | (view_allocates_gradient(node.kind) ? kViewAllocatesGradient : 0) |
+        (is_reshape_kind(node.kind) ? kReshapeNode : 0) | (is_permute_kind(node.kind) ? kPermuteNode : 0));
+  requires_grad_.assign(profile.tensors.size(), 0);
+  for (const NodeProfile& node : profile.nodes) {
+    bool rg = (node.param_bytes > 0 || node.param_grad_bytes > 0 || node.tied_bytes > 0) && node.kind != "input";
+    for (int t : inputs(node.id)) rg = rg || requires_grad_[static_cast<size_t>(t)];
+    for (int t : node.outputs) {
+      const TensorProfile& tp = profile.tensors[static_cast<size_t>(t)];
+      requires_grad_[static_cast<size_t>(t)] = tp.requires_grad >= 0 ? tp.requires_grad == 1 : rg && !tp.internal;
+    }
+  }
 }
 
 int64_t CostModel::activation_bytes(int b, int e) const {

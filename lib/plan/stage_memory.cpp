@@ -71,17 +71,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     return {key[static_cast<size_t>(t)]};
   };
 
-  // Which tensors carry gradients (as memory_replay.cpp): outputs of nodes with parameters or
-  // with such inputs.
-  std::vector<char> requires_grad(static_cast<size_t>(T), 0);
-  for (const NodeProfile& n : p.nodes) {
-    bool rg = (n.param_bytes > 0 || n.param_grad_bytes > 0 || n.tied_bytes > 0) && n.kind != "input";
-    for (int t : model.inputs(n.id)) rg = rg || requires_grad[static_cast<size_t>(t)];
-    for (int t : n.outputs) {
-      const TensorProfile& tp = p.tensors[static_cast<size_t>(t)];
-      requires_grad[static_cast<size_t>(t)] = tp.requires_grad >= 0 ? tp.requires_grad == 1 : rg && !tp.internal;
-    }
-  }
+  const std::vector<char>& requires_grad = model.requires_grad();
 
   // Forward references of each storage: readers in the range, savers in the range.
   std::vector<int> refs(static_cast<size_t>(T), 0);
@@ -145,6 +135,15 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     return p.tensors[static_cast<size_t>(t)].is_data || p.tensors[static_cast<size_t>(t)].producer < b ||
            a == static_cast<int>(TensorAction::Keep) || a == static_cast<int>(TensorAction::Swap);
   };
+  // The tensors sharing each decided tensor's storage, from one pass over the tensors.
+  std::map<int, std::vector<int>> sharing;  // storage key -> tensors
+  for (const TensorDecision& d : decisions)
+    if (d.action != TensorAction::Keep && d.tensor >= 0 && d.tensor < T) sharing[key[static_cast<size_t>(d.tensor)]];
+  if (!sharing.empty())
+    for (int t = 0; t < T; ++t) {
+      auto found = sharing.find(key[static_cast<size_t>(t)]);
+      if (found != sharing.end()) found->second.push_back(t);
+    }
   std::vector<Eviction> evictions;
   std::vector<std::vector<int>> evict_after(static_cast<size_t>(e - b));
   std::vector<int> evict_after_send;
@@ -157,8 +156,8 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     ev.recompute = d.action == TensorAction::Recompute;
     int last_local = in_range(p.tensors[static_cast<size_t>(d.tensor)].producer) ? p.tensors[static_cast<size_t>(d.tensor)].producer : -1;
     bool read_later = false;
-    for (const TensorProfile& t : p.tensors) {
-      if (key[static_cast<size_t>(t.id)] != ev.key) continue;
+    for (int shared : sharing[ev.key]) {
+      const TensorProfile& t = p.tensors[static_cast<size_t>(shared)];
       for (int c : t.consumers) {
         if (in_range(c)) last_local = std::max(last_local, c);
         read_later |= c >= e;
@@ -194,6 +193,20 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     evictions.push_back(std::move(ev));
   }
 
+  enum : char {
+    kInputNode = CostModel::kInputNode,
+    kViewAllocates = CostModel::kViewAllocatesGradient,
+    kReshape = CostModel::kReshapeNode,
+    kPermute = CostModel::kPermuteNode
+  };
+  // Evictions by restore point, latest first: a backward walks the nodes downwards, and each
+  // eviction becomes due once the walk reaches its restore point.
+  std::vector<int> by_restore(evictions.size());
+  for (size_t i = 0; i < by_restore.size(); ++i) by_restore[i] = static_cast<int>(i);
+  std::stable_sort(by_restore.begin(), by_restore.end(), [&](int a, int c) {
+    return evictions[static_cast<size_t>(a)].restore_before > evictions[static_cast<size_t>(c)].restore_before;
+  });
+
   StageMemoryReplay r;
   int64_t live = weights + model.constant_bytes(b, e);  // constants: computed in the first forward
   int current_action = -1;
@@ -225,12 +238,15 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
   // reads: swaps, and recomputations re-running the union of their chains at once. Re-run nodes
   // are shared: every evicted recomputation whose producer re-runs comes back now too, and a
   // swapped tensor the chains read comes back early.
-  auto restore_for = [&](MicroBatch& m, int i) {
+  // `next_due`: the first of by_restore not yet due in this backward. Every eviction due at an
+  // earlier (higher) node was restored there, so only the newly due ones can be evicted still.
+  auto restore_for = [&](MicroBatch& m, int i, size_t& next_due) {
     std::set<int> rerun_nodes;
     bool any = false;
-    for (const Eviction& ev : evictions) {
+    for (; next_due < by_restore.size() && evictions[static_cast<size_t>(by_restore[next_due])].restore_before >= i; ++next_due) {
+      const Eviction& ev = evictions[static_cast<size_t>(by_restore[next_due])];
       const size_t k = static_cast<size_t>(ev.key);
-      if (!m.evicted[k] || !m.alive[k] || ev.restore_before < i) continue;
+      if (!m.evicted[k] || !m.alive[k]) continue;
       any = true;
       if (ev.recompute) rerun_nodes.insert(ev.rerun.begin(), ev.rerun.end());
     }
@@ -334,7 +350,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
         note(live, -1);
         for (int n = b; n < e; ++n) {
           const NodeProfile& node = p.nodes[static_cast<size_t>(n)];
-          if (node.kind == "input") continue;
+          if (model.node_kind_flags(n) & kInputNode) continue;
           int64_t out = 0;
           for (int t : node.outputs)
             if (storage[static_cast<size_t>(t)] && key[static_cast<size_t>(t)] == t) out += bytes(t);
@@ -372,20 +388,24 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
       }
       case ActionKind::Backward: {
         MicroBatch& m = state();
+        size_t next_due = 0;
         for (int i = e - 1; i >= b; --i) {
           const NodeProfile& node = p.nodes[static_cast<size_t>(i)];
-          if (node.kind == "input") continue;
+          const char kind = model.node_kind_flags(i);
+          if (kind & kInputNode) continue;
           // The node's graph outputs (its internal buffers follow them), some with gradients.
-          std::vector<int> outs;
+          int out = -1;
           bool any_grad = false;
           for (int t : node.outputs)
-            if (!p.tensors[static_cast<size_t>(t)].internal) outs.push_back(t), any_grad |= requires_grad[static_cast<size_t>(t)] != 0;
+            if (!p.tensors[static_cast<size_t>(t)].internal) {
+              if (out < 0) out = t;
+              any_grad |= requires_grad[static_cast<size_t>(t)] != 0;
+            }
           if (!any_grad) continue;
-          const int out = outs[0];
-          restore_for(m, i);
+          restore_for(m, i, next_due);
           // A view hands its output's gradient on as a view, unless its backward allocates one
           // of the input's size (slices, expands, splits).
-          const bool view = !p.tensors[static_cast<size_t>(out)].owns_storage() && !view_allocates_gradient(node.kind);
+          const bool view = !p.tensors[static_cast<size_t>(out)].owns_storage() && !(kind & kViewAllocates);
           const char out_grad = m.has_grad[static_cast<size_t>(out)];
           int64_t grads = 0, transient = 0;
           bool passed_on = false;     // a view hands its output's gradient to its input
@@ -407,11 +427,11 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
             if (is_received[static_cast<size_t>(t)]) m.input_grads += bytes(t);  // held until sent back
             if (!view) {
               g = 1, grads += bytes(t);
-            } else if (is_reshape_kind(node.kind) && m.permuted[static_cast<size_t>(out)]) {
+            } else if ((kind & kReshape) && m.permuted[static_cast<size_t>(out)]) {
               g = 1, grads += bytes(t), copied_view = true;  // a permuted gradient is not viewable
             } else {  // a view of the output's gradient, with its owner
               g = out_grad ? out_grad : 1;
-              m.permuted[static_cast<size_t>(t)] = m.permuted[static_cast<size_t>(out)] || is_permute_kind(node.kind);
+              m.permuted[static_cast<size_t>(t)] = m.permuted[static_cast<size_t>(out)] || (kind & kPermute);
             }
           }
           if (view && !passed_on && out_grad == 1)
@@ -429,8 +449,9 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
           }
           note(live + grads + transient + node.bwd_workspace, i);
           live += grads;
-          for (int o : outs)  // the outputs' gradients have been consumed
-            if (m.has_grad[static_cast<size_t>(o)] == 1 && (!view || copied_view) && !is_received[static_cast<size_t>(o)])
+          for (int o : node.outputs)  // the graph outputs' gradients have been consumed
+            if (!p.tensors[static_cast<size_t>(o)].internal && m.has_grad[static_cast<size_t>(o)] == 1 &&
+                (!view || copied_view) && !is_received[static_cast<size_t>(o)])
               live -= bytes(o);
           for (int t : node.saved)
             for (int k : saver_keys(t)) release(m, k);
