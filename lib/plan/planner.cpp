@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "plan/baselines.h"
 #include "plan/bipar.h"
@@ -76,7 +77,13 @@ int64_t needed_capacity(const Profile& profile, const PlanOptions& options) {
 
 std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& options,
                                   int64_t upper_bound) {
-  auto plan_at = [&](int64_t batch) { return try_plan(profile.at_batch(batch), options); };
+  std::set<int64_t> misses;  // the probes below may ask again about a size the bisection tried
+  auto plan_at = [&](int64_t batch) -> std::optional<Plan> {
+    if (misses.count(batch)) return std::nullopt;
+    std::optional<Plan> plan = try_plan(profile.at_batch(batch), options);
+    if (!plan) misses.insert(batch);
+    return plan;
+  };
   std::optional<Plan> best = plan_at(1);
   if (!best) return std::nullopt;
   int64_t lo = 1, hi = -1;  // lo fits; hi (when known) does not
