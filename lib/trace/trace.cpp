@@ -1,6 +1,8 @@
 #include "trace/trace.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <ostream>
 
@@ -235,6 +237,18 @@ void print_summary(const Trace& t, std::ostream& out) {
                   100 * (1 - s.idle_fraction), s.mean_forward_ms, s.mean_backward_ms,
                   format_bytes(static_cast<double>(s.peak_bytes)).c_str(), predicted.c_str(),
                   format_bytes(static_cast<double>(s.bytes_sent)).c_str());
+    out << line;
+  }
+  const std::vector<StageSummary> stages = summarize(t);
+  if (stages.size() > 1) {  // how balanced the plan came out, measured (the paper reports 7.7%)
+    double most = 0, least = std::numeric_limits<double>::infinity(), mean_efficiency = 0;
+    for (const StageSummary& s : stages)
+      most = std::max(most, s.busy_s), least = std::min(least, s.busy_s), mean_efficiency += 1 - s.idle_fraction;
+    mean_efficiency /= static_cast<double>(stages.size());
+    std::snprintf(line, sizeof line, "busy time spread (max/min - 1) %.1f%%; mean efficiency %.1f%%%s\n",
+                  least > 0 ? 100 * (most / least - 1) : 0.0, 100 * mean_efficiency,
+                  t.schedule == "async" ? ""
+                                        : (", bound " + std::to_string(static_cast<int>(std::lround(100 * (1 - bubble_bound(t))))) + "%").c_str());
     out << line;
   }
   if (t.replicas > 1) {
