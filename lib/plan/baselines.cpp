@@ -301,4 +301,42 @@ Bounds exact_partition(StageEvaluator& evaluator, double below) {
   return bounds;
 }
 
+// cost[x][e] = min over s of cost[x-1][s] + t(s, e)^2 over stages with t <= bottleneck that fit
+// by the formula. Fitting is monotone in a stage's range, so each (stage, end) has a shortest
+// fitting start, non-decreasing in the end: two pointers, O(l n) memory checks; the rest is
+// arithmetic over the starts under the bottleneck.
+Bounds balanced_partition(const CostModel& model, int64_t capacity, double bottleneck) {
+  const int n = model.size(), l = model.stages();
+  const size_t columns = static_cast<size_t>(n) + 1;
+  auto time = [&](int b, int e) { return model.compute_ms(b, e) + model.allreduce_per_micro_batch_ms(b, e); };
+  std::vector<std::vector<double>> cost(static_cast<size_t>(l), std::vector<double>(columns, kInf));
+  std::vector<std::vector<int>> from(static_cast<size_t>(l), std::vector<int>(columns, -1));
+  for (int x = 0; x < l; ++x) {
+    int lo = x;  // the shortest fitting start for the current end
+    for (int e = x + 1; e <= n - (l - 1 - x); ++e) {
+      while (lo < e && model.peak_without_memopt(lo, e, x) > capacity) ++lo;
+      double& c = cost[static_cast<size_t>(x)][static_cast<size_t>(e)];
+      if (x == 0) {
+        if (lo == 0 && time(0, e) <= bottleneck) c = time(0, e) * time(0, e);
+        continue;
+      }
+      for (int s = e - 1; s >= std::max(lo, x); --s) {
+        const double t = time(s, e);
+        if (t > bottleneck) break;  // longer stages only take longer
+        const double v = cost[static_cast<size_t>(x) - 1][static_cast<size_t>(s)] + t * t;
+        if (v < c) c = v, from[static_cast<size_t>(x)][static_cast<size_t>(e)] = s;
+      }
+    }
+  }
+  if (cost[static_cast<size_t>(l) - 1][static_cast<size_t>(n)] == kInf) return {};
+  Bounds bounds(static_cast<size_t>(l) + 1);
+  bounds[static_cast<size_t>(l)] = n;
+  for (int x = l - 1, e = n; x > 0; --x) {
+    e = from[static_cast<size_t>(x)][static_cast<size_t>(e)];
+    bounds[static_cast<size_t>(x)] = e;
+  }
+  bounds[0] = 0;
+  return bounds;
+}
+
 }  // namespace dawnpiper

@@ -35,6 +35,11 @@ Bounds vpipe_partition(StageEvaluator& block_evaluator);
 // Empty when no partition fits, or none whose slowest stage is faster than `below`.
 Bounds exact_partition(StageEvaluator& evaluator, double below = std::numeric_limits<double>::infinity());
 
+// Memopt none: among the partitions whose slowest stage takes at most `bottleneck` and whose
+// stages fit `capacity` by the cost model's formula, the one with the least sum of squared stage
+// times (evenly loaded stages). Empty when there is none.
+Bounds balanced_partition(const CostModel& model, int64_t capacity, double bottleneck);
+
 // torchgpipe's blockpartition.solve: sizes of `partitions` consecutive groups of `costs`.
 std::vector<int> barany_block_partition(const std::vector<double>& costs, int partitions);
 

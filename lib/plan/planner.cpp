@@ -164,13 +164,20 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     const Bounds refined = static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
     if (!refined.empty() && (bounds.empty() || evaluator.objective(refined) < evaluator.objective(bounds)))
       bounds = refined;
-    // Without memory optimization a stage's time is its compute: the exact DP over the memory
+    // Without memory optimization (or memory to save) a stage's time is its compute: the exact DP over the memory
     // formula, bounded by the best found so far, is cheap, and it catches the splits BiPar's
     // sweeps miss (encoder-decoder graphs). Its answer must still fit when checked like the rest.
-    if (evaluator.mode() == MemoptMode::None) {
+    if (evaluator.mode() == MemoptMode::None || options.capacity_bytes == INT64_MAX) {  // nothing to evict
       StageEvaluator formula(model, MemoptMode::None, options.capacity_bytes);
       const Bounds exact = exact_partition(formula, bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds));
       if (!exact.empty() && (bounds.empty() || evaluator.objective(exact) < evaluator.objective(bounds))) bounds = exact;
+      // The bottleneck alone leaves the other stages free to be uneven (one large node, e.g. an
+      // LM head, sets it): keep it, and balance the rest.
+      if (!bounds.empty()) {
+        const double bottleneck = evaluator.objective(bounds);
+        const Bounds even = balanced_partition(model, options.capacity_bytes, bottleneck * (1 + 1e-12));
+        if (!even.empty() && evaluator.objective(even) <= bottleneck) bounds = even;
+      }
     }
   }
   else if (options.planner == "exact") bounds = exact_partition(evaluator);

@@ -417,7 +417,7 @@ TEST_CASE("with fit_replayed a stage evicts no more than its replay needs", "[pl
   for (const StagePlan& s : make_plan(p, o).stages) top = std::max(top, s.memory.predicted_peak());
   int relaxed = 0;
   for (const char* memopt : {"r", "sr"}) {
-    for (double fraction : {0.6, 0.7, 0.8, 0.9}) {
+    for (double fraction : {0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9}) {
       o.memopt = memopt;
       o.capacity_bytes = static_cast<int64_t>(fraction * static_cast<double>(top));
       o.fit_replayed = true;
