@@ -14,13 +14,14 @@ namespace dawnpiper {
 int cmd_graph(int argc, char** argv, const MpiWorld& world) {
   po::options_description options;
   po::options_description own("Graph options");
+  // clang-format off
   own.add_options()("summary", po::bool_switch(), "print counts (the default)")
       ("list", po::bool_switch(), "list the model presets")
       ("nodes", po::bool_switch(), "print every node: id, kind, block, output shape, parameters");
+  // clang-format on
   options.add(own).add(common_options()).add(model_override_options());
   po::variables_map vm;
-  if (!parse_options(argc, argv, "graph", "Builds a model's fine-grained op graph and summarizes it.",
-                     options, vm))
+  if (!parse_options(argc, argv, "graph", "Builds a model's fine-grained op graph and summarizes it.", options, vm))
     return 0;
   if (world.rank != 0) return 0;
   if (vm["list"].as<bool>()) {
@@ -38,7 +39,9 @@ int cmd_graph(int argc, char** argv, const MpiWorld& world) {
   for (const TensorInfo& t : g.tensors) edges += static_cast<int64_t>(t.consumers.size());
   std::map<std::string, int> per_kind;
   // Imported nodes count by their ATen operator.
-  auto kind_of = [](const Node& n) { return n.kind == OpKind::Aten ? n.call.qualified() : std::string(op_kind_name(n.kind)); };
+  auto kind_of = [](const Node& n) {
+    return n.kind == OpKind::Aten ? n.call.qualified() : std::string(op_kind_name(n.kind));
+  };
   for (const Node& n : g.nodes) ++per_kind[kind_of(n)];
   if (vm["nodes"].as<bool>()) {
     for (const Node& n : g.nodes) {
@@ -54,8 +57,7 @@ int cmd_graph(int argc, char** argv, const MpiWorld& world) {
   std::printf("nodes        %d\n", g.size());
   std::printf("edges        %lld\n", static_cast<long long>(edges));
   std::printf("blocks       %zu\n", g.blocks.size());
-  std::printf("parameters   %lld (%.2fM)\n", static_cast<long long>(g.parameter_count()),
-              g.parameter_count() / 1e6);
+  std::printf("parameters   %lld (%.2fM)\n", static_cast<long long>(g.parameter_count()), g.parameter_count() / 1e6);
   std::printf("build time   %.1f ms\n", ms);
   std::printf("op kinds:\n");
   for (const auto& kv : per_kind) std::printf("  %-28s %d\n", kv.first.c_str(), kv.second);

@@ -11,7 +11,9 @@ namespace dawnpiper {
 
 int cmd_inspect(int argc, char** argv, const MpiWorld& world) {
   po::options_description options("Inspect options");
+  // clang-format off
   options.add_options()("trace", po::value<std::string>(), "the HDF5 trace (`dawnpiper train --trace`); also positional");
+  // clang-format on
   po::positional_options_description positional;
   positional.add("trace", 1);
   po::variables_map vm;

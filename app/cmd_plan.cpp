@@ -21,6 +21,7 @@ namespace dawnpiper {
 int cmd_plan(int argc, char** argv, const MpiWorld& world) {
   po::options_description options;
   po::options_description own("Plan options");
+  // clang-format off
   own.add_options()
       ("profile-in", po::value<std::string>(), "profile to plan from (HDF5, `dawnpiper profile --out`)")
       ("device-spec", po::value<std::string>(), "without --profile-in: plan --model from an analytic profile "
@@ -37,6 +38,7 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
       ("data-parallel", po::value<int>()->default_value(1), "pipeline replicas: their gradient allreduce (over --link-bandwidth) "
                                                             "is part of each stage's time; reports the predicted step")
       ("out", po::value<std::string>(), "write the plan as JSON");
+  // clang-format on
   options.add(own).add(common_options()).add(model_override_options());
   po::variables_map vm;
   if (!parse_options(argc, argv, "plan", "Plans pipeline stages and per-tensor memory optimization from a profile.",
@@ -51,7 +53,8 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
   if (vm.count("profile-in")) {
     profile = read_profile(vm["profile-in"].as<std::string>());
     if (vm.count("precision") && vm["precision"].as<std::string>() != profile.precision)
-      throw ConfigError("--profile-in was profiled in " + profile.precision + ", not " + vm["precision"].as<std::string>());
+      throw ConfigError("--profile-in was profiled in " + profile.precision + ", not " +
+                        vm["precision"].as<std::string>());
     if (!vm["micro-batch-size"].defaulted()) profile = profile.at_batch(B);
   } else if (vm.count("device-spec")) {
     const DeviceSpec spec = device_spec(vm["device-spec"].as<std::string>());
@@ -76,9 +79,12 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
   o.data_parallel = vm["data-parallel"].as<int>();
   if (o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
   if (vm.count("memory")) o.capacity_bytes = parse_bytes(vm["memory"].as<std::string>(), "--memory");
-  if (vm.count("device-memory")) o.capacity_bytes = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
-  if (vm.count("host-bandwidth")) o.host_bandwidth = static_cast<double>(parse_bytes(vm["host-bandwidth"].as<std::string>(), "--host-bandwidth"));
-  if (vm.count("link-bandwidth")) o.link_bandwidth = static_cast<double>(parse_bytes(vm["link-bandwidth"].as<std::string>(), "--link-bandwidth"));
+  if (vm.count("device-memory"))
+    o.capacity_bytes = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
+  if (vm.count("host-bandwidth"))
+    o.host_bandwidth = static_cast<double>(parse_bytes(vm["host-bandwidth"].as<std::string>(), "--host-bandwidth"));
+  if (vm.count("link-bandwidth"))
+    o.link_bandwidth = static_cast<double>(parse_bytes(vm["link-bandwidth"].as<std::string>(), "--link-bandwidth"));
 
   Plan plan;
   if (vm["max-batch"].as<bool>()) {

@@ -40,6 +40,7 @@ std::vector<int64_t> parse_batch_sizes(const std::string& text) {
 int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   po::options_description options;
   po::options_description own("Profile options");
+  // clang-format off
   own.add_options()
       ("out", po::value<std::string>(), "HDF5 file to write (required)")
       ("batch-sizes", po::value<std::string>(), "micro-batch sizes to profile for the batch-size fit "
@@ -54,11 +55,12 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
       ("no-step-check", po::bool_switch(), "skip the whole-step measurement (models that do not fit)")
       ("analytic", po::bool_switch(), "estimate from shapes and a device spec instead of measuring")
       ("device-spec", po::value<std::string>(), "with --analytic: a100-40gb | h100-80gb | spec file");
+  // clang-format on
   options.add(own).add(common_options()).add(model_override_options());
   po::variables_map vm;
   if (!parse_options(argc, argv, "profile",
-                     "Measures per-node time and memory of a model's op graph and writes an HDF5 profile.",
-                     options, vm))
+                     "Measures per-node time and memory of a model's op graph and writes an HDF5 profile.", options,
+                     vm))
     return 0;
   if (!vm.count("out")) throw ConfigError("--out FILE is required (where to write the profile)");
   if (world.rank != 0) return 0;

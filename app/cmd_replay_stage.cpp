@@ -22,17 +22,19 @@ namespace dawnpiper {
 int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   po::options_description options;
   po::options_description own("Replay options");
+  // clang-format off
   own.add_options()
       ("plan", po::value<std::string>(), "plan JSON (`dawnpiper plan --out` or `train --plan-out`); required")
       ("stage", po::value<int>(), "the stage to run; required")
       ("steps", po::value<int64_t>()->default_value(3), "steps to run (the first is a warm-up, not timed)")
       ("optimizer", po::value<std::string>(), "sgd | adam (default: the plan's)")
       ("lr", po::value<double>()->default_value(0.01), "learning rate");
+  // clang-format on
   options.add(own).add(common_options()).add(model_override_options());
   po::variables_map vm;
   if (!parse_options(argc, argv, "replay-stage",
-                     "Runs one stage of a plan alone with stand-in inputs; measures its time and peak memory.",
-                     options, vm))
+                     "Runs one stage of a plan alone with stand-in inputs; measures its time and peak memory.", options,
+                     vm))
     return 0;
   if (!vm.count("plan") || !vm.count("stage")) throw ConfigError("--plan FILE and --stage X are required");
   if (world.rank != 0) return 0;
@@ -54,7 +56,8 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   } else {
     model = model_source_from(vm);
   }
-  const int64_t batch = vm["micro-batch-size"].defaulted() ? plan.micro_batch_size : vm["micro-batch-size"].as<int64_t>();
+  const int64_t batch =
+      vm["micro-batch-size"].defaulted() ? plan.micro_batch_size : vm["micro-batch-size"].as<int64_t>();
   const OpGraph graph = model->graph(batch);
   if (graph.size() != plan.nodes)
     throw ConfigError("the plan is for " + std::to_string(plan.nodes) + " nodes, " + graph.preset + " has " +
@@ -80,10 +83,9 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   PipelineStage stage(graph, stage_config(pc, x), transport);
   StageTracer tracer(x, device, transport, StageTracer::Clock::now(), /*keep_records=*/true);
   if (stage.evictor())
-    stage.evictor()->set_listener([&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes,
-                                            StageTracer::Clock::time_point start, StageTracer::Clock::time_point end) {
-      tracer.record_nested(kind, mb, tensor, bytes, start, end);
-    });
+    stage.evictor()->set_listener(
+        [&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes, StageTracer::Clock::time_point start,
+                  StageTracer::Clock::time_point end) { tracer.record_nested(kind, mb, tensor, bytes, start, end); });
   int64_t step = 0;  // of the latest action with a micro-batch (an update belongs to it)
   for (const Action& a : stage_actions(pc, x)) {
     if (a.micro_batch >= 0) step = a.micro_batch / pc.micro_batches;
@@ -107,11 +109,12 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   const double measured_ms = 1e3 * (fwd / std::max<int64_t>(fwds, 1) + bwd / std::max<int64_t>(bwds, 1));
   std::printf("stage %d of %d (%s, nodes [%d, %d), %s schedule, %" PRId64 " micro-batches of %" PRId64 "), %" PRId64
               " steps on %s with stand-in inputs\n",
-              x, stages, graph.preset.c_str(), sp.begin, sp.end, schedule_kind_name(pc.schedule), pc.micro_batches, batch,
-              steps, device.str().c_str());
-  std::printf("forward+backward per micro-batch: measured %.3f ms (forward %.3f, backward %.3f), predicted %.3f ms (%+.1f%%)\n",
-              measured_ms, 1e3 * fwd / std::max<int64_t>(fwds, 1), 1e3 * bwd / std::max<int64_t>(bwds, 1),
-              sp.compute_ms, sp.compute_ms > 0 ? 100 * (measured_ms / sp.compute_ms - 1) : 0.0);
+              x, stages, graph.preset.c_str(), sp.begin, sp.end, schedule_kind_name(pc.schedule), pc.micro_batches,
+              batch, steps, device.str().c_str());
+  std::printf(
+      "forward+backward per micro-batch: measured %.3f ms (forward %.3f, backward %.3f), predicted %.3f ms (%+.1f%%)\n",
+      measured_ms, 1e3 * fwd / std::max<int64_t>(fwds, 1), 1e3 * bwd / std::max<int64_t>(bwds, 1), sp.compute_ms,
+      sp.compute_ms > 0 ? 100 * (measured_ms / sp.compute_ms - 1) : 0.0);
   const double per_micro_batch = 1e3 / static_cast<double>(std::max<int64_t>(bwds, 1));
   std::printf("memory optimization per micro-batch: recompute %.3f ms, swap %.3f ms (%s), predicted overhead %.3f ms\n",
               recompute * per_micro_batch, swap * per_micro_batch,
@@ -120,7 +123,9 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
               1e3 * step_s / static_cast<double>(steps - from));
   std::printf("peak memory: measured %s, predicted %s (%+.1f%%)\n", format_bytes(double(tracer.peak_bytes())).c_str(),
               format_bytes(double(sp.memory.predicted_peak())).c_str(),
-              sp.memory.predicted_peak() > 0 ? 100 * (double(tracer.peak_bytes()) / double(sp.memory.predicted_peak()) - 1) : 0.0);
+              sp.memory.predicted_peak() > 0
+                  ? 100 * (double(tracer.peak_bytes()) / double(sp.memory.predicted_peak()) - 1)
+                  : 0.0);
   return 0;
 }
 

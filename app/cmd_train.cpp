@@ -66,7 +66,8 @@ Profile measured_profile(const po::variables_map& vm, const OpGraph& graph, c10:
   if (!path.empty() && !quiet)
     std::printf("profile: measured, %s %s\n", write_cached_profile(path, profile) ? "kept in" : "could not keep it in",
                 path.c_str());
-  else if (!path.empty()) write_cached_profile(path, profile);
+  else if (!path.empty())
+    write_cached_profile(path, profile);
   return profile;
 }
 
@@ -78,8 +79,8 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
   if (vm.count("profile-in")) {
     profile = read_profile(vm["profile-in"].as<std::string>());
     if (profile.precision != graph.precision)
-      throw ConfigError("--profile-in was profiled in " + profile.precision + ", this run trains in " + graph.precision +
-                        " (profile again with --precision " + graph.precision + ")");
+      throw ConfigError("--profile-in was profiled in " + profile.precision + ", this run trains in " +
+                        graph.precision + " (profile again with --precision " + graph.precision + ")");
     if (profile.preset != graph.preset || profile.size() != graph.size())
       throw ConfigError("--profile-in is a profile of " + profile.preset + " (" + std::to_string(profile.size()) +
                         " nodes), not of this " + graph.preset + " graph (" + std::to_string(graph.size()) + " nodes)");
@@ -109,7 +110,8 @@ DataConfig data_config_from(const po::variables_map& vm) {
     throw ConfigError("--data-order '" + order + "': expected shuffled or sequential");
   d.sequential = order == "sequential";
   d.validation_fraction = vm["validation-fraction"].as<double>();
-  if (d.validation_fraction < 0 || d.validation_fraction >= 1) throw ConfigError("--validation-fraction must be in [0, 1)");
+  if (d.validation_fraction < 0 || d.validation_fraction >= 1)
+    throw ConfigError("--validation-fraction must be in [0, 1)");
   if (d.path.empty() && (!vm["data-order"].defaulted() || d.validation_fraction > 0))
     throw ConfigError("--data-order and --validation-fraction apply to --data (a token file)");
   return d;
@@ -186,10 +188,12 @@ Layout data_pipeline_layout(const po::variables_map& vm, const MpiWorld& world, 
     return l;
   }
   l.stages = vm.count("stages") ? vm["stages"].as<int>() : (dp > 0 ? world.size / dp : world.size);
-  if (l.stages < 1 || (vm.count("stages") && vm["stages"].as<int>() < 1)) throw ConfigError("--stages must be at least 1");
+  if (l.stages < 1 || (vm.count("stages") && vm["stages"].as<int>() < 1))
+    throw ConfigError("--stages must be at least 1");
   if (dp > 0 && dp * l.stages != world.size)
     throw ConfigError("--data-parallel " + std::to_string(dp) + " x " + std::to_string(l.stages) + " stages needs " +
-                      std::to_string(dp * l.stages) + " MPI ranks, but " + std::to_string(world.size) + " are launched");
+                      std::to_string(dp * l.stages) + " MPI ranks, but " + std::to_string(world.size) +
+                      " are launched");
   if (world.size % l.stages != 0)
     throw ConfigError("--stages " + std::to_string(l.stages) + " but " + std::to_string(world.size) +
                       " MPI ranks: launch with `mpirun -np " + std::to_string(l.stages) +
@@ -211,10 +215,11 @@ void broadcast(std::string& text) {
 int cmd_train(int argc, char** argv, const MpiWorld& world) {
   po::options_description options;
   po::options_description own("Training options");
+  // clang-format off
   own.add_options()
       ("stages", po::value<int>(), "pipeline stages (default: the number of MPI ranks / --data-parallel)")
       ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
-                                          "averaged every step (default: MPI ranks / --stages); consecutive ranks form a pipeline")
+                                          "averaged every step (default: MPI ranks / --stages); a pipeline's ranks share a node where they can")
       ("schedule", po::value<std::string>()->default_value("1f1b"), "gpipe | 1f1b | async (PipeDream, weight stashing)")
       ("planner", po::value<std::string>()->default_value("dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
       ("memopt", po::value<std::string>()->default_value("none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions")
@@ -246,10 +251,11 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       ("optimizer", po::value<std::string>()->default_value("sgd"), "sgd (with momentum) | adam")
       ("lr", po::value<double>()->default_value(0.01), "learning rate")
       ("momentum", po::value<double>()->default_value(0.9), "SGD momentum");
+  // clang-format on
   options.add(own).add(common_options()).add(model_override_options());
   po::variables_map vm;
-  if (!parse_options(argc, argv, "train", "Trains a model: one stage with the reference trainer, several as a pipeline.",
-                     options, vm))
+  if (!parse_options(argc, argv, "train",
+                     "Trains a model: one stage with the reference trainer, several as a pipeline.", options, vm))
     return 0;
   // A given plan decides how the run trains; flags and config values may only repeat it.
   std::optional<Plan> given_plan;
@@ -278,8 +284,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   OpGraph graph = model.graph(micro_batch_size);
   if (given_plan && !given_plan->graph_hash.empty() && given_plan->graph_hash != graph.fingerprint())
     throw ConfigError("the plan (--plan-in) was made for another graph: " + given_plan->preset + " with " +
-                      std::to_string(given_plan->nodes) + " nodes, fingerprint " + given_plan->graph_hash + "; this run's " +
-                      graph.preset + " has " + std::to_string(graph.size()) + " nodes, fingerprint " + graph.fingerprint());
+                      std::to_string(given_plan->nodes) + " nodes, fingerprint " + given_plan->graph_hash +
+                      "; this run's " + graph.preset + " has " + std::to_string(graph.size()) + " nodes, fingerprint " +
+                      graph.fingerprint());
   TrainConfig config;
   config.steps = vm["steps"].as<int64_t>();
   config.micro_batches = vm["micro-batches"].as<int64_t>();
@@ -309,7 +316,8 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (vm.count("trace")) check_writable(vm["trace"].as<std::string>());
   const std::string save_path = vm.count("save-weights") ? vm["save-weights"].as<std::string>() : "";
   if (!save_path.empty()) check_writable(save_path);
-  if (!save_path.empty() && in_process) throw ConfigError("--save-weights applies to MPI runs and one-stage runs, not --in-process");
+  if (!save_path.empty() && in_process)
+    throw ConfigError("--save-weights applies to MPI runs and one-stage runs, not --in-process");
   // The reference trainer serves plain one-stage runs; traces, checkpoints and planned memory
   // optimization need the runtime.
   const bool runtime_features = vm.count("trace") || checkpoint_every > 0 || resume ||
@@ -329,9 +337,11 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       if (eval_every > 0 && (r.step + 1) % eval_every == 0) progress.validation(r.step, trainer.evaluate(eval_batches));
     });
     progress.finish();
-    std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it), "
-                "peak memory %s\n", config.steps, progress.last_loss(), progress.steady_samples_per_second(),
-                progress.samples_per_second(), format_bytes(static_cast<double>(peak)).c_str());
+    std::printf("done: %" PRId64
+                " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it), "
+                "peak memory %s\n",
+                config.steps, progress.last_loss(), progress.steady_samples_per_second(), progress.samples_per_second(),
+                format_bytes(static_cast<double>(peak)).c_str());
     if (!save_path.empty()) {
       save_weights(trainer.module().parameters(), save_path, MPI_COMM_SELF);
       std::printf("wrote weights %s\n", save_path.c_str());
@@ -350,10 +360,13 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
                         std::to_string(config.steps));
   }
   // A resumed run keeps the split its checkpoint was written with.
-  const std::string saved_plan = vm.count("checkpoint-dir") ? vm["checkpoint-dir"].as<std::string>() + "/plan.json" : "";
+  const std::string saved_plan =
+      vm.count("checkpoint-dir") ? vm["checkpoint-dir"].as<std::string>() + "/plan.json" : "";
   if (world.rank == 0) {
-    if (resume && !vm.count("plan-in") && std::ifstream(saved_plan).good()) plan_json = read_text_file(saved_plan);
-    else plan_json = plan_on_rank0(vm, graph, stages, replicas, capacity, device);
+    if (resume && !vm.count("plan-in") && std::ifstream(saved_plan).good())
+      plan_json = read_text_file(saved_plan);
+    else
+      plan_json = plan_on_rank0(vm, graph, stages, replicas, capacity, device);
     if (checkpoint_every > 0) {
       make_directories(vm["checkpoint-dir"].as<std::string>());
       write_text_atomically(saved_plan, plan_json);
@@ -385,27 +398,34 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   check_ranges(graph, pc.ranges);
   DeviceMemory::set_capacity(device, capacity);
   if (world.rank == 0 && !quiet) {
-    std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, %d stages, %s%s\n",
-                graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size,
-                config.micro_batches, config.optimizer.kind.c_str(), config.optimizer.lr, stages,
-                schedule_kind_name(pc.schedule),
-                replicas > 1 ? (", " + std::to_string(replicas) + " data-parallel replicas on " +
-                                std::to_string(layout.nodes) + (layout.nodes == 1 ? " host" : " hosts")).c_str() : "");
+    std::printf(
+        "training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, %d stages, %s%s\n",
+        graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size, config.micro_batches,
+        config.optimizer.kind.c_str(), config.optimizer.lr, stages, schedule_kind_name(pc.schedule),
+        replicas > 1 ? (", " + std::to_string(replicas) + " data-parallel replicas on " + std::to_string(layout.nodes) +
+                        (layout.nodes == 1 ? " host" : " hosts"))
+                           .c_str()
+                     : "");
     if (!layout.pipelines_within_nodes)
-      std::printf("  warning: some host runs a number of ranks that is no multiple of %d stages, so some pipelines "
-                  "span hosts and send their activations between them\n", stages);
+      std::printf(
+          "  warning: some host runs a number of ranks that is no multiple of %d stages, so some pipelines "
+          "span hosts and send their activations between them\n",
+          stages);
     for (const StagePlan& s : plan.stages)
       std::printf("  stage %d: nodes [%d, %d), predicted peak %s\n", s.index, s.begin, s.end,
                   format_bytes(static_cast<double>(s.memory.predicted_peak())).c_str());
     if (pc.schedule == ScheduleKind::Async)
       for (const std::string& name : tied_across_stages(graph, pc))
-        std::printf("  note: %s is tied across stages; under async each stage updates its own copy with its own "
-                    "gradients (the copies drift apart; gpipe and 1f1b sum them)\n", name.c_str());
+        std::printf(
+            "  note: %s is tied across stages; under async each stage updates its own copy with its own "
+            "gradients (the copies drift apart; gpipe and 1f1b sum them)\n",
+            name.c_str());
     for (const StagePlan& s : plan.stages)
       if (capacity > 0 && s.memory.predicted_peak() > capacity)
-        std::printf("  warning: stage %d is predicted to peak at %s, above --device-memory; the planner's search "
-                    "model under-estimated it: expect an out-of-memory error\n",
-                    s.index, format_bytes(static_cast<double>(s.memory.predicted_peak())).c_str());
+        std::printf(
+            "  warning: stage %d is predicted to peak at %s, above --device-memory; the planner's search "
+            "model under-estimated it: expect an out-of-memory error\n",
+            s.index, format_bytes(static_cast<double>(s.memory.predicted_peak())).c_str());
   }
   DeviceMemory::reset_peak(device);
   RunOptions run;
@@ -421,13 +441,15 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (pc.schedule == ScheduleKind::Async) pc.drain_every = checkpoint_every;
   run.eval_every = eval_every;
   run.eval_batches = eval_batches;
-  if (eval_every > 0 && in_process) throw ConfigError("--eval-every applies to MPI runs and one-stage runs, not --in-process");
+  if (eval_every > 0 && in_process)
+    throw ConfigError("--eval-every applies to MPI runs and one-stage runs, not --in-process");
   // Asynchronous pipelines evaluate where they drain.
   if (eval_every > 0 && pc.schedule == ScheduleKind::Async) {
     if (pc.drain_every == 0) pc.drain_every = eval_every;
     if (eval_every % pc.drain_every != 0)
-      throw ConfigError("under --schedule async, --eval-every must be a multiple of --checkpoint-every (the pipeline "
-                        "drains there)");
+      throw ConfigError(
+          "under --schedule async, --eval-every must be a multiple of --checkpoint-every (the pipeline "
+          "drains there)");
   }
   Progress progress(pc.first_step, config.steps, samples_per_step, quiet || world.rank != 0, progress_style);
   run.on_loss = [&](const StepLoss& s) { progress.step(s.step, s.loss); };
@@ -493,11 +515,13 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (!save_path.empty()) {  // replica 0's stages in stage order (the replicas hold the same weights)
     MPI_Comm first_replica;
     MPI_Comm_split(MPI_COMM_WORLD, layout.replica == 0 ? 0 : MPI_UNDEFINED, layout.stage, &first_replica);
-    if (first_replica != MPI_COMM_NULL) save_weights(mine.parameters, save_path, first_replica), MPI_Comm_free(&first_replica);
+    if (first_replica != MPI_COMM_NULL)
+      save_weights(mine.parameters, save_path, first_replica), MPI_Comm_free(&first_replica);
   }
   if (world.rank == 0) {
     if (!save_path.empty()) std::printf("wrote weights %s\n", save_path.c_str());
-    if (!in_process && !quiet) std::printf("  transport: %s on %s\n", mine.transport.c_str(), device.is_cuda() ? "cuda" : "cpu");
+    if (!in_process && !quiet)
+      std::printf("  transport: %s on %s\n", mine.transport.c_str(), device.is_cuda() ? "cuda" : "cpu");
     if (!in_process)
       for (int r = 0; r < world.size; ++r) {
         const int stage = places[2 * r + 1];
@@ -511,8 +535,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it)\n",
                 config.steps, progress.last_loss(), progress.steady_samples_per_second(),
                 seconds > 0 ? samples_per_step * trained / seconds : 0.0);
-    if (run.trace) std::printf("wrote trace %s (dawnpiper inspect %s)\n", vm["trace"].as<std::string>().c_str(),
-                               vm["trace"].as<std::string>().c_str());
+    if (run.trace)
+      std::printf("wrote trace %s (dawnpiper inspect %s)\n", vm["trace"].as<std::string>().c_str(),
+                  vm["trace"].as<std::string>().c_str());
   }
   return 0;
 }

@@ -22,8 +22,7 @@ namespace {
 
 using Params = std::map<std::string, at::Tensor>;
 
-at::Tensor plain_gpt2(const Params& p, const ModelConfig& c, const at::Tensor& tokens,
-                      const at::Tensor& labels) {
+at::Tensor plain_gpt2(const Params& p, const ModelConfig& c, const at::Tensor& tokens, const at::Tensor& labels) {
   const int64_t B = tokens.size(0), S = tokens.size(1), H = c.hidden, nh = c.heads, d = H / nh;
   at::Tensor x = at::embedding(p.at("wte.weight"), tokens) + p.at("wpe.weight").narrow(0, 0, S);
   at::Tensor causal = at::ones({S, S}, at::kBool).triu(1);
@@ -33,7 +32,8 @@ at::Tensor plain_gpt2(const Params& p, const ModelConfig& c, const at::Tensor& t
     at::Tensor h = at::layer_norm(x, {H}, w("ln1.weight"), w("ln1.bias"));
     auto heads = [&](const std::string& n) {
       return at::linear(h, w("attn." + n + ".weight"), w("attn." + n + ".bias"))
-          .reshape({B, S, nh, d}).permute({0, 2, 1, 3});
+          .reshape({B, S, nh, d})
+          .permute({0, 2, 1, 3});
     };
     at::Tensor s = at::matmul(heads("q"), heads("k").permute({0, 1, 3, 2})) * (1.0 / std::sqrt(double(d)));
     s = s.masked_fill(causal, -INFINITY);
@@ -93,9 +93,8 @@ int main(int argc, char** argv) {
     return loss.item<double>();
   };
   auto plain_step = [&] {
-    at::Tensor loss = config.family == "gpt2"
-                          ? plain_gpt2(params, config, input("tokens"), input("labels"))
-                          : plain_mlp(params, config, input("features"), input("labels"));
+    at::Tensor loss = config.family == "gpt2" ? plain_gpt2(params, config, input("tokens"), input("labels"))
+                                              : plain_mlp(params, config, input("features"), input("labels"));
     loss.backward();
     return loss.item<double>();
   };
@@ -111,7 +110,7 @@ int main(int argc, char** argv) {
   }
   std::printf("%s micro-batch %lld, %d iterations, 1 thread\n", preset.c_str(), (long long)batch, iterations);
   std::printf("  loss: graph %.9g plain %.9g\n", graph_loss, plain_loss);
-  std::printf("  median step: graph executor %.3f ms, plain LibTorch %.3f ms, overhead %+.1f%%\n",
-              median(tg), median(tp), 100.0 * (median(tg) / median(tp) - 1));
+  std::printf("  median step: graph executor %.3f ms, plain LibTorch %.3f ms, overhead %+.1f%%\n", median(tg),
+              median(tp), 100.0 * (median(tg) / median(tp) - 1));
   return 0;
 }

@@ -18,7 +18,7 @@ torch_version="${DAWNPIPER_TORCH_VERSION:-2.11.0}"
 apt_pkgs=(build-essential cmake ninja-build ccache unzip python3-pip
           libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
           libboost-program-options-dev catch2 python3-h5py python3-matplotlib python3-venv
-          slurm-wlm munge)
+          slurm-wlm munge clang-format)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -9,6 +9,7 @@ namespace dawnpiper {
 
 po::options_description common_options() {
   po::options_description d("Common options");
+  // clang-format off
   d.add_options()
       ("config", po::value<std::string>(), "read options from an .ini file (key = value lines)")
       ("model", po::value<std::string>()->default_value("gpt2-tiny"), "model preset (see `dawnpiper graph --list`)")
@@ -23,11 +24,13 @@ po::options_description common_options() {
       ("device", po::value<std::string>()->default_value("cpu"), "cpu | cuda")
       ("device-memory", po::value<std::string>(), "device memory capacity per rank, e.g. 512MiB, 40GiB (CPU: enforced by the counting allocator)")
       ("quiet", po::bool_switch(), "print only errors and the final summary");
+  // clang-format on
   return d;
 }
 
 po::options_description model_override_options() {
   po::options_description d("Model overrides (change a preset)");
+  // clang-format off
   d.add_options()
       ("layers", po::value<std::string>(), "transformer layers / AmoebaNet normal cells per stack / MLP layers")
       ("decoder-layers", po::value<std::string>(), "T5 decoder layers")
@@ -40,6 +43,7 @@ po::options_description model_override_options() {
       ("classes", po::value<std::string>(), "output classes")
       ("in-features", po::value<std::string>(), "MLP input width")
       ("dropout", po::value<std::string>(), "dropout probability");
+  // clang-format on
   return d;
 }
 
@@ -47,7 +51,9 @@ bool parse_options(int argc, char** argv, const std::string& subcommand, const s
                    const po::options_description& options, po::variables_map& vm,
                    const po::positional_options_description* positional) {
   po::options_description all;
+  // clang-format off
   all.add_options()("help,h", "show this help");
+  // clang-format on
   all.add(options);
   try {
     po::command_line_parser parser(argc, argv);
@@ -85,14 +91,17 @@ ModelConfig model_config_from(const po::variables_map& vm) {
 ModelSource model_source_from(const po::variables_map& vm) {
   if (!vm.count("model-file")) {
     if (vm.count("init-from")) throw ConfigError("--init-from needs --model-file (presets start from their seed)");
-    return ModelSource::preset(model_config_from(vm), vm.count("precision") ? vm["precision"].as<std::string>() : "fp32");
+    return ModelSource::preset(model_config_from(vm),
+                               vm.count("precision") ? vm["precision"].as<std::string>() : "fp32");
   }
   if (!vm["model"].defaulted()) throw ConfigError("give either --model or --model-file, not both");
   const po::options_description overrides = model_override_options();
   for (const auto& opt : overrides.options())
     if (vm.count(opt->long_name()))
-      throw ConfigError("--" + opt->long_name() + " changes a preset; an imported model is fixed by its file (export it again)");
-  return ModelSource::file(vm["model-file"].as<std::string>(), vm.count("init-from") ? vm["init-from"].as<std::string>() : "",
+      throw ConfigError("--" + opt->long_name() +
+                        " changes a preset; an imported model is fixed by its file (export it again)");
+  return ModelSource::file(vm["model-file"].as<std::string>(),
+                           vm.count("init-from") ? vm["init-from"].as<std::string>() : "",
                            vm.count("precision") ? vm["precision"].as<std::string>() : "");
 }
 

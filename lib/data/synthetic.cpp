@@ -29,8 +29,10 @@ at::Tensor token_input(const Node& input, const std::vector<int64_t>& seq, int64
     at::Tensor masked = at::rand({S}, gen) < 0.15;
     auto m = masked.accessor<bool, 1>();
     for (int64_t i = 0; i < S; ++i) {
-      if (role == "mlm_labels") out[i] = m[i] ? seq[static_cast<size_t>(i)] : -100;
-      else out[i] = m[i] ? mask_token : seq[static_cast<size_t>(i)];
+      if (role == "mlm_labels")
+        out[i] = m[i] ? seq[static_cast<size_t>(i)] : -100;
+      else
+        out[i] = m[i] ? mask_token : seq[static_cast<size_t>(i)];
     }
   } else {
     throw ConfigError("input " + input.name + " (role '" + role + "') is not made of tokens");

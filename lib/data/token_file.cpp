@@ -94,14 +94,16 @@ TokenFileData::TokenFileData(const OpGraph& graph, std::shared_ptr<const TokenFi
   if (vocab > 0) file_->check_ids_below(vocab, graph.preset);
   const int64_t windows = file_->size() > 0 ? (file_->size() - 1) / seq_len_ : 0;
   const int64_t held_out =
-      config.validation_fraction > 0 ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(config.validation_fraction * windows))) : 0;
+      config.validation_fraction > 0
+          ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(config.validation_fraction * windows)))
+          : 0;
   first_ = split == DataSplit::Train ? 0 : windows - held_out;
   count_ = split == DataSplit::Train ? windows - held_out : held_out;
   const char* what = split == DataSplit::Train ? "training" : "validation";
   if (count_ < needed)
-    throw ConfigError("token file '" + file_->path() + "' is too short: " + std::to_string(file_->size()) + " tokens give " +
-                      std::to_string(count_) + " " + what + " windows of " + std::to_string(seq_len_ + 1) +
-                      " tokens, one step needs " + std::to_string(needed));
+    throw ConfigError("token file '" + file_->path() + "' is too short: " + std::to_string(file_->size()) +
+                      " tokens give " + std::to_string(count_) + " " + what + " windows of " +
+                      std::to_string(seq_len_ + 1) + " tokens, one step needs " + std::to_string(needed));
 }
 
 int64_t TokenFileData::window_of(int64_t sample) const {
@@ -113,14 +115,16 @@ int64_t TokenFileData::window_of(int64_t sample) const {
     uint64_t state = mix_seed(seed_ ^ 0x0e90c4ULL, static_cast<uint64_t>(epoch));
     for (int64_t i = count_ - 1; i > 0; --i) {
       state = mix_seed(state, static_cast<uint64_t>(i));
-      std::swap(permutation_[static_cast<size_t>(i)], permutation_[static_cast<size_t>(state % static_cast<uint64_t>(i + 1))]);
+      std::swap(permutation_[static_cast<size_t>(i)],
+                permutation_[static_cast<size_t>(state % static_cast<uint64_t>(i + 1))]);
     }
     epoch_ = epoch;
   }
   return first_ + permutation_[static_cast<size_t>(j)];
 }
 
-void TokenFileData::load(TensorEnv& env, const std::vector<int>& wanted, int64_t first_sample, at::Device device) const {
+void TokenFileData::load(TensorEnv& env, const std::vector<int>& wanted, int64_t first_sample,
+                         at::Device device) const {
   at::NoGradGuard no_grad;
   for (int t : wanted) {
     const TensorInfo& info = graph_->tensor(t);

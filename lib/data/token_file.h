@@ -16,8 +16,8 @@ namespace dawnpiper {
 
 // Where a run's samples come from.
 struct DataConfig {
-  std::string path;              // token file; empty: synthetic data
-  bool sequential = false;       // --data-order sequential: sample i is window i
+  std::string path;         // token file; empty: synthetic data
+  bool sequential = false;  // --data-order sequential: sample i is window i
   double validation_fraction = 0.0;
 };
 
@@ -33,7 +33,9 @@ class TokenFile {
   TokenFile& operator=(const TokenFile&) = delete;
   int64_t size() const { return tokens_; }
   int64_t vocab_size() const { return vocab_; }
-  int64_t at(int64_t i) const { return wide_ ? reinterpret_cast<const uint32_t*>(base_)[i] : reinterpret_cast<const uint16_t*>(base_)[i]; }
+  int64_t at(int64_t i) const {
+    return wide_ ? reinterpret_cast<const uint32_t*>(base_)[i] : reinterpret_cast<const uint16_t*>(base_)[i];
+  }
   const std::string& path() const { return path_; }
   // Throws ConfigError naming the first token >= vocab and its offset.
   void check_ids_below(int64_t vocab, const std::string& model) const;
@@ -61,7 +63,7 @@ class TokenFileData final : public DataSource {
   uint64_t seed_;
   bool sequential_;
   int64_t seq_len_ = 0, first_ = 0, count_ = 0;  // windows [first_, first_ + count_)
-  mutable std::vector<int64_t> permutation_;   // of the current epoch (shuffled order)
+  mutable std::vector<int64_t> permutation_;     // of the current epoch (shuffled order)
   mutable int64_t epoch_ = -1;
 };
 

@@ -38,7 +38,7 @@ bool is_number(Kind k) { return k == Kind::Int || k == Kind::Real || k == Kind::
 // passes it: a 0-dim CPU tensor flagged as a wrapped number, so it does not change the result
 // type.
 at::Tensor wrapped_number(const AtenArg& a) {
-  at::Tensor t = a.kind == Kind::Real ? at::scalar_tensor(a.r, at::kDouble)
+  at::Tensor t = a.kind == Kind::Real   ? at::scalar_tensor(a.r, at::kDouble)
                  : a.kind == Kind::Bool ? at::scalar_tensor(a.i != 0, at::kBool)
                                         : at::scalar_tensor(a.i, at::kLong);
   t.unsafeGetTensorImpl()->set_wrapped_number(true);
@@ -58,21 +58,31 @@ struct Converter {
   c10::IValue value(const AtenArg& a, const c10::TypePtr& type) const {
     if (is_number(a.kind) && bare(type).kind() == c10::TypeKind::TensorType) return c10::IValue(wrapped_number(a));
     switch (a.kind) {
-      case Kind::None: return c10::IValue();
-      case Kind::Bool: return c10::IValue(a.i != 0);
+      case Kind::None:
+        return c10::IValue();
+      case Kind::Bool:
+        return c10::IValue(a.i != 0);
       case Kind::Int:
         if (bare(type).kind() == c10::TypeKind::FloatType) return c10::IValue(static_cast<double>(a.i));
         return c10::IValue(a.i);
-      case Kind::Real: return c10::IValue(a.r);
-      case Kind::String: return c10::IValue(a.s);
+      case Kind::Real:
+        return c10::IValue(a.r);
+      case Kind::String:
+        return c10::IValue(a.s);
       case Kind::Tensor:
       case Kind::Param:
-      case Kind::Buffer: return c10::IValue(tensor(a));
-      case Kind::DType: return c10::IValue(static_cast<int64_t>(scalar_type(static_cast<DType>(a.i))));
-      case Kind::Device: return c10::IValue(device);
-      case Kind::Layout: return c10::IValue(static_cast<int64_t>(layout_from_name(a.s)));
-      case Kind::MemoryFormat: return c10::IValue(static_cast<int64_t>(memory_format_from_name(a.s)));
-      case Kind::List: return list(a, type);
+      case Kind::Buffer:
+        return c10::IValue(tensor(a));
+      case Kind::DType:
+        return c10::IValue(static_cast<int64_t>(scalar_type(static_cast<DType>(a.i))));
+      case Kind::Device:
+        return c10::IValue(device);
+      case Kind::Layout:
+        return c10::IValue(static_cast<int64_t>(layout_from_name(a.s)));
+      case Kind::MemoryFormat:
+        return c10::IValue(static_cast<int64_t>(memory_format_from_name(a.s)));
+      case Kind::List:
+        return list(a, type);
     }
     return c10::IValue();
   }
@@ -85,7 +95,8 @@ struct Converter {
     if (k == c10::TypeKind::TensorType) {
       if (optional_elem) {
         c10::List<std::optional<at::Tensor>> out;
-        for (const AtenArg& x : a.items) out.push_back(x.kind == Kind::None ? std::nullopt : std::optional<at::Tensor>(tensor(x)));
+        for (const AtenArg& x : a.items)
+          out.push_back(x.kind == Kind::None ? std::nullopt : std::optional<at::Tensor>(tensor(x)));
         return c10::IValue(out);
       }
       c10::List<at::Tensor> out;
@@ -110,14 +121,16 @@ struct Converter {
 
 // Appends the returned tensors, tensor lists flattened (None stays a slot).
 void flatten(const c10::IValue& v, std::vector<at::Tensor>& out) {
-  if (v.isTensor()) out.push_back(v.toTensor());
+  if (v.isTensor())
+    out.push_back(v.toTensor());
   else if (v.isTensorList())
     for (const at::Tensor& t : v.toTensorVector()) out.push_back(t);
   else if (v.isList())
     for (const c10::IValue& x : v.toListRef()) flatten(x, out);
   else if (v.isTuple())
     for (const c10::IValue& x : v.toTupleRef().elements()) flatten(x, out);
-  else out.push_back(at::Tensor());
+  else
+    out.push_back(at::Tensor());
 }
 
 }  // namespace

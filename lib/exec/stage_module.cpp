@@ -26,15 +26,25 @@ namespace {
 at::Tensor init_param(const ParamSpec& spec, uint64_t seed, WeightLoader* weights) {
   at::NoGradGuard no_grad;
   // With --init-from (two weight files) every parameter must come from that checkpoint.
-  if (spec.init == Init::File) return weights->load(spec.source, spec.aliases, spec.shape, spec.dtype, weights->files() > 1);
+  if (spec.init == Init::File)
+    return weights->load(spec.source, spec.aliases, spec.shape, spec.dtype, weights->files() > 1);
   at::Generator gen = at::detail::createCPUGenerator(seed);
   at::Tensor t = at::empty(spec.shape, at::kFloat);
   switch (spec.init) {
-    case Init::Normal: t.normal_(0.0, spec.scale, gen); break;
-    case Init::Uniform: t.uniform_(-spec.scale, spec.scale, gen); break;
-    case Init::Zeros: t.zero_(); break;
-    case Init::Ones: t.fill_(1.0); break;
-    case Init::File: break;
+    case Init::Normal:
+      t.normal_(0.0, spec.scale, gen);
+      break;
+    case Init::Uniform:
+      t.uniform_(-spec.scale, spec.scale, gen);
+      break;
+    case Init::Zeros:
+      t.zero_();
+      break;
+    case Init::Ones:
+      t.fill_(1.0);
+      break;
+    case Init::File:
+      break;
   }
   return t;
 }
@@ -57,10 +67,9 @@ int64_t t5_bucket(int64_t relative, bool bidirectional, int64_t buckets, int64_t
   }
   const int64_t max_exact = buckets / 2;
   if (n < max_exact) return ret + n;
-  double large = static_cast<double>(max_exact) +
-                 std::log(static_cast<double>(n) / max_exact) /
-                     std::log(static_cast<double>(max_distance) / max_exact) *
-                     static_cast<double>(buckets - max_exact);
+  double large = static_cast<double>(max_exact) + std::log(static_cast<double>(n) / max_exact) /
+                                                      std::log(static_cast<double>(max_distance) / max_exact) *
+                                                      static_cast<double>(buckets - max_exact);
   return ret + std::min<int64_t>(static_cast<int64_t>(large), buckets - 1);
 }
 
@@ -69,8 +78,7 @@ int64_t t5_bucket(int64_t relative, bool bidirectional, int64_t buckets, int64_t
 StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed, at::Device device)
     : graph_(&graph), begin_(begin), end_(end), seed_(seed), device_(device) {
   if (begin < 0 || end > graph.size() || begin >= end)
-    throw std::logic_error("bad stage range [" + std::to_string(begin) + ", " +
-                           std::to_string(end) + ")");
+    throw std::logic_error("bad stage range [" + std::to_string(begin) + ", " + std::to_string(end) + ")");
   // Imported models read their weights from files, each rank only its own.
   std::unique_ptr<WeightLoader> weights;
   if (!graph.weight_files.empty()) weights = std::make_unique<WeightLoader>(graph.weight_files);
@@ -131,7 +139,8 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
       for (const AtenArg& a : node.call.args) buffers_read(a, read);
     }
     if (node.kind == OpKind::Reshape)
-      reshape_copies_[n - begin] = !reshape_is_view(graph, strides, node.inputs[0], graph.tensor(node.outputs[0]).shape);
+      reshape_copies_[n - begin] =
+          !reshape_is_view(graph, strides, node.inputs[0], graph.tensor(node.outputs[0]).shape);
     constant_keys_[n - begin] = graph.stage_constant(n).key;
   }
   buffers_.resize(graph.buffers.size());
@@ -171,18 +180,15 @@ at::Tensor StageModule::relative_buckets(const Node& node, int64_t sq, int64_t s
   if (t.defined()) return t;
   std::vector<int64_t> ids(sq * sk);
   for (int64_t q = 0; q < sq; ++q)
-    for (int64_t k = 0; k < sk; ++k)
-      ids[q * sk + k] = t5_bucket(k - q, bidirectional, buckets, max_distance);
+    for (int64_t k = 0; k < sk; ++k) ids[q * sk + k] = t5_bucket(k - q, bidirectional, buckets, max_distance);
   t = at::tensor(ids, at::kLong).view({sq, sk}).to(device_);
   return t;
 }
 
-void StageModule::forward(TensorEnv& env, const RunContext& ctx,
-                          const std::function<void(int node)>& before_node,
+void StageModule::forward(TensorEnv& env, const RunContext& ctx, const std::function<void(int node)>& before_node,
                           const std::function<void(int node, TensorEnv& env)>& after_node) const {
   for (int t : external_inputs_)
-    if (!env.at(t).defined())
-      throw std::logic_error("stage input " + graph_->tensor(t).name + " was not provided");
+    if (!env.at(t).defined()) throw std::logic_error("stage input " + graph_->tensor(t).name + " was not provided");
   for (int n = begin_; n < end_; ++n) {
     if (before_node) before_node(n);
     run_node(n, env, ctx);
@@ -204,23 +210,32 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
   switch (node.kind) {
     case OpKind::Input:  // the data loader filled env (external_inputs() lists what is read)
       return;
-    case OpKind::Embedding: out = at::embedding(weight(0), in(0)); break;
-    case OpKind::PosEmbedding: out = weight(0).narrow(0, 0, in(0).size(1)); break;
+    case OpKind::Embedding:
+      out = at::embedding(weight(0), in(0));
+      break;
+    case OpKind::PosEmbedding:
+      out = weight(0).narrow(0, 0, in(0).size(1));
+      break;
     case OpKind::Linear:
       out = at::linear(in(0), weight(0), node.params.size() > 1 ? weight(1) : at::Tensor());
       break;
     case OpKind::LayerNorm:
-      out = at::layer_norm(in(0), {in(0).size(-1)}, weight(0), weight(1),
-                           node.attr_real("eps", 1e-5));
+      out = at::layer_norm(in(0), {in(0).size(-1)}, weight(0), weight(1), node.attr_real("eps", 1e-5));
       break;
     case OpKind::RMSNorm: {
-      at::Tensor x = in(0);
+      const at::Tensor& x = in(0);
       out = x * at::rsqrt(x.pow(2).mean(-1, true) + node.attr_real("eps", 1e-6)) * weight(0);
       break;
     }
-    case OpKind::Gelu: out = at::gelu(in(0)); break;
-    case OpKind::Relu: out = at::relu(in(0)); break;
-    case OpKind::Tanh: out = at::tanh(in(0)); break;
+    case OpKind::Gelu:
+      out = at::gelu(in(0));
+      break;
+    case OpKind::Relu:
+      out = at::relu(in(0));
+      break;
+    case OpKind::Tanh:
+      out = at::tanh(in(0));
+      break;
     case OpKind::Dropout: {
       if (ctx.eval) {
         out = in(0);
@@ -238,29 +253,51 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
       out = in(0).reshape(node.attr_ints("shape"));
       if (reshape_copies_[n - begin_] && out.is_alias_of(in(0))) out = out.clone();
       break;
-    case OpKind::Transpose: out = in(0).permute(node.attr_ints("dims")); break;
-    case OpKind::MatMul: out = at::matmul(in(0), in(1)); break;
-    case OpKind::Scale: out = in(0) * node.attr_real("factor", 1.0); break;
+    case OpKind::Transpose:
+      out = in(0).permute(node.attr_ints("dims"));
+      break;
+    case OpKind::MatMul:
+      out = at::matmul(in(0), in(1));
+      break;
+    case OpKind::Scale:
+      out = in(0) * node.attr_real("factor", 1.0);
+      break;
     case OpKind::CausalMask:
       out = in(0).masked_fill(causal_mask(node, in(0).size(-1)), -std::numeric_limits<float>::infinity());
       break;
-    case OpKind::Softmax: out = at::softmax(in(0), -1); break;
+    case OpKind::Softmax:
+      out = at::softmax(in(0), -1);
+      break;
     case OpKind::Add:
       out = in(0) + in(1);
       for (size_t i = 2; i < node.inputs.size(); ++i) out = out + in(i);
       break;
-    case OpKind::Mul: out = at::mul(in(0), in(1)); break;
-    case OpKind::Sub: out = at::sub(in(0), in(1)); break;
-    case OpKind::Div: out = at::div(in(0), in(1)); break;
-    case OpKind::Erf: out = at::erf(in(0)); break;
-    case OpKind::Sqrt: out = at::sqrt(in(0)); break;
-    case OpKind::Mean: out = in(0).mean(-1, true); break;
+    case OpKind::Mul:
+      out = at::mul(in(0), in(1));
+      break;
+    case OpKind::Sub:
+      out = at::sub(in(0), in(1));
+      break;
+    case OpKind::Div:
+      out = at::div(in(0), in(1));
+      break;
+    case OpKind::Erf:
+      out = at::erf(in(0));
+      break;
+    case OpKind::Sqrt:
+      out = at::sqrt(in(0));
+      break;
+    case OpKind::Mean:
+      out = in(0).mean(-1, true);
+      break;
     case OpKind::Affine: {
       const double scale = node.attr_real("scale", 1.0), shift = node.attr_real("shift", 0.0);
       out = scale == 1.0 ? in(0) + shift : in(0) * scale + shift;
       break;
     }
-    case OpKind::ScaleShift: out = at::addcmul(weight(1), in(0), weight(0)); break;
+    case OpKind::ScaleShift:
+      out = at::addcmul(weight(1), in(0), weight(0));
+      break;
     case OpKind::RelPosBias: {
       const Shape& s = graph_->tensor(node.outputs[0]).shape;  // [1, heads, Sq, Sk]
       // Contiguous, as the profile and the planner assume of every non-view op's output (and as
@@ -269,8 +306,8 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
       break;
     }
     case OpKind::Conv2d:
-      out = at::conv2d(in(0), weight(0), node.params.size() > 1 ? weight(1) : at::Tensor(),
-                       node.attr_ints("stride"), node.attr_ints("padding"));
+      out = at::conv2d(in(0), weight(0), node.params.size() > 1 ? weight(1) : at::Tensor(), node.attr_ints("stride"),
+                       node.attr_ints("padding"));
       break;
     case OpKind::BatchNorm2d:
       out = at::batch_norm(in(0), weight(0), weight(1), at::Tensor(), at::Tensor(),
@@ -292,12 +329,14 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
       out = at::cat(xs, node.attr_int("dim", 1));
       break;
     }
-    case OpKind::GlobalAvgPool: out = in(0).mean({2, 3}); break;
+    case OpKind::GlobalAvgPool:
+      out = in(0).mean({2, 3});
+      break;
     case OpKind::CrossEntropy: {
       at::Tensor logits = in(0);
       if (bf16) logits = logits.to(at::kFloat);  // the loss in fp32
-      out = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), in(1).reshape({-1}),
-                                   {}, at::Reduction::Mean, -100);
+      out = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), in(1).reshape({-1}), {}, at::Reduction::Mean,
+                                   -100);
       break;
     }
     case OpKind::Aten: {
@@ -326,9 +365,12 @@ void StageModule::run_aten(const Node& node, TensorEnv& env, const RunContext& c
       node,
       [&](const AtenArg& a) -> at::Tensor {
         switch (a.kind) {
-          case AtenArg::Kind::Tensor: return env[static_cast<size_t>(node.inputs[static_cast<size_t>(a.i)])];
-          case AtenArg::Kind::Param: return param(node.id, static_cast<int>(a.i));
-          default: return buffers_[static_cast<size_t>(a.i)];
+          case AtenArg::Kind::Tensor:
+            return env[static_cast<size_t>(node.inputs[static_cast<size_t>(a.i)])];
+          case AtenArg::Kind::Param:
+            return param(node.id, static_cast<int>(a.i));
+          default:
+            return buffers_[static_cast<size_t>(a.i)];
         }
       },
       device_);

@@ -41,8 +41,7 @@ using TensorEnv = std::vector<at::Tensor>;
 
 class StageModule {
  public:
-  StageModule(const OpGraph& graph, int begin, int end, uint64_t seed,
-              at::Device device = at::Device(at::kCPU));
+  StageModule(const OpGraph& graph, int begin, int end, uint64_t seed, at::Device device = at::Device(at::kCPU));
   ~StageModule();
   StageModule(StageModule&&) noexcept;
 
@@ -69,8 +68,7 @@ class StageModule {
   // Input nodes in the range read their tensor from env (the data loader put it there).
   // before_node, when set, runs before each node (the profiler's in-step timing, the evictor's
   // bookkeeping); after_node right after it, while env still holds what the node read.
-  void forward(TensorEnv& env, const RunContext& ctx,
-               const std::function<void(int node)>& before_node = {},
+  void forward(TensorEnv& env, const RunContext& ctx, const std::function<void(int node)>& before_node = {},
                const std::function<void(int node, TensorEnv& env)>& after_node = {}) const;
 
   // Runs one node: reads its inputs from env and stores its output there.
@@ -96,10 +94,10 @@ class StageModule {
   // where its input arrived contiguous (received), so the stage keeps the storages the
   // profile and the planner account for.
   std::vector<char> reshape_copies_;
-  std::vector<std::string> constant_keys_;  // node offset -> OpGraph::stage_constant key
+  std::vector<std::string> constant_keys_;               // node offset -> OpGraph::stage_constant key
   mutable std::map<std::string, at::Tensor> constants_;  // by key
-  std::vector<std::unique_ptr<AtenKernel>> kernels_;  // node offset -> imported node's call
-  std::vector<at::Tensor> buffers_;                   // OpGraph::buffers the range reads
+  std::vector<std::unique_ptr<AtenKernel>> kernels_;     // node offset -> imported node's call
+  std::vector<at::Tensor> buffers_;                      // OpGraph::buffers the range reads
 };
 
 // Deterministic 64-bit mixing of seeds (splitmix64).

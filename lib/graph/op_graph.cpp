@@ -11,12 +11,11 @@ namespace dawnpiper {
 
 namespace {
 const char* const kKindNames[] = {
-    "input",     "embedding",  "pos_embedding", "linear",     "layernorm",      "rmsnorm",
-    "gelu",      "relu",       "tanh",          "dropout",    "reshape",        "transpose",
-    "matmul",    "scale",      "causal_mask",   "softmax",    "add",            "conv2d",
-    "batchnorm2d", "maxpool2d", "avgpool2d",    "concat",     "global_avgpool", "mul",
-    "sub",       "div",        "erf",           "sqrt",       "mean",           "affine",
-    "scale_shift", "rel_pos_bias", "cross_entropy", "aten",
+    "input",       "embedding",      "pos_embedding", "linear",       "layernorm",     "rmsnorm",   "gelu",
+    "relu",        "tanh",           "dropout",       "reshape",      "transpose",     "matmul",    "scale",
+    "causal_mask", "softmax",        "add",           "conv2d",       "batchnorm2d",   "maxpool2d", "avgpool2d",
+    "concat",      "global_avgpool", "mul",           "sub",          "div",           "erf",       "sqrt",
+    "mean",        "affine",         "scale_shift",   "rel_pos_bias", "cross_entropy", "aten",
 };
 constexpr int kKindCount = sizeof(kKindNames) / sizeof(kKindNames[0]);
 static_assert(kKindCount == static_cast<int>(OpKind::Aten) + 1, "kind names out of sync");
@@ -28,7 +27,7 @@ struct DTypeInfo {
 };
 const DTypeInfo kDTypes[] = {
     {"float32", 4, true}, {"int64", 8, false}, {"bfloat16", 2, true}, {"float16", 2, true}, {"float64", 8, true},
-    {"int32", 4, false},  {"int16", 2, false}, {"int8", 1, false},     {"uint8", 1, false},  {"bool", 1, false},
+    {"int32", 4, false},  {"int16", 2, false}, {"int8", 1, false},    {"uint8", 1, false},  {"bool", 1, false},
 };
 static_assert(sizeof(kDTypes) / sizeof(kDTypes[0]) == static_cast<int>(DType::Bool) + 1, "dtype table out of sync");
 }  // namespace
@@ -40,7 +39,6 @@ OpKind op_kind_from_name(const std::string& name) {
     if (name == kKindNames[i]) return static_cast<OpKind>(i);
   throw ConfigError("unknown op kind '" + name + "'");
 }
-
 
 int dtype_size(DType dtype) { return kDTypes[static_cast<int>(dtype)].size; }
 const char* dtype_name(DType dtype) { return kDTypes[static_cast<int>(dtype)].name; }
@@ -122,11 +120,11 @@ void OpGraph::validate() const {
     if (n.kind == OpKind::CrossEntropy && n.id != loss_node())
       throw std::logic_error("more than one loss node: " + n.name);
     // Imported calls may create tensors from nothing (arange, zeros).
-    if ((n.kind == OpKind::Input && !n.inputs.empty()) || (n.kind != OpKind::Input && n.kind != OpKind::Aten && n.inputs.empty()))
+    if ((n.kind == OpKind::Input && !n.inputs.empty()) ||
+        (n.kind != OpKind::Input && n.kind != OpKind::Aten && n.inputs.empty()))
       throw std::logic_error("node " + n.name + ": only Input nodes may have no inputs");
     for (int in : n.inputs)
-      if (tensor(in).producer >= n.id)
-        throw std::logic_error("node " + n.name + " reads a tensor produced later");
+      if (tensor(in).producer >= n.id) throw std::logic_error("node " + n.name + " reads a tensor produced later");
     for (int out : n.outputs)
       if (tensor(out).consumers.empty() && n.id != loss_node())
         throw std::logic_error("output of " + n.name + " is never used");

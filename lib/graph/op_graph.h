@@ -14,12 +14,12 @@
 namespace dawnpiper {
 
 enum class OpKind {
-  Input,          // data placeholder (token ids, labels, images): loaded, never received
-  Embedding,      // params: weight [V, H]; input int64 ids
-  PosEmbedding,   // params: weight [S_max, H]; output [S, H] (positions 0..S-1 of input dim 1)
-  Linear,         // params: weight [out, in], optional bias [out]; on the last dim
-  LayerNorm,      // params: weight, bias [H]; attr eps
-  RMSNorm,        // params: weight [H]; attr eps (T5's layer norm: no mean, no bias)
+  Input,         // data placeholder (token ids, labels, images): loaded, never received
+  Embedding,     // params: weight [V, H]; input int64 ids
+  PosEmbedding,  // params: weight [S_max, H]; output [S, H] (positions 0..S-1 of input dim 1)
+  Linear,        // params: weight [out, in], optional bias [out]; on the last dim
+  LayerNorm,     // params: weight, bias [H]; attr eps
+  RMSNorm,       // params: weight [H]; attr eps (T5's layer norm: no mean, no bias)
   Gelu,
   Relu,
   Tanh,
@@ -43,14 +43,14 @@ enum class OpKind {
   Div,            // a / b (broadcasting)
   Erf,
   Sqrt,
-  Mean,           // mean over the last dim, kept: [.., H] -> [.., 1]
-  Affine,         // x * attr scale + attr shift (scalars)
-  ScaleShift,     // params: weight, bias [H]: x * weight + bias (a layernorm's affine part)
-  RelPosBias,     // params: table [buckets, heads]; T5 relative position bias -> [1, heads, Sq, Sk];
-                  // attrs buckets, max_distance, bidirectional; input: any tensor (for S)
-  CrossEntropy,   // inputs logits [.., C], labels [..] (int64, -100 ignored) -> scalar mean
-  Aten,           // an imported ATen operator call (Node::call): any op torch.export emits, run
-                  // through the c10 dispatcher; may have several outputs
+  Mean,          // mean over the last dim, kept: [.., H] -> [.., 1]
+  Affine,        // x * attr scale + attr shift (scalars)
+  ScaleShift,    // params: weight, bias [H]: x * weight + bias (a layernorm's affine part)
+  RelPosBias,    // params: table [buckets, heads]; T5 relative position bias -> [1, heads, Sq, Sk];
+                 // attrs buckets, max_distance, bidirectional; input: any tensor (for S)
+  CrossEntropy,  // inputs logits [.., C], labels [..] (int64, -100 ignored) -> scalar mean
+  Aten,          // an imported ATen operator call (Node::call): any op torch.export emits, run
+                 // through the c10 dispatcher; may have several outputs
 };
 
 const char* op_kind_name(OpKind kind);
@@ -58,7 +58,7 @@ OpKind op_kind_from_name(const std::string& name);  // throws ConfigError if unk
 
 enum class DType { F32, I64, BF16, F16, F64, I32, I16, I8, U8, Bool };
 int dtype_size(DType dtype);
-const char* dtype_name(DType dtype);            // "float32", "int64", "bfloat16", ...
+const char* dtype_name(DType dtype);             // "float32", "int64", "bfloat16", ...
 DType dtype_from_name(const std::string& name);  // throws ConfigError if unknown
 bool is_floating(DType dtype);
 
@@ -71,7 +71,7 @@ enum class Init {
   Uniform,  // U(-bound, bound), bound = std field
   Zeros,
   Ones,
-  File,     // read by ParamSpec::source from OpGraph::weight_files (imported models)
+  File,  // read by ParamSpec::source from OpGraph::weight_files (imported models)
 };
 
 struct ParamSpec {
@@ -106,10 +106,10 @@ struct BufferSpec {
 struct AtenArg {
   enum class Kind { None, Bool, Int, Real, String, Tensor, Param, Buffer, List, DType, Device, Layout, MemoryFormat };
   Kind kind = Kind::None;
-  int64_t i = 0;       // Int, Bool (0/1), Tensor (index in Node::inputs), Param (in Node::params),
-                       // Buffer (in OpGraph::buffers), DType (DType value)
-  double r = 0;        // Real
-  std::string s;       // String, Layout, MemoryFormat (their names)
+  int64_t i = 0;  // Int, Bool (0/1), Tensor (index in Node::inputs), Param (in Node::params),
+                  // Buffer (in OpGraph::buffers), DType (DType value)
+  double r = 0;   // Real
+  std::string s;  // String, Layout, MemoryFormat (their names)
   std::vector<AtenArg> items;
 };
 
@@ -126,7 +126,7 @@ struct AtenCall {
 
 struct TensorInfo {
   int id = -1;
-  int producer = -1;   // node id
+  int producer = -1;  // node id
   Shape shape;
   DType dtype = DType::F32;
   std::vector<int> consumers;  // node ids, ascending, unique
@@ -218,7 +218,7 @@ class OpGraph {
 
   // Which tensors carry gradients: outputs of nodes with parameters or with such inputs.
   std::vector<bool> requires_grad() const;
-  int64_t parameter_count() const;  // unique parameters (tied ones counted once)
+  int64_t parameter_count() const;          // unique parameters (tied ones counted once)
   int64_t parameter_bytes(int node) const;  // owned (untied) parameter bytes of one node
   // What a stage holding the node keeps once: a causal mask, T5's buckets, the buffers an
   // imported node reads.

@@ -39,8 +39,8 @@ c10::DataPtr CountingAllocator::allocate(size_t bytes) DP_ALLOCATOR_ALLOCATE_CON
   const int64_t cap = capacity_.load();
   if (cap > 0 && live > cap) {
     live_.fetch_sub(n);
-    throw OutOfMemoryError("cannot allocate " + format_bytes(n) + ": " + format_bytes(live - n) +
-                           " of the " + format_bytes(cap) +
+    throw OutOfMemoryError("cannot allocate " + format_bytes(n) + ": " + format_bytes(live - n) + " of the " +
+                           format_bytes(cap) +
                            " device memory (--device-memory) are in use; raise --device-memory, "
                            "lower --micro-batch-size, or plan more stages or memory optimization");
   }

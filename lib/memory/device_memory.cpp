@@ -26,8 +26,7 @@ c10::CachingDeviceAllocator::DeviceStats cuda_stats(c10::Device d) {
 
 int64_t DeviceMemory::live_bytes(c10::Device device) {
 #ifdef DAWNPIPER_CUDA
-  if (device.is_cuda())
-    return cuda_stats(device).allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current;
+  if (device.is_cuda()) return cuda_stats(device).allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current;
 #endif
   (void)device;
   return CountingAllocator::install().live_bytes();
@@ -35,8 +34,7 @@ int64_t DeviceMemory::live_bytes(c10::Device device) {
 
 int64_t DeviceMemory::peak_bytes(c10::Device device) {
 #ifdef DAWNPIPER_CUDA
-  if (device.is_cuda())
-    return cuda_stats(device).allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
+  if (device.is_cuda()) return cuda_stats(device).allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
 #endif
   (void)device;
   return CountingAllocator::install().peak_bytes();
@@ -92,7 +90,8 @@ c10::Device parse_device(const std::string& name) {
 #ifdef DAWNPIPER_CUDA
       throw ConfigError("--device cuda: no GPU is visible on this machine; use --device cpu");
 #else
-      throw ConfigError("--device cuda: this build has no CUDA support (rebuild with a CUDA LibTorch); use --device cpu");
+      throw ConfigError(
+          "--device cuda: this build has no CUDA support (rebuild with a CUDA LibTorch); use --device cpu");
 #endif
     return c10::Device(c10::kCUDA, 0);
   }

@@ -27,9 +27,7 @@ Shape broadcast(const Shape& a, const Shape& b) {
   return out;
 }
 
-int64_t conv_out(int64_t in, int64_t k, int64_t stride, int64_t pad) {
-  return (in + 2 * pad - k) / stride + 1;
-}
+int64_t conv_out(int64_t in, int64_t k, int64_t stride, int64_t pad) { return (in + 2 * pad - k) / stride + 1; }
 }  // namespace
 
 int LayerBuilder::input(const std::string& name, Shape shape, DType dtype, const std::string& role) {
@@ -47,8 +45,7 @@ int LayerBuilder::linear(const std::string& name, int x, int64_t out, bool bias,
   return g_.add(OpKind::Linear, name, {x}, s, ps);
 }
 
-int LayerBuilder::tied_linear(const std::string& name, int x, int owner_node, int owner_param,
-                              bool bias) {
+int LayerBuilder::tied_linear(const std::string& name, int x, int owner_node, int owner_param, bool bias) {
   const ParamSpec& owner = g_.nodes.at(owner_node).params.at(owner_param);
   ParamSpec w = param("weight", owner.shape, owner.init, owner.scale);
   w.tied_node = owner_node;
@@ -76,8 +73,7 @@ int LayerBuilder::tied_embedding(const std::string& name, int ids, int owner_nod
   return g_.add(OpKind::Embedding, name, {ids}, s, {w});
 }
 
-int LayerBuilder::pos_embedding(const std::string& name, int ids, int64_t max_positions,
-                                int64_t dim) {
+int LayerBuilder::pos_embedding(const std::string& name, int ids, int64_t max_positions, int64_t dim) {
   return g_.add(OpKind::PosEmbedding, name, {ids}, {shape(ids).at(1), dim},
                 {param("weight", {max_positions, dim}, Init::Normal, 0.01)});
 }
@@ -106,15 +102,12 @@ int LayerBuilder::layernorm_unfused(const std::string& name, int x, double eps) 
 }
 
 int LayerBuilder::rmsnorm(const std::string& name, int x, double eps) {
-  int y = g_.add(OpKind::RMSNorm, name, {x}, shape(x),
-                 {param("weight", {shape(x).back()}, Init::Ones)});
+  int y = g_.add(OpKind::RMSNorm, name, {x}, shape(x), {param("weight", {shape(x).back()}, Init::Ones)});
   g_.last().reals["eps"] = eps;
   return y;
 }
 
-int LayerBuilder::unary(OpKind kind, const std::string& name, int x) {
-  return g_.add(kind, name, {x}, shape(x));
-}
+int LayerBuilder::unary(OpKind kind, const std::string& name, int x) { return g_.add(kind, name, {x}, shape(x)); }
 
 int LayerBuilder::gelu_unfused(const std::string& name, int x) {
   int scaled = scale(name + ".div", x, 1.0 / std::sqrt(2.0));
@@ -179,16 +172,13 @@ int LayerBuilder::add(const std::string& name, std::vector<int> xs) {
 
 int LayerBuilder::softmax(const std::string& name, int x) { return unary(OpKind::Softmax, name, x); }
 
-int LayerBuilder::causal_mask(const std::string& name, int x) {
-  return unary(OpKind::CausalMask, name, x);
-}
+int LayerBuilder::causal_mask(const std::string& name, int x) { return unary(OpKind::CausalMask, name, x); }
 
-int LayerBuilder::conv2d(const std::string& name, int x, int64_t out_channels, int64_t kh,
-                         int64_t kw, int64_t stride, int64_t ph, int64_t pw, bool bias) {
+int LayerBuilder::conv2d(const std::string& name, int x, int64_t out_channels, int64_t kh, int64_t kw, int64_t stride,
+                         int64_t ph, int64_t pw, bool bias) {
   const Shape& s = shape(x);  // [N, C, H, W]
   int64_t fan_in = s[1] * kh * kw;
-  std::vector<ParamSpec> ps{
-      param("weight", {out_channels, s[1], kh, kw}, Init::Normal, std::sqrt(2.0 / fan_in))};
+  std::vector<ParamSpec> ps{param("weight", {out_channels, s[1], kh, kw}, Init::Normal, std::sqrt(2.0 / fan_in))};
   if (bias) ps.push_back(param("bias", {out_channels}, Init::Zeros));
   Shape out{s[0], out_channels, conv_out(s[2], kh, stride, ph), conv_out(s[3], kw, stride, pw)};
   int y = g_.add(OpKind::Conv2d, name, {x}, out, ps);
@@ -205,8 +195,7 @@ int LayerBuilder::batchnorm2d(const std::string& name, int x, double eps) {
   return y;
 }
 
-int LayerBuilder::pool2d(OpKind kind, const std::string& name, int x, int64_t kernel,
-                         int64_t stride, int64_t padding) {
+int LayerBuilder::pool2d(OpKind kind, const std::string& name, int x, int64_t kernel, int64_t stride, int64_t padding) {
   Shape s = shape(x);
   s[2] = conv_out(s[2], kernel, stride, padding);
   s[3] = conv_out(s[3], kernel, stride, padding);
@@ -229,10 +218,10 @@ int LayerBuilder::global_avgpool(const std::string& name, int x) {
   return g_.add(OpKind::GlobalAvgPool, name, {x}, {shape(x)[0], shape(x)[1]});
 }
 
-int LayerBuilder::rel_pos_bias(const std::string& name, int x, int64_t heads, int64_t buckets,
-                               int64_t max_distance, bool bidirectional, int64_t sq, int64_t sk) {
-  int y = g_.add(OpKind::RelPosBias, name, {x}, {1, heads, sq, sk},
-                 {param("table", {buckets, heads}, Init::Normal, 0.02)});
+int LayerBuilder::rel_pos_bias(const std::string& name, int x, int64_t heads, int64_t buckets, int64_t max_distance,
+                               bool bidirectional, int64_t sq, int64_t sk) {
+  int y =
+      g_.add(OpKind::RelPosBias, name, {x}, {1, heads, sq, sk}, {param("table", {buckets, heads}, Init::Normal, 0.02)});
   g_.last().ints["buckets"] = {buckets};
   g_.last().ints["max_distance"] = {max_distance};
   g_.last().ints["bidirectional"] = {bidirectional ? 1 : 0};

@@ -39,15 +39,14 @@ class LayerBuilder {
   int add(const std::string& name, std::vector<int> xs);
   int softmax(const std::string& name, int x);
   int causal_mask(const std::string& name, int x);
-  int conv2d(const std::string& name, int x, int64_t out_channels, int64_t kh, int64_t kw,
-             int64_t stride, int64_t ph, int64_t pw, bool bias = false);
+  int conv2d(const std::string& name, int x, int64_t out_channels, int64_t kh, int64_t kw, int64_t stride, int64_t ph,
+             int64_t pw, bool bias = false);
   int batchnorm2d(const std::string& name, int x, double eps = 1e-5);
-  int pool2d(OpKind kind, const std::string& name, int x, int64_t kernel, int64_t stride,
-             int64_t padding);
+  int pool2d(OpKind kind, const std::string& name, int x, int64_t kernel, int64_t stride, int64_t padding);
   int concat(const std::string& name, std::vector<int> xs, int64_t dim);
   int global_avgpool(const std::string& name, int x);
-  int rel_pos_bias(const std::string& name, int x, int64_t heads, int64_t buckets,
-                   int64_t max_distance, bool bidirectional, int64_t sq, int64_t sk);
+  int rel_pos_bias(const std::string& name, int x, int64_t heads, int64_t buckets, int64_t max_distance,
+                   bool bidirectional, int64_t sq, int64_t sk);
   int cross_entropy(const std::string& name, int logits, int labels);
 
  private:

@@ -17,13 +17,13 @@ struct ModelConfig {
   int64_t decoder_layers = 0;  // t5 only
   int64_t hidden = 0;          // transformer width, mlp width, amoebanet filters
   int64_t heads = 0;
-  int64_t ffn = 0;             // feed-forward inner width
+  int64_t ffn = 0;  // feed-forward inner width
   int64_t vocab = 0;
   int64_t seq_len = 0;
-  int64_t max_positions = 0;   // learned position table rows (gpt2, bert)
-  int64_t image_size = 0;      // amoebanet
-  int64_t in_features = 0;     // mlp input width
-  int64_t classes = 0;         // amoebanet, mlp
+  int64_t max_positions = 0;  // learned position table rows (gpt2, bert)
+  int64_t image_size = 0;     // amoebanet
+  int64_t in_features = 0;    // mlp input width
+  int64_t classes = 0;        // amoebanet, mlp
   double dropout = 0.1;
   double mlm_fraction = 0.15;  // bert: share of positions with a label
 };

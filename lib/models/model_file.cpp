@@ -36,15 +36,13 @@ struct Builder {
   const ModelFile& file;
   int64_t batch;
   OpGraph g;
-  std::map<std::string, int> tensor_of;                   // graph tensor by name
+  std::map<std::string, int> tensor_of;                    // graph tensor by name
   std::map<std::string, std::pair<int, int>> param_owner;  // weight name -> (node, param index)
   std::map<std::string, const Json*> weight_entry;
   std::map<std::string, int> buffer_of;
   std::set<std::string> read;  // tensor names some node reads
 
-  [[noreturn]] void bad(const std::string& what) const {
-    throw ConfigError("model file '" + file.path + "': " + what);
-  }
+  [[noreturn]] void bad(const std::string& what) const { throw ConfigError("model file '" + file.path + "': " + what); }
 
   void collect_reads(const Json& a) {
     if (a.is_object() && a.contains("t")) read.insert(a.at("t").as_string());
@@ -55,18 +53,26 @@ struct Builder {
   AtenArg arg(const Json& v, Node& n) {
     AtenArg a;
     switch (v.type()) {
-      case Json::Type::Null: return a;
-      case Json::Type::Bool: a.kind = AtenArg::Kind::Bool, a.i = v.as_bool(); return a;
-      case Json::Type::String: a.kind = AtenArg::Kind::String, a.s = v.as_string(); return a;
+      case Json::Type::Null:
+        return a;
+      case Json::Type::Bool:
+        a.kind = AtenArg::Kind::Bool, a.i = v.as_bool();
+        return a;
+      case Json::Type::String:
+        a.kind = AtenArg::Kind::String, a.s = v.as_string();
+        return a;
       case Json::Type::Number:
-        if (v.is_integer()) a.kind = AtenArg::Kind::Int, a.i = v.as_int();
-        else a.kind = AtenArg::Kind::Real, a.r = v.as_double();
+        if (v.is_integer())
+          a.kind = AtenArg::Kind::Int, a.i = v.as_int();
+        else
+          a.kind = AtenArg::Kind::Real, a.r = v.as_double();
         return a;
       case Json::Type::Array:
         a.kind = AtenArg::Kind::List;
         for (const Json& x : v.items()) a.items.push_back(arg(x, n));
         return a;
-      case Json::Type::Object: break;
+      case Json::Type::Object:
+        break;
     }
     if (v.contains("t")) {
       const std::string& name = v.at("t").as_string();
@@ -102,7 +108,8 @@ struct Builder {
     }
     if (v.contains("device")) return a.kind = AtenArg::Kind::Device, a;
     if (v.contains("layout")) return a.kind = AtenArg::Kind::Layout, a.s = v.at("layout").as_string(), a;
-    if (v.contains("memory_format")) return a.kind = AtenArg::Kind::MemoryFormat, a.s = v.at("memory_format").as_string(), a;
+    if (v.contains("memory_format"))
+      return a.kind = AtenArg::Kind::MemoryFormat, a.s = v.at("memory_format").as_string(), a;
     bad("node " + n.name + " has an argument of unknown form " + v.dump());
   }
 
@@ -229,7 +236,8 @@ std::shared_ptr<const ModelFile> read_model_file(const std::string& path) {
   SafetensorsFile st(path);
   const std::string text = st.metadata("dawnpiper_model");
   if (text.empty())
-    throw ConfigError("'" + path + "' is not a DawnPiper model file (a safetensors file without the graph; make one "
+    throw ConfigError("'" + path +
+                      "' is not a DawnPiper model file (a safetensors file without the graph; make one "
                       "with scripts/export_model.py)");
   auto file = std::make_shared<ModelFile>();
   file->path = path;
@@ -248,14 +256,16 @@ std::shared_ptr<const ModelFile> read_model_file(const std::string& path) {
                       "; this dawnpiper reads version " + std::to_string(ModelFile::kFormatVersion) +
                       " (export it again with this checkout's scripts/export_model.py)");
   const Json& model = g.at("model");
-  file->architecture = model.contains("architecture") ? model.at("architecture").as_string()
-                                                      : (model.contains("function") ? model.at("function").as_string() : "imported");
+  file->architecture = model.contains("architecture")
+                           ? model.at("architecture").as_string()
+                           : (model.contains("function") ? model.at("function").as_string() : "imported");
   file->precision = g.contains("precision") ? g.at("precision").as_string() : "fp32";
   file->min_batch = g.at("batch").at("min").as_int();
   file->max_batch = g.at("batch").at("max").as_int();
   for (const Json& w : g.at("weights").items())
     if (!st.contains(w.at("name").as_string()))
-      throw ConfigError("model file '" + path + "' lists weight " + w.at("name").as_string() + " but holds no tensor of that name");
+      throw ConfigError("model file '" + path + "' lists weight " + w.at("name").as_string() +
+                        " but holds no tensor of that name");
   return file;
 }
 

@@ -19,7 +19,8 @@ class ModelSource {
   // Reads the file's header now (errors surface before any work); `init_from` is a safetensors
   // checkpoint whose weights replace the file's (by PyTorch name). The file fixes its precision
   // (scripts/export_model.py --precision); asking for another is a ConfigError.
-  static ModelSource file(const std::string& path, const std::string& init_from = "", const std::string& precision = "");
+  static ModelSource file(const std::string& path, const std::string& init_from = "",
+                          const std::string& precision = "");
 
   OpGraph graph(int64_t micro_batch_size) const;
   std::string name() const;  // the preset, or the model file's base name

@@ -11,9 +11,8 @@ namespace dawnpiper {
 
 namespace {
 
-ModelConfig transformer(const std::string& family, const std::string& preset, int64_t layers,
-                        int64_t hidden, int64_t heads, int64_t vocab, int64_t seq_len,
-                        int64_t max_positions) {
+ModelConfig transformer(const std::string& family, const std::string& preset, int64_t layers, int64_t hidden,
+                        int64_t heads, int64_t vocab, int64_t seq_len, int64_t max_positions) {
   ModelConfig c;
   c.family = family;
   c.preset = preset;
@@ -28,8 +27,7 @@ ModelConfig transformer(const std::string& family, const std::string& preset, in
   return c;
 }
 
-ModelConfig amoebanet(const std::string& preset, int64_t cells, int64_t filters, int64_t image,
-                      int64_t classes) {
+ModelConfig amoebanet(const std::string& preset, int64_t cells, int64_t filters, int64_t image, int64_t classes) {
   ModelConfig c;
   c.family = "amoebanet";
   c.preset = preset;
@@ -40,8 +38,7 @@ ModelConfig amoebanet(const std::string& preset, int64_t cells, int64_t filters,
   return c;
 }
 
-ModelConfig mlp(const std::string& preset, int64_t layers, int64_t hidden, int64_t in,
-                int64_t classes) {
+ModelConfig mlp(const std::string& preset, int64_t layers, int64_t hidden, int64_t in, int64_t classes) {
   ModelConfig c;
   c.family = "mlp";
   c.preset = preset;
@@ -91,20 +88,17 @@ struct Attention {
 
 // Multi-head attention at op granularity. q from x_q, k and v from x_kv. `bias` (optional,
 // -1 for none) is added to the scores: bert's padding mask, t5's relative position bias.
-int attention(LayerBuilder& b, const std::string& p, int x_q, int x_kv, const Attention& a,
-              bool causal, int bias, bool proj_bias) {
+int attention(LayerBuilder& b, const std::string& p, int x_q, int x_kv, const Attention& a, bool causal, int bias,
+              bool proj_bias) {
   const Shape& sq = b.shape(x_q);
   const Shape& skv = b.shape(x_kv);
   int64_t B = sq[0], Sq = sq[1], Sk = skv[1], H = a.heads * a.head_dim;
   int q = b.linear(p + ".q", x_q, H, proj_bias);
   int k = b.linear(p + ".k", x_kv, H, proj_bias);
   int v = b.linear(p + ".v", x_kv, H, proj_bias);
-  q = b.transpose(p + ".q_heads", b.reshape(p + ".q_view", q, {B, Sq, a.heads, a.head_dim}),
-                  {0, 2, 1, 3});
-  k = b.transpose(p + ".k_heads", b.reshape(p + ".k_view", k, {B, Sk, a.heads, a.head_dim}),
-                  {0, 2, 1, 3});
-  v = b.transpose(p + ".v_heads", b.reshape(p + ".v_view", v, {B, Sk, a.heads, a.head_dim}),
-                  {0, 2, 1, 3});
+  q = b.transpose(p + ".q_heads", b.reshape(p + ".q_view", q, {B, Sq, a.heads, a.head_dim}), {0, 2, 1, 3});
+  k = b.transpose(p + ".k_heads", b.reshape(p + ".k_view", k, {B, Sk, a.heads, a.head_dim}), {0, 2, 1, 3});
+  v = b.transpose(p + ".v_heads", b.reshape(p + ".v_view", v, {B, Sk, a.heads, a.head_dim}), {0, 2, 1, 3});
   int kt = b.transpose(p + ".k_t", k, {0, 1, 3, 2});
   int s = b.matmul(p + ".scores", q, kt);
   if (a.scaled) s = b.scale(p + ".scale", s, 1.0 / std::sqrt(static_cast<double>(a.head_dim)));
@@ -135,8 +129,7 @@ void build_gpt2(const ModelConfig& c, int64_t B, OpGraph& g) {
     std::string p = "layer" + std::to_string(l);
     g.add_block(p);
     int h = b.layernorm(p + ".ln1", x);
-    int a = maybe_dropout(b, p + ".attn_out_drop", attention(b, p + ".attn", h, h, att, true, -1, true),
-                          c.dropout);
+    int a = maybe_dropout(b, p + ".attn_out_drop", attention(b, p + ".attn", h, h, att, true, -1, true), c.dropout);
     x = b.add(p + ".attn_residual", {x, a});
     h = b.layernorm(p + ".ln2", x);
     h = b.unary(OpKind::Gelu, p + ".mlp.gelu", b.linear(p + ".mlp.fc", h, c.ffn));
@@ -166,8 +159,7 @@ void build_bert(const ModelConfig& c, int64_t B, OpGraph& g) {
   for (int64_t l = 0; l < c.layers; ++l) {
     std::string p = "layer" + std::to_string(l);
     g.add_block(p);
-    int a = maybe_dropout(b, p + ".attn_out_drop", attention(b, p + ".attn", x, x, att, false, mask, true),
-                          c.dropout);
+    int a = maybe_dropout(b, p + ".attn_out_drop", attention(b, p + ".attn", x, x, att, false, mask, true), c.dropout);
     x = b.layernorm_unfused(p + ".attn_ln", b.add(p + ".attn_residual", {a, x}));
     int h = b.gelu_unfused(p + ".ffn.gelu", b.linear(p + ".ffn.fc", x, c.ffn));
     h = maybe_dropout(b, p + ".ffn_drop", b.linear(p + ".ffn.proj", h, c.hidden), c.dropout);
@@ -199,10 +191,8 @@ void build_t5(const ModelConfig& c, int64_t B, OpGraph& g) {
     g.add_block(p);
     int h = b.rmsnorm(p + ".ln1", x);
     if (enc_bias < 0)
-      enc_bias = b.rel_pos_bias(p + ".rel_bias", h, c.heads, buckets, max_distance, true,
-                                c.seq_len, c.seq_len);
-    int a = maybe_dropout(b, p + ".attn_drop", attention(b, p + ".attn", h, h, att, false, enc_bias, false),
-                          c.dropout);
+      enc_bias = b.rel_pos_bias(p + ".rel_bias", h, c.heads, buckets, max_distance, true, c.seq_len, c.seq_len);
+    int a = maybe_dropout(b, p + ".attn_drop", attention(b, p + ".attn", h, h, att, false, enc_bias, false), c.dropout);
     x = b.add(p + ".attn_residual", {x, a});
     h = b.unary(OpKind::Relu, p + ".ffn.relu", b.linear(p + ".ffn.wi", b.rmsnorm(p + ".ln2", x), c.ffn, false));
     h = maybe_dropout(b, p + ".ffn.drop", h, c.dropout);
@@ -214,22 +204,18 @@ void build_t5(const ModelConfig& c, int64_t B, OpGraph& g) {
 
   g.add_block("decoder.embed");
   int dec_tokens = b.input("dec_tokens", {B, c.seq_len}, DType::I64, "dec_tokens");  // labels shifted right
-  x = maybe_dropout(b, "decoder.embed_drop", b.tied_embedding("decoder.embedding", dec_tokens, emb_node),
-                    c.dropout);
+  x = maybe_dropout(b, "decoder.embed_drop", b.tied_embedding("decoder.embedding", dec_tokens, emb_node), c.dropout);
   int dec_bias = -1;
   for (int64_t l = 0; l < c.decoder_layers; ++l) {
     std::string p = "decoder.layer" + std::to_string(l);
     g.add_block(p);
     int h = b.rmsnorm(p + ".ln1", x);
     if (dec_bias < 0)
-      dec_bias = b.rel_pos_bias(p + ".rel_bias", h, c.heads, buckets, max_distance, false,
-                                c.seq_len, c.seq_len);
-    int a = maybe_dropout(b, p + ".self_drop", attention(b, p + ".self", h, h, att, true, dec_bias, false),
-                          c.dropout);
+      dec_bias = b.rel_pos_bias(p + ".rel_bias", h, c.heads, buckets, max_distance, false, c.seq_len, c.seq_len);
+    int a = maybe_dropout(b, p + ".self_drop", attention(b, p + ".self", h, h, att, true, dec_bias, false), c.dropout);
     x = b.add(p + ".self_residual", {x, a});
     h = b.rmsnorm(p + ".ln2", x);
-    a = maybe_dropout(b, p + ".cross_drop", attention(b, p + ".cross", h, enc, att, false, -1, false),
-                      c.dropout);
+    a = maybe_dropout(b, p + ".cross_drop", attention(b, p + ".cross", h, enc, att, false, -1, false), c.dropout);
     x = b.add(p + ".cross_residual", {x, a});
     h = b.unary(OpKind::Relu, p + ".ffn.relu", b.linear(p + ".ffn.wi", b.rmsnorm(p + ".ln3", x), c.ffn, false));
     h = maybe_dropout(b, p + ".ffn.drop", h, c.dropout);
@@ -252,17 +238,15 @@ struct CellEntry {
   int state;
   CellOp op;
 };
-const std::vector<CellEntry> kNormalCell = {
-    {1, CellOp::Conv1x1},    {1, CellOp::MaxPool3x3}, {1, CellOp::None},
-    {0, CellOp::Conv1x7_7x1}, {0, CellOp::Conv1x1},   {0, CellOp::Conv1x7_7x1},
-    {2, CellOp::MaxPool3x3}, {2, CellOp::None},       {1, CellOp::AvgPool3x3},
-    {5, CellOp::Conv1x1}};
+const std::vector<CellEntry> kNormalCell = {{1, CellOp::Conv1x1},     {1, CellOp::MaxPool3x3}, {1, CellOp::None},
+                                            {0, CellOp::Conv1x7_7x1}, {0, CellOp::Conv1x1},    {0, CellOp::Conv1x7_7x1},
+                                            {2, CellOp::MaxPool3x3},  {2, CellOp::None},       {1, CellOp::AvgPool3x3},
+                                            {5, CellOp::Conv1x1}};
 const std::vector<int> kNormalConcat = {0, 3, 4, 6};
 const std::vector<CellEntry> kReductionCell = {
-    {0, CellOp::MaxPool2x2}, {0, CellOp::MaxPool3x3},  {2, CellOp::None},
-    {1, CellOp::Conv3x3},    {2, CellOp::Conv1x7_7x1}, {2, CellOp::MaxPool3x3},
-    {3, CellOp::None},       {1, CellOp::MaxPool2x2},  {2, CellOp::AvgPool3x3},
-    {3, CellOp::Conv1x1}};
+    {0, CellOp::MaxPool2x2},  {0, CellOp::MaxPool3x3}, {2, CellOp::None}, {1, CellOp::Conv3x3},
+    {2, CellOp::Conv1x7_7x1}, {2, CellOp::MaxPool3x3}, {3, CellOp::None}, {1, CellOp::MaxPool2x2},
+    {2, CellOp::AvgPool3x3},  {3, CellOp::Conv1x1}};
 const std::vector<int> kReductionConcat = {4, 5, 6};
 
 class AmoebaBuilder {
@@ -277,19 +261,23 @@ class AmoebaBuilder {
 
   int op(const std::string& p, CellOp kind, int x, int64_t c, int64_t stride) {
     switch (kind) {
-      case CellOp::Conv1x1: return relu_conv_bn(p, x, c, 1, stride);
-      case CellOp::Conv3x3: return relu_conv_bn(p, x, c, 3, stride);
+      case CellOp::Conv1x1:
+        return relu_conv_bn(p, x, c, 1, stride);
+      case CellOp::Conv3x3:
+        return relu_conv_bn(p, x, c, 3, stride);
       case CellOp::Conv1x7_7x1: {
         int r = b_.unary(OpKind::Relu, p + ".relu", x);
         int y = b_.conv2d(p + ".conv1x7", r, c, 1, 7, 1, 0, 3);
         y = b_.conv2d(p + ".conv7x1", y, c, 7, 1, stride, 3, 0);
         return b_.batchnorm2d(p + ".bn", y);
       }
-      case CellOp::MaxPool3x3: return b_.pool2d(OpKind::MaxPool2d, p + ".maxpool", x, 3, stride, 1);
+      case CellOp::MaxPool3x3:
+        return b_.pool2d(OpKind::MaxPool2d, p + ".maxpool", x, 3, stride, 1);
       case CellOp::MaxPool2x2:
         return stride == 1 ? b_.pool2d(OpKind::MaxPool2d, p + ".maxpool", x, 3, 1, 1)
                            : b_.pool2d(OpKind::MaxPool2d, p + ".maxpool", x, 2, 2, 0);
-      case CellOp::AvgPool3x3: return b_.pool2d(OpKind::AvgPool2d, p + ".avgpool", x, 3, stride, 1);
+      case CellOp::AvgPool3x3:
+        return b_.pool2d(OpKind::AvgPool2d, p + ".avgpool", x, 3, stride, 1);
       case CellOp::None:
         // Identity; with stride 2 a 1x1 strided conv keeps the shapes of the sum consistent.
         return stride == 1 ? x : relu_conv_bn(p, x, c, 1, stride);
@@ -303,8 +291,7 @@ class AmoebaBuilder {
     const auto& concat = reduction ? kReductionConcat : kNormalConcat;
     // s0 may come from before the previous reduction: bring it to s1's resolution.
     int64_t ratio = b_.shape(s0)[2] / b_.shape(s1)[2];
-    std::vector<int> states{relu_conv_bn(p + ".pre0", s0, c, 1, ratio),
-                            relu_conv_bn(p + ".pre1", s1, c, 1, 1)};
+    std::vector<int> states{relu_conv_bn(p + ".pre0", s0, c, 1, ratio), relu_conv_bn(p + ".pre1", s1, c, 1, 1)};
     for (size_t i = 0; i < entries.size(); i += 2) {
       std::string n = p + ".node" + std::to_string(i / 2 + 2);
       int64_t st_a = reduction && entries[i].state < 2 ? 2 : 1;
@@ -407,17 +394,28 @@ void apply_override(ModelConfig& c, const std::string& key, const std::string& v
   if (v != std::floor(v) || v < 1)
     throw ConfigError("model override " + key + "='" + value + "' must be a positive integer");
   auto n = static_cast<int64_t>(v);
-  if (key == "layers") c.layers = n;
-  else if (key == "decoder-layers") c.decoder_layers = n;
-  else if (key == "hidden") c.hidden = n;
-  else if (key == "heads") c.heads = n;
-  else if (key == "ffn") c.ffn = n;
-  else if (key == "vocab") c.vocab = n;
-  else if (key == "seq-len") c.seq_len = n;
-  else if (key == "image-size") c.image_size = n;
-  else if (key == "classes") c.classes = n;
-  else if (key == "in-features") c.in_features = n;
-  else throw ConfigError("unknown model override '" + key + "'");
+  if (key == "layers")
+    c.layers = n;
+  else if (key == "decoder-layers")
+    c.decoder_layers = n;
+  else if (key == "hidden")
+    c.hidden = n;
+  else if (key == "heads")
+    c.heads = n;
+  else if (key == "ffn")
+    c.ffn = n;
+  else if (key == "vocab")
+    c.vocab = n;
+  else if (key == "seq-len")
+    c.seq_len = n;
+  else if (key == "image-size")
+    c.image_size = n;
+  else if (key == "classes")
+    c.classes = n;
+  else if (key == "in-features")
+    c.in_features = n;
+  else
+    throw ConfigError("unknown model override '" + key + "'");
   if (key == "seq-len" && c.max_positions > 0 && c.max_positions < n) c.max_positions = n;
 }
 
@@ -425,17 +423,16 @@ void check_config(const ModelConfig& c) {
   const std::string who = "model " + c.preset + ": ";
   if (c.family == "gpt2" || c.family == "bert" || c.family == "t5") {
     if (c.heads < 1 || c.hidden % c.heads != 0)
-      throw ConfigError(who + "hidden (" + std::to_string(c.hidden) +
-                        ") must be divisible by heads (" + std::to_string(c.heads) + ")");
+      throw ConfigError(who + "hidden (" + std::to_string(c.hidden) + ") must be divisible by heads (" +
+                        std::to_string(c.heads) + ")");
     if (c.max_positions > 0 && c.seq_len > c.max_positions)
-      throw ConfigError(who + "seq-len " + std::to_string(c.seq_len) +
-                        " exceeds the position table (" + std::to_string(c.max_positions) + ")");
+      throw ConfigError(who + "seq-len " + std::to_string(c.seq_len) + " exceeds the position table (" +
+                        std::to_string(c.max_positions) + ")");
   } else if (c.family == "amoebanet") {
     if (c.hidden < 4) throw ConfigError(who + "filters (hidden) must be at least 4");
     // stem conv + 4 reductions halve the image 5 times; each reduction needs an even input.
     if (c.image_size % 32 != 0)
-      throw ConfigError(who + "image-size must be a multiple of 32, got " +
-                        std::to_string(c.image_size));
+      throw ConfigError(who + "image-size must be a multiple of 32, got " + std::to_string(c.image_size));
   } else if (c.family != "mlp") {
     throw ConfigError("unknown model family '" + c.family + "'");
   }
@@ -454,9 +451,8 @@ OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size, const s
   g.model = config.family;
   g.preset = config.preset;
   g.micro_batch_size = micro_batch_size;
-  static const std::map<std::string, std::function<void(const ModelConfig&, int64_t, OpGraph&)>>
-      builders = {{"gpt2", build_gpt2}, {"bert", build_bert}, {"t5", build_t5},
-                  {"amoebanet", build_amoebanet}, {"mlp", build_mlp}};
+  static const std::map<std::string, std::function<void(const ModelConfig&, int64_t, OpGraph&)>> builders = {
+      {"gpt2", build_gpt2}, {"bert", build_bert}, {"t5", build_t5}, {"amoebanet", build_amoebanet}, {"mlp", build_mlp}};
   builders.at(config.family)(config, micro_batch_size, g);
   g.validate();
   if (precision == "bf16") {  // bf16 activations; the loss stays fp32

@@ -11,13 +11,14 @@ namespace {
 
 // The cut in [lo, hi] minimizing max(first(c), second(c)) for first non-decreasing and second
 // non-increasing in c: binary search for the crossing, then compare its two neighbours.
-int balance_point(int lo, int hi, const std::function<double(int)>& first,
-                  const std::function<double(int)>& second) {
+int balance_point(int lo, int hi, const std::function<double(int)>& first, const std::function<double(int)>& second) {
   int a = lo, z = hi;  // find the smallest c with first(c) >= second(c)
   while (a < z) {
     int mid = a + (z - a) / 2;
-    if (first(mid) >= second(mid)) z = mid;
-    else a = mid + 1;
+    if (first(mid) >= second(mid))
+      z = mid;
+    else
+      a = mid + 1;
   }
   int c = a;
   if (c > lo) {
@@ -46,12 +47,11 @@ double split_lower_bound(const CostModel& model, int b, int cut, int e, int k, i
   return std::max(model.compute_ms(b, cut) / k, model.compute_ms(cut, e) / (s - k));
 }
 
-int adjust_cut(const CostModel& model, int cut, int lo, int hi, int min_cut, int max_cut,
-               double avg_stage_ms, const CommOptimization& options) {
+int adjust_cut(const CostModel& model, int cut, int lo, int hi, int min_cut, int max_cut, double avg_stage_ms,
+               const CommOptimization& options) {
   if (!options.enabled) return cut;
   // Most cuts carry one small tensor: nothing to improve, no range query needed.
-  if (model.crossing_count(cut) <= 1 && 2 * model.link_ms(model.crossing_bytes(cut)) <= avg_stage_ms)
-    return cut;
+  if (model.crossing_count(cut) <= 1 && 2 * model.link_ms(model.crossing_bytes(cut)) <= avg_stage_ms) return cut;
   // Every cut this one could become: the searched interval and the reach around the cut.
   // Tensors crossing all of them must be sent anyway; only the rest is avoidable traffic.
   const int from = std::max(min_cut, std::min(lo, cut - options.window));

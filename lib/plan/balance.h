@@ -42,7 +42,7 @@ struct CommOptimization {
 
 // The cut to try instead of `cut` (itself when fine), or -1 to skip it. [lo, hi] is the searched
 // interval, [min_cut, max_cut] the allowed one, avg_stage_ms the range's compute time per stage.
-int adjust_cut(const CostModel& model, int cut, int lo, int hi, int min_cut, int max_cut,
-               double avg_stage_ms, const CommOptimization& options);
+int adjust_cut(const CostModel& model, int cut, int lo, int hi, int min_cut, int max_cut, double avg_stage_ms,
+               const CommOptimization& options);
 
 }  // namespace dawnpiper

@@ -17,10 +17,8 @@ std::vector<int> units_for(const CostModel& model, const char* planner) {
   std::vector<int> units = block_boundaries(model);
   int blocks = static_cast<int>(units.size()) - 1;
   if (blocks < model.stages())
-    throw ConfigError(std::string("planner '") + planner +
-                      "' partitions at block granularity: the profile has " +
-                      std::to_string(blocks) + " blocks, fewer than " +
-                      std::to_string(model.stages()) + " stages");
+    throw ConfigError(std::string("planner '") + planner + "' partitions at block granularity: the profile has " +
+                      std::to_string(blocks) + " blocks, fewer than " + std::to_string(model.stages()) + " stages");
   return units;
 }
 
@@ -32,18 +30,14 @@ Bounds to_node_bounds(const std::vector<int>& units, const std::vector<int>& uni
 
 // Unit-level min-max partition (PipeDream's DP without replication). A stage's cost is its
 // compute time, and with `with_comm` also the activation + gradient transfer at its input.
-std::vector<int> min_max_units(const CostModel& model, const std::vector<int>& units,
-                               bool with_comm) {
+std::vector<int> min_max_units(const CostModel& model, const std::vector<int>& units, bool with_comm) {
   const int blocks = static_cast<int>(units.size()) - 1, l = model.stages();
   auto time = [&](int i, int j) { return model.compute_ms(units[i], units[j]); };
-  auto comm = [&](int i) {
-    return with_comm ? 2 * model.link_ms(model.crossing_bytes(units[i])) : 0.0;
-  };
+  auto comm = [&](int i) { return with_comm ? 2 * model.link_ms(model.crossing_bytes(units[i])) : 0.0; };
   // best[x][j]: x+1 stages over units [0, j); from[x][j]: where the last of them starts.
   std::vector<std::vector<double>> best(static_cast<size_t>(l),
                                         std::vector<double>(static_cast<size_t>(blocks) + 1, kInf));
-  std::vector<std::vector<int>> from(static_cast<size_t>(l),
-                                     std::vector<int>(static_cast<size_t>(blocks) + 1, -1));
+  std::vector<std::vector<int>> from(static_cast<size_t>(l), std::vector<int>(static_cast<size_t>(blocks) + 1, -1));
   for (int j = 1; j <= blocks; ++j) best[0][j] = time(0, j);
   for (int x = 1; x < l; ++x) {
     for (int j = x + 1; j <= blocks; ++j) {
@@ -75,8 +69,7 @@ std::vector<int> block_boundaries(const CostModel& model) {
   const Profile& p = model.profile();
   std::vector<int> out;
   for (int i = 0; i < p.size(); ++i)
-    if (i == 0 || p.nodes[static_cast<size_t>(i)].block != p.nodes[static_cast<size_t>(i) - 1].block)
-      out.push_back(i);
+    if (i == 0 || p.nodes[static_cast<size_t>(i)].block != p.nodes[static_cast<size_t>(i) - 1].block) out.push_back(i);
   out.push_back(p.size());
   return out;
 }
@@ -85,16 +78,15 @@ Bounds even_partition(const CostModel& model) {
   std::vector<int> units = units_for(model, "even");
   const int blocks = static_cast<int>(units.size()) - 1, l = model.stages();
   std::vector<int> unit_bounds{0};
-  for (int x = 0; x < l; ++x)
-    unit_bounds.push_back(unit_bounds.back() + blocks / l + (x < blocks % l ? 1 : 0));
+  for (int x = 0; x < l; ++x) unit_bounds.push_back(unit_bounds.back() + blocks / l + (x < blocks % l ? 1 : 0));
   return to_node_bounds(units, unit_bounds);
 }
 
 std::vector<int> barany_block_partition(const std::vector<double>& costs, int partitions) {
   const int n = static_cast<int>(costs.size());
   if (partitions < 1 || n < partitions)
-    throw ConfigError("cannot split " + std::to_string(n) + " blocks into " +
-                      std::to_string(partitions) + " partitions");
+    throw ConfigError("cannot split " + std::to_string(n) + " blocks into " + std::to_string(partitions) +
+                      " partitions");
   // Normalize into [0, 1] as torchgpipe does; the stopping rule compares with 1.
   double lo = *std::min_element(costs.begin(), costs.end());
   double range = *std::max_element(costs.begin(), costs.end()) - lo;
@@ -153,8 +145,7 @@ std::vector<int> barany_block_partition(const std::vector<double>& costs, int pa
     prev = splits[static_cast<size_t>(x)];
   }
   for (int x = partitions - 2; x >= 0; --x)
-    splits[static_cast<size_t>(x)] =
-        std::min(splits[static_cast<size_t>(x)], splits[static_cast<size_t>(x) + 1] - 1);
+    splits[static_cast<size_t>(x)] = std::min(splits[static_cast<size_t>(x)], splits[static_cast<size_t>(x) + 1] - 1);
   std::vector<int> sizes;
   int start = 0;
   for (int s : splits) {
@@ -167,8 +158,7 @@ std::vector<int> barany_block_partition(const std::vector<double>& costs, int pa
 Bounds gpipe_partition(const CostModel& model) {
   std::vector<int> units = units_for(model, "gpipe");
   std::vector<double> times;
-  for (size_t u = 0; u + 1 < units.size(); ++u)
-    times.push_back(model.compute_ms(units[u], units[u + 1]));
+  for (size_t u = 0; u + 1 < units.size(); ++u) times.push_back(model.compute_ms(units[u], units[u + 1]));
   std::vector<int> sizes = barany_block_partition(times, model.stages());
   std::vector<int> unit_bounds{0};
   for (int s : sizes) unit_bounds.push_back(unit_bounds.back() + s);
@@ -191,10 +181,12 @@ Bounds vpipe_partition(StageEvaluator& evaluator) {
   auto cost_of = [&](const std::vector<int>& b) {
     double overflow = 0, slowest = 0;
     for (int x = 0; x < l; ++x) {
-      const StageEval& ev = evaluator.evaluate(units[static_cast<size_t>(b[x])],
-                                               units[static_cast<size_t>(b[x + 1])], x);
-      if (ev.feasible) slowest = std::max(slowest, ev.time_ms());
-      else overflow += static_cast<double>(std::max<int64_t>(1, ev.peak - evaluator.capacity()));
+      const StageEval& ev =
+          evaluator.evaluate(units[static_cast<size_t>(b[x])], units[static_cast<size_t>(b[x + 1])], x);
+      if (ev.feasible)
+        slowest = std::max(slowest, ev.time_ms());
+      else
+        overflow += static_cast<double>(std::max<int64_t>(1, ev.peak - evaluator.capacity()));
     }
     return Cost{overflow, slowest};
   };
@@ -259,10 +251,14 @@ Bounds exact_partition(StageEvaluator& evaluator, double below) {
   std::vector<bool> first_known(columns, false);
   auto first = [&](int e) {  // best[0][e], evaluated on demand
     if (!first_known[static_cast<size_t>(e)])
-      best[0][static_cast<size_t>(e)] = evaluator.evaluate(0, e, 0).time_ms(), first_known[static_cast<size_t>(e)] = true;
+      best[0][static_cast<size_t>(e)] = evaluator.evaluate(0, e, 0).time_ms(),
+      first_known[static_cast<size_t>(e)] = true;
     return best[0][static_cast<size_t>(e)];
   };
-  auto known_or_bound = [&](int x, int s) { return x == 1 && !first_known[static_cast<size_t>(s)] ? bound(0, s) : best[static_cast<size_t>(x - 1)][static_cast<size_t>(s)]; };
+  auto known_or_bound = [&](int x, int s) {
+    return x == 1 && !first_known[static_cast<size_t>(s)] ? bound(0, s)
+                                                          : best[static_cast<size_t>(x - 1)][static_cast<size_t>(s)];
+  };
   if (l == 1) return first(n) < below ? Bounds{0, n} : Bounds{};
   std::vector<std::pair<double, int>> candidates;  // (lower bound, start), a min-heap
   const auto later = std::greater<std::pair<double, int>>();

@@ -38,15 +38,16 @@ int BiPar::reach(int b, int x) {
   // optimizer state, the largest workspace (and without optimization, all activations). It
   // only grows with the range, so the farthest fitting end is found by bisection.
   auto floor_fits = [&](int e) {
-    int64_t floor = evictable ? model_.memory(b, e, x, 0).total()
-                              : model_.peak_without_memopt(b, e, x);
+    int64_t floor = evictable ? model_.memory(b, e, x, 0).total() : model_.peak_without_memopt(b, e, x);
     return floor <= capacity;
   };
   int good = b, bad = model_.size() + 1;
   while (bad - good > 1) {
     int mid = good + (bad - good) / 2;
-    if (floor_fits(mid)) good = mid;
-    else bad = mid;
+    if (floor_fits(mid))
+      good = mid;
+    else
+      bad = mid;
   }
   reach_.emplace(key, good);
   return good;
@@ -74,8 +75,7 @@ void BiPar::collect(int b, int e, int first, int last, Bounds& bounds) {
 BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff) {
   const Key key{b, e, first, last};
   auto found = memo_.find(key);
-  if (found != memo_.end() && (found->second.exact || found->second.time >= cutoff))
-    return found->second;
+  if (found != memo_.end() && (found->second.exact || found->second.time >= cutoff)) return found->second;
 
   const int s = last - first + 1;
   if (s == 1) {
@@ -95,7 +95,7 @@ BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff)
 
   Result best{kInf, false, -1, true};
   std::unordered_set<int> seen, tried;  // raw positions handled; cuts (adjusted) tried
-  int failed_side = 0;  // of the last cut tried: -1 the first group did not fit, +1 the second
+  int failed_side = 0;                  // of the last cut tried: -1 the first group did not fit, +1 the second
   auto lower = [&](int c) { return split_lower_bound(model_, b, c, e, k, s); };
   // Nothing at or above this can matter: the best here so far, or what the caller has already.
   auto bound = [&]() { return std::min(best.time, cutoff); };
@@ -150,7 +150,7 @@ BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff)
     const int p = cb + step * std::min(i * stride, span);
     if (lower(p) >= bound()) break;  // grows away from rho_cb
     last_cut = p;
-    if (try_cut(p) == 1) break;        // no memory optimization needed: the paper's early stop
+    if (try_cut(p) == 1) break;  // no memory optimization needed: the paper's early stop
     if (p == mb) break;
   }
   if (stride > 1 && best.cut >= 0) {
@@ -166,10 +166,9 @@ BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff)
     // shrink one group enough). The group that failed fits below (first) or above (second) some
     // cut; find the nearest such cut by bisection, assuming fit is monotone in the cut.
     auto fits = [&](int c) {
-      return failed_side < 0 ? may_fit(b, c, first, first + k - 1) &&
-                                   partition(b, c, first, first + k - 1, kInf).time < kInf
-                             : may_fit(c, e, first + k, last) &&
-                                   partition(c, e, first + k, last, kInf).time < kInf;
+      return failed_side < 0
+                 ? may_fit(b, c, first, first + k - 1) && partition(b, c, first, first + k - 1, kInf).time < kInf
+                 : may_fit(c, e, first + k, last) && partition(c, e, first + k, last, kInf).time < kInf;
     };
     int a = failed_side < 0 ? min_cut : last_cut + 1;
     int z = failed_side < 0 ? last_cut - 1 : max_cut;
@@ -177,12 +176,16 @@ BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff)
       while (a < z) {
         if (failed_side < 0) {
           int mid = a + (z - a + 1) / 2;
-          if (fits(mid)) a = mid;
-          else z = mid - 1;
+          if (fits(mid))
+            a = mid;
+          else
+            z = mid - 1;
         } else {
           int mid = a + (z - a) / 2;
-          if (fits(mid)) z = mid;
-          else a = mid + 1;
+          if (fits(mid))
+            z = mid;
+          else
+            a = mid + 1;
         }
       }
       seen.erase(a);

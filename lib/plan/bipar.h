@@ -34,7 +34,7 @@
 namespace dawnpiper {
 
 struct BiParOptions {
-  bool refine = true;  // false: the sweep of Alg. 2 only
+  bool refine = true;    // false: the sweep of Alg. 2 only
   int refine_limit = 8;  // most extra cuts tried per sub-problem (beyond the sweep)
   // Longest sweep at node granularity; longer intervals between rho_cb and rho_mb are swept
   // with a stride, then every cut within a stride of the best is tried.
@@ -54,9 +54,7 @@ class BiPar {
  private:
   struct Key {
     int b, e, first, last;
-    bool operator==(const Key& o) const {
-      return b == o.b && e == o.e && first == o.first && last == o.last;
-    }
+    bool operator==(const Key& o) const { return b == o.b && e == o.e && first == o.first && last == o.last; }
   };
   struct KeyHash {
     size_t operator()(const Key& k) const {

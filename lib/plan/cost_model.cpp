@@ -13,9 +13,7 @@ int64_t simulated_micro_batches(ScheduleKind kind, int stages, int64_t micro_bat
 }
 
 namespace {
-[[noreturn]] void bad_profile(const std::string& what) {
-  throw ConfigError("malformed profile: " + what);
-}
+[[noreturn]] void bad_profile(const std::string& what) { throw ConfigError("malformed profile: " + what); }
 }  // namespace
 
 CostModel::CostModel(const Profile& profile, const PlanOptions& options)
@@ -32,16 +30,15 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
   data_parallel_ = options.data_parallel;
   micro_batches_ = options.micro_batches;
   optimizer_ = options.optimizer;
-  schedule_actions_ = make_schedule(
-      schedule_, stages_, simulated_micro_batches(schedule_, stages_, options.micro_batches));
+  schedule_actions_ =
+      make_schedule(schedule_, stages_, simulated_micro_batches(schedule_, stages_, options.micro_batches));
   stats_ = simulate_stages(schedule_actions_);
 
   const int n = n_;
   const int t_count = static_cast<int>(profile.tensors.size());
   for (int i = 0; i < n; ++i)
     if (profile.nodes[static_cast<size_t>(i)].id != i)
-      bad_profile("node " + std::to_string(i) + " has id " +
-                  std::to_string(profile.nodes[static_cast<size_t>(i)].id));
+      bad_profile("node " + std::to_string(i) + " has id " + std::to_string(profile.nodes[static_cast<size_t>(i)].id));
   auto check_node = [&](int node, int tensor) {
     if (node < 0 || node >= n)
       bad_profile("tensor " + std::to_string(tensor) + " refers to node " + std::to_string(node));
@@ -67,8 +64,7 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
   last_consumer_.assign(static_cast<size_t>(t_count), -1);
   std::vector<int64_t> saved_node_bytes(static_cast<size_t>(n), 0);
   std::vector<DominanceSum::Point> repeats, spans;
-  std::vector<int64_t> count_diff(static_cast<size_t>(n) + 2, 0),
-      bytes_diff(static_cast<size_t>(n) + 2, 0);
+  std::vector<int64_t> count_diff(static_cast<size_t>(n) + 2, 0), bytes_diff(static_cast<size_t>(n) + 2, 0);
 
   for (int t = 0; t < t_count; ++t) {
     const TensorProfile& tp = profile.tensors[static_cast<size_t>(t)];
@@ -152,7 +148,8 @@ int64_t CostModel::activation_bytes(int b, int e) const {
 int64_t CostModel::constant_bytes(int b, int e) const {
   std::set<std::string> keys;
   int64_t sum = 0;
-  for (auto it = std::lower_bound(constant_nodes_.begin(), constant_nodes_.end(), b); it != constant_nodes_.end() && *it < e; ++it) {
+  for (auto it = std::lower_bound(constant_nodes_.begin(), constant_nodes_.end(), b);
+       it != constant_nodes_.end() && *it < e; ++it) {
     const NodeProfile& node = profile_->nodes[static_cast<size_t>(*it)];
     if (keys.insert(node.constant_key).second) sum += node.constant_bytes;
   }
@@ -181,8 +178,7 @@ double CostModel::balanced_group_peak(int b, int e, int x0, int x1) const {
   // peaks P across the group give sum_x (P - T) / (a_x W + c_x A) = 1.
   double inverse_sum = 0;
   for (int x = x0; x <= x1; ++x) {
-    double per_stage = (std::max(1, weight_versions(x)) + 1 + optimizer_multiplier_) * weights +
-                       in_flight(x) * acts;
+    double per_stage = (std::max(1, weight_versions(x)) + 1 + optimizer_multiplier_) * weights + in_flight(x) * acts;
     if (per_stage <= 0) return static_cast<double>(transient_bytes(b, e));
     inverse_sum += 1.0 / per_stage;
   }
@@ -202,9 +198,7 @@ int CostModel::spanning_count(int lo, int hi) const {
   return static_cast<int>(spanning_.count(n_ - lo + 1, n_ - hi + 1));
 }
 
-int64_t CostModel::spanning_bytes(int lo, int hi) const {
-  return spanning_.weight(n_ - lo + 1, n_ - hi + 1);
-}
+int64_t CostModel::spanning_bytes(int lo, int hi) const { return spanning_.weight(n_ - lo + 1, n_ - hi + 1); }
 
 void CostModel::spanning(int lo, int hi, int& count, int64_t& bytes) const {
   int64_t c;
@@ -212,13 +206,9 @@ void CostModel::spanning(int lo, int hi, int& count, int64_t& bytes) const {
   count = static_cast<int>(c);
 }
 
-int CostModel::producer(int tensor) const {
-  return profile_->tensors[static_cast<size_t>(tensor)].producer;
-}
+int CostModel::producer(int tensor) const { return profile_->tensors[static_cast<size_t>(tensor)].producer; }
 
-bool CostModel::is_data(int tensor) const {
-  return profile_->tensors[static_cast<size_t>(tensor)].is_data;
-}
+bool CostModel::is_data(int tensor) const { return profile_->tensors[static_cast<size_t>(tensor)].is_data; }
 
 bool CostModel::evictable(int tensor) const {
   // Internal buffers are autograd's own; a view of a parameter shares the parameter's storage.
@@ -226,9 +216,7 @@ bool CostModel::evictable(int tensor) const {
   return !t.internal && !t.param_view;
 }
 
-int64_t CostModel::tensor_bytes(int tensor) const {
-  return profile_->tensors[static_cast<size_t>(tensor)].bytes;
-}
+int64_t CostModel::tensor_bytes(int tensor) const { return profile_->tensors[static_cast<size_t>(tensor)].bytes; }
 
 double CostModel::recompute_ms(int node) const {
   // A profile without recompute measurements (0) falls back to the forward time.
@@ -243,7 +231,8 @@ double CostModel::allreduce_ms(int b, int e) const {
 }
 
 double CostModel::allreduce_per_micro_batch_ms(int b, int e) const {
-  return schedule_ == ScheduleKind::Async ? allreduce_ms(b, e) : allreduce_ms(b, e) / static_cast<double>(micro_batches_);
+  return schedule_ == ScheduleKind::Async ? allreduce_ms(b, e)
+                                          : allreduce_ms(b, e) / static_cast<double>(micro_batches_);
 }
 
 }  // namespace dawnpiper

@@ -64,9 +64,7 @@ class CostModel {
   int64_t transient_bytes(int b, int e) const { return transient_.max(b, e); }
   // The breakdown for stage x holding `activation_per_micro_batch` saved bytes per micro-batch.
   MemoryBreakdown memory(int b, int e, int x, int64_t activation_per_micro_batch) const;
-  int64_t peak_without_memopt(int b, int e, int x) const {
-    return memory(b, e, x, activation_bytes(b, e)).total();
-  }
+  int64_t peak_without_memopt(int b, int e, int x) const { return memory(b, e, x, activation_bytes(b, e)).total(); }
   // Peak of stages x0..x1 holding [b, e), if the range were split so that all of them peak
   // equally (exact for one stage): the memory-balanced cut of Alg. 1 compares these.
   double balanced_group_peak(int b, int e, int x0, int x1) const;
@@ -89,9 +87,7 @@ class CostModel {
   char node_kind_flags(int node) const { return node_kinds_[static_cast<size_t>(node)]; }
   // Per tensor: 1 when autograd computes its gradient.
   const std::vector<char>& requires_grad() const { return requires_grad_; }
-  const std::vector<int>& saved_by(int tensor) const {
-    return saved_by_[static_cast<size_t>(tensor)];
-  }
+  const std::vector<int>& saved_by(int tensor) const { return saved_by_[static_cast<size_t>(tensor)]; }
   // Tensors whose saved_by contains `node` (the inverse of saved_by).
   const std::vector<int>& saved_at(int node) const { return saved_at_[static_cast<size_t>(node)]; }
   int last_consumer(int tensor) const { return last_consumer_[static_cast<size_t>(tensor)]; }
@@ -124,7 +120,7 @@ class CostModel {
   DominanceSum saved_repeats_;       // consecutive savers of one tensor, to count it once
   RangeMax transient_;
   std::vector<int64_t> cross_count_, cross_bytes_;  // per cut 0..n
-  DominanceSum spanning_;            // (n - producer, n - last consumer) per sent tensor
+  DominanceSum spanning_;                           // (n - producer, n - last consumer) per sent tensor
   std::vector<std::vector<int>> inputs_;
   std::vector<std::vector<int>> saved_by_;  // sorted, distinct
   std::vector<std::vector<int>> saved_at_;

@@ -12,9 +12,12 @@ namespace dawnpiper {
 
 const char* memopt_mode_name(MemoptMode mode) {
   switch (mode) {
-    case MemoptMode::None: return "none";
-    case MemoptMode::Recompute: return "r";
-    case MemoptMode::SwapRecompute: return "sr";
+    case MemoptMode::None:
+      return "none";
+    case MemoptMode::Recompute:
+      return "r";
+    case MemoptMode::SwapRecompute:
+      return "sr";
   }
   return "?";
 }
@@ -72,8 +75,7 @@ void MemoryOptimizer::gather(int b, int e, int x) {
       if (!in_stage || sent_on) continue;
       const int block = block_of(p);
       bool internal = true;
-      for (int c : profile.tensors[static_cast<size_t>(t)].consumers)
-        internal = internal && block_of(c) == block;
+      for (int c : profile.tensors[static_cast<size_t>(t)].consumers) internal = internal && block_of(c) == block;
       for (int s : savers) internal = internal && s >= b && s < e && block_of(s) == block;
       if (!internal) continue;
       auto found = unit_of_block.find(block);
@@ -131,9 +133,7 @@ double MemoryOptimizer::marginal_recompute_ms(int i, int b, int e) {
   while (!stack.empty()) {
     int node = stack.back();
     stack.pop_back();
-    if (node_epoch_[static_cast<size_t>(node)] == rerun_ ||
-        visit_epoch_[static_cast<size_t>(node)] == visit_)
-      continue;
+    if (node_epoch_[static_cast<size_t>(node)] == rerun_ || visit_epoch_[static_cast<size_t>(node)] == visit_) continue;
     visit_epoch_[static_cast<size_t>(node)] = visit_;
     cost += model_.recompute_ms(node);
     for (int in : model_.inputs(node)) {
@@ -209,8 +209,7 @@ void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out
     for (size_t i = 0; i < count; ++i)
       if (candidates_[i].free_ms > 0) order.push_back(i);
     std::sort(order.begin(), order.end(), [&](size_t a, size_t c) {
-      if (candidates_[a].free_ms != candidates_[c].free_ms)
-        return candidates_[a].free_ms > candidates_[c].free_ms;
+      if (candidates_[a].free_ms != candidates_[c].free_ms) return candidates_[a].free_ms > candidates_[c].free_ms;
       return a < c;
     });
     for (size_t i : order) {
@@ -222,9 +221,7 @@ void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out
   // Phase 2: the option saving the most memory per millisecond of added time.
   using Entry = std::pair<double, size_t>;  // (bytes saved per ms, candidate)
   std::priority_queue<Entry> swap_heap, recompute_heap;
-  auto ratio = [&](size_t i, double cost) {
-    return cost <= 0 ? kInf : static_cast<double>(saving(i)) / cost;
-  };
+  auto ratio = [&](size_t i, double cost) { return cost <= 0 ? kInf : static_cast<double>(saving(i)) / cost; };
   if (need > 0) {
     for (size_t i = 0; i < count; ++i) {
       if (decided[i]) continue;
@@ -238,14 +235,12 @@ void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out
   // Takes the best current entry off a heap. Keys go stale towards worse (the link fills up,
   // inputs get evicted) or, for recompute, better (nodes already re-running are shared); a
   // popped entry whose fresh key is no longer the best goes back and the next is tried.
-  auto pop_best = [&](std::priority_queue<Entry>& heap, bool is_swap, size_t& index,
-                      double& cost) -> bool {
+  auto pop_best = [&](std::priority_queue<Entry>& heap, bool is_swap, size_t& index, double& cost) -> bool {
     while (!heap.empty()) {
       Entry top = heap.top();
       heap.pop();
       if (decided[top.second]) continue;
-      cost = is_swap ? swap_overhead_of(top.second)
-                     : marginal_recompute_ms(static_cast<int>(top.second), b, e);
+      cost = is_swap ? swap_overhead_of(top.second) : marginal_recompute_ms(static_cast<int>(top.second), b, e);
       if (cost == kInf) continue;  // an input it needs is no longer on the device
       double r = ratio(top.second, cost);
       if (r < top.first && !heap.empty() && r < heap.top().first) {
@@ -263,8 +258,7 @@ void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out
     bool has_swap = swaps && pop_best(swap_heap, true, swap_i, swap_cost);
     bool has_recompute = pop_best(recompute_heap, false, recompute_i, recompute_cost);
     if (!has_swap && !has_recompute) break;
-    bool pick_swap = has_swap && (!has_recompute || ratio(swap_i, swap_cost) >=
-                                                        ratio(recompute_i, recompute_cost));
+    bool pick_swap = has_swap && (!has_recompute || ratio(swap_i, swap_cost) >= ratio(recompute_i, recompute_cost));
     size_t pick = pick_swap ? swap_i : recompute_i;
     double pick_cost = pick_swap ? swap_cost : recompute_cost;
     if (saving(pick) >= need) {
@@ -281,8 +275,10 @@ void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out
           if (c < pick_cost) pick = i, pick_cost = c, pick_swap = false;
         }
       }
-      if (pick_swap) take_swap(pick, pick_cost);
-      else take_recompute(pick, pick_cost);
+      if (pick_swap)
+        take_swap(pick, pick_cost);
+      else
+        take_recompute(pick, pick_cost);
       break;
     }
     if (pick_swap) {
@@ -323,12 +319,12 @@ void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out
   for (size_t i = 0; i < count; ++i) {
     if (!decided[i]) continue;
     evicted += candidates_[i].bytes;
-    if (decided[i] == 1) ++out.swapped;
-    else ++out.recomputed;
+    if (decided[i] == 1)
+      ++out.swapped;
+    else
+      ++out.recomputed;
     // Record the decision on every member tensor (for the output below).
-    auto mark = [&](int t) {
-      tensor_state_[static_cast<size_t>(t)] = decided[i] == 1 ? kSwap : kRecompute;
-    };
+    auto mark = [&](int t) { tensor_state_[static_cast<size_t>(t)] = decided[i] == 1 ? kSwap : kRecompute; };
     if (granularity_ == MemoptGranularity::Block)
       for (int t : unit_members_[i]) mark(t);
     else

@@ -33,7 +33,7 @@
 namespace dawnpiper {
 
 enum class MemoptMode { None, Recompute, SwapRecompute };
-const char* memopt_mode_name(MemoptMode mode);  // "none" | "r" | "sr"
+const char* memopt_mode_name(MemoptMode mode);              // "none" | "r" | "sr"
 MemoptMode memopt_mode_from_name(const std::string& name);  // throws ConfigError
 
 enum class MemoptGranularity { Tensor, Block };
@@ -42,7 +42,7 @@ struct StageMemopt {
   bool feasible = false;
   double overhead_ms = 0;  // added time per micro-batch (T_x^moo)
   int64_t peak_before = 0;
-  int64_t peak = 0;        // after the decisions (the smallest reachable when infeasible)
+  int64_t peak = 0;                        // after the decisions (the smallest reachable when infeasible)
   int64_t activation_per_micro_batch = 0;  // saved bytes still kept on the device
   int swapped = 0, recomputed = 0;
   std::vector<TensorDecision> decisions;  // every saved tensor (when asked for), by tensor id
@@ -63,12 +63,12 @@ class MemoryOptimizer {
  private:
   // A tensor (block granularity: a block's internal tensors) that could be evicted.
   struct Candidate {
-    int tensor;         // -1 for a block unit (members in unit_members_)
+    int tensor;  // -1 for a block unit (members in unit_members_)
     int64_t bytes;
-    int last_fwd;       // node of the last forward use in the stage
-    int first_bwd;      // node whose backward reads it first (backward runs in reverse)
-    bool sent_on;       // also sent to a later stage: in use until the forward's end
-    bool recomputable;  // produced in the stage, not data
+    int last_fwd;        // node of the last forward use in the stage
+    int first_bwd;       // node whose backward reads it first (backward runs in reverse)
+    bool sent_on;        // also sent to a later stage: in use until the forward's end
+    bool recomputable;   // produced in the stage, not data
     double swap_ms = 0;  // one direction
     double free_ms = 0;  // idle - 2 * swap_ms
   };

@@ -12,9 +12,12 @@ namespace dawnpiper {
 
 const char* tensor_action_name(TensorAction action) {
   switch (action) {
-    case TensorAction::Keep: return "keep";
-    case TensorAction::Swap: return "swap";
-    case TensorAction::Recompute: return "recompute";
+    case TensorAction::Keep:
+      return "keep";
+    case TensorAction::Swap:
+      return "swap";
+    case TensorAction::Recompute:
+      return "recompute";
   }
   return "?";
 }
@@ -36,7 +39,8 @@ double Plan::step_ms() const {
   const double m = static_cast<double>(options.micro_batches), l = static_cast<double>(stages.size());
   if (options.schedule == "async") return m * bottleneck_ms();
   double period = 0, allreduce = 0;
-  for (const StagePlan& s : stages) period = std::max(period, s.compute_ms + s.memopt_ms), allreduce = std::max(allreduce, s.allreduce_ms);
+  for (const StagePlan& s : stages)
+    period = std::max(period, s.compute_ms + s.memopt_ms), allreduce = std::max(allreduce, s.allreduce_ms);
   return (m + l - 1) * period + allreduce;
 }
 
@@ -216,13 +220,13 @@ Plan plan_from_json(const std::string& text) {
   for (size_t x = 0; x < p.stages.size(); ++x) {
     const StagePlan& s = p.stages[x];
     if (s.index != static_cast<int>(x) || s.begin != expected_begin || s.end <= s.begin)
-      throw ConfigError("plan stage " + std::to_string(x) + " has a bad node range [" +
-                        std::to_string(s.begin) + ", " + std::to_string(s.end) + ")");
+      throw ConfigError("plan stage " + std::to_string(x) + " has a bad node range [" + std::to_string(s.begin) + ", " +
+                        std::to_string(s.end) + ")");
     expected_begin = s.end;
   }
   if (expected_begin != p.nodes)
-    throw ConfigError("plan stages cover " + std::to_string(expected_begin) + " of " +
-                      std::to_string(p.nodes) + " nodes");
+    throw ConfigError("plan stages cover " + std::to_string(expected_begin) + " of " + std::to_string(p.nodes) +
+                      " nodes");
   return p;
 }
 
@@ -231,13 +235,12 @@ void Plan::print_table(std::ostream& out) const {
   std::string capacity = options.capacity_bytes == INT64_MAX
                              ? std::string("unlimited")
                              : format_bytes(static_cast<double>(options.capacity_bytes));
-  out << "plan: planner " << options.planner << ", " << options.stages << " stages, schedule "
-      << options.schedule << ", " << options.micro_batches << " micro-batches of "
-      << micro_batch_size << ", optimizer " << options.optimizer << ", memopt " << options.memopt
-      << ", capacity " << capacity << "\n";
-  std::snprintf(line, sizeof line, "%5s %13s %10s %10s %10s %11s %11s %11s %11s %4s %4s %11s %7s\n",
-                "stage", "nodes", "compute", "memopt", "time", "peak", "weights*v", "grad+opt",
-                "act/mb", "in", "ver", "sent/mb", "sw/rc");
+  out << "plan: planner " << options.planner << ", " << options.stages << " stages, schedule " << options.schedule
+      << ", " << options.micro_batches << " micro-batches of " << micro_batch_size << ", optimizer "
+      << options.optimizer << ", memopt " << options.memopt << ", capacity " << capacity << "\n";
+  std::snprintf(line, sizeof line, "%5s %13s %10s %10s %10s %11s %11s %11s %11s %4s %4s %11s %7s\n", "stage", "nodes",
+                "compute", "memopt", "time", "peak", "weights*v", "grad+opt", "act/mb", "in", "ver", "sent/mb",
+                "sw/rc");
   out << line;
   for (const StagePlan& s : stages) {
     int swaps = 0, recomputes = 0;
@@ -249,19 +252,17 @@ void Plan::print_table(std::ostream& out) const {
     std::snprintf(range, sizeof range, "[%d,%d)", s.begin, s.end);
     std::snprintf(sw, sizeof sw, "%d/%d", swaps, recomputes);
     const MemoryBreakdown& m = s.memory;
-    std::snprintf(
-        line, sizeof line, "%5d %13s %8.2fms %8.2fms %8.2fms %11s %11s %11s %11s %4d %4d %11s %7s\n",
-        s.index, range, s.compute_ms, s.memopt_ms, s.time_ms(),
-        format_bytes(static_cast<double>(m.predicted_peak())).c_str(),
-        format_bytes(static_cast<double>(m.weights + m.stashed_weights)).c_str(),
-        format_bytes(static_cast<double>(m.gradients + m.optimizer)).c_str(),
-        format_bytes(static_cast<double>(m.activation_per_micro_batch)).c_str(), m.in_flight,
-        m.weight_versions, format_bytes(static_cast<double>(s.crossing_bytes)).c_str(), sw);
+    std::snprintf(line, sizeof line, "%5d %13s %8.2fms %8.2fms %8.2fms %11s %11s %11s %11s %4d %4d %11s %7s\n", s.index,
+                  range, s.compute_ms, s.memopt_ms, s.time_ms(),
+                  format_bytes(static_cast<double>(m.predicted_peak())).c_str(),
+                  format_bytes(static_cast<double>(m.weights + m.stashed_weights)).c_str(),
+                  format_bytes(static_cast<double>(m.gradients + m.optimizer)).c_str(),
+                  format_bytes(static_cast<double>(m.activation_per_micro_batch)).c_str(), m.in_flight,
+                  m.weight_versions, format_bytes(static_cast<double>(s.crossing_bytes)).c_str(), sw);
     out << line;
   }
   std::snprintf(line, sizeof line, "bottleneck %.3f ms per micro-batch, max peak %s, planned in %.2f ms\n",
-                bottleneck_ms(), format_bytes(static_cast<double>(max_predicted_peak_bytes())).c_str(),
-                planning_ms);
+                bottleneck_ms(), format_bytes(static_cast<double>(max_predicted_peak_bytes())).c_str(), planning_ms);
   out << line;
   if (options.data_parallel > 1) {
     double allreduce = 0;

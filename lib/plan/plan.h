@@ -13,14 +13,14 @@ namespace dawnpiper {
 
 struct PlanOptions {
   int stages = 1;
-  std::string schedule = "async";  // gpipe | 1f1b | async
-  int64_t micro_batches = 4;       // per mini-batch (per optimizer step for gpipe / 1f1b)
-  std::string optimizer = "sgd";   // sgd | adam
+  std::string schedule = "async";      // gpipe | 1f1b | async
+  int64_t micro_batches = 4;           // per mini-batch (per optimizer step for gpipe / 1f1b)
+  std::string optimizer = "sgd";       // sgd | adam
   int64_t capacity_bytes = INT64_MAX;  // device memory per stage
-  double host_bandwidth = 16e9;    // bytes/s, device <-> host (swap)
-  double link_bandwidth = 10e9;    // bytes/s, stage <-> stage
-  std::string planner = "dawnpiper";  // dawnpiper | gpipe | pipedream | vpipe | even | exact
-  std::string memopt = "sr";       // none | r (recompute) | sr (swap + recompute)
+  double host_bandwidth = 16e9;        // bytes/s, device <-> host (swap)
+  double link_bandwidth = 10e9;        // bytes/s, stage <-> stage
+  std::string planner = "dawnpiper";   // dawnpiper | gpipe | pipedream | vpipe | even | exact
+  std::string memopt = "sr";           // none | r (recompute) | sr (swap + recompute)
   // The search decides with the cost model's memory formula; the replay of each stage's action
   // list (plan/stage_memory) is what the runtime measures. When set (the command line does), a
   // plan whose replayed peak exceeds the capacity is searched again with the capacity lowered
@@ -32,7 +32,7 @@ struct PlanOptions {
 };
 
 enum class TensorAction { Keep, Swap, Recompute };
-const char* tensor_action_name(TensorAction action);  // "keep" | "swap" | "recompute"
+const char* tensor_action_name(TensorAction action);            // "keep" | "swap" | "recompute"
 TensorAction tensor_action_from_name(const std::string& name);  // throws ConfigError
 
 struct TensorDecision {
@@ -61,12 +61,12 @@ struct MemoryBreakdown {
   int weight_versions = 1;      // copies alive at once (async weight stashing), from simulation
   int64_t stashed_weights = 0;  // (weight_versions - 1) * weights
   int64_t gradients = 0;
-  int64_t optimizer = 0;        // optimizer_state_multiplier * weights
+  int64_t optimizer = 0;                   // optimizer_state_multiplier * weights
   int64_t activation_per_micro_batch = 0;  // saved tensors kept on the device, one micro-batch
-  int in_flight = 0;            // micro-batches alive at once, from simulation
-  int64_t activations = 0;      // in_flight * activation_per_micro_batch
+  int in_flight = 0;                       // micro-batches alive at once, from simulation
+  int64_t activations = 0;                 // in_flight * activation_per_micro_batch
   int64_t transient = 0;
-  int64_t constants = 0;        // computed once per stage (causal masks, position buckets)
+  int64_t constants = 0;  // computed once per stage (causal masks, position buckets)
   // The prediction the runtime is measured against: the stage's action list replayed
   // allocation by allocation with its decisions (plan/stage_memory.h). It adds what the terms
   // above leave out (gradients in flight, received and sent activations no node saves, data,
@@ -81,17 +81,17 @@ struct MemoryBreakdown {
 
 struct StagePlan {
   int index = 0;
-  int begin = 0, end = 0;      // node range [begin, end) in profile order
-  double compute_ms = 0;       // sum of fwd + bwd of the nodes, per micro-batch
-  double memopt_ms = 0;        // swap stalls + recomputation, per micro-batch
+  int begin = 0, end = 0;  // node range [begin, end) in profile order
+  double compute_ms = 0;   // sum of fwd + bwd of the nodes, per micro-batch
+  double memopt_ms = 0;    // swap stalls + recomputation, per micro-batch
   // Data parallelism: the gradient allreduce of one update, and its share per micro-batch (a
   // step's m micro-batches share one update under gpipe / 1f1b; async updates every time).
   double allreduce_ms = 0, allreduce_per_micro_batch_ms = 0;
   double time_ms() const { return compute_ms + memopt_ms + allreduce_per_micro_batch_ms; }
-  MemoryBreakdown memory;      // after memory optimization
+  MemoryBreakdown memory;                    // after memory optimization
   int64_t peak_without_memopt = 0;           // the formula's, as the search sees it
   int64_t replayed_peak_without_memopt = 0;  // the replay's, keeping every tensor (0: unknown)
-  std::vector<TensorBytes> crossing;  // tensors sent towards later stages at `end`
+  std::vector<TensorBytes> crossing;         // tensors sent towards later stages at `end`
   int64_t crossing_bytes = 0;
   std::vector<TensorDecision> decisions;  // every saved tensor of the stage
 };
@@ -99,16 +99,16 @@ struct StagePlan {
 struct Plan {
   static constexpr int kVersion = 1;
   int version = kVersion;
-  std::string model, preset;  // from the profile, for the reader's orientation
+  std::string model, preset;       // from the profile, for the reader's orientation
   std::string precision = "fp32";  // the profile's: train refuses to run the plan in another
   std::string graph_hash;          // the profile's OpGraph::fingerprint(): train refuses another graph
-  PlanOptions options;        // the inputs; options.stages == stages.size()
+  PlanOptions options;             // the inputs; options.stages == stages.size()
   int64_t micro_batch_size = 1;
-  int nodes = 0;              // profile size the node ranges refer to
-  double planning_ms = 0;     // wall time of the search
+  int nodes = 0;           // profile size the node ranges refer to
+  double planning_ms = 0;  // wall time of the search
   std::vector<StagePlan> stages;
 
-  double bottleneck_ms() const;   // slowest stage: the pipeline's per-micro-batch period
+  double bottleneck_ms() const;  // slowest stage: the pipeline's per-micro-batch period
   // One training step: (m + l - 1) periods and the last allreduce for gpipe / 1f1b, m periods
   // in the steady state of async.
   double step_ms() const;

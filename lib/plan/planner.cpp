@@ -16,8 +16,7 @@
 namespace dawnpiper {
 
 const std::vector<std::string>& planner_names() {
-  static const std::vector<std::string> names{"dawnpiper", "gpipe", "pipedream",
-                                              "vpipe",     "even",  "exact"};
+  static const std::vector<std::string> names{"dawnpiper", "gpipe", "pipedream", "vpipe", "even", "exact"};
   return names;
 }
 
@@ -69,14 +68,15 @@ int64_t needed_capacity(const Profile& profile, const PlanOptions& options) {
   while (hi - lo > std::max<int64_t>(1, hi / 2000)) {
     int64_t mid = lo + (hi - lo) / 2;
     o.capacity_bytes = mid;
-    if (try_plan(profile, o)) hi = mid;
-    else lo = mid;
+    if (try_plan(profile, o))
+      hi = mid;
+    else
+      lo = mid;
   }
   return hi;
 }
 
-std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& options,
-                                  int64_t upper_bound) {
+std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound) {
   std::set<int64_t> misses;  // the probes below may ask again about a size the bisection tried
   auto plan_at = [&](int64_t batch) -> std::optional<Plan> {
     if (misses.count(batch)) return std::nullopt;
@@ -86,7 +86,7 @@ std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& opt
   };
   std::optional<Plan> best = plan_at(1);
   if (!best) return std::nullopt;
-  int64_t lo = 1, hi = -1;  // lo fits; hi (when known) does not
+  int64_t lo = 1, hi = -1;            // lo fits; hi (when known) does not
   int64_t ceiling = upper_bound + 1;  // the first doubling that did not fit
   for (int64_t b = 2; hi < 0; b *= 2) {
     int64_t probe = std::min(b, upper_bound);
@@ -127,18 +127,16 @@ std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& opt
 
 std::string describe(const Profile& profile, const PlanOptions& options) {
   std::string model = profile.preset.empty() ? profile.model : profile.preset;
-  return "planner '" + options.planner + "' found no plan for " +
-         (model.empty() ? std::string("the model") : model) + " on " +
-         std::to_string(options.stages) + " stages (schedule " + options.schedule + ", " +
-         std::to_string(options.micro_batches) + " micro-batches of " +
-         std::to_string(profile.micro_batch_size) + ", optimizer " + options.optimizer +
-         ", memopt " + options.memopt + ") within " + capacity_text(options.capacity_bytes) +
-         " per stage";
+  return "planner '" + options.planner + "' found no plan for " + (model.empty() ? std::string("the model") : model) +
+         " on " + std::to_string(options.stages) + " stages (schedule " + options.schedule + ", " +
+         std::to_string(options.micro_batches) + " micro-batches of " + std::to_string(profile.micro_batch_size) +
+         ", optimizer " + options.optimizer + ", memopt " + options.memopt + ") within " +
+         capacity_text(options.capacity_bytes) + " per stage";
 }
 
 std::string needs_text(const Profile& profile, const PlanOptions& options) {
-  return "; it needs at least " + capacity_text(needed_capacity(profile, options)) +
-         " per stage at micro-batch size " + std::to_string(profile.micro_batch_size);
+  return "; it needs at least " + capacity_text(needed_capacity(profile, options)) + " per stage at micro-batch size " +
+         std::to_string(profile.micro_batch_size);
 }
 
 }  // namespace
@@ -161,7 +159,8 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     // search), judged by the same tensor-level evaluator. BiPar's sweeps assume feasibility is
     // monotone in a stage's range, which the replayed peak is not (more recomputation holds
     // more re-run buffers), so it can miss splits this local search finds.
-    const Bounds refined = static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
+    const Bounds refined =
+        static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
     if (!refined.empty() && (bounds.empty() || evaluator.objective(refined) < evaluator.objective(bounds)))
       bounds = refined;
     // Without memory optimization (or memory to save) a stage's time is its compute: the exact DP over the memory
@@ -169,8 +168,10 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     // sweeps miss (encoder-decoder graphs). Its answer must still fit when checked like the rest.
     if (evaluator.mode() == MemoptMode::None || options.capacity_bytes == INT64_MAX) {  // nothing to evict
       StageEvaluator formula(model, MemoptMode::None, options.capacity_bytes);
-      const Bounds exact = exact_partition(formula, bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds));
-      if (!exact.empty() && (bounds.empty() || evaluator.objective(exact) < evaluator.objective(bounds))) bounds = exact;
+      const Bounds exact = exact_partition(
+          formula, bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds));
+      if (!exact.empty() && (bounds.empty() || evaluator.objective(exact) < evaluator.objective(bounds)))
+        bounds = exact;
       // The bottleneck alone leaves the other stages free to be uneven (one large node, e.g. an
       // LM head, sets it): keep it, and balance the rest.
       if (!bounds.empty()) {
@@ -179,12 +180,16 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
         if (!even.empty() && evaluator.objective(even) <= bottleneck) bounds = even;
       }
     }
-  }
-  else if (options.planner == "exact") bounds = exact_partition(evaluator);
-  else if (options.planner == "gpipe") bounds = gpipe_partition(model);
-  else if (options.planner == "pipedream") bounds = pipedream_partition(model);
-  else if (options.planner == "vpipe") bounds = vpipe_partition(evaluator);
-  else if (options.planner == "even") bounds = even_partition(model);
+  } else if (options.planner == "exact")
+    bounds = exact_partition(evaluator);
+  else if (options.planner == "gpipe")
+    bounds = gpipe_partition(model);
+  else if (options.planner == "pipedream")
+    bounds = pipedream_partition(model);
+  else if (options.planner == "vpipe")
+    bounds = vpipe_partition(evaluator);
+  else if (options.planner == "even")
+    bounds = even_partition(model);
   if (bounds.empty() || !std::isfinite(evaluator.objective(bounds))) return std::nullopt;
 
   Plan plan;
@@ -196,8 +201,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
   plan.micro_batch_size = profile.micro_batch_size;
   plan.nodes = profile.size();
   for (int x = 0; x < options.stages; ++x)
-    plan.stages.push_back(evaluator.stage_plan(bounds[static_cast<size_t>(x)],
-                                               bounds[static_cast<size_t>(x) + 1], x));
+    plan.stages.push_back(evaluator.stage_plan(bounds[static_cast<size_t>(x)], bounds[static_cast<size_t>(x) + 1], x));
   return plan;
 }
 
@@ -255,8 +259,7 @@ Plan make_plan(const Profile& profile, const PlanOptions& options) {
                  format_bytes(static_cast<double>(options.capacity_bytes)) + " is " +
                  std::to_string(fit->micro_batch_size);
     else
-      message += "; not even micro-batch size 1 fits " +
-                 format_bytes(static_cast<double>(options.capacity_bytes));
+      message += "; not even micro-batch size 1 fits " + format_bytes(static_cast<double>(options.capacity_bytes));
   }
   throw InfeasibleError(message);
 }
@@ -270,8 +273,7 @@ MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options, int6
   std::optional<MaxBatch> fit = max_batch(profile, options, upper_bound);
   if (fit) return std::move(*fit);
   Profile one = profile.at_batch(1);
-  throw InfeasibleError(describe(one, options) + needs_text(one, options) +
-                        "; not even micro-batch size 1 fits");
+  throw InfeasibleError(describe(one, options) + needs_text(one, options) + "; not even micro-batch size 1 fits");
 }
 
 }  // namespace dawnpiper

@@ -33,7 +33,6 @@ struct MaxBatch {
 // each B through its batch-size fits (Profile::at_batch): doubling until a B fails, then binary
 // search (feasibility is assumed monotone in B). Throws InfeasibleError when even B = 1 does not
 // fit, ConfigError when the profile has no batch-size fits or upper_bound < 1.
-MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options,
-                        int64_t upper_bound = 4096);
+MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound = 4096);
 
 }  // namespace dawnpiper

@@ -21,8 +21,7 @@ int64_t RangeMax::max(int begin, int end) const {
   int len = end - begin;
   int k = 31 - __builtin_clz(static_cast<unsigned>(len));
   const std::vector<int64_t>& level = levels_[static_cast<size_t>(k)];
-  return std::max(level[static_cast<size_t>(begin)],
-                  level[static_cast<size_t>(end - (1 << k))]);
+  return std::max(level[static_cast<size_t>(begin)], level[static_cast<size_t>(end - (1 << k))]);
 }
 
 DominanceSum::DominanceSum(int extent, const std::vector<Point>& points) : extent_(extent) {
@@ -30,8 +29,7 @@ DominanceSum::DominanceSum(int extent, const std::vector<Point>& points) : exten
   std::vector<std::vector<std::pair<int, int64_t>>> buckets(nodes);
   for (const Point& p : points) {
     // Reversed position, 1-based: x = extent-1 -> 1, x = 0 -> extent.
-    for (int i = extent - p.x; i <= extent; i += i & -i)
-      buckets[static_cast<size_t>(i)].push_back({p.y, p.weight});
+    for (int i = extent - p.x; i <= extent; i += i & -i) buckets[static_cast<size_t>(i)].push_back({p.y, p.weight});
   }
   offset_.assign(nodes + 1, 0);
   for (size_t i = 0; i < nodes; ++i) offset_[i + 1] = offset_[i] + buckets[i].size();

@@ -6,18 +6,17 @@
 
 namespace dawnpiper {
 
-StageEvaluator::StageEvaluator(const CostModel& model, MemoptMode mode, int64_t capacity,
-                               MemoptGranularity granularity)
+StageEvaluator::StageEvaluator(const CostModel& model, MemoptMode mode, int64_t capacity, MemoptGranularity granularity)
     : model_(model), optimizer_(model, mode, capacity, granularity) {}
 
 const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
-  const uint64_t key = (static_cast<uint64_t>(b) << 40) | (static_cast<uint64_t>(e) << 16) |
-                       static_cast<uint64_t>(x);
+  const uint64_t key = (static_cast<uint64_t>(b) << 40) | (static_cast<uint64_t>(e) << 16) | static_cast<uint64_t>(x);
   auto found = cache_.find(key);
   if (found != cache_.end()) return found->second;
   ++evaluations_;
   int64_t replayed = 0;
-  StageMemopt m = replay_capacity_ > 0 ? fitted(b, e, x, replayed) : optimizer_.optimize(b, e, x, /*with_decisions=*/false);
+  StageMemopt m =
+      replay_capacity_ > 0 ? fitted(b, e, x, replayed) : optimizer_.optimize(b, e, x, /*with_decisions=*/false);
   StageEval ev;
   ev.feasible = m.feasible;
   ev.uses_memopt = m.swapped + m.recomputed > 0;

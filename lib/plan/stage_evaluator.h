@@ -21,8 +21,8 @@ struct StageEval {
   bool uses_memopt = false;  // something had to be swapped or recomputed
   double compute_ms = 0;
   double memopt_ms = 0;
-  double allreduce_ms = 0;   // data parallelism, per micro-batch
-  int64_t peak = 0;          // after memory optimization (smallest reachable if infeasible)
+  double allreduce_ms = 0;  // data parallelism, per micro-batch
+  int64_t peak = 0;         // after memory optimization (smallest reachable if infeasible)
   // The objective's term: compute + memopt (+ allreduce), infinite when the stage cannot fit.
   double time_ms() const {
     return feasible ? compute_ms + memopt_ms + allreduce_ms : std::numeric_limits<double>::infinity();

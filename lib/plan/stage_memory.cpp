@@ -10,9 +10,9 @@ namespace {
 
 struct Eviction {
   int key = -1;
-  int producer = -1;        // of the decided tensor
+  int producer = -1;  // of the decided tensor
   bool recompute = false;
-  int evict_after = -1;     // node; -1: after the micro-batch's activations are sent
+  int evict_after = -1;  // node; -1: after the micro-batch's activations are sent
   int restore_before = -1;
   std::vector<int> rerun;   // recompute: nodes re-run, with their outputs held together
   std::vector<int> leaves;  // recompute: storages the re-run reads, held until it ran
@@ -55,8 +55,9 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     key[static_cast<size_t>(t)] = k;
     // A received operand arrives contiguous: the copy the whole graph makes of it is not made.
     const int copy_of = p.tensors[static_cast<size_t>(t)].copy_of;
-    storage[static_cast<size_t>(t)] = (is_received[static_cast<size_t>(t)] || p.tensors[static_cast<size_t>(t)].owns_storage()) &&
-                                      !(copy_of >= 0 && is_received[static_cast<size_t>(copy_of)]);
+    storage[static_cast<size_t>(t)] =
+        (is_received[static_cast<size_t>(t)] || p.tensors[static_cast<size_t>(t)].owns_storage()) &&
+        !(copy_of >= 0 && is_received[static_cast<size_t>(copy_of)]);
   }
   // Received views: the stage's savers of the sender-side owner save the received copy.
   std::map<int, std::vector<int>> received_of_owner;
@@ -148,13 +149,16 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
   std::vector<std::vector<int>> evict_after(static_cast<size_t>(e - b));
   std::vector<int> evict_after_send;
   for (const TensorDecision& d : decisions) {
-    if (d.action == TensorAction::Keep || d.tensor < 0 || d.tensor >= T || p.tensors[static_cast<size_t>(d.tensor)].internal)
+    if (d.action == TensorAction::Keep || d.tensor < 0 || d.tensor >= T ||
+        p.tensors[static_cast<size_t>(d.tensor)].internal)
       continue;
     Eviction ev;
     ev.key = key[static_cast<size_t>(d.tensor)];
     ev.producer = p.tensors[static_cast<size_t>(d.tensor)].producer;
     ev.recompute = d.action == TensorAction::Recompute;
-    int last_local = in_range(p.tensors[static_cast<size_t>(d.tensor)].producer) ? p.tensors[static_cast<size_t>(d.tensor)].producer : -1;
+    int last_local = in_range(p.tensors[static_cast<size_t>(d.tensor)].producer)
+                         ? p.tensors[static_cast<size_t>(d.tensor)].producer
+                         : -1;
     bool read_later = false;
     for (int shared : sharing[ev.key]) {
       const TensorProfile& t = p.tensors[static_cast<size_t>(shared)];
@@ -188,8 +192,10 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
       for (int k : ev.leaves) ++refs[static_cast<size_t>(k)];
     }
     const int index = static_cast<int>(evictions.size());
-    if (is_sent) evict_after_send.push_back(index);
-    else evict_after[static_cast<size_t>(last_local - b)].push_back(index);
+    if (is_sent)
+      evict_after_send.push_back(index);
+    else
+      evict_after[static_cast<size_t>(last_local - b)].push_back(index);
     evictions.push_back(std::move(ev));
   }
 
@@ -243,7 +249,8 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
   auto restore_for = [&](MicroBatch& m, int i, size_t& next_due) {
     std::set<int> rerun_nodes;
     bool any = false;
-    for (; next_due < by_restore.size() && evictions[static_cast<size_t>(by_restore[next_due])].restore_before >= i; ++next_due) {
+    for (; next_due < by_restore.size() && evictions[static_cast<size_t>(by_restore[next_due])].restore_before >= i;
+         ++next_due) {
       const Eviction& ev = evictions[static_cast<size_t>(by_restore[next_due])];
       const size_t k = static_cast<size_t>(ev.key);
       if (!m.evicted[k] || !m.alive[k]) continue;
@@ -255,7 +262,8 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     std::vector<const Eviction*> done;
     for (int n : rerun_nodes)
       for (int in : model.inputs(n))
-        if (!rerun_nodes.count(p.tensors[static_cast<size_t>(in)].producer)) chain_reads.insert(key[static_cast<size_t>(in)]);
+        if (!rerun_nodes.count(p.tensors[static_cast<size_t>(in)].producer))
+          chain_reads.insert(key[static_cast<size_t>(in)]);
     // Swaps come back first; the re-run then allocates every output of its nodes in order (the
     // rebuilt tensors among them), each node's workspace on top, and holds them all until the
     // rebuilt bytes move into the evicted storages.
@@ -381,7 +389,8 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
         MicroBatch& m = state();
         int64_t total = 0;
         for (const TensorBytes& t : sent)
-          if (requires_grad[static_cast<size_t>(t.tensor)]) total += t.bytes, m.has_grad[static_cast<size_t>(t.tensor)] = 2;
+          if (requires_grad[static_cast<size_t>(t.tensor)])
+            total += t.bytes, m.has_grad[static_cast<size_t>(t.tensor)] = 2;
         receive(total);
         m.received_grads = total;
         break;
@@ -408,8 +417,8 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
           const bool view = !p.tensors[static_cast<size_t>(out)].owns_storage() && !(kind & kViewAllocates);
           const char out_grad = m.has_grad[static_cast<size_t>(out)];
           int64_t grads = 0, transient = 0;
-          bool passed_on = false;     // a view hands its output's gradient to its input
-          bool copied_view = false;   // ... unless it must copy it first
+          bool passed_on = false;    // a view hands its output's gradient to its input
+          bool copied_view = false;  // ... unless it must copy it first
           for (int t : model.inputs(i)) {
             if (!requires_grad[static_cast<size_t>(t)]) continue;
             char& g = m.has_grad[static_cast<size_t>(t)];
@@ -429,7 +438,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
               g = 1, grads += bytes(t);
             } else if ((kind & kReshape) && m.permuted[static_cast<size_t>(out)]) {
               g = 1, grads += bytes(t), copied_view = true;  // a permuted gradient is not viewable
-            } else {  // a view of the output's gradient, with its owner
+            } else {                                         // a view of the output's gradient, with its owner
               g = out_grad ? out_grad : 1;
               m.permuted[static_cast<size_t>(t)] = m.permuted[static_cast<size_t>(out)] || (kind & kPermute);
             }

@@ -26,8 +26,7 @@ DeviceSpec device_spec(const std::string& name) {
     return s;
   }
   std::ifstream in(name);
-  if (!in)
-    throw ConfigError("unknown device spec '" + name + "' (use a100-40gb, h100-80gb or a spec file)");
+  if (!in) throw ConfigError("unknown device spec '" + name + "' (use a100-40gb, h100-80gb or a spec file)");
   std::map<std::string, std::string> kv;
   std::string line;
   while (std::getline(in, line)) {
@@ -72,8 +71,8 @@ namespace {
 struct OpFacts {
   std::vector<int> saved_inputs;  // input positions whose tensors the backward keeps
   bool saves_output = false;
-  int64_t internal_bytes = 0;     // buffers only autograd holds
-  bool output_is_view = false;    // alias of input 0
+  int64_t internal_bytes = 0;   // buffers only autograd holds
+  bool output_is_view = false;  // alias of input 0
   bool output_is_param_view = false;
   double flops = 0, bwd_flops = 0;
   double bytes = 0, bwd_bytes = 0;
@@ -94,7 +93,8 @@ bool starts_with(const std::string& s, const char* prefix) { return s.rfind(pref
 
 // Formulas for the ATen operators Hugging Face models are made of: what the backward keeps (as
 // PyTorch's derivatives.yaml says) and a roofline cost. Views cost nothing and share storage.
-void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, const std::vector<bool>& rg, OpFacts& f) {
+void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, const std::vector<bool>& rg,
+                OpFacts& f) {
   const std::string& op = n.call.op;
   const TensorInfo& out = g.tensor(n.outputs[0]);
   f.output_alias.assign(n.outputs.size(), -1);
@@ -143,7 +143,8 @@ void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n,
       const std::vector<int> copied = matmul_copied_inputs(g, st, n.id);
       f.saved_inputs.clear();
       for (int pos : {a, b})
-        if (pos >= 0 && std::find(copied.begin(), copied.end(), n.inputs[static_cast<size_t>(pos)]) == copied.end()) save(pos);
+        if (pos >= 0 && std::find(copied.begin(), copied.end(), n.inputs[static_cast<size_t>(pos)]) == copied.end())
+          save(pos);
       for (int t : copied) f.internal_bytes += g.tensor(t).bytes();
     }
   } else if (op == "aten::scaled_dot_product_attention") {
@@ -158,8 +159,10 @@ void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n,
     const int mask = arg_input(n, 3);
     if (mask >= 0) {
       const TensorInfo& m = g.tensor(n.inputs[static_cast<size_t>(mask)]);
-      if (m.dtype == DType::Bool) f.internal_bytes += numel(m.shape) * 4;
-      else save(mask);
+      if (m.dtype == DType::Bool)
+        f.internal_bytes += numel(m.shape) * 4;
+      else
+        save(mask);
     }
     f.flops = 4.0 * rows * static_cast<double>(k[k.size() - 2]) * static_cast<double>(q.back());
     f.bwd_flops = 2.5 * f.flops;
@@ -171,9 +174,9 @@ void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n,
     f.internal_bytes = (numel(out.shape) / std::max<int64_t>(1, out.shape.empty() ? 1 : out.shape.back())) * 8;
   } else if (op == "aten::embedding") {
     save(arg_input(n, 1));
-  } else if (op == "aten::softmax" || op == "aten::_softmax" || op == "aten::log_softmax" || op == "aten::_log_softmax" ||
-             op == "aten::relu" || op == "aten::tanh" || op == "aten::sigmoid" || op == "aten::exp" ||
-             op == "aten::rsqrt" || op == "aten::sqrt") {
+  } else if (op == "aten::softmax" || op == "aten::_softmax" || op == "aten::log_softmax" ||
+             op == "aten::_log_softmax" || op == "aten::relu" || op == "aten::tanh" || op == "aten::sigmoid" ||
+             op == "aten::exp" || op == "aten::rsqrt" || op == "aten::sqrt") {
     f.saves_output = true;
   } else if (op == "aten::gelu" || op == "aten::silu" || op == "aten::log" || op == "aten::pow" || op == "aten::erf" ||
              op == "aten::sin" || op == "aten::cos" || op == "aten::abs") {
@@ -189,8 +192,10 @@ void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n,
     const bool ga = grad(0, a), gb = grad(1, b);
     if (gb && a >= 0) save(a);
     if (ga || (op == "aten::div" && gb)) {
-      if (b >= 0) save(b);
-      else if (n.call.args[1].kind != AtenArg::Kind::Param) f.internal_bytes += 8;
+      if (b >= 0)
+        save(b);
+      else if (n.call.args[1].kind != AtenArg::Kind::Param)
+        f.internal_bytes += 8;
     }
   } else if (op == "aten::native_dropout" || op == "aten::dropout") {
     f.internal_bytes = numel(out.shape);  // the boolean mask
@@ -229,9 +234,18 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, c
   f.bwd_bytes = 2 * f.bytes;
   const int64_t rows = out.shape.empty() ? 1 : numel(out.shape) / out.shape.back();
   switch (n.kind) {
-    case OpKind::Input: f.kernels = f.bwd_kernels = 0; f.bytes = f.bwd_bytes = 0; break;
-    case OpKind::Embedding: f.saved_inputs = {0}; break;
-    case OpKind::PosEmbedding: f.output_is_param_view = true; f.kernels = 0; f.bytes = 0; break;
+    case OpKind::Input:
+      f.kernels = f.bwd_kernels = 0;
+      f.bytes = f.bwd_bytes = 0;
+      break;
+    case OpKind::Embedding:
+      f.saved_inputs = {0};
+      break;
+    case OpKind::PosEmbedding:
+      f.output_is_param_view = true;
+      f.kernels = 0;
+      f.bytes = 0;
+      break;
     case OpKind::Linear: {
       f.saved_inputs = {0};
       const double k = static_cast<double>(in_shape(0).back());
@@ -240,22 +254,47 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, c
       f.bytes += static_cast<double>(g.parameter_bytes(n.id));
       break;
     }
-    case OpKind::LayerNorm: f.saved_inputs = {0}; f.internal_bytes = rows * 8; break;
-    case OpKind::RMSNorm: f.saved_inputs = {0}; f.internal_bytes = out.bytes() + rows * 4; f.kernels = 5; f.bwd_kernels = 8; break;
-    case OpKind::Gelu: case OpKind::Erf: f.saved_inputs = {0}; break;
-    case OpKind::Relu: case OpKind::Tanh: case OpKind::Sqrt: case OpKind::Softmax: f.saves_output = true; break;
-    case OpKind::Dropout: f.internal_bytes = numel(out.shape); f.kernels = 3; break;  // bool mask
+    case OpKind::LayerNorm:
+      f.saved_inputs = {0};
+      f.internal_bytes = rows * 8;
+      break;
+    case OpKind::RMSNorm:
+      f.saved_inputs = {0};
+      f.internal_bytes = out.bytes() + rows * 4;
+      f.kernels = 5;
+      f.bwd_kernels = 8;
+      break;
+    case OpKind::Gelu:
+    case OpKind::Erf:
+      f.saved_inputs = {0};
+      break;
+    case OpKind::Relu:
+    case OpKind::Tanh:
+    case OpKind::Sqrt:
+    case OpKind::Softmax:
+      f.saves_output = true;
+      break;
+    case OpKind::Dropout:
+      f.internal_bytes = numel(out.shape);
+      f.kernels = 3;
+      break;  // bool mask
     case OpKind::Reshape:
       f.output_is_view = reshape_is_view(g, st, n.inputs[0], out.shape);
       if (f.output_is_view) f.kernels = 0, f.bytes = 0;
       break;
-    case OpKind::Transpose: f.output_is_view = true; f.kernels = 0; f.bytes = 0; break;
+    case OpKind::Transpose:
+      f.output_is_view = true;
+      f.kernels = 0;
+      f.bytes = 0;
+      break;
     case OpKind::MatMul: {
       // The backward keeps each operand, or the contiguous copy made of it.
       const std::vector<int> copied = matmul_copied_inputs(g, st, n.id);
       for (int i = 0; i < 2; ++i) {
-        if (std::find(copied.begin(), copied.end(), n.inputs[i]) == copied.end()) f.saved_inputs.push_back(i);
-        else f.internal_bytes += g.tensor(n.inputs[i]).bytes();
+        if (std::find(copied.begin(), copied.end(), n.inputs[i]) == copied.end())
+          f.saved_inputs.push_back(i);
+        else
+          f.internal_bytes += g.tensor(n.inputs[i]).bytes();
       }
       const Shape& a = in_shape(0);
       const double m = static_cast<double>(a[a.size() - 2]), k = static_cast<double>(a.back());
@@ -264,13 +303,26 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, c
       f.bwd_flops = 2 * f.flops;
       break;
     }
-    case OpKind::Scale: case OpKind::Add: case OpKind::Sub: case OpKind::Mean:
-    case OpKind::Affine: case OpKind::Concat: case OpKind::GlobalAvgPool: case OpKind::CausalMask:
+    case OpKind::Scale:
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mean:
+    case OpKind::Affine:
+    case OpKind::Concat:
+    case OpKind::GlobalAvgPool:
+    case OpKind::CausalMask:
       break;
-    case OpKind::Mul: f.saved_inputs = {0, 1}; break;
-    case OpKind::Div: f.saved_inputs = {0, 1}; break;
-    case OpKind::ScaleShift: f.saved_inputs = {0}; break;
-    case OpKind::RelPosBias: break;
+    case OpKind::Mul:
+      f.saved_inputs = {0, 1};
+      break;
+    case OpKind::Div:
+      f.saved_inputs = {0, 1};
+      break;
+    case OpKind::ScaleShift:
+      f.saved_inputs = {0};
+      break;
+    case OpKind::RelPosBias:
+      break;
     case OpKind::Conv2d: {
       f.saved_inputs = {0};
       const Shape& w = n.params[0].shape;  // [Co, Ci, kh, kw]
@@ -278,9 +330,18 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, c
       f.bwd_flops = 2 * f.flops;
       break;
     }
-    case OpKind::BatchNorm2d: f.saved_inputs = {0}; f.internal_bytes = out.shape[1] * 8; f.kernels = 2; break;
-    case OpKind::MaxPool2d: f.saved_inputs = {0}; f.internal_bytes = numel(out.shape) * 8; break;
-    case OpKind::AvgPool2d: f.saved_inputs = {0}; break;
+    case OpKind::BatchNorm2d:
+      f.saved_inputs = {0};
+      f.internal_bytes = out.shape[1] * 8;
+      f.kernels = 2;
+      break;
+    case OpKind::MaxPool2d:
+      f.saved_inputs = {0};
+      f.internal_bytes = numel(out.shape) * 8;
+      break;
+    case OpKind::AvgPool2d:
+      f.saved_inputs = {0};
+      break;
     case OpKind::CrossEntropy: {
       f.saved_inputs = {1};  // the labels
       // log-softmax of the logits (fp32, also in bf16 runs) and nll_loss's total weight
@@ -288,7 +349,9 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, c
       f.kernels = 2;
       break;
     }
-    case OpKind::Aten: aten_facts(g, st, n, rg, f); break;
+    case OpKind::Aten:
+      aten_facts(g, st, n, rg, f);
+      break;
   }
   if (g.precision == "bf16" && n.kind != OpKind::Aten) {
     // Parameters are cast to bf16 at each use. Linear, convolution and the affine part of a
@@ -366,16 +429,17 @@ Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec, const Measure
     std::string ops;
     int count = 0;
     for (const auto& [op, k] : unknown) ops += (ops.empty() ? "" : ", ") + op + " x" + std::to_string(k), count += k;
-    p.notes = "no roofline formula for " + std::to_string(count) + " nodes (" + ops + "): " +
-              (measure ? "what autograd keeps was measured on this machine" : "every floating-point input assumed kept") +
-              ", times memory-bound";
+    p.notes =
+        "no roofline formula for " + std::to_string(count) + " nodes (" + ops + "): " +
+        (measure ? "what autograd keeps was measured on this machine" : "every floating-point input assumed kept") +
+        ", times memory-bound";
   }
   finish_profile(p, g);
   return p;
 }
 
-Profile analytic_profile_model(const ModelSource& model, const std::vector<int64_t>& sizes,
-                               const DeviceSpec& spec, const MeasureNode& measure) {
+Profile analytic_profile_model(const ModelSource& model, const std::vector<int64_t>& sizes, const DeviceSpec& spec,
+                               const MeasureNode& measure) {
   if (sizes.empty()) throw ConfigError("no micro-batch size to profile");
   std::vector<Profile> ps;
   for (int64_t b : sizes) ps.push_back(analytic_profile(model.graph(b), spec, measure));

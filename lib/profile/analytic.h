@@ -15,12 +15,12 @@ namespace dawnpiper {
 
 struct DeviceSpec {
   std::string name;
-  int64_t memory_bytes = 0;        // device memory capacity
-  double flops = 0;                // achievable FP32 FLOP/s for matmul and conv
-  double bandwidth = 0;            // achievable device-memory bytes/s
-  double host_bandwidth = 0;       // device <-> host bytes/s (swap)
-  double link_bandwidth = 0;       // device <-> device bytes/s (pipeline activations)
-  double kernel_overhead_s = 5e-6; // per kernel launch
+  int64_t memory_bytes = 0;         // device memory capacity
+  double flops = 0;                 // achievable FP32 FLOP/s for matmul and conv
+  double bandwidth = 0;             // achievable device-memory bytes/s
+  double host_bandwidth = 0;        // device <-> host bytes/s (swap)
+  double link_bandwidth = 0;        // device <-> device bytes/s (pipeline activations)
+  double kernel_overhead_s = 5e-6;  // per kernel launch
 };
 
 // "a100-40gb", "h100-80gb", or a spec file of `key = value` lines (name, memory, flops,

@@ -29,7 +29,9 @@ ReplayResult replay_step(const Profile& p, const std::string& optimizer) {
   for (const NodeProfile& n : p.nodes) {
     bool rg = (n.param_bytes > 0 || n.param_grad_bytes > 0) && n.kind != "input";
     for (int t : inputs[n.id]) rg = rg || requires_grad[t];
-    for (int t : n.outputs) requires_grad[t] = p.tensors[t].requires_grad >= 0 ? p.tensors[t].requires_grad == 1 : rg && !p.tensors[t].internal;
+    for (int t : n.outputs)
+      requires_grad[t] =
+          p.tensors[t].requires_grad >= 0 ? p.tensors[t].requires_grad == 1 : rg && !p.tensors[t].internal;
   }
 
   ReplayResult r;

@@ -10,11 +10,11 @@
 namespace dawnpiper {
 
 struct ReplayResult {
-  int64_t peak_bytes = 0;        // static + activations + gradients + transients at the peak
-  int64_t static_bytes = 0;      // parameters and optimizer state
-  int64_t activation_peak = 0;   // peak_bytes - static_bytes
-  int64_t forward_end_bytes = 0; // live bytes when the forward pass ends
-  int peak_node = -1;            // node running at the peak
+  int64_t peak_bytes = 0;         // static + activations + gradients + transients at the peak
+  int64_t static_bytes = 0;       // parameters and optimizer state
+  int64_t activation_peak = 0;    // peak_bytes - static_bytes
+  int64_t forward_end_bytes = 0;  // live bytes when the forward pass ends
+  int peak_node = -1;             // node running at the peak
   bool peak_in_backward = false;
 };
 

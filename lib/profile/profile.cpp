@@ -15,7 +15,9 @@ double ms_at(const LinearFit& fit, int64_t batch) { return std::max(0.0, fit.at(
 
 namespace {
 // "aten::transpose.int" -> "aten::transpose"
-std::string op_of(const std::string& kind) { return kind.substr(0, kind.find('.', kind.find("::") == std::string::npos ? 0 : kind.find("::"))); }
+std::string op_of(const std::string& kind) {
+  return kind.substr(0, kind.find('.', kind.find("::") == std::string::npos ? 0 : kind.find("::")));
+}
 }  // namespace
 
 bool is_permute_kind(const std::string& kind) {

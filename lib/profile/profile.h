@@ -17,13 +17,13 @@ struct LinearFit {
 };
 
 struct TensorProfile {
-  int id = -1;                 // OpGraph tensor id; ids past the graph's are internal buffers
+  int id = -1;  // OpGraph tensor id; ids past the graph's are internal buffers
   std::string name;
   int producer = -1;           // node id
   std::vector<int> consumers;  // node ids (forward data flow)
   bool is_data = false;        // produced by an Input node: loaded by each stage, never sent
   LinearFit bytes_fit;
-  int64_t bytes = 0;           // at micro_batch_size
+  int64_t bytes = 0;  // at micro_batch_size
   // Nodes whose backward reads this tensor (autograd saved it). Non-empty means the tensor is
   // an activation that lives from its forward production until the last of these backwards:
   // the candidates for swap and recompute.
@@ -65,13 +65,13 @@ bool view_allocates_gradient(const std::string& kind);
 struct NodeProfile {
   int id = -1;
   std::string name;
-  std::string kind;   // op_kind_name(), or the ATen operator of an imported node
-  int block = 0;      // OpGraph block index (layer / cell)
-  int depth = 0;      // longest path from the inputs
+  std::string kind;  // op_kind_name(), or the ATen operator of an imported node
+  int block = 0;     // OpGraph block index (layer / cell)
+  int depth = 0;     // longest path from the inputs
   LinearFit fwd_ms_fit, bwd_ms_fit;
-  double fwd_ms = 0, bwd_ms = 0;           // mean at micro_batch_size
-  double fwd_ms_std = 0, bwd_ms_std = 0;   // spread over the measured iterations
-  int64_t param_bytes = 0;                 // owned parameters; gradients are the same size
+  double fwd_ms = 0, bwd_ms = 0;          // mean at micro_batch_size
+  double fwd_ms_std = 0, bwd_ms_std = 0;  // spread over the measured iterations
+  int64_t param_bytes = 0;                // owned parameters; gradients are the same size
   // Bytes of parameter gradients first created by this node's backward: its own parameters,
   // except that a tied parameter's gradient appears at its last user in execution order.
   int64_t param_grad_bytes = 0;
@@ -90,8 +90,8 @@ struct NodeProfile {
   // inputs and parameters).
   int64_t fwd_workspace = 0;
   int64_t bwd_workspace = 0;
-  std::vector<int> outputs;   // tensor ids
-  std::vector<int> saved;     // tensor ids this node's backward reads
+  std::vector<int> outputs;  // tensor ids
+  std::vector<int> saved;    // tensor ids this node's backward reads
   // Re-running the node's forward to rebuild its output (for recompute); usually == fwd_ms.
   double recompute_ms = 0;
 };
@@ -99,10 +99,10 @@ struct NodeProfile {
 struct Profile {
   static constexpr int kSchemaVersion = 2;
   std::string model, preset, device, source;  // source: "measured" | "analytic"
-  std::string timing;  // how node times were obtained: "in-step" | "isolated" | "roofline"
+  std::string timing;                         // how node times were obtained: "in-step" | "isolated" | "roofline"
   std::string torch_version, created;         // provenance
-  std::string precision = "fp32";  // of the graph profiled: fp32 | bf16
-  std::string graph_hash;          // OpGraph::fingerprint() of the graph profiled ("" in older files)
+  std::string precision = "fp32";             // of the graph profiled: fp32 | bf16
+  std::string graph_hash;                     // OpGraph::fingerprint() of the graph profiled ("" in older files)
   std::string notes;  // caveats a reader should know (operators the analytic profile has no formula for)
   int64_t micro_batch_size = 1;
   std::vector<int64_t> profiled_batch_sizes;
@@ -110,7 +110,7 @@ struct Profile {
   // of the whole model's summed forward+backward time for times.
   double fit_max_rel_error = 0;
   std::vector<std::string> blocks;
-  std::vector<NodeProfile> nodes;    // execution order; nodes[i].id == i
+  std::vector<NodeProfile> nodes;      // execution order; nodes[i].id == i
   std::vector<TensorProfile> tensors;  // tensors[i].id == i
   // Whole-step measurements for cross-checking (0 when not measured).
   int64_t largest_param_bytes = 0;  // the largest single parameter tensor (optimizer temporaries)

@@ -121,7 +121,8 @@ std::vector<ByteSamples> batch_byte_samples(Profile& base, const std::vector<Pro
     const Profile& q = profiles[i];
     auto add = [&](int base_row, int row) {
       samples[static_cast<size_t>(base_row)].x.push_back(static_cast<double>(sizes[i]));
-      samples[static_cast<size_t>(base_row)].y.push_back(static_cast<double>(q.tensors[static_cast<size_t>(row)].bytes));
+      samples[static_cast<size_t>(base_row)].y.push_back(
+          static_cast<double>(q.tensors[static_cast<size_t>(row)].bytes));
     };
     for (const TensorProfile& t : base.tensors)
       if (!t.internal && static_cast<size_t>(t.id) < q.tensors.size()) add(t.id, t.id);

@@ -23,7 +23,8 @@ void add_saved(Profile& profile, int tensor, int node);
 void add_internal(Profile& profile, int node, int64_t bytes, int copy_of = -1);
 // Appends `node`'s internal buffers, `bytes` in all: first the copies of inputs the node makes
 // (graph/layout.h's matmul_copied_inputs), as far as `bytes` covers them, then the rest.
-void add_internals(Profile& profile, const OpGraph& graph, const std::vector<Strides>& strides, int node, int64_t bytes);
+void add_internals(Profile& profile, const OpGraph& graph, const std::vector<Strides>& strides, int node,
+                   int64_t bytes);
 // What autograd keeps for one node, as the measured profiler reads it off a run of the node
 // alone: the analytic profile's fallback for operators it has no formula for.
 struct KeptFacts {

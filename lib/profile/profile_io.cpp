@@ -55,23 +55,31 @@ void write_profile(const Profile& p, const std::string& path) {
     write_column<double>(nodes, "bwd_ms_std", column(N, [](const NodeProfile& n) { return n.bwd_ms_std; }));
     write_column<double>(nodes, "recompute_ms", column(N, [](const NodeProfile& n) { return n.recompute_ms; }));
     write_column<double>(nodes, "fwd_ms_base", column(N, [](const NodeProfile& n) { return n.fwd_ms_fit.base; }));
-    write_column<double>(nodes, "fwd_ms_per_sample", column(N, [](const NodeProfile& n) { return n.fwd_ms_fit.per_sample; }));
+    write_column<double>(nodes, "fwd_ms_per_sample",
+                         column(N, [](const NodeProfile& n) { return n.fwd_ms_fit.per_sample; }));
     write_column<double>(nodes, "bwd_ms_base", column(N, [](const NodeProfile& n) { return n.bwd_ms_fit.base; }));
-    write_column<double>(nodes, "bwd_ms_per_sample", column(N, [](const NodeProfile& n) { return n.bwd_ms_fit.per_sample; }));
+    write_column<double>(nodes, "bwd_ms_per_sample",
+                         column(N, [](const NodeProfile& n) { return n.bwd_ms_fit.per_sample; }));
     write_column<int64_t>(nodes, "param_bytes", column(N, [](const NodeProfile& n) { return n.param_bytes; }));
-    write_column<int64_t>(nodes, "param_grad_bytes", column(N, [](const NodeProfile& n) { return n.param_grad_bytes; }));
+    write_column<int64_t>(nodes, "param_grad_bytes",
+                          column(N, [](const NodeProfile& n) { return n.param_grad_bytes; }));
     write_column<int64_t>(nodes, "tied_owner", column(N, [](const NodeProfile& n) { return int64_t{n.tied_owner}; }));
     write_column<int64_t>(nodes, "tied_bytes", column(N, [](const NodeProfile& n) { return n.tied_bytes; }));
     write_strings(nodes, "constant_key", column(N, [](const NodeProfile& n) { return n.constant_key; }));
     write_column<int64_t>(nodes, "constant_bytes", column(N, [](const NodeProfile& n) { return n.constant_bytes; }));
     write_column<int64_t>(nodes, "fwd_workspace", column(N, [](const NodeProfile& n) { return n.fwd_workspace; }));
     write_column<int64_t>(nodes, "bwd_workspace", column(N, [](const NodeProfile& n) { return n.bwd_workspace; }));
-    write_column<double>(nodes, "fwd_workspace_base", column(N, [](const NodeProfile& n) { return n.fwd_workspace_fit.base; }));
-    write_column<double>(nodes, "fwd_workspace_per_sample", column(N, [](const NodeProfile& n) { return n.fwd_workspace_fit.per_sample; }));
-    write_column<double>(nodes, "bwd_workspace_base", column(N, [](const NodeProfile& n) { return n.bwd_workspace_fit.base; }));
-    write_column<double>(nodes, "bwd_workspace_per_sample", column(N, [](const NodeProfile& n) { return n.bwd_workspace_fit.per_sample; }));
+    write_column<double>(nodes, "fwd_workspace_base",
+                         column(N, [](const NodeProfile& n) { return n.fwd_workspace_fit.base; }));
+    write_column<double>(nodes, "fwd_workspace_per_sample",
+                         column(N, [](const NodeProfile& n) { return n.fwd_workspace_fit.per_sample; }));
+    write_column<double>(nodes, "bwd_workspace_base",
+                         column(N, [](const NodeProfile& n) { return n.bwd_workspace_fit.base; }));
+    write_column<double>(nodes, "bwd_workspace_per_sample",
+                         column(N, [](const NodeProfile& n) { return n.bwd_workspace_fit.per_sample; }));
 
-    Handle tensors(H5Gcreate2(file, "tensors", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group tensors");
+    Handle tensors(H5Gcreate2(file, "tensors", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
+                   "create group tensors");
     const auto& T = p.tensors;
     write_strings(tensors, "name", column(T, [](const TensorProfile& t) { return t.name; }));
     write_column<int64_t>(tensors, "producer", column(T, [](const TensorProfile& t) { return int64_t(t.producer); }));
@@ -79,12 +87,16 @@ void write_profile(const Profile& p, const std::string& path) {
     write_column<int64_t>(tensors, "internal", column(T, [](const TensorProfile& t) { return int64_t(t.internal); }));
     write_column<int64_t>(tensors, "copy_of", column(T, [](const TensorProfile& t) { return int64_t(t.copy_of); }));
     write_column<int64_t>(tensors, "alias_of", column(T, [](const TensorProfile& t) { return int64_t(t.alias_of); }));
-    write_column<int64_t>(tensors, "param_view", column(T, [](const TensorProfile& t) { return int64_t(t.param_view); }));
-    write_column<int64_t>(tensors, "requires_grad", column(T, [](const TensorProfile& t) { return int64_t(t.requires_grad); }));
-    write_column<int64_t>(tensors, "contiguous", column(T, [](const TensorProfile& t) { return int64_t(t.contiguous); }));
+    write_column<int64_t>(tensors, "param_view",
+                          column(T, [](const TensorProfile& t) { return int64_t(t.param_view); }));
+    write_column<int64_t>(tensors, "requires_grad",
+                          column(T, [](const TensorProfile& t) { return int64_t(t.requires_grad); }));
+    write_column<int64_t>(tensors, "contiguous",
+                          column(T, [](const TensorProfile& t) { return int64_t(t.contiguous); }));
     write_column<int64_t>(tensors, "bytes", column(T, [](const TensorProfile& t) { return t.bytes; }));
     write_column<double>(tensors, "bytes_base", column(T, [](const TensorProfile& t) { return t.bytes_fit.base; }));
-    write_column<double>(tensors, "bytes_per_sample", column(T, [](const TensorProfile& t) { return t.bytes_fit.per_sample; }));
+    write_column<double>(tensors, "bytes_per_sample",
+                         column(T, [](const TensorProfile& t) { return t.bytes_fit.per_sample; }));
     write_lists(tensors, "consumers", column(T, [](const TensorProfile& t) { return t.consumers; }));
     write_lists(tensors, "saved_by", column(T, [](const TensorProfile& t) { return t.saved_by; }));
   });
@@ -140,7 +152,8 @@ Profile read_profile(const std::string& path) {
                          tb = ties ? i("tied_bytes") : std::vector<int64_t>(name.size(), 0);
     // Likewise: profiles written before have no stage constants recorded.
     const bool constants = H5Lexists(nodes, "constant_key", H5P_DEFAULT) > 0;
-    std::vector<std::string> ck = constants ? read_strings(nodes, "constant_key") : std::vector<std::string>(name.size());
+    std::vector<std::string> ck =
+        constants ? read_strings(nodes, "constant_key") : std::vector<std::string>(name.size());
     std::vector<int64_t> cb = constants ? i("constant_bytes") : std::vector<int64_t>(name.size(), 0);
     for (size_t k = 0; k < name.size(); ++k) {
       NodeProfile n;

@@ -30,9 +30,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 struct Stats {
   double mean = 0, std = 0;
@@ -59,8 +57,8 @@ bool same_storage(const at::Tensor& a, const at::Tensor& b) {
 
 // Runs node n alone: fresh inputs shaped (and strided) as in the real graph, its parameters,
 // warm-up and measured iterations of forward + backward.
-NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& rg,
-                             const SyntheticData& data, const ProfilerOptions& opt) {
+NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& rg, const SyntheticData& data,
+                             const ProfilerOptions& opt) {
   const Node& node = g.nodes[n];
   const c10::Device dev = opt.device;
   NodeMeasurement m;
@@ -88,8 +86,10 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     for (size_t d = 0; d < info.shape.size(); ++d) storage += (info.shape[d] - 1) * strides[d];
     if (numel(info.shape) == 0) storage = 0;
     at::Tensor leaf = at::empty(contiguous ? info.shape : Shape{storage}, at::TensorOptions(type).device(dev));
-    if (at::isFloatingType(type)) leaf.uniform_(0.5, 1.5);
-    else leaf.fill_(type == at::kBool ? 1 : 0);
+    if (at::isFloatingType(type))
+      leaf.uniform_(0.5, 1.5);
+    else
+      leaf.fill_(type == at::kBool ? 1 : 0);
     if (rg[t]) leaf.requires_grad_(true);
     leaves.push_back(leaf);
     // A non-leaf handle: autograd's references to it show. A plain view where the layout is
@@ -137,11 +137,13 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     for (size_t k = 0; k < outs_n; ++k) {
       for (size_t i = 0; i < ins.size(); ++i)
         if (same_storage(outs[k], inputs[i])) alias[k] = ins[i];  // views of data too (imported reshapes)
-      for (const auto& param : module.parameters()) param_view[k] = param_view[k] || same_storage(outs[k], param.tensor);
+      for (const auto& param : module.parameters())
+        param_view[k] = param_view[k] || same_storage(outs[k], param.tensor);
       for (const at::Tensor& buffer : module.buffers())
         param_view[k] = param_view[k] || (buffer.defined() && same_storage(outs[k], buffer));
       const c10::StorageImpl* st = outs[k].storage().unsafeGetStorageImpl();
-      if (alias[k] < 0 && !param_view[k] && std::find(new_storages.begin(), new_storages.end(), st) == new_storages.end()) {
+      if (alias[k] < 0 && !param_view[k] &&
+          std::find(new_storages.begin(), new_storages.end(), st) == new_storages.end()) {
         new_storages.push_back(st);
         out_bytes += outs[k].numel() * outs[k].element_size();
       }
@@ -170,7 +172,8 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
         size_t expected_uses = outs[k].is_view() ? 2 : 1;
         for (size_t j = 0; j < outs_n; ++j)
           if (j != k && same_storage(outs[j], outs[k])) expected_uses += outs[j].is_view() ? 2 : 1;
-        m.kept.output_saved[k] = alias[k] < 0 && outs[k].requires_grad() && outs[k].storage().use_count() > expected_uses;
+        m.kept.output_saved[k] =
+            alias[k] < 0 && outs[k].requires_grad() && outs[k].storage().use_count() > expected_uses;
       }
     }
     std::vector<at::Tensor> with_grad, grads;
@@ -247,8 +250,9 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
       auto [it, inserted] = first_block_with.emplace(block_signature(g, begin, end), static_cast<int>(b));
       if (!inserted) source_block = it->second;
     }
-    if (opt.progress) std::fprintf(stderr, "profiling %s (%d nodes)%s\n", g.blocks[b].c_str(), end - begin,
-                                   source_block >= 0 ? ", shared" : "");
+    if (opt.progress)
+      std::fprintf(stderr, "profiling %s (%d nodes)%s\n", g.blocks[b].c_str(), end - begin,
+                   source_block >= 0 ? ", shared" : "");
     for (int n = begin; n < end; ++n) {
       if (source_block >= 0) {
         // Same structure: copy the measurement, translating tensor ids by the node offset.
@@ -329,13 +333,13 @@ namespace {
 double fit_error(const LinearFit& f, const std::vector<double>& x, const std::vector<double>& y, double floor) {
   double worst = 0;
   for (size_t i = 0; i < x.size(); ++i)
-    if (std::fabs(y[i]) > floor) worst = std::max(worst, std::fabs(f.at(static_cast<int64_t>(x[i])) - y[i]) / std::fabs(y[i]));
+    if (std::fabs(y[i]) > floor)
+      worst = std::max(worst, std::fabs(f.at(static_cast<int64_t>(x[i])) - y[i]) / std::fabs(y[i]));
   return worst;
 }
 }  // namespace
 
-Profile profile_model(const ModelSource& model, std::vector<int64_t> batch_sizes,
-                      const ProfilerOptions& options) {
+Profile profile_model(const ModelSource& model, std::vector<int64_t> batch_sizes, const ProfilerOptions& options) {
   if (batch_sizes.empty()) throw ConfigError("no micro-batch size to profile");
   for (int64_t b : batch_sizes)
     if (b < 1) throw ConfigError("micro-batch size must be at least 1");
@@ -393,8 +397,7 @@ KeptFacts measure_node_facts(const OpGraph& g, int node, const ProfilerOptions& 
   return f;
 }
 
-StepMeasurement measure_step(const OpGraph& g, const std::string& optimizer,
-                             const ProfilerOptions& opt, int steps) {
+StepMeasurement measure_step(const OpGraph& g, const std::string& optimizer, const ProfilerOptions& opt, int steps) {
   const c10::Device dev = opt.device;
   StageModule module(g, 0, g.size(), opt.seed, dev);
   std::vector<at::Tensor> params;

@@ -38,8 +38,7 @@ Profile profile_graph(const OpGraph& graph, const ProfilerOptions& options);
 // Profiles `config` at each of `batch_sizes` (at least one; two or more give a batch-size fit)
 // and returns the profile at batch_sizes.front() with linear fits of every byte and time figure
 // over the batch sizes and the fits' worst relative error.
-Profile profile_model(const ModelSource& model, std::vector<int64_t> batch_sizes,
-                      const ProfilerOptions& options);
+Profile profile_model(const ModelSource& model, std::vector<int64_t> batch_sizes, const ProfilerOptions& options);
 
 struct StepMeasurement {
   double step_ms = 0;      // median of the measured steps: forward + backward + optimizer
@@ -53,7 +52,7 @@ KeptFacts measure_node_facts(const OpGraph& graph, int node, const ProfilerOptio
 
 // Runs real training steps of the whole graph (one micro-batch each) and measures them; the
 // first steps create the optimizer state and are not measured.
-StepMeasurement measure_step(const OpGraph& graph, const std::string& optimizer,
-                             const ProfilerOptions& options, int steps = 5);
+StepMeasurement measure_step(const OpGraph& graph, const std::string& optimizer, const ProfilerOptions& options,
+                             int steps = 5);
 
 }  // namespace dawnpiper

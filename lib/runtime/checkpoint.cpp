@@ -94,7 +94,8 @@ void read_stage_file(const std::string& path, PipelineStage& stage, const Checkp
     throw mismatch("stages", std::to_string(read_attr<int64_t>(file, "stages")), std::to_string(id.stages));
   if (read_attr<int64_t>(file, "node_begin") != stage.config().begin ||
       read_attr<int64_t>(file, "node_end") != stage.config().end)
-    throw ConfigError("checkpoint '" + path + "' holds another split of the model (re-use the plan it was trained with: --plan-in)");
+    throw ConfigError("checkpoint '" + path +
+                      "' holds another split of the model (re-use the plan it was trained with: --plan-in)");
   if (read_attr_string(file, "optimizer") != id.optimizer)
     throw mismatch("optimizer", read_attr_string(file, "optimizer"), id.optimizer);
   at::NoGradGuard no_grad;
@@ -138,7 +139,8 @@ void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage,
     throw;
   } catch (const std::runtime_error& e) {  // HDF5 or a dataset of the wrong size: a damaged file
     throw ConfigError("checkpoint file '" + path + "' is truncated or corrupt (" + e.what() +
-                      "); to resume from an earlier step, write its number into " + dir + "/latest, or start without --resume");
+                      "); to resume from an earlier step, write its number into " + dir +
+                      "/latest, or start without --resume");
   }
 }
 

@@ -60,7 +60,8 @@ std::vector<std::string> device_identities(c10::Device device, MPI_Comm comm) {
 #endif
   std::strncpy(mine.data(), id.c_str(), kLength - 1);
   std::vector<char> all(kLength * static_cast<size_t>(size));
-  MPI_Allgather(mine.data(), static_cast<int>(kLength), MPI_CHAR, all.data(), static_cast<int>(kLength), MPI_CHAR, comm);
+  MPI_Allgather(mine.data(), static_cast<int>(kLength), MPI_CHAR, all.data(), static_cast<int>(kLength), MPI_CHAR,
+                comm);
   std::vector<std::string> ids;
   for (int r = 0; r < size; ++r) ids.emplace_back(all.data() + kLength * static_cast<size_t>(r));
   return ids;

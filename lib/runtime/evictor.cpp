@@ -100,8 +100,8 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
     const bool sent = read_later && !graph_.is_data(d.tensor);
     entry.evict_after = sent ? -1 : last_local;
     entry.restore_before = d.restore_before >= b && d.restore_before < e ? d.restore_before : last_local;
-    entry.prefetch_at = d.prefetch_at >= b && d.prefetch_at < e ? std::max(d.prefetch_at, entry.restore_before)
-                                                                 : entry.restore_before;
+    entry.prefetch_at =
+        d.prefetch_at >= b && d.prefetch_at < e ? std::max(d.prefetch_at, entry.restore_before) : entry.restore_before;
     if (d.action == TensorAction::Swap && !copier_) copier_ = std::make_unique<SwapCopier>(module.device());
     if (d.action == TensorAction::Recompute) {
       if (graph_.is_data(d.tensor) || info.producer < b || info.producer >= e)
@@ -141,16 +141,20 @@ Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& d
   pickup_after_.assign(static_cast<size_t>(e - b), {});
   for (size_t i = 0; i < entries_.size(); ++i) {
     const int p = graph_.tensor(entries_[i].tensor).producer;
-    if (p >= b && p < e && !graph_.is_data(entries_[i].tensor)) pickup_after_[static_cast<size_t>(p - b)].push_back(static_cast<int>(i));
-    else external_pickups_.push_back(static_cast<int>(i));
+    if (p >= b && p < e && !graph_.is_data(entries_[i].tensor))
+      pickup_after_[static_cast<size_t>(p - b)].push_back(static_cast<int>(i));
+    else
+      external_pickups_.push_back(static_cast<int>(i));
   }
   // Where the evictor picks up what recomputation reads: the stage's inputs at the forward's
   // start, the rest right after the node that produces it.
   for (int t = 0; t < tensors; ++t) {
     if (!is_leaf_[static_cast<size_t>(t)]) continue;
     const int p = graph_.tensor(t).producer;
-    if (p >= b && p < e && !graph_.is_data(t)) leaves_of_node_[static_cast<size_t>(p - b)].push_back(t);
-    else external_leaves_.push_back(t);
+    if (p >= b && p < e && !graph_.is_data(t))
+      leaves_of_node_[static_cast<size_t>(p - b)].push_back(t);
+    else
+      external_leaves_.push_back(t);
   }
   // Sent tensors are picked up (not evicted) after their last local reader.
   for (int i : sent_entries_) {
@@ -212,7 +216,8 @@ void Evictor::evict(MicroBatch& m, int i, const at::Tensor& tensor) {
   c10::StorageImpl* storage = storage_of(tensor);
   if (h.evicted || h.bytes == 0) return;
   if (storage->data() == nullptr)  // the planner's storages differ from the stage's: a bug
-    throw std::logic_error("evictor: " + graph_.tensor(entry.tensor).name + " shares its storage with a tensor evicted before");
+    throw std::logic_error("evictor: " + graph_.tensor(entry.tensor).name +
+                           " shares its storage with a tensor evicted before");
   const Clock::time_point start = Clock::now();
   c10::DataPtr data = storage->set_data_ptr(c10::DataPtr(nullptr, storage->device()));
   h.evicted = true;
@@ -243,7 +248,8 @@ void Evictor::finish_swap_in(MicroBatch& m, int i) {
 void Evictor::recompute(int64_t mb, MicroBatch& m, const std::vector<int>& targets) {
   const Clock::time_point start = Clock::now();
   std::set<int> nodes;
-  for (int i : targets) nodes.insert(entries_[static_cast<size_t>(i)].rerun.begin(), entries_[static_cast<size_t>(i)].rerun.end());
+  for (int i : targets)
+    nodes.insert(entries_[static_cast<size_t>(i)].rerun.begin(), entries_[static_cast<size_t>(i)].rerun.end());
   TensorEnv env = module_.make_env();
   for (int n : nodes) {
     for (int in : graph_.nodes[n].inputs) {

@@ -79,18 +79,18 @@ class Evictor {
     std::vector<int> leaves;  // recompute: the inputs the re-run reads (held until it ran)
   };
   struct Held {
-    at::Tensor tensor;  // a detached alias of the evicted tensor (same StorageImpl)
-    c10::DataPtr host;             // swap: the bytes while evicted
+    at::Tensor tensor;              // a detached alias of the evicted tensor (same StorageImpl)
+    c10::DataPtr host;              // swap: the bytes while evicted
     SwapCopier::Incoming incoming;  // swap: the copy back, once started
     int64_t bytes = 0;
     bool evicted = false;
-    bool arriving = false;          // swap: the copy back has started
+    bool arriving = false;  // swap: the copy back has started
   };
   struct MicroBatch {
     RunContext ctx;
-    std::vector<uint64_t> node_seq;        // autograd sequence number before each node
-    std::map<int, at::Tensor> leaves;      // inputs pending recomputations read
-    std::map<int, Held> held;              // entry index -> evicted tensor
+    std::vector<uint64_t> node_seq;    // autograd sequence number before each node
+    std::map<int, at::Tensor> leaves;  // inputs pending recomputations read
+    std::map<int, Held> held;          // entry index -> evicted tensor
   };
 
   void pick_up(MicroBatch& m, int entry, const TensorEnv& env);
@@ -103,10 +103,10 @@ class Evictor {
   const StageModule& module_;
   const OpGraph& graph_;
   std::vector<Entry> entries_;
-  std::vector<int> entry_of_tensor_;            // tensor -> entry, -1
-  std::vector<std::vector<int>> evict_after_;   // node offset -> entries
+  std::vector<int> entry_of_tensor_;           // tensor -> entry, -1
+  std::vector<std::vector<int>> evict_after_;  // node offset -> entries
   std::vector<int> sent_entries_;
-  std::vector<char> is_leaf_;                   // tensor -> some recomputation reads it
+  std::vector<char> is_leaf_;                     // tensor -> some recomputation reads it
   std::vector<std::vector<int>> leaves_of_node_;  // node offset -> leaf tensors it produces
   std::vector<int> external_leaves_;
   // Entries to pick up where their tensor appears (the stage keeps a tensor in its env only

@@ -22,7 +22,6 @@ void check(ncclResult_t result, const char* what) {
   if (result != ncclSuccess) throw Error(std::string("NCCL ") + what + ": " + ncclGetErrorString(result));
 }
 
-
 class NcclLink final : public Transport {
  public:
   NcclLink(MPI_Comm comm, int peer, c10::Device device) : peer_(peer), device_(device) {
@@ -114,7 +113,8 @@ class NcclLink final : public Transport {
   int peer_rank() const { return lower_ ? 1 : 0; }
   // Activations travel from the lower rank to the upper, gradients back.
   Channel& channel(int stage, MessageKind kind) {
-    if (stage != peer_) throw std::logic_error("NCCL link to rank " + std::to_string(peer_) + " used for rank " + std::to_string(stage));
+    if (stage != peer_)
+      throw std::logic_error("NCCL link to rank " + std::to_string(peer_) + " used for rank " + std::to_string(stage));
     return kind == MessageKind::Activation ? up_ : down_;
   }
 

@@ -155,10 +155,12 @@ std::map<int, at::Tensor> exact_integer_inputs(const OpGraph& g, int begin, uint
   SyntheticData data(g, seed);
   std::vector<int> inputs;
   for (int n : nodes)
-    if (g.nodes[static_cast<size_t>(n)].kind == OpKind::Input) inputs.push_back(g.nodes[static_cast<size_t>(n)].outputs[0]);
+    if (g.nodes[static_cast<size_t>(n)].kind == OpKind::Input)
+      inputs.push_back(g.nodes[static_cast<size_t>(n)].outputs[0]);
   data.load(env, inputs, 0, at::Device(at::kCPU));
   for (int n : nodes)  // ascending: execution order; each node alone holds only its parameters
-    if (g.nodes[static_cast<size_t>(n)].kind != OpKind::Input) StageModule(g, n, n + 1, seed).run_node(n, env, RunContext{});
+    if (g.nodes[static_cast<size_t>(n)].kind != OpKind::Input)
+      StageModule(g, n, n + 1, seed).run_node(n, env, RunContext{});
   std::map<int, at::Tensor> out;
   for (int t : wanted) out[t] = env[static_cast<size_t>(t)].clone();
   return out;
@@ -201,7 +203,8 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
     std::unique_ptr<ReplicaAverager> averager;
     if (c.replicas > 1) {
       averager = make_replica_averager(options.replica_comm, c.device);
-      result.transport += ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averager->description();
+      result.transport +=
+          ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averager->description();
       stage.set_replica_reducer([&](std::vector<StageParameter>& params) {
         const auto start = StageTracer::Clock::now();
         const int64_t bytes = averager->average(params);
@@ -246,8 +249,10 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
       while (reported < c.steps) {
         int flag = 0;
         MPI_Status st;
-        if (wait) MPI_Probe(last, static_cast<int>(reported), control_comm, &st), flag = 1;
-        else MPI_Iprobe(last, static_cast<int>(reported), control_comm, &flag, &st);
+        if (wait)
+          MPI_Probe(last, static_cast<int>(reported), control_comm, &st), flag = 1;
+        else
+          MPI_Iprobe(last, static_cast<int>(reported), control_comm, &flag, &st);
         if (!flag) return;
         double loss = 0;
         MPI_Recv(&loss, 1, MPI_DOUBLE, last, static_cast<int>(reported), control_comm, MPI_STATUS_IGNORE);
@@ -258,10 +263,9 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
     StageTracer tracer(rank, stage.module().device(), transport, StageTracer::Clock::now(), options.trace);
     tracing = &tracer;
     if (stage.evictor())
-      stage.evictor()->set_listener([&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes,
-                                              StageTracer::Clock::time_point start, StageTracer::Clock::time_point end) {
-        tracer.record_nested(kind, mb, tensor, bytes, start, end);
-      });
+      stage.evictor()->set_listener(
+          [&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes, StageTracer::Clock::time_point start,
+                    StageTracer::Clock::time_point end) { tracer.record_nested(kind, mb, tensor, bytes, start, end); });
     int64_t step = c.first_step;  // of the latest action with a micro-batch (an update belongs to it)
     int64_t micro_batch = -1;     // the latest action's
     for (const Action& a : stage_actions(c, rank)) {
@@ -272,7 +276,8 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
       // asynchronous stage updates after every backward; at the update after a step's last
       // micro-batch, at a drain, nothing is in flight.
       const bool step_done = c.schedule != ScheduleKind::Async || micro_batch % c.micro_batches == c.micro_batches - 1;
-      if (a.kind == ActionKind::OptimizerStep && options.eval_every > 0 && step_done && (step + 1) % options.eval_every == 0) {
+      if (a.kind == ActionKind::OptimizerStep && options.eval_every > 0 && step_done &&
+          (step + 1) % options.eval_every == 0) {
         // Message ids past every training micro-batch's.
         const int64_t base = (c.steps + (step + 1) / options.eval_every * options.eval_batches) * c.micro_batches;
         double sum = 0;

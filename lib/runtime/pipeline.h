@@ -31,7 +31,7 @@ struct PipelineConfig {
   int64_t drain_every = 0;
   uint64_t seed = 42;
   OptimizerConfig optimizer;
-  at::Device device = at::Device(at::kCPU);  // every stage's (each rank's own GPU on CUDA)
+  at::Device device = at::Device(at::kCPU);            // every stage's (each rank's own GPU on CUDA)
   std::vector<std::vector<TensorDecision>> decisions;  // per stage (the plan's); empty: keep all
   DataConfig data;
   int replica = 0, replicas = 1;  // data parallelism (StageConfig)
@@ -71,11 +71,11 @@ InProcessResult run_pipeline_in_process(const OpGraph& graph, const PipelineConf
 // What a distributed run does besides training.
 struct RunOptions {
   std::function<void(const StepLoss&)> on_loss;  // rank 0, every finished step, in step order
-  bool trace = false;                             // keep a record per action (trace/trace.h)
-  std::string checkpoint_dir;                     // write / resume checkpoints here
-  int64_t checkpoint_every = 0;                   // steps between checkpoints; 0: none
-  bool resume = false;  // load the checkpoint of step config.first_step (latest_checkpoint()) first
-  std::string preset, optimizer_name;             // checkpoint identity
+  bool trace = false;                            // keep a record per action (trace/trace.h)
+  std::string checkpoint_dir;                    // write / resume checkpoints here
+  int64_t checkpoint_every = 0;                  // steps between checkpoints; 0: none
+  bool resume = false;                 // load the checkpoint of step config.first_step (latest_checkpoint()) first
+  std::string preset, optimizer_name;  // checkpoint identity
   TransportChoice transport = TransportChoice::Auto;
   // Validation: every `eval_every` steps (at drains under async), `eval_batches` micro-batches
   // of the validation split; rank 0 gets the mean loss.

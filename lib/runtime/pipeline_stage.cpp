@@ -29,7 +29,8 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
       config_(config),
       transport_(transport),
       module_(graph, config.begin, config.end, config.seed, config.device),
-      data_(make_data_source(graph, config.data, config.seed, DataSplit::Train, graph.micro_batch_size * config.micro_batches)) {
+      data_(make_data_source(graph, config.data, config.seed, DataSplit::Train,
+                             graph.micro_batch_size * config.micro_batches)) {
   const std::vector<bool> rg = graph.requires_grad();
   for (int t : module_.external_inputs())
     if (graph.is_data(t)) data_ids_.push_back(t);
@@ -78,9 +79,15 @@ void PipelineStage::execute(const Action& a) {
 
 void PipelineStage::run(const Action& a) {
   switch (a.kind) {
-    case ActionKind::Forward: forward(a.micro_batch); break;
-    case ActionKind::Backward: backward(a.micro_batch); break;
-    case ActionKind::OptimizerStep: optimizer_step(); break;
+    case ActionKind::Forward:
+      forward(a.micro_batch);
+      break;
+    case ActionKind::Backward:
+      backward(a.micro_batch);
+      break;
+    case ActionKind::OptimizerStep:
+      optimizer_step();
+      break;
     case ActionKind::RecvActivation: {
       InFlight& f = in_flight_[a.micro_batch];
       f.inputs = transport_.recv(config_.stage - 1, MessageKind::Activation, a.micro_batch, recv_specs_);
@@ -127,7 +134,8 @@ void PipelineStage::run(const Action& a) {
     case ActionKind::RecvGrad: {
       // Kept until Backward: stored as the outputs' pending gradients.
       InFlight& f = in_flight_.at(a.micro_batch);
-      std::vector<at::Tensor> grads = transport_.recv(config_.stage + 1, MessageKind::Gradient, a.micro_batch, grad_specs_);
+      std::vector<at::Tensor> grads =
+          transport_.recv(config_.stage + 1, MessageKind::Gradient, a.micro_batch, grad_specs_);
       f.outputs.insert(f.outputs.end(), grads.begin(), grads.end());  // [outputs..., grads...]
       break;
     }
@@ -162,8 +170,9 @@ void PipelineStage::forward(int64_t mb) {
   const RunContext ctx{step_of(mb), job_micro_batch(mb)};
   if (evictor_) {
     evictor_->begin_forward(mb, ctx, env);
-    module_.forward(env, ctx, [&](int n) { evictor_->before_node(mb, n); },
-                    [&](int n, TensorEnv& e) { evictor_->after_node(mb, n, e); });
+    module_.forward(
+        env, ctx, [&](int n) { evictor_->before_node(mb, n); },
+        [&](int n, TensorEnv& e) { evictor_->after_node(mb, n, e); });
   } else {
     module_.forward(env, ctx);
   }
@@ -172,8 +181,8 @@ void PipelineStage::forward(int64_t mb) {
     f.loss = env[graph_.nodes[graph_.loss_node()].outputs[0]];
     const double value = f.loss.item<double>();
     if (!std::isfinite(value))
-      throw Error("loss is " + std::to_string(value) + " at step " + std::to_string(step_of(mb)) +
-                  ", micro-batch " + std::to_string(mb) + "; lower --lr");
+      throw Error("loss is " + std::to_string(value) + " at step " + std::to_string(step_of(mb)) + ", micro-batch " +
+                  std::to_string(mb) + "; lower --lr");
     step_loss_ += value;
     ++step_losses_;
   }

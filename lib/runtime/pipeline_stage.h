@@ -23,9 +23,9 @@ namespace dawnpiper {
 
 struct StageConfig {
   int stage = 0, stages = 1;
-  int begin = 0, end = 0;        // node range
+  int begin = 0, end = 0;  // node range
   ScheduleKind schedule = ScheduleKind::GPipe;
-  int64_t micro_batches = 1;     // per step (sync) / per reported step (async)
+  int64_t micro_batches = 1;  // per step (sync) / per reported step (async)
   uint64_t seed = 42;
   OptimizerConfig optimizer;
   at::Device device = at::Device(at::kCPU);  // where the stage's parameters and activations live

@@ -112,8 +112,8 @@ PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, Tra
   MPI_Comm_free(&setup);
   out.transport = std::make_unique<RoutedTransport>(rank, std::move(previous), std::move(next));
   for (int x = 0; x + 1 < size; ++x)
-    out.description += (x ? ", " : "") + std::to_string(x) + "-" + std::to_string(x + 1) +
-                       (nccl_link[x] ? " nccl" : " host");
+    out.description +=
+        (x ? ", " : "") + std::to_string(x) + "-" + std::to_string(x + 1) + (nccl_link[x] ? " nccl" : " host");
   if (size == 1) out.description = "none";
   return out;
 }

@@ -71,7 +71,8 @@ class NcclAverager final : public ReplicaAverager {
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
       at::Tensor& grad = p.tensor.mutable_grad();
       if (!grad.is_contiguous() || grad.scalar_type() != at::kFloat) grad = grad.to(at::kFloat).contiguous();
-      check(ncclAllReduce(grad.data_ptr(), grad.data_ptr(), static_cast<size_t>(grad.numel()), ncclFloat, ncclAvg, comm_, stream),
+      check(ncclAllReduce(grad.data_ptr(), grad.data_ptr(), static_cast<size_t>(grad.numel()), ncclFloat, ncclAvg,
+                          comm_, stream),
             "allreduce");
       bytes += grad.numel() * grad.element_size();
     }
@@ -96,7 +97,8 @@ std::unique_ptr<ReplicaAverager> make_replica_averager(MPI_Comm replicas, c10::D
   if (device.is_cuda() && nccl_available()) {
     // NCCL needs a GPU per replica; decided alike on every rank (the identities are gathered).
     const std::vector<std::string> ids = device_identities(device, replicas);
-    if (std::set<std::string>(ids.begin(), ids.end()).size() == ids.size()) return std::make_unique<NcclAverager>(replicas, device);
+    if (std::set<std::string>(ids.begin(), ids.end()).size() == ids.size())
+      return std::make_unique<NcclAverager>(replicas, device);
   }
 #endif
   return std::make_unique<MpiAverager>(replicas);

@@ -55,12 +55,13 @@ class LocalTransport final : public Transport {
 };
 
 // For running one stage alone (replay-stage): receives return stand-in tensors of the right
-// shapes and dtypes (small positive random values; zeros for integers unless set_exact gives them), sends are counted and held until
-// the next send (the latest an MPI send completes, as the planner's memory replay assumes), as
+// shapes and dtypes (small positive random values; zeros for integers unless set_exact gives them), sends are counted
+// and held until the next send (the latest an MPI send completes, as the planner's memory replay assumes), as
 // contiguous copies where MPI would need one (transposed views).
 class StandInTransport final : public Transport {
  public:
-  explicit StandInTransport(at::Device device = at::Device(at::kCPU), uint64_t seed = 7) : device_(device), seed_(seed) {}
+  explicit StandInTransport(at::Device device = at::Device(at::kCPU), uint64_t seed = 7)
+      : device_(device), seed_(seed) {}
   void send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) override;
   std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                const std::vector<const TensorInfo*>& specs) override;

@@ -14,16 +14,21 @@ struct KindCode {
 };
 // Longest codes first so that prefix matching in parse_action is unambiguous.
 const KindCode kKindCodes[] = {
-    {ActionKind::AllReduce, "ALLREDUCE"},    {ActionKind::SwapOut, "SWAP_OUT"},       {ActionKind::SwapIn, "SWAP_IN"},
-    {ActionKind::Recompute, "RECOMPUTE"},    {ActionKind::SendActivation, "SEND_F"},
-    {ActionKind::RecvActivation, "RECV_F"},  {ActionKind::SendGrad, "SEND_B"},
-    {ActionKind::RecvGrad, "RECV_B"},        {ActionKind::Forward, "F"},
-    {ActionKind::Backward, "B"},             {ActionKind::OptimizerStep, "U"},
+    {ActionKind::AllReduce, "ALLREDUCE"},
+    {ActionKind::SwapOut, "SWAP_OUT"},
+    {ActionKind::SwapIn, "SWAP_IN"},
+    {ActionKind::Recompute, "RECOMPUTE"},
+    {ActionKind::SendActivation, "SEND_F"},
+    {ActionKind::RecvActivation, "RECV_F"},
+    {ActionKind::SendGrad, "SEND_B"},
+    {ActionKind::RecvGrad, "RECV_B"},
+    {ActionKind::Forward, "F"},
+    {ActionKind::Backward, "B"},
+    {ActionKind::OptimizerStep, "U"},
 };
 
 bool has_tensor(ActionKind kind) {
-  return kind == ActionKind::SwapOut || kind == ActionKind::SwapIn ||
-         kind == ActionKind::Recompute;
+  return kind == ActionKind::SwapOut || kind == ActionKind::SwapIn || kind == ActionKind::Recompute;
 }
 }  // namespace
 
@@ -56,9 +61,7 @@ std::string to_string(const std::vector<Action>& actions) {
 }
 
 Action parse_action(const std::string& text) {
-  auto bad = [&]() {
-    return ConfigError("malformed action '" + text + "' (examples: 2F0, 1SEND_B3, 0U)");
-  };
+  auto bad = [&]() { return ConfigError("malformed action '" + text + "' (examples: 2F0, 1SEND_B3, 0U)"); };
   size_t pos = 0;
   while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
   if (pos == 0 || pos > 9) throw bad();

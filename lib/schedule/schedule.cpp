@@ -8,9 +8,12 @@ namespace dawnpiper {
 
 const char* schedule_kind_name(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::GPipe: return "gpipe";
-    case ScheduleKind::OneFOneB: return "1f1b";
-    case ScheduleKind::Async: return "async";
+    case ScheduleKind::GPipe:
+      return "gpipe";
+    case ScheduleKind::OneFOneB:
+      return "1f1b";
+    case ScheduleKind::Async:
+      return "async";
   }
   return "?";
 }
@@ -92,19 +95,18 @@ Schedule make_gpipe_schedule(int stages, int64_t m) {
   return s;
 }
 
-Schedule make_1f1b_schedule(int stages, int64_t m) {
-  return one_f_one_b(ScheduleKind::OneFOneB, stages, m);
-}
+Schedule make_1f1b_schedule(int stages, int64_t m) { return one_f_one_b(ScheduleKind::OneFOneB, stages, m); }
 
-Schedule make_async_schedule(int stages, int64_t m) {
-  return one_f_one_b(ScheduleKind::Async, stages, m);
-}
+Schedule make_async_schedule(int stages, int64_t m) { return one_f_one_b(ScheduleKind::Async, stages, m); }
 
 Schedule make_schedule(ScheduleKind kind, int stages, int64_t m) {
   switch (kind) {
-    case ScheduleKind::GPipe: return make_gpipe_schedule(stages, m);
-    case ScheduleKind::OneFOneB: return make_1f1b_schedule(stages, m);
-    case ScheduleKind::Async: return make_async_schedule(stages, m);
+    case ScheduleKind::GPipe:
+      return make_gpipe_schedule(stages, m);
+    case ScheduleKind::OneFOneB:
+      return make_1f1b_schedule(stages, m);
+    case ScheduleKind::Async:
+      return make_async_schedule(stages, m);
   }
   throw ConfigError("unknown schedule kind");
 }

@@ -29,7 +29,7 @@ namespace dawnpiper {
 
 enum class ScheduleKind { GPipe, OneFOneB, Async };
 
-const char* schedule_kind_name(ScheduleKind kind);  // "gpipe" | "1f1b" | "async"
+const char* schedule_kind_name(ScheduleKind kind);              // "gpipe" | "1f1b" | "async"
 ScheduleKind schedule_kind_from_name(const std::string& name);  // throws ConfigError
 
 struct Schedule {

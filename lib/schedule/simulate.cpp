@@ -54,8 +54,7 @@ StageStats simulate_stage(const std::vector<Action>& actions, int stages) {
 
   for (const Action& a : actions) {
     if (a.stage != x) malformed(a, "list mixes stages");
-    if (a.kind != ActionKind::OptimizerStep && a.micro_batch < 0)
-      malformed(a, "negative micro-batch");
+    if (a.kind != ActionKind::OptimizerStep && a.micro_batch < 0) malformed(a, "negative micro-batch");
     MicroBatchState* mb = a.kind == ActionKind::OptimizerStep ? nullptr : &mbs[a.micro_batch];
     switch (a.kind) {
       case ActionKind::RecvActivation:
@@ -133,16 +132,15 @@ StageStats simulate_stage(const std::vector<Action>& actions, int stages) {
 
 std::vector<StageStats> simulate_stages(const Schedule& schedule) {
   std::vector<StageStats> out;
-  for (const std::vector<Action>& list : schedule.actions)
-    out.push_back(simulate_stage(list, schedule.stages));
+  for (const std::vector<Action>& list : schedule.actions) out.push_back(simulate_stage(list, schedule.stages));
   return out;
 }
 
 std::vector<Action> simulate_global(const Schedule& schedule) {
   const int l = schedule.stages;
   if (static_cast<int>(schedule.actions.size()) != l)
-    throw ScheduleError("schedule has " + std::to_string(schedule.actions.size()) +
-                        " action lists for " + std::to_string(l) + " stages");
+    throw ScheduleError("schedule has " + std::to_string(schedule.actions.size()) + " action lists for " +
+                        std::to_string(l) + " stages");
   // Every stage must be well-formed on its own, and all must cover the same micro-batches.
   std::set<int64_t> reference;
   for (int x = 0; x < l; ++x) {
@@ -153,10 +151,10 @@ std::vector<Action> simulate_global(const Schedule& schedule) {
     std::set<int64_t> forwarded;
     for (const Action& a : list)
       if (a.kind == ActionKind::Forward) forwarded.insert(a.micro_batch);
-    if (x == 0) reference = forwarded;
+    if (x == 0)
+      reference = forwarded;
     else if (forwarded != reference)
-      throw ScheduleError("stage " + std::to_string(x) +
-                          " forwards other micro-batches than stage 0");
+      throw ScheduleError("stage " + std::to_string(x) + " forwards other micro-batches than stage 0");
   }
 
   // Sends executed so far, keyed by (sending stage, kind, micro-batch); a receive consumes one.
@@ -169,11 +167,9 @@ std::vector<Action> simulate_global(const Schedule& schedule) {
 
   auto ready = [&](const Action& a) {
     if (a.kind == ActionKind::RecvActivation)
-      return pending_sends.count({a.stage - 1, static_cast<int>(ActionKind::SendActivation),
-                                  a.micro_batch}) > 0;
+      return pending_sends.count({a.stage - 1, static_cast<int>(ActionKind::SendActivation), a.micro_batch}) > 0;
     if (a.kind == ActionKind::RecvGrad)
-      return pending_sends.count(
-                 {a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch}) > 0;
+      return pending_sends.count({a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch}) > 0;
     return true;
   };
 
@@ -188,11 +184,9 @@ std::vector<Action> simulate_global(const Schedule& schedule) {
         if (a.kind == ActionKind::SendActivation || a.kind == ActionKind::SendGrad)
           pending_sends.insert({a.stage, static_cast<int>(a.kind), a.micro_batch});
         if (a.kind == ActionKind::RecvActivation)
-          pending_sends.erase({a.stage - 1, static_cast<int>(ActionKind::SendActivation),
-                               a.micro_batch});
+          pending_sends.erase({a.stage - 1, static_cast<int>(ActionKind::SendActivation), a.micro_batch});
         if (a.kind == ActionKind::RecvGrad)
-          pending_sends.erase(
-              {a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch});
+          pending_sends.erase({a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch});
         order.push_back(a);
         ++h;
         progress = true;
@@ -210,8 +204,8 @@ std::vector<Action> simulate_global(const Schedule& schedule) {
   }
   if (!pending_sends.empty()) {
     const auto& s = *pending_sends.begin();
-    throw ScheduleError("send " + std::to_string(std::get<0>(s)) + " of micro-batch " +
-                        std::to_string(std::get<2>(s)) + " is never received");
+    throw ScheduleError("send " + std::to_string(std::get<0>(s)) + " of micro-batch " + std::to_string(std::get<2>(s)) +
+                        " is never received");
   }
   return order;
 }

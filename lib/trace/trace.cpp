@@ -54,8 +54,15 @@ const Fields<StageRecord>& stage_fields() {
 
 template <typename Row>
 void write_fields(hid_t group, const std::vector<Row>& rows, const Fields<Row>& fields) {
-  for (const auto& [name, member] : fields.ints) write_column(group, name, column(rows, [&](const Row& r) { return r.*member; }));
-  for (const auto& [name, member] : fields.reals) write_column(group, name, column(rows, [&](const Row& r) { return r.*member; }));
+  // Not structured bindings: C++17 lambdas may not capture them (GCC allows it, clang does not).
+  for (const auto& field : fields.ints) {
+    const auto member = field.second;
+    write_column(group, field.first, column(rows, [&](const Row& r) { return r.*member; }));
+  }
+  for (const auto& field : fields.reals) {
+    const auto member = field.second;
+    write_column(group, field.first, column(rows, [&](const Row& r) { return r.*member; }));
+  }
 }
 
 // Rows sized by the first column; every other column must have as many values.
@@ -120,8 +127,9 @@ void write_trace(const Trace& t, const std::string& path) {
     write_attr<double>(file, "wall_s", t.wall_s);
     Handle actions(H5Gcreate2(file, "actions", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group");
     write_fields(actions, t.actions, action_fields());
-    write_strings(actions, "kind",
-                  column(t.actions, [](const ActionRecord& r) { return std::string(action_kind_code(r.action_kind())); }));
+    write_strings(actions, "kind", column(t.actions, [](const ActionRecord& r) {
+                    return std::string(action_kind_code(r.action_kind()));
+                  }));
     Handle stages(H5Gcreate2(file, "stages", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group");
     write_fields(stages, t.stage_records, stage_fields());
     write_strings(stages, "host", column(t.stage_records, [](const StageRecord& r) { return std::string(r.host); }));
@@ -216,11 +224,11 @@ double bubble_bound(const Trace& t) {
 
 void print_summary(const Trace& t, std::ostream& out) {
   char line[256];
-  std::snprintf(line, sizeof line, "%s, %s schedule, %lld stages, %lld x %lld samples per step, steps %lld..%lld, %s, %s\n",
-                t.preset.c_str(), t.schedule.c_str(), static_cast<long long>(t.stages),
-                static_cast<long long>(t.micro_batches), static_cast<long long>(t.micro_batch_size),
-                static_cast<long long>(t.first_step), static_cast<long long>(t.steps - 1), t.device.c_str(),
-                t.transport.c_str());
+  std::snprintf(
+      line, sizeof line, "%s, %s schedule, %lld stages, %lld x %lld samples per step, steps %lld..%lld, %s, %s\n",
+      t.preset.c_str(), t.schedule.c_str(), static_cast<long long>(t.stages), static_cast<long long>(t.micro_batches),
+      static_cast<long long>(t.micro_batch_size), static_cast<long long>(t.first_step),
+      static_cast<long long>(t.steps - 1), t.device.c_str(), t.transport.c_str());
   out << line;
   std::snprintf(line, sizeof line, "wall %.3f s, throughput %.1f samples/s, bubble bound (l-1)/(m+l-1) = %.1f%%\n",
                 t.wall_s, throughput(t), 100 * bubble_bound(t));
@@ -245,14 +253,17 @@ void print_summary(const Trace& t, std::ostream& out) {
     for (const StageSummary& s : stages)
       most = std::max(most, s.busy_s), least = std::min(least, s.busy_s), mean_efficiency += 1 - s.idle_fraction;
     mean_efficiency /= static_cast<double>(stages.size());
-    std::snprintf(line, sizeof line, "busy time spread (max/min - 1) %.1f%%; mean efficiency %.1f%%%s\n",
-                  least > 0 ? 100 * (most / least - 1) : 0.0, 100 * mean_efficiency,
-                  t.schedule == "async" ? ""
-                                        : (", bound " + std::to_string(static_cast<int>(std::lround(100 * (1 - bubble_bound(t))))) + "%").c_str());
+    std::snprintf(
+        line, sizeof line, "busy time spread (max/min - 1) %.1f%%; mean efficiency %.1f%%%s\n",
+        least > 0 ? 100 * (most / least - 1) : 0.0, 100 * mean_efficiency,
+        t.schedule == "async"
+            ? ""
+            : (", bound " + std::to_string(static_cast<int>(std::lround(100 * (1 - bubble_bound(t))))) + "%").c_str());
     out << line;
   }
   if (t.replicas > 1) {
-    out << t.replicas << " data-parallel replicas (the table shows replica 0); gradient allreduce per stage, mean over replicas:";
+    out << t.replicas
+        << " data-parallel replicas (the table shows replica 0); gradient allreduce per stage, mean over replicas:";
     for (const StageSummary& s : summarize(t)) {
       std::snprintf(line, sizeof line, " %lld: %.3f s (%.1f%% of busy)", static_cast<long long>(s.stage), s.allreduce_s,
                     s.busy_s > 0 ? 100 * s.allreduce_s / s.busy_s : 0.0);
@@ -262,9 +273,10 @@ void print_summary(const Trace& t, std::ostream& out) {
   }
   for (const StageSummary& s : summarize(t)) {
     if (s.memopt_s == 0 && s.swapped_bytes == 0 && s.recomputed_bytes == 0) continue;
-    std::snprintf(line, sizeof line, "stage %lld memory optimization: %.3f s inside F/B, swapped out %s, recomputed %s\n",
-                  static_cast<long long>(s.stage), s.memopt_s, format_bytes(static_cast<double>(s.swapped_bytes)).c_str(),
-                  format_bytes(static_cast<double>(s.recomputed_bytes)).c_str());
+    std::snprintf(
+        line, sizeof line, "stage %lld memory optimization: %.3f s inside F/B, swapped out %s, recomputed %s\n",
+        static_cast<long long>(s.stage), s.memopt_s, format_bytes(static_cast<double>(s.swapped_bytes)).c_str(),
+        format_bytes(static_cast<double>(s.recomputed_bytes)).c_str());
     out << line;
   }
 }

@@ -15,7 +15,7 @@ namespace dawnpiper {
 struct ActionRecord {
   int64_t stage = 0;
   int64_t replica = 0;  // data-parallel replica (0 without data parallelism)
-  int64_t kind = 0;  // ActionKind
+  int64_t kind = 0;     // ActionKind
   int64_t micro_batch = -1;
   int64_t step = 0;
   double start_s = 0, end_s = 0;  // since the common start
@@ -67,7 +67,7 @@ struct StageSummary {
   double mean_forward_ms = 0, mean_backward_ms = 0;
   // Evictor work, inside the forwards and backwards above (not added to busy_s again).
   double memopt_s = 0;
-  int64_t swapped_bytes = 0;     // out (each byte that went to the host once)
+  int64_t swapped_bytes = 0;  // out (each byte that went to the host once)
   int64_t recomputed_bytes = 0;
   // Data parallelism: averaging gradients with the other replicas, inside the optimizer steps
   // (mean over replicas).

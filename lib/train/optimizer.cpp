@@ -27,8 +27,10 @@ class Sgd final : public Optimizer {
       if (!p.grad().defined()) continue;
       at::Tensor d = p.grad();
       if (momentum_ != 0) {
-        if (!buffers_[i].defined()) buffers_[i] = d.clone();
-        else buffers_[i].mul_(momentum_).add_(d);
+        if (!buffers_[i].defined())
+          buffers_[i] = d.clone();
+        else
+          buffers_[i].mul_(momentum_).add_(d);
         d = buffers_[i];
       }
       p.add_(d, -lr_);
@@ -93,8 +95,7 @@ class Adam final : public Optimizer {
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config,
-                                          std::vector<at::Tensor> params) {
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, std::vector<at::Tensor> params) {
   if (!(config.lr > 0)) throw ConfigError("learning rate must be positive");
   if (config.kind == "sgd") return std::make_unique<Sgd>(std::move(params), config.lr, config.momentum);
   if (config.kind == "adam") return std::make_unique<Adam>(std::move(params), config);

@@ -13,7 +13,7 @@ namespace dawnpiper {
 struct OptimizerConfig {
   std::string kind = "sgd";  // sgd | adam
   double lr = 0.01;
-  double momentum = 0.9;     // sgd
+  double momentum = 0.9;                          // sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
 };
 
@@ -38,7 +38,6 @@ class Optimizer {
 };
 
 // Throws ConfigError for an unknown kind or a non-positive learning rate.
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config,
-                                          std::vector<at::Tensor> params);
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, std::vector<at::Tensor> params);
 
 }  // namespace dawnpiper

@@ -14,7 +14,8 @@ ReferenceTrainer::ReferenceTrainer(const OpGraph& graph, const TrainConfig& conf
     : graph_(graph),
       config_(config),
       module_(graph, 0, graph.size(), config.seed),
-      data_(make_data_source(graph, config.data, config.seed, DataSplit::Train, graph.micro_batch_size * config.micro_batches)),
+      data_(make_data_source(graph, config.data, config.seed, DataSplit::Train,
+                             graph.micro_batch_size * config.micro_batches)),
       data_inputs_(graph.data_inputs(0, graph.size())) {
   if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
   if (config.steps < 0) throw ConfigError("--steps must not be negative");
@@ -36,8 +37,8 @@ StepResult ReferenceTrainer::step() {
     at::Tensor loss = env[loss_tensor];
     const double value = loss.item<double>();
     if (!std::isfinite(value))
-      throw Error("loss is " + std::to_string(value) + " at step " + std::to_string(next_step_) +
-                  ", micro-batch " + std::to_string(mb) + "; lower --lr");
+      throw Error("loss is " + std::to_string(value) + " at step " + std::to_string(next_step_) + ", micro-batch " +
+                  std::to_string(mb) + "; lower --lr");
     loss_sum += value;
     (loss / static_cast<double>(config_.micro_batches)).backward();
   }

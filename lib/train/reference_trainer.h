@@ -22,9 +22,9 @@ struct TrainConfig {
 
 struct StepResult {
   int64_t step = 0;
-  double loss = 0;          // mean over the step's micro-batches
-  double seconds = 0;       // wall time of the step
-  int64_t peak_bytes = 0;   // counting allocator's peak during the step (CPU), 0 if not counted
+  double loss = 0;         // mean over the step's micro-batches
+  double seconds = 0;      // wall time of the step
+  int64_t peak_bytes = 0;  // counting allocator's peak during the step (CPU), 0 if not counted
 };
 
 class ReferenceTrainer {

@@ -9,8 +9,7 @@
 
 namespace dawnpiper {
 
-void write_atomically(const std::string& path,
-                      const std::function<void(const std::string&)>& write) {
+void write_atomically(const std::string& path, const std::function<void(const std::string&)>& write) {
   check_writable(path);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   try {

@@ -8,8 +8,7 @@ namespace dawnpiper {
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what, int exit_code = 2)
-      : std::runtime_error(what), exit_code_(exit_code) {}
+  explicit Error(const std::string& what, int exit_code = 2) : std::runtime_error(what), exit_code_(exit_code) {}
   int exit_code() const { return exit_code_; }
 
  private:

@@ -47,8 +47,13 @@ std::string read_text_file(const std::string& path) {
 
 void remove_tree(const std::string& path) {
   // Depth first, without following symbolic links.
-  nftw(path.c_str(), [](const char* p, const struct stat*, int, FTW*) { std::remove(p); return 0; }, 16,
-       FTW_DEPTH | FTW_PHYS);
+  nftw(
+      path.c_str(),
+      [](const char* p, const struct stat*, int, FTW*) {
+        std::remove(p);
+        return 0;
+      },
+      16, FTW_DEPTH | FTW_PHYS);
 }
 
 }  // namespace dawnpiper

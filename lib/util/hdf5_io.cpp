@@ -20,8 +20,8 @@ Handle string_type() {
 void write_floats(hid_t group, const std::string& name, const float* data, size_t count) {
   hsize_t dims[1] = {count};
   Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose, "create dataspace");
-  Handle set(H5Dcreate2(group, name.c_str(), H5T_NATIVE_FLOAT, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-             H5Dclose, "create dataset " + name);
+  Handle set(H5Dcreate2(group, name.c_str(), H5T_NATIVE_FLOAT, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose,
+             "create dataset " + name);
   if (count) check(H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "write " + name);
 }
 
@@ -31,7 +31,8 @@ void read_floats(hid_t group, const std::string& name, float* data, size_t count
   hsize_t n = 0;
   H5Sget_simple_extent_dims(space, &n, nullptr);
   if (n != count)
-    throw std::runtime_error("dataset " + name + " has " + std::to_string(n) + " values, expected " + std::to_string(count));
+    throw std::runtime_error("dataset " + name + " has " + std::to_string(n) + " values, expected " +
+                             std::to_string(count));
   if (n) check(H5Dread(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "read " + name);
 }
 
@@ -59,7 +60,8 @@ void write_lists(hid_t group, const std::string& name, const std::vector<std::ve
 void write_attr(hid_t obj, const std::string& name, const std::string& value) {
   Handle type = string_type();
   Handle space(H5Screate(H5S_SCALAR), H5Sclose, "create dataspace");
-  Handle attr(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose, "create attribute " + name);
+  Handle attr(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+              "create attribute " + name);
   const char* p = value.c_str();
   check(H5Awrite(attr, type, &p), "write attribute " + name);
 }

@@ -33,19 +33,26 @@ void check(herr_t status, const std::string& what);
 template <typename T>
 hid_t native_type();
 template <>
-inline hid_t native_type<int64_t>() { return H5T_NATIVE_INT64; }
+inline hid_t native_type<int64_t>() {
+  return H5T_NATIVE_INT64;
+}
 template <>
-inline hid_t native_type<double>() { return H5T_NATIVE_DOUBLE; }
+inline hid_t native_type<double>() {
+  return H5T_NATIVE_DOUBLE;
+}
 template <>
-inline hid_t native_type<float>() { return H5T_NATIVE_FLOAT; }
+inline hid_t native_type<float>() {
+  return H5T_NATIVE_FLOAT;
+}
 
 template <typename T>
 void write_column(hid_t group, const std::string& name, const std::vector<T>& values) {
   hsize_t dims[1] = {values.size()};
   Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose, "create dataspace");
-  Handle set(H5Dcreate2(group, name.c_str(), native_type<T>(), space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-             H5Dclose, "create dataset " + name);
-  if (!values.empty()) check(H5Dwrite(set, native_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "write " + name);
+  Handle set(H5Dcreate2(group, name.c_str(), native_type<T>(), space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose,
+             "create dataset " + name);
+  if (!values.empty())
+    check(H5Dwrite(set, native_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "write " + name);
 }
 
 // One field of every row: column(rows, [](const Row& r) { return r.x; }).
@@ -75,7 +82,9 @@ void write_attr(hid_t obj, const std::string& name, T value) {
   check(H5Awrite(attr, native_type<T>(), &value), "write attribute " + name);
 }
 void write_attr(hid_t obj, const std::string& name, const std::string& value);
-inline void write_attr(hid_t obj, const std::string& name, const char* value) { write_attr(obj, name, std::string(value)); }
+inline void write_attr(hid_t obj, const std::string& name, const char* value) {
+  write_attr(obj, name, std::string(value));
+}
 
 template <typename T>
 T read_attr(hid_t obj, const std::string& name) {

@@ -33,20 +33,25 @@ Json Json::object() {
 namespace {
 const char* type_name(Json::Type type) {
   switch (type) {
-    case Json::Type::Null: return "null";
-    case Json::Type::Bool: return "a boolean";
-    case Json::Type::Number: return "a number";
-    case Json::Type::String: return "a string";
-    case Json::Type::Array: return "an array";
-    case Json::Type::Object: return "an object";
+    case Json::Type::Null:
+      return "null";
+    case Json::Type::Bool:
+      return "a boolean";
+    case Json::Type::Number:
+      return "a number";
+    case Json::Type::String:
+      return "a string";
+    case Json::Type::Array:
+      return "an array";
+    case Json::Type::Object:
+      return "an object";
   }
   return "?";
 }
 }  // namespace
 
 void Json::expect(Type type, const char* what) const {
-  if (type_ != type)
-    throw ConfigError(std::string("JSON: expected ") + what + ", found " + type_name(type_));
+  if (type_ != type) throw ConfigError(std::string("JSON: expected ") + what + ", found " + type_name(type_));
 }
 
 bool Json::as_bool() const {
@@ -75,15 +80,13 @@ const std::string& Json::as_string() const {
   return string_;
 }
 
-size_t Json::size() const {
-  return (type_ == Type::Array || type_ == Type::Object) ? values_.size() : 0;
-}
+size_t Json::size() const { return (type_ == Type::Array || type_ == Type::Object) ? values_.size() : 0; }
 
 const Json& Json::operator[](size_t index) const {
   expect(Type::Array, "an array");
   if (index >= values_.size())
-    throw ConfigError("JSON: index " + std::to_string(index) + " out of range (size " +
-                      std::to_string(values_.size()) + ")");
+    throw ConfigError("JSON: index " + std::to_string(index) + " out of range (size " + std::to_string(values_.size()) +
+                      ")");
   return values_[index];
 }
 
@@ -126,13 +129,27 @@ void json_escape(const std::string& text, std::string& out) {
   out += '"';
   for (char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -153,8 +170,12 @@ void Json::dump_to(std::string& out, int indent, int level) const {
     out.append(static_cast<size_t>(indent * lvl), ' ');
   };
   switch (type_) {
-    case Type::Null: out += "null"; break;
-    case Type::Bool: out += bool_ ? "true" : "false"; break;
+    case Type::Null:
+      out += "null";
+      break;
+    case Type::Bool:
+      out += bool_ ? "true" : "false";
+      break;
     case Type::Number: {
       char buf[40];
       if (is_integer_) {
@@ -174,7 +195,9 @@ void Json::dump_to(std::string& out, int indent, int level) const {
       out += buf;
       break;
     }
-    case Type::String: json_escape(string_, out); break;
+    case Type::String:
+      json_escape(string_, out);
+      break;
     case Type::Array:
       out += '[';
       for (size_t i = 0; i < values_.size(); ++i) {
@@ -225,8 +248,8 @@ class Parser {
   }
 
   void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' ||
-                                   text_[pos_] == '\t' || text_[pos_] == '\r'))
+    while (pos_ < text_.size() &&
+           (text_[pos_] == ' ' || text_[pos_] == '\n' || text_[pos_] == '\t' || text_[pos_] == '\r'))
       ++pos_;
   }
 
@@ -310,10 +333,14 @@ class Parser {
     for (int i = 0; i < 4; ++i) {
       char c = text_[pos_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<unsigned>(c - 'A' + 10);
-      else fail("bad hex digit in \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= static_cast<unsigned>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= static_cast<unsigned>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        v |= static_cast<unsigned>(c - 'A' + 10);
+      else
+        fail("bad hex digit in \\u escape");
     }
     return v;
   }
@@ -351,14 +378,30 @@ class Parser {
       if (pos_ >= text_.size()) fail("unterminated escape");
       char e = text_[pos_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           unsigned cp = parse_hex4();
           if (cp >= 0xD800 && cp < 0xDC00) {  // high surrogate: a low one must follow
@@ -372,7 +415,8 @@ class Parser {
           append_utf8(cp, out);
           break;
         }
-        default: fail(std::string("bad escape '\\") + e + "'");
+        default:
+          fail(std::string("bad escape '\\") + e + "'");
       }
     }
   }

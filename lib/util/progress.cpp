@@ -70,8 +70,8 @@ void Progress::step(int64_t step, double loss) {
     const int width = 24;
     const int filled = total > 0 ? static_cast<int>(width * done_ / total) : width;
     std::fprintf(out_, "\r[%s%s] step %" PRId64 "/%" PRId64 "  loss %.6g  %.1f samples/s  ETA %s ",
-                 std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), step + 1, steps_,
-                 loss, samples_per_second(), duration_text(eta).c_str());
+                 std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), step + 1, steps_, loss,
+                 samples_per_second(), duration_text(eta).c_str());
   } else {
     std::fprintf(out_, "step %" PRId64 " loss %.9g time %.3fs %.1f samples/s eta %s\n", step, loss, step_s,
                  samples_per_second(), duration_text(eta).c_str());

@@ -20,8 +20,8 @@ struct DTypeCode {
   const char* code;
   DType dtype;
 };
-const DTypeCode kCodes[] = {{"F32", DType::F32}, {"I64", DType::I64}, {"BF16", DType::BF16}, {"F16", DType::F16},
-                            {"F64", DType::F64}, {"I32", DType::I32}, {"I16", DType::I16},   {"I8", DType::I8},
+const DTypeCode kCodes[] = {{"F32", DType::F32}, {"I64", DType::I64},  {"BF16", DType::BF16}, {"F16", DType::F16},
+                            {"F64", DType::F64}, {"I32", DType::I32},  {"I16", DType::I16},   {"I8", DType::I8},
                             {"U8", DType::U8},   {"BOOL", DType::Bool}};
 
 DType dtype_of_code(const std::string& code, const std::string& where) {

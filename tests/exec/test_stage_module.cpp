@@ -1,7 +1,6 @@
 // The op-graph executor: shapes, deterministic initialization, split == whole.
 #include "torch_test.h"
 
-
 #include "data/synthetic.h"
 #include "exec/stage_module.h"
 #include "models/model_config.h"

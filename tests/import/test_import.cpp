@@ -51,13 +51,17 @@ void check_against_eager(const std::string& name, double tolerance = 1e-5) {
 }  // namespace
 
 TEST_CASE("imported GPT-2 gives eager PyTorch's loss and gradients", "[import]") { check_against_eager("gpt2"); }
-TEST_CASE("imported BERT (masked LM) gives eager PyTorch's loss and gradients", "[import]") { check_against_eager("bert"); }
+TEST_CASE("imported BERT (masked LM) gives eager PyTorch's loss and gradients", "[import]") {
+  check_against_eager("bert");
+}
 TEST_CASE("imported T5 gives eager PyTorch's loss and gradients", "[import]") { check_against_eager("t5"); }
 TEST_CASE("imported Llama gives eager PyTorch's loss and gradients", "[import]") { check_against_eager("llama"); }
 TEST_CASE("imported user module gives eager PyTorch's loss and gradients", "[import]") { check_against_eager("odd"); }
 // Exported under torch.autocast: the graph holds autocast's casts, so DawnPiper runs the very
 // kernels eager autocast runs.
-TEST_CASE("imported bf16 GPT-2 gives eager autocast's loss and gradients", "[import]") { check_against_eager("gpt2_bf16", 1e-5); }
+TEST_CASE("imported bf16 GPT-2 gives eager autocast's loss and gradients", "[import]") {
+  check_against_eager("gpt2_bf16", 1e-5);
+}
 
 namespace {
 // saved_by and bytes per tensor name, data tensors left out (a reshape of a data input is

@@ -35,7 +35,8 @@ int64_t measured_stage_peak(CountingAllocator& counter, const OpGraph& g, const 
 }
 
 // Random decisions for the stage's saved tensors: keep, swap, or recompute what it produces.
-std::vector<TensorDecision> random_decisions(const CostModel& model, const Profile& profile, int b, int e, std::mt19937& rng) {
+std::vector<TensorDecision> random_decisions(const CostModel& model, const Profile& profile, int b, int e,
+                                             std::mt19937& rng) {
   std::set<int> saved;
   for (int n = b; n < e; ++n) saved.insert(model.saved_at(n).begin(), model.saved_at(n).end());
   std::vector<TensorDecision> ds;
@@ -45,7 +46,8 @@ std::vector<TensorDecision> random_decisions(const CostModel& model, const Profi
     TensorDecision d{tensor, t.bytes, TensorAction::Keep, *(std::lower_bound(savers.begin(), savers.end(), e) - 1)};
     const bool recomputable = !t.is_data && t.producer >= b && t.producer < e;
     const int pick = static_cast<int>(rng() % 3);
-    if (!t.internal && !t.param_view && pick > 0) d.action = pick == 1 || !recomputable ? TensorAction::Swap : TensorAction::Recompute;
+    if (!t.internal && !t.param_view && pick > 0)
+      d.action = pick == 1 || !recomputable ? TensorAction::Swap : TensorAction::Recompute;
     ds.push_back(d);
   }
   return ds;
@@ -70,7 +72,8 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
     std::mt19937 rng(5);
     std::set<int> cuts;
     for (int n = 1; n < g.size(); ++n)
-      if (profile.nodes[static_cast<size_t>(n)].block != profile.nodes[static_cast<size_t>(n) - 1].block) cuts.insert(n);
+      if (profile.nodes[static_cast<size_t>(n)].block != profile.nodes[static_cast<size_t>(n) - 1].block)
+        cuts.insert(n);
     for (int q = 1; q < 8; ++q) cuts.insert(g.size() * q / 8);
     for (int cut : cuts)
       for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async})
@@ -86,16 +89,18 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
           pc.micro_batches = 3;
           pc.steps = 2;
           for (const auto& [b, e] : pc.ranges)
-            pc.decisions.push_back(round == 0 ? std::vector<TensorDecision>{} : random_decisions(model, profile, b, e, rng));
+            pc.decisions.push_back(round == 0 ? std::vector<TensorDecision>{}
+                                              : random_decisions(model, profile, b, e, rng));
           for (int x = 0; x < 2; ++x) {
             const auto [b, e] = pc.ranges[static_cast<size_t>(x)];
             const int64_t predicted = replay_stage_memory(model, b, e, x, pc.decisions[static_cast<size_t>(x)]).peak;
             const int64_t measured = measured_stage_peak(counter, g, pc, x);
             if (std::getenv("DEBUG_MEMORY"))
-              std::fprintf(stderr, "%s %s cut %d round %d stage %d (%+.1f%%)\n", name, schedule_kind_name(kind), cut, round, x,
-                           100.0 * (double(measured) / double(predicted) - 1));
-            INFO(name << " cut " << cut << " (" << g.nodes[static_cast<size_t>(cut)].name << ") " << schedule_kind_name(kind)
-                      << " round " << round << " stage " << x << ": measured " << measured << " predicted " << predicted);
+              std::fprintf(stderr, "%s %s cut %d round %d stage %d (%+.1f%%)\n", name, schedule_kind_name(kind), cut,
+                           round, x, 100.0 * (double(measured) / double(predicted) - 1));
+            INFO(name << " cut " << cut << " (" << g.nodes[static_cast<size_t>(cut)].name << ") "
+                      << schedule_kind_name(kind) << " round " << round << " stage " << x << ": measured " << measured
+                      << " predicted " << predicted);
             // Keeping everything: at most 2% above (measured: +0.8%). Random evictions: 6% (T5
             // reaches +5.5% under gpipe, not yet explained; the planner's own decisions stay
             // within 2% in the command-line tests).

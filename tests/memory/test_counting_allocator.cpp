@@ -1,7 +1,6 @@
 // The counting CPU allocator: live/peak bytes of a hand-computed allocation sequence, capacity.
 #include "torch_test.h"
 
-
 #include "memory/counting_allocator.h"
 #include "util/error.h"
 
@@ -33,7 +32,7 @@ TEST_CASE("peak matches a hand-computed allocation sequence", "[memory]") {
 TEST_CASE("allocations beyond the capacity raise the project's out-of-memory error", "[memory]") {
   CountingAllocator& a = CountingAllocator::install();
   const int64_t base = a.live_bytes();
-  a.set_capacity(base + (1 << 20));  // 1 MiB of headroom
+  a.set_capacity(base + (1 << 20));                  // 1 MiB of headroom
   at::Tensor ok = at::empty({1 << 17}, at::kFloat);  // 512 KiB fits
   try {
     at::Tensor too_big = at::empty({1 << 18}, at::kFloat);  // 1 MiB more does not

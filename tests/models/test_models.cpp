@@ -40,8 +40,8 @@ TEST_CASE("paper presets have the published parameter counts (within 3%)", "[mod
   };
   // bert-large 340M, gpt2-large 774M (the paper rounds to 770M), t5-large 780M as the paper
   // states (v1.0 dimensions with an untied head), AmoebaNet-D 28M.
-  for (Expect e : {Expect{"bert-large", 340e6}, Expect{"gpt2-large", 770e6},
-                   Expect{"t5-large", 780e6}, Expect{"amoebanet-d", 28e6}}) {
+  for (Expect e : {Expect{"bert-large", 340e6}, Expect{"gpt2-large", 770e6}, Expect{"t5-large", 780e6},
+                   Expect{"amoebanet-d", 28e6}}) {
     INFO(e.preset);
     OpGraph g = build_model(preset_config(e.preset), 1);
     double ratio = static_cast<double>(g.parameter_count()) / e.published;
@@ -55,7 +55,7 @@ TEST_CASE("output shapes follow the configuration", "[models]") {
   OpGraph gpt = build_model(preset_config("gpt2-tiny"), 3);
   const Node& loss = gpt.nodes[gpt.loss_node()];
   CHECK(gpt.tensor(loss.inputs[0]).shape == Shape{3, 32, 512});  // logits [B, S, V]
-  CHECK(gpt.tensor(loss.outputs[0]).shape.empty());               // scalar loss
+  CHECK(gpt.tensor(loss.outputs[0]).shape.empty());              // scalar loss
   OpGraph amoeba = build_model(preset_config("amoebanet-tiny"), 2);
   CHECK(amoeba.tensor(amoeba.nodes[amoeba.loss_node()].inputs[0]).shape == Shape{2, 10});
   OpGraph t5 = build_model(preset_config("t5-tiny"), 2);

@@ -38,32 +38,33 @@ double median_ms(int runs, const std::function<void()>& f) {
 void time_planning(int layers, int stages, int runs) {
   Profile p = transformer_like_profile(layers);
   for (const char* schedule : {"async", "1f1b"}) {
-   for (const char* memopt : {"sr", "r"}) {
-    PlanOptions opt;
-    opt.stages = stages;
-    opt.schedule = schedule;
-    opt.micro_batches = 2 * stages;
-    opt.memopt = memopt;
-    opt.capacity_bytes = INT64_MAX;
-    const int64_t open_peak = make_plan(p, opt).max_peak_bytes();
-    for (double fraction : {1.0, 0.8, 0.6, 0.5}) {
-      opt.capacity_bytes = static_cast<int64_t>(fraction * static_cast<double>(open_peak));
-      std::optional<Plan> plan;
-      double ms = median_ms(runs, [&] { plan = try_plan(p, opt); });
-      std::printf("planning %6d nodes, l=%2d, %-5s %-2s, capacity %3.0f%% of the unconstrained "
-                  "peak: median %8.2f ms over %d runs, %s, bottleneck %.2f ms\n",
-                  p.size(), stages, schedule, memopt, 100 * fraction, ms, runs,
-                  plan ? "plan found" : "no plan", plan ? plan->bottleneck_ms() : 0.0);
+    for (const char* memopt : {"sr", "r"}) {
+      PlanOptions opt;
+      opt.stages = stages;
+      opt.schedule = schedule;
+      opt.micro_batches = 2 * stages;
+      opt.memopt = memopt;
+      opt.capacity_bytes = INT64_MAX;
+      const int64_t open_peak = make_plan(p, opt).max_peak_bytes();
+      for (double fraction : {1.0, 0.8, 0.6, 0.5}) {
+        opt.capacity_bytes = static_cast<int64_t>(fraction * static_cast<double>(open_peak));
+        std::optional<Plan> plan;
+        double ms = median_ms(runs, [&] { plan = try_plan(p, opt); });
+        std::printf(
+            "planning %6d nodes, l=%2d, %-5s %-2s, capacity %3.0f%% of the unconstrained "
+            "peak: median %8.2f ms over %d runs, %s, bottleneck %.2f ms\n",
+            p.size(), stages, schedule, memopt, 100 * fraction, ms, runs, plan ? "plan found" : "no plan",
+            plan ? plan->bottleneck_ms() : 0.0);
+      }
     }
-   }
   }
 }
 
 }  // namespace
 
 TEST_CASE("planning time on transformer-shaped graphs", "[.bench]") {
-  time_planning(53, 8, 7);     // ~1,000 nodes
-  time_planning(526, 64, 3);   // ~10,000 nodes
+  time_planning(53, 8, 7);    // ~1,000 nodes
+  time_planning(526, 64, 3);  // ~10,000 nodes
 }
 
 TEST_CASE("BiPar against exact on medium graphs", "[.bench]") {
@@ -107,10 +108,10 @@ TEST_CASE("BiPar against exact on medium graphs", "[.bench]") {
     equal += gap <= 1e-9;
     within3 += gap <= 0.03;
   }
-  std::printf("BiPar vs exact, 60-200 nodes, l=2..8: %d feasible instances; equal %.1f%%, within 3%% "
-              "%.1f%%, worst gap %.2f%%, BiPar no plan %d; total time BiPar %.0f ms, exact %.0f ms\n",
-              instances, 100.0 * equal / instances, 100.0 * within3 / instances, 100 * worst, no_plan,
-              bipar_ms, exact_ms);
+  std::printf(
+      "BiPar vs exact, 60-200 nodes, l=2..8: %d feasible instances; equal %.1f%%, within 3%% "
+      "%.1f%%, worst gap %.2f%%, BiPar no plan %d; total time BiPar %.0f ms, exact %.0f ms\n",
+      instances, 100.0 * equal / instances, 100.0 * within3 / instances, 100 * worst, no_plan, bipar_ms, exact_ms);
 }
 
 // docs/benchmarks.md "BiPar against the exact optimum on the paper's models": analytic A100
@@ -122,8 +123,9 @@ TEST_CASE("BiPar against exact on medium graphs", "[.bench]") {
 // and the dawnpiper planner, which finishes with the bounded exact DP.
 TEST_CASE("BiPar against the exact optimum on the paper's models", "[.bench]") {
   const DeviceSpec spec = device_spec("a100-40gb");
-  std::printf("| model | micro-batch | schedule | BiPar / exact - 1, stages 2..8 | dawnpiper / exact - 1 | "
-              "BiPar ms | dawnpiper ms | exact ms |\n");
+  std::printf(
+      "| model | micro-batch | schedule | BiPar / exact - 1, stages 2..8 | dawnpiper / exact - 1 | "
+      "BiPar ms | dawnpiper ms | exact ms |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const char* preset : {"bert-large", "gpt2-large", "t5-large", "amoebanet-d"}) {
     const Profile fits = analytic_profile_model(ModelSource(preset_config(preset)), {1, 2}, spec);
@@ -143,9 +145,12 @@ TEST_CASE("BiPar against the exact optimum on the paper's models", "[.bench]") {
       double bipar_ms = 0, planner_ms = 0, exact_ms = 0;
       auto cell = [](std::string& row, double value, double optimum) {
         char text[32];
-        if (optimum == std::numeric_limits<double>::infinity()) std::snprintf(text, sizeof text, "no plan");
-        else if (value == std::numeric_limits<double>::infinity()) std::snprintf(text, sizeof text, "none found");
-        else std::snprintf(text, sizeof text, "%.2f%%", 100 * (value / optimum - 1));
+        if (optimum == std::numeric_limits<double>::infinity())
+          std::snprintf(text, sizeof text, "no plan");
+        else if (value == std::numeric_limits<double>::infinity())
+          std::snprintf(text, sizeof text, "none found");
+        else
+          std::snprintf(text, sizeof text, "%.2f%%", 100 * (value / optimum - 1));
         row += (row.empty() ? "" : " / ") + std::string(text);
       };
       for (int stages = 2; stages <= 8; ++stages) {
@@ -172,8 +177,8 @@ TEST_CASE("BiPar against the exact optimum on the paper's models", "[.bench]") {
         cell(bipar_gaps, bipar, optimum);
         cell(planner_gaps, dp ? dp->bottleneck_ms() : inf, optimum);
       }
-      std::printf("| %s | %lld | %s | %s | %s | %.0f | %.0f | %.0f |\n", preset, static_cast<long long>(batch), schedule,
-                  bipar_gaps.c_str(), planner_gaps.c_str(), bipar_ms, planner_ms, exact_ms);
+      std::printf("| %s | %lld | %s | %s | %s | %.0f | %.0f | %.0f |\n", preset, static_cast<long long>(batch),
+                  schedule, bipar_gaps.c_str(), planner_gaps.c_str(), bipar_ms, planner_ms, exact_ms);
       std::fflush(stdout);
     }
   }

@@ -80,9 +80,7 @@ inline void save(Profile& p, int node, int tensor) {
 inline Profile random_profile(uint64_t seed, const SyntheticOptions& o) {
   std::mt19937_64 rng(seed);
   auto uniform = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
-  auto integer = [&](int64_t a, int64_t b) {
-    return std::uniform_int_distribution<int64_t>(a, b)(rng);
-  };
+  auto integer = [&](int64_t a, int64_t b) { return std::uniform_int_distribution<int64_t>(a, b)(rng); };
   auto chance = [&](double p) { return uniform(0, 1) < p; };
 
   Profile p;
@@ -99,9 +97,8 @@ inline Profile random_profile(uint64_t seed, const SyntheticOptions& o) {
   for (int i = 1; i < o.nodes; ++i) {
     NodeProfile n = make_node(i, i + 1 == o.nodes ? "loss" : "op", i / o.nodes_per_block);
     int64_t bytes = integer(o.bytes_min, o.bytes_max);
-    double fwd = o.uniform_memopt
-                     ? o.fwd_max_ms * static_cast<double>(bytes) / static_cast<double>(o.bytes_max)
-                     : uniform(o.fwd_min_ms, o.fwd_max_ms);
+    double fwd = o.uniform_memopt ? o.fwd_max_ms * static_cast<double>(bytes) / static_cast<double>(o.bytes_max)
+                                  : uniform(o.fwd_min_ms, o.fwd_max_ms);
     set_time(n, fwd, fwd * uniform(o.bwd_ratio_min, o.bwd_ratio_max));
     n.param_bytes = integer(o.param_min, o.param_max);
     set_workspace(n, integer(0, o.workspace_max));
@@ -134,8 +131,8 @@ inline Profile transformer_like_profile(int layers, uint64_t seed = 1) {
   p.profiled_batch_sizes = {1, 2};
   const int64_t h = 1 << 20;  // hidden activation bytes per micro-batch
   int node = 0;
-  auto add = [&](const std::string& kind, int block, double fwd, int64_t params,
-                 std::vector<int> inputs, int64_t out_bytes, bool save_inputs, bool save_output) {
+  auto add = [&](const std::string& kind, int block, double fwd, int64_t params, std::vector<int> inputs,
+                 int64_t out_bytes, bool save_inputs, bool save_output) {
     NodeProfile n = make_node(node, kind, block);
     double f = fwd * jitter();
     set_time(n, f, 2 * f);

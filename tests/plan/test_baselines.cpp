@@ -189,9 +189,9 @@ double all_pairs_optimum(StageEvaluator& ev) {
   for (int x = 1; x < l; ++x)
     for (int e = x + 1; e <= n; ++e)
       for (int s = x; s < e; ++s)
-        best[static_cast<size_t>(x)][static_cast<size_t>(e)] =
-            std::min(best[static_cast<size_t>(x)][static_cast<size_t>(e)],
-                     std::max(best[static_cast<size_t>(x) - 1][static_cast<size_t>(s)], ev.evaluate(s, e, x).time_ms()));
+        best[static_cast<size_t>(x)][static_cast<size_t>(e)] = std::min(
+            best[static_cast<size_t>(x)][static_cast<size_t>(e)],
+            std::max(best[static_cast<size_t>(x) - 1][static_cast<size_t>(s)], ev.evaluate(s, e, x).time_ms()));
   return best[static_cast<size_t>(l) - 1][static_cast<size_t>(n)];
 }
 

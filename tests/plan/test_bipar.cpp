@@ -59,7 +59,7 @@ struct Comparison {
   int instances = 0;  // exact found a plan
   int equal = 0;
   int within_3pct = 0;
-  int no_plan = 0;    // BiPar found none
+  int no_plan = 0;  // BiPar found none
   double worst_gap = 0;
 
   void add(double optimum, double got) {
@@ -79,8 +79,8 @@ struct Comparison {
     std::snprintf(line, sizeof line,
                   "%s vs exact: %d instances where exact finds a plan; equal %.1f%%, within 3%% "
                   "%.1f%%, worst gap %.2f%%, no plan in %d",
-                  what, instances, 100.0 * equal / instances, 100.0 * within_3pct / instances,
-                  100 * worst_gap, no_plan);
+                  what, instances, 100.0 * equal / instances, 100.0 * within_3pct / instances, 100 * worst_gap,
+                  no_plan);
     return line;
   }
 };
@@ -95,8 +95,7 @@ double bipar_objective(const Instance& in, const BiParOptions& bo) {
 
 }  // namespace
 
-TEST_CASE("partition theorem: the optimal cut of two stages lies between rho_cb and rho_mb",
-          "[plan][theorem]") {
+TEST_CASE("partition theorem: the optimal cut of two stages lies between rho_cb and rho_mb", "[plan][theorem]") {
   // Conditions: (1) time and memory grow monotonically along the nodes (positive times and
   // bytes); (2) communication is far below compute (a chain: one small tensor per cut);
   // (3) memory optimization is evenly spread (every node saves its input; recompute time per
@@ -121,8 +120,7 @@ TEST_CASE("partition theorem: the optimal cut of two stages lies between rho_cb 
     opt.memopt = "r";
     opt.link_bandwidth = 1e12;
     double fraction = std::uniform_real_distribution<double>(0.5, 1.05)(rng);
-    opt.capacity_bytes =
-        static_cast<int64_t>(fraction * static_cast<double>(unlimited_peak(profile, opt)));
+    opt.capacity_bytes = static_cast<int64_t>(fraction * static_cast<double>(unlimited_peak(profile, opt)));
 
     CostModel model(profile, opt);
     StageEvaluator ev(model, MemoptMode::Recompute, opt.capacity_bytes);
@@ -130,8 +128,7 @@ TEST_CASE("partition theorem: the optimal cut of two stages lies between rho_cb 
     double best = std::numeric_limits<double>::infinity();
     std::vector<double> value(static_cast<size_t>(n) + 1, best);
     for (int c = 1; c < n; ++c) {
-      value[static_cast<size_t>(c)] =
-          std::max(ev.evaluate(0, c, 0).time_ms(), ev.evaluate(c, n, 1).time_ms());
+      value[static_cast<size_t>(c)] = std::max(ev.evaluate(0, c, 0).time_ms(), ev.evaluate(c, n, 1).time_ms());
       best = std::min(best, value[static_cast<size_t>(c)]);
     }
     if (!std::isfinite(best)) continue;  // nothing fits
@@ -150,8 +147,8 @@ TEST_CASE("partition theorem: the optimal cut of two stages lies between rho_cb 
     CHECK(optimum_within(lo - 1, hi + 1));
   }
   WARN("theorem: " << instances << " feasible instances (" << binding
-                   << " where the compute-balanced cut is not optimal); optimum in [cb, mb] in "
-                   << strictly_inside << ", within one node of it in all");
+                   << " where the compute-balanced cut is not optimal); optimum in [cb, mb] in " << strictly_inside
+                   << ", within one node of it in all");
   CHECK(instances > 250);
   CHECK(binding > 20);  // memory really binds in a good share of them
   CHECK(strictly_inside >= instances * 98 / 100);

@@ -38,8 +38,7 @@ Profile fork_join(bool long_edge, double branch_ms = 0.001) {
 
 }  // namespace
 
-TEST_CASE("a cut where several tensors cross moves to the nearby single-tensor cut",
-          "[plan][comm]") {
+TEST_CASE("a cut where several tensors cross moves to the nearby single-tensor cut", "[plan][comm]") {
   Profile p = fork_join(false);
   PlanOptions opt;
   opt.stages = 2;

@@ -84,8 +84,7 @@ TEST_CASE("range queries of the cost model match brute force", "[plan][cost]") {
   }
 }
 
-TEST_CASE("memory breakdown uses the simulated in-flight and weight-version counts",
-          "[plan][cost]") {
+TEST_CASE("memory breakdown uses the simulated in-flight and weight-version counts", "[plan][cost]") {
   SyntheticOptions o;
   o.nodes = 30;
   Profile p = random_profile(3, o);
@@ -126,8 +125,10 @@ TEST_CASE("a stage counts each constant once, however many of its nodes share it
   SyntheticOptions o;
   o.nodes = 12;
   Profile p = random_profile(5, o);
-  for (auto [node, key, bytes] : {std::tuple<int, const char*, int64_t>{3, "mask 32", 1024}, {5, "buckets", 8192},
-                                  {7, "mask 32", 1024}, {9, "mask 64", 4096}}) {
+  for (auto [node, key, bytes] : {std::tuple<int, const char*, int64_t>{3, "mask 32", 1024},
+                                  {5, "buckets", 8192},
+                                  {7, "mask 32", 1024},
+                                  {9, "mask 64", 4096}}) {
     p.nodes[static_cast<size_t>(node)].constant_key = key;
     p.nodes[static_cast<size_t>(node)].constant_bytes = bytes;
   }
@@ -166,17 +167,14 @@ TEST_CASE("balanced cuts minimize their balance criterion", "[plan][cost]") {
     }
     // Two stages: the memory-balanced cut minimizes the larger of the two peaks.
     int mb = memory_balanced_cut(m, 2, n, 1, 1, 2);
-    auto worse_peak = [&](int c) {
-      return std::max(m.peak_without_memopt(2, c, 1), m.peak_without_memopt(c, n, 2));
-    };
+    auto worse_peak = [&](int c) { return std::max(m.peak_without_memopt(2, c, 1), m.peak_without_memopt(c, n, 2)); };
     int64_t best = std::numeric_limits<int64_t>::max();
     for (int c = 3; c <= n - 1; ++c) best = std::min(best, worse_peak(c));
     CHECK(worse_peak(mb) == best);
   }
 }
 
-TEST_CASE("earlier stages hold more, so the memory-balanced cut lies before the compute-balanced",
-          "[plan][cost]") {
+TEST_CASE("earlier stages hold more, so the memory-balanced cut lies before the compute-balanced", "[plan][cost]") {
   // Identical nodes: the compute-balanced cut halves the chain; in 1F1B and async stage 0 holds
   // two micro-batches and stage 1 one, so memory balance gives stage 0 fewer nodes. In GPipe
   // both hold all of them.
@@ -199,8 +197,10 @@ TEST_CASE("earlier stages hold more, so the memory-balanced cut lies before the 
     int mb = memory_balanced_cut(m, 0, m.size(), 0, 1, 2);
     INFO(schedule << " cb " << cb << " mb " << mb);
     CHECK(std::abs(cb - 21) <= 1);  // node 0 (input) takes no time
-    if (std::string(schedule) == "gpipe") CHECK(std::abs(mb - cb) <= 1);
-    else CHECK(mb < cb - 4);
+    if (std::string(schedule) == "gpipe")
+      CHECK(std::abs(mb - cb) <= 1);
+    else
+      CHECK(mb < cb - 4);
   }
 }
 

@@ -68,8 +68,8 @@ TEST_CASE("json parser reads escapes and unicode", "[json]") {
 }
 
 TEST_CASE("json parser rejects malformed text with a position", "[json]") {
-  for (const char* bad : {"", "{", "[1,]", "{\"a\" 1}", "{\"a\":1,}", "tru", "01x", "\"abc",
-                          "\"\\x\"", "[1] 2", "{\"a\":\"\\ud800\"}", "-", "1.", "1e"}) {
+  for (const char* bad : {"", "{", "[1,]", "{\"a\" 1}", "{\"a\":1,}", "tru", "01x", "\"abc", "\"\\x\"", "[1] 2",
+                          "{\"a\":\"\\ud800\"}", "-", "1.", "1e"}) {
     INFO(bad);
     CHECK_THROWS_AS(Json::parse(bad), ConfigError);
   }

@@ -43,8 +43,7 @@ TEST_CASE("memory optimization fits the capacity and never raises the peak", "[p
       for (MemoptMode mode : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
         MemoryOptimizer opt_(m, mode, capacity);
         StageMemopt r = opt_.optimize(b, e, x, true);
-        INFO("seed " << seed << " [" << b << "," << e << ") x " << x << " mode "
-                     << memopt_mode_name(mode));
+        INFO("seed " << seed << " [" << b << "," << e << ") x " << x << " mode " << memopt_mode_name(mode));
         CHECK(r.peak_before == before);
         CHECK(r.peak <= r.peak_before);
         CHECK(r.overhead_ms >= 0);
@@ -212,8 +211,10 @@ TEST_CASE("block granularity evicts whole blocks", "[plan][memopt]") {
       bool internal = !t.is_data && t.producer < 25;
       for (int c : t.consumers) internal = internal && p.nodes[static_cast<size_t>(c)].block == block && c < 25;
       for (int s : t.saved_by) internal = internal && p.nodes[static_cast<size_t>(s)].block == block && s < 25;
-      if (internal) per_block[block].insert(d.action);
-      else CHECK(d.action == TensorAction::Keep);  // block inputs and outputs stay as checkpoints
+      if (internal)
+        per_block[block].insert(d.action);
+      else
+        CHECK(d.action == TensorAction::Keep);  // block inputs and outputs stay as checkpoints
     }
     int evicted_blocks = 0;
     for (const auto& kv : per_block) {
@@ -270,6 +271,5 @@ TEST_CASE("internal buffers count but are never evicted; views count nothing", "
   CostModel before(v, opt);
   v.tensors[static_cast<size_t>(view)].alias_of = 0;
   CostModel after(v, opt);
-  CHECK(after.activation_bytes(0, 20) ==
-        before.activation_bytes(0, 20) - v.tensors[static_cast<size_t>(view)].bytes);
+  CHECK(after.activation_bytes(0, 20) == before.activation_bytes(0, 20) - v.tensors[static_cast<size_t>(view)].bytes);
 }

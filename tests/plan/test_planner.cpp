@@ -43,7 +43,7 @@ void check_plan(const Profile& p, const PlanOptions& opt, const Plan& plan) {
     for (int i = s.begin; i < s.end; ++i)
       compute += p.nodes[static_cast<size_t>(i)].fwd_ms + p.nodes[static_cast<size_t>(i)].bwd_ms;
     CHECK(s.compute_ms == Approx(compute));
-    CHECK(s.memory.total() <= opt.capacity_bytes);  // within capacity, in the cost model
+    CHECK(s.memory.total() <= opt.capacity_bytes);     // within capacity, in the cost model
     CHECK(s.memory.total() <= s.peak_without_memopt);  // optimization never adds memory
     int64_t kept = 0, evicted = 0;
     for (const TensorDecision& d : s.decisions) {
@@ -85,9 +85,9 @@ TEST_CASE("make_plan rejects bad options", "[plan][planner]") {
   CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.stages = 31; })), ConfigError);
   CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.capacity_bytes = 0; })), ConfigError);
   CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) {
-                    o.planner = "gpipe";
-                    o.stages = 16;  // 15 blocks
-                  })),
+                              o.planner = "gpipe";
+                              o.stages = 16;  // 15 blocks
+                            })),
                   ConfigError);
   CHECK_THROWS_WITH(make_plan(p, with([](PlanOptions& o) { o.planner = "alpa"; })),
                     Catch::Contains("unknown planner 'alpa'"));
@@ -227,8 +227,7 @@ TEST_CASE("the table names every stage", "[plan][planner]") {
   CHECK(text.find("stage") != std::string::npos);
   CHECK(text.find("capacity unlimited") != std::string::npos);
   for (const StagePlan& s : plan.stages)
-    CHECK(text.find("[" + std::to_string(s.begin) + "," + std::to_string(s.end) + ")") !=
-          std::string::npos);
+    CHECK(text.find("[" + std::to_string(s.begin) + "," + std::to_string(s.end) + ")") != std::string::npos);
   CHECK(text.find("bottleneck") != std::string::npos);
 }
 

@@ -28,8 +28,10 @@ TEST_CASE("analytic saved tensors and bytes equal the measured ones", "[profile]
     for (int n = 0; n < g.size(); ++n) {
       auto split = [&](const Profile& p, std::set<int>& graph_tensors, int64_t& internal) {
         for (int t : p.nodes[n].saved) {
-          if (p.tensors[t].internal) internal += p.tensors[t].bytes;
-          else graph_tensors.insert(t);
+          if (p.tensors[t].internal)
+            internal += p.tensors[t].bytes;
+          else
+            graph_tensors.insert(t);
         }
       };
       std::set<int> ms, as;
@@ -37,8 +39,7 @@ TEST_CASE("analytic saved tensors and bytes equal the measured ones", "[profile]
       split(measured, ms, mi);
       split(analytic, as, ai);
       const int out = g.nodes[n].outputs[0];
-      const bool same = ms == as && mi == ai &&
-                        measured.tensors[out].alias_of == analytic.tensors[out].alias_of &&
+      const bool same = ms == as && mi == ai && measured.tensors[out].alias_of == analytic.tensors[out].alias_of &&
                         measured.tensors[out].param_view == analytic.tensors[out].param_view;
       if (!same) {
         ++mismatches;

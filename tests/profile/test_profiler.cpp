@@ -64,8 +64,8 @@ TEST_CASE("saved tensors are what autograd really keeps", "[profile]") {
 TEST_CASE("replaying the profile predicts the measured step peak within 5%", "[profile]") {
   CountingAllocator::install();
   at::set_num_threads(1);
-  for (const char* preset : {"mlp-tiny", "gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny",
-                             "mlp-mini", "gpt2-mini", "bert-mini", "t5-mini", "amoebanet-mini"}) {
+  for (const char* preset : {"mlp-tiny", "gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny", "mlp-mini", "gpt2-mini",
+                             "bert-mini", "t5-mini", "amoebanet-mini"}) {
     for (const char* optimizer : {"sgd", "adam"}) {
       INFO(preset << " " << optimizer);
       const bool mini = std::string(preset).find("mini") != std::string::npos;
@@ -74,8 +74,8 @@ TEST_CASE("replaying the profile predicts the measured step peak within 5%", "[p
       StepMeasurement m = measure_step(g, optimizer, quick(), 1);
       ReplayResult r = replay_step(p, optimizer);
       const double error = double(r.peak_bytes) / double(m.peak_bytes) - 1;
-      WARN(preset << " " << optimizer << ": predicted " << r.peak_bytes << " measured " << m.peak_bytes
-                  << " (" << 100 * error << "%)");
+      WARN(preset << " " << optimizer << ": predicted " << r.peak_bytes << " measured " << m.peak_bytes << " ("
+                  << 100 * error << "%)");
       CHECK(std::abs(error) < 0.05);
       if (mini) break;  // adam only for the tiny ones (time)
     }
@@ -115,7 +115,8 @@ TEST_CASE("batch-size fits across a change of internal buffers", "[profile]") {
   const Profile direct = profile_graph(build_model(c, 6), quick());
   REQUIRE(copies(at1) == 0);
   REQUIRE(copies(direct) > 0);
-  for (const Profile& fitted : {profile_model(c, {1, 2, 3}, quick()), analytic_profile_model(c, {1, 2}, device_spec("a100-40gb"))}) {
+  for (const Profile& fitted :
+       {profile_model(c, {1, 2, 3}, quick()), analytic_profile_model(c, {1, 2}, device_spec("a100-40gb"))}) {
     INFO(fitted.source);
     CHECK(copies(fitted) == 0);  // at its own size, 1
     const Profile at6 = fitted.at_batch(6);

@@ -144,8 +144,8 @@ TEST_CASE("swapped bytes leave the device allocator and come back unchanged", "[
 // keep/swap/recompute decisions (recompute chains, re-runs shared by several evictions, inputs
 // held for a later re-run, swapped inputs of a re-run, swaps prefetched early) and tied
 // weights, a stage cut at a block boundary or inside a block (sending transposed views,
-// receiving gradients that flow into views), run alone, peaks at the replayed prediction. The stand-in transport holds a send until
-// the next one, as the replay assumes of MPI.
+// receiving gradients that flow into views), run alone, peaks at the replayed prediction. The stand-in transport holds
+// a send until the next one, as the replay assumes of MPI.
 TEST_CASE("the stage memory replay predicts the evictor's measured peak", "[runtime][evictor]") {
   at::set_num_threads(1);
   CountingAllocator& counter = CountingAllocator::install();
@@ -157,65 +157,68 @@ TEST_CASE("the stage memory replay predicts the evictor's measured peak", "[runt
     // and every eighth of the graph (gpt2-tiny's node 16 sends three transposed views).
     std::set<int> cuts;
     for (int n = 1; n < g.size(); ++n)
-      if (profile.nodes[static_cast<size_t>(n)].block != profile.nodes[static_cast<size_t>(n) - 1].block) cuts.insert(n);
+      if (profile.nodes[static_cast<size_t>(n)].block != profile.nodes[static_cast<size_t>(n) - 1].block)
+        cuts.insert(n);
     for (int q = 1; q < 8; ++q) cuts.insert(g.size() * q / 8);
     for (int cut : cuts)
-    for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
-      PlanOptions po;
-      po.stages = 2;
-      po.schedule = schedule_kind_name(kind);
-      po.micro_batches = 3;
-      const CostModel model(profile, po);
-      PipelineConfig pc;
-      pc.schedule = kind;
-      pc.ranges = {{0, cut}, {cut, g.size()}};
-      pc.micro_batches = 3;
-      pc.steps = 3;
-      for (int round = 0; round < 2; ++round) {
-        pc.decisions.clear();
-        for (const auto& [b, e] : pc.ranges) {
-          std::set<int> saved;
-          for (int n = b; n < e; ++n) saved.insert(model.saved_at(n).begin(), model.saved_at(n).end());
-          std::vector<TensorDecision> ds;
-          for (int tensor : saved) {
-            const TensorProfile& t = profile.tensors[static_cast<size_t>(tensor)];
-            const std::vector<int>& savers = model.saved_by(tensor);
-            TensorDecision d{tensor, t.bytes, TensorAction::Keep, *(std::lower_bound(savers.begin(), savers.end(), e) - 1)};
-            const bool recomputable = !t.is_data && t.producer >= b && t.producer < e;
-            const int pick = static_cast<int>(rng() % 3);
-            if (!t.internal && !t.param_view && pick > 0)
-              d.action = pick == 1 || !recomputable ? TensorAction::Swap : TensorAction::Recompute;
-            // Second round: swaps come back from a prefetch point up to the stage's last node.
-            if (round == 1 && d.action == TensorAction::Swap)
-              d.prefetch_at = d.restore_before + static_cast<int>(rng() % static_cast<unsigned>(e - d.restore_before));
-            ds.push_back(d);
+      for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+        PlanOptions po;
+        po.stages = 2;
+        po.schedule = schedule_kind_name(kind);
+        po.micro_batches = 3;
+        const CostModel model(profile, po);
+        PipelineConfig pc;
+        pc.schedule = kind;
+        pc.ranges = {{0, cut}, {cut, g.size()}};
+        pc.micro_batches = 3;
+        pc.steps = 3;
+        for (int round = 0; round < 2; ++round) {
+          pc.decisions.clear();
+          for (const auto& [b, e] : pc.ranges) {
+            std::set<int> saved;
+            for (int n = b; n < e; ++n) saved.insert(model.saved_at(n).begin(), model.saved_at(n).end());
+            std::vector<TensorDecision> ds;
+            for (int tensor : saved) {
+              const TensorProfile& t = profile.tensors[static_cast<size_t>(tensor)];
+              const std::vector<int>& savers = model.saved_by(tensor);
+              TensorDecision d{tensor, t.bytes, TensorAction::Keep,
+                               *(std::lower_bound(savers.begin(), savers.end(), e) - 1)};
+              const bool recomputable = !t.is_data && t.producer >= b && t.producer < e;
+              const int pick = static_cast<int>(rng() % 3);
+              if (!t.internal && !t.param_view && pick > 0)
+                d.action = pick == 1 || !recomputable ? TensorAction::Swap : TensorAction::Recompute;
+              // Second round: swaps come back from a prefetch point up to the stage's last node.
+              if (round == 1 && d.action == TensorAction::Swap)
+                d.prefetch_at =
+                    d.restore_before + static_cast<int>(rng() % static_cast<unsigned>(e - d.restore_before));
+              ds.push_back(d);
+            }
+            pc.decisions.push_back(std::move(ds));
           }
-          pc.decisions.push_back(std::move(ds));
-        }
-        for (int x = 0; x < 2; ++x) {
-          const auto [b, e] = pc.ranges[static_cast<size_t>(x)];
-          const int64_t predicted = replay_stage_memory(model, b, e, x, pc.decisions[static_cast<size_t>(x)]).peak;
-          const int64_t measured = measured_stage_peak(counter, g, pc, x);
-          INFO(preset << " cut " << cut << " " << schedule_kind_name(kind) << " round " << round << " stage " << x << ": measured "
-                      << measured << " predicted " << predicted);
-          // Never below the measurement (a plan must fit); at most 10% above: the profile's
-          // backward workspaces, measured node by node, run up to one output larger than
-          // inside a whole backward (dropout; t5-tiny's first block boundary: +7%).
-          CHECK(double(measured) <= 1.005 * double(predicted));
-          CHECK(double(measured) >= 0.90 * double(predicted));
+          for (int x = 0; x < 2; ++x) {
+            const auto [b, e] = pc.ranges[static_cast<size_t>(x)];
+            const int64_t predicted = replay_stage_memory(model, b, e, x, pc.decisions[static_cast<size_t>(x)]).peak;
+            const int64_t measured = measured_stage_peak(counter, g, pc, x);
+            INFO(preset << " cut " << cut << " " << schedule_kind_name(kind) << " round " << round << " stage " << x
+                        << ": measured " << measured << " predicted " << predicted);
+            // Never below the measurement (a plan must fit); at most 10% above: the profile's
+            // backward workspaces, measured node by node, run up to one output larger than
+            // inside a whole backward (dropout; t5-tiny's first block boundary: +7%).
+            CHECK(double(measured) <= 1.005 * double(predicted));
+            CHECK(double(measured) >= 0.90 * double(predicted));
+          }
         }
       }
-    }
   }
 }
-
 
 // Two things the whole graph does differently from a stage: a matmul operand that is a
 // transposed view is copied by the whole graph but arrives contiguous at a stage (no copy), and
 // a tensor the stage reads and also relays to the next stage (T5's encoder output) gets the sum
 // of its local and received gradients sent back. The replay counted the copy and the sum twice
 // (6-8% over on this stage; what is left, 2-3%, are backward workspaces measured node by node).
-TEST_CASE("a stage receiving a matmul operand and relaying a tensor it reads peaks at its replay", "[runtime][evictor]") {
+TEST_CASE("a stage receiving a matmul operand and relaying a tensor it reads peaks at its replay",
+          "[runtime][evictor]") {
   at::set_num_threads(1);
   CountingAllocator& counter = CountingAllocator::install();
   OpGraph g = build_model(preset_config("t5-tiny"), 4);
@@ -228,7 +231,8 @@ TEST_CASE("a stage receiving a matmul operand and relaying a tensor it reads pea
   for (const TensorProfile& t : profile.tensors) received_copy |= t.copy_of >= 0 && received.count(t.copy_of) > 0;
   for (const CrossingTensor& c : g.crossing(e))
     if (received.count(c.tensor))
-      for (int reader : profile.tensors[static_cast<size_t>(c.tensor)].consumers) relayed_and_read |= reader >= b && reader < e;
+      for (int reader : profile.tensors[static_cast<size_t>(c.tensor)].consumers)
+        relayed_and_read |= reader >= b && reader < e;
   REQUIRE(received_copy);
   REQUIRE(relayed_and_read);
   for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::Async}) {
@@ -263,56 +267,59 @@ TEST_CASE("block-level recompute and swap plans of gpipe and vpipe run bitwise u
     OpGraph g = build_model(preset_config(preset), 2);
     const Profile profile = quick_profile(g);
     for (const char* planner : {"gpipe", "vpipe"})
-    for (const char* memopt : {"r", "sr"}) {
-      INFO(preset << " " << planner << " " << memopt);
-      PlanOptions po;
-      po.stages = 2;
-      po.schedule = "1f1b";
-      po.micro_batches = 3;
-      po.planner = planner;
-      po.memopt = memopt;
-      po.fit_replayed = true;
-      const int64_t unoptimized = make_plan(profile, po).max_predicted_peak_bytes();
-      // The largest capacity, in 1% steps, that needs evictions.
-      std::optional<Plan> plan;
-      for (int pct = 99; pct >= 40 && !plan; --pct) {
-        po.capacity_bytes = unoptimized * pct / 100;
-        plan = try_plan(profile, po);
-        if (plan && std::all_of(plan->stages.begin(), plan->stages.end(), [](const StagePlan& s) {
-              return std::all_of(s.decisions.begin(), s.decisions.end(), [](const TensorDecision& d) { return d.action == TensorAction::Keep; });
-            }))
-          plan.reset();
-      }
-      if (!plan) continue;
-      ++tested[planner];
-      // Whole blocks: one action per block, several tensors evicted together somewhere.
-      size_t largest_unit = 0;
-      for (const StagePlan& s : plan->stages) {
-        std::map<int, std::pair<TensorAction, size_t>> by_block;
-        for (const TensorDecision& d : s.decisions) {
-          if (d.action == TensorAction::Keep) continue;
-          const int block = profile.nodes[static_cast<size_t>(profile.tensors[static_cast<size_t>(d.tensor)].producer)].block;
-          auto [it, fresh] = by_block.emplace(block, std::make_pair(d.action, size_t{0}));
-          CHECK(it->second.first == d.action);
-          largest_unit = std::max(largest_unit, ++it->second.second);
+      for (const char* memopt : {"r", "sr"}) {
+        INFO(preset << " " << planner << " " << memopt);
+        PlanOptions po;
+        po.stages = 2;
+        po.schedule = "1f1b";
+        po.micro_batches = 3;
+        po.planner = planner;
+        po.memopt = memopt;
+        po.fit_replayed = true;
+        const int64_t unoptimized = make_plan(profile, po).max_predicted_peak_bytes();
+        // The largest capacity, in 1% steps, that needs evictions.
+        std::optional<Plan> plan;
+        for (int pct = 99; pct >= 40 && !plan; --pct) {
+          po.capacity_bytes = unoptimized * pct / 100;
+          plan = try_plan(profile, po);
+          if (plan && std::all_of(plan->stages.begin(), plan->stages.end(), [](const StagePlan& s) {
+                return std::all_of(s.decisions.begin(), s.decisions.end(),
+                                   [](const TensorDecision& d) { return d.action == TensorAction::Keep; });
+              }))
+            plan.reset();
+        }
+        if (!plan) continue;
+        ++tested[planner];
+        // Whole blocks: one action per block, several tensors evicted together somewhere.
+        size_t largest_unit = 0;
+        for (const StagePlan& s : plan->stages) {
+          std::map<int, std::pair<TensorAction, size_t>> by_block;
+          for (const TensorDecision& d : s.decisions) {
+            if (d.action == TensorAction::Keep) continue;
+            const int block =
+                profile.nodes[static_cast<size_t>(profile.tensors[static_cast<size_t>(d.tensor)].producer)].block;
+            auto [it, fresh] = by_block.emplace(block, std::make_pair(d.action, size_t{0}));
+            CHECK(it->second.first == d.action);
+            largest_unit = std::max(largest_unit, ++it->second.second);
+          }
+        }
+        CHECK(largest_unit >= 2);
+        PipelineConfig pc;
+        pc.schedule = ScheduleKind::OneFOneB;
+        for (const StagePlan& s : plan->stages) pc.ranges.push_back({s.begin, s.end});
+        pc.micro_batches = 3;
+        pc.steps = 2;
+        const InProcessResult kept = run_pipeline_in_process(g, pc);
+        PipelineConfig evicting = pc;
+        for (const StagePlan& s : plan->stages) evicting.decisions.push_back(s.decisions);
+        check_same_training(run_pipeline_in_process(g, evicting), kept);
+        for (int x = 0; x < 2; ++x) {
+          const int64_t measured = measured_stage_peak(counter, g, evicting, x);
+          INFO("stage " << x << ": measured " << measured << ", replayed "
+                        << plan->stages[static_cast<size_t>(x)].memory.replayed_peak);
+          CHECK(double(measured) <= 1.005 * double(plan->stages[static_cast<size_t>(x)].memory.replayed_peak));
         }
       }
-      CHECK(largest_unit >= 2);
-      PipelineConfig pc;
-      pc.schedule = ScheduleKind::OneFOneB;
-      for (const StagePlan& s : plan->stages) pc.ranges.push_back({s.begin, s.end});
-      pc.micro_batches = 3;
-      pc.steps = 2;
-      const InProcessResult kept = run_pipeline_in_process(g, pc);
-      PipelineConfig evicting = pc;
-      for (const StagePlan& s : plan->stages) evicting.decisions.push_back(s.decisions);
-      check_same_training(run_pipeline_in_process(g, evicting), kept);
-      for (int x = 0; x < 2; ++x) {
-        const int64_t measured = measured_stage_peak(counter, g, evicting, x);
-        INFO("stage " << x << ": measured " << measured << ", replayed " << plan->stages[static_cast<size_t>(x)].memory.replayed_peak);
-        CHECK(double(measured) <= 1.005 * double(plan->stages[static_cast<size_t>(x)].memory.replayed_peak));
-      }
-    }
   }
   CHECK(tested["gpipe"] >= 2);
   CHECK(tested["vpipe"] >= 2);

@@ -49,7 +49,8 @@ TEST_CASE("gpipe and 1f1b pipelines reproduce the reference trainer's parameters
         pc.optimizer = rc.optimizer;
         InProcessResult r = run_pipeline_in_process(g, pc);
         REQUIRE(r.losses.size() == ref_losses.size());
-        for (size_t s = 0; s < r.losses.size(); ++s) CHECK(r.losses[s].loss == Approx(ref_losses[s].loss).epsilon(1e-5));
+        for (size_t s = 0; s < r.losses.size(); ++s)
+          CHECK(r.losses[s].loss == Approx(ref_losses[s].loss).epsilon(1e-5));
         double worst = 0;
         size_t compared = 0;
         for (const auto& stage : r.parameters)
@@ -111,8 +112,9 @@ TEST_CASE("an asynchronous pipeline drains where it checkpoints, and resumes the
     resumed.first_step = 4;
     const std::vector<Action> all = stage_actions(pc, x), rest = stage_actions(resumed, x);
     REQUIRE(rest.size() < all.size());
-    CHECK(std::equal(rest.begin(), rest.end(), all.end() - static_cast<std::ptrdiff_t>(rest.size()),
-                     [](const Action& a, const Action& b) { return a.kind == b.kind && a.micro_batch == b.micro_batch; }));
+    CHECK(std::equal(
+        rest.begin(), rest.end(), all.end() - static_cast<std::ptrdiff_t>(rest.size()),
+        [](const Action& a, const Action& b) { return a.kind == b.kind && a.micro_batch == b.micro_batch; }));
   }
   // Deterministic with drains too.
   InProcessResult drained = run_pipeline_in_process(g, pc), again = run_pipeline_in_process(g, pc);
@@ -132,9 +134,9 @@ TEST_CASE("stage ranges must tile the graph", "[runtime]") {
   // Two steps of 1f1b: micro-batches 0..5, one optimizer step per step on every stage.
   auto actions = stage_actions(pc, 1);
   int updates = 0, forwards = 0;
-  for (const Action& a : actions) updates += a.kind == ActionKind::OptimizerStep, forwards += a.kind == ActionKind::Forward;
+  for (const Action& a : actions)
+    updates += a.kind == ActionKind::OptimizerStep, forwards += a.kind == ActionKind::Forward;
   CHECK(updates == 2);
   CHECK(forwards == 6);
   CHECK(to_string(actions.front()) == "1RECV_F0");
 }
-

@@ -19,10 +19,8 @@ TEST_CASE("compact action strings of small schedules", "[schedule]") {
   CHECK(to_string(g.actions[1]) == "1RECV_F0 1F0 1RECV_F1 1F1 1B0 1SEND_B0 1B1 1SEND_B1 1U");
 
   Schedule s = make_schedule("1f1b", 2, 3);
-  CHECK(to_string(s.actions[0]) ==
-        "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0F2 0SEND_F2 0RECV_B1 0B1 0RECV_B2 0B2 0U");
-  CHECK(to_string(s.actions[1]) ==
-        "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1 1RECV_F2 1F2 1B2 1SEND_B2 1U");
+  CHECK(to_string(s.actions[0]) == "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0F2 0SEND_F2 0RECV_B1 0B1 0RECV_B2 0B2 0U");
+  CHECK(to_string(s.actions[1]) == "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1 1RECV_F2 1F2 1B2 1SEND_B2 1U");
 
   Schedule a = make_schedule("async", 2, 3);
   CHECK(to_string(a.actions[0]) ==
@@ -35,8 +33,8 @@ TEST_CASE("compact action strings of small schedules", "[schedule]") {
 }
 
 TEST_CASE("actions parse back from their compact form", "[schedule]") {
-  for (const char* text : {"2F0", "2B17", "2U", "1SEND_F3", "1RECV_F3", "0SEND_B12", "3RECV_B0",
-                           "0SWAP_OUT2t17", "0SWAP_IN2t17", "4RECOMPUTE9t3", "0SWAP_OUT5"}) {
+  for (const char* text : {"2F0", "2B17", "2U", "1SEND_F3", "1RECV_F3", "0SEND_B12", "3RECV_B0", "0SWAP_OUT2t17",
+                           "0SWAP_IN2t17", "4RECOMPUTE9t3", "0SWAP_OUT5"}) {
     CHECK(to_string(parse_action(text)) == text);
   }
   Action a = parse_action("12RECV_B345");
@@ -51,8 +49,7 @@ TEST_CASE("actions parse back from their compact form", "[schedule]") {
   CHECK_THROWS_AS(make_schedule("gpipe", 2, 0), ConfigError);
 }
 
-TEST_CASE("in-flight micro-batches and weight versions come out of the simulation",
-          "[schedule]") {
+TEST_CASE("in-flight micro-batches and weight versions come out of the simulation", "[schedule]") {
   for (int l = 1; l <= 6; ++l) {
     for (int m = 1; m <= 12; ++m) {
       std::vector<StageStats> gpipe = simulate_stages(make_schedule("gpipe", l, m));
@@ -110,11 +107,9 @@ void check_global_order(const Schedule& sched, const std::vector<Action>& order)
     if (a.kind == ActionKind::SendActivation || a.kind == ActionKind::SendGrad)
       sent.insert({a.stage, static_cast<int>(a.kind), a.micro_batch});
     if (a.kind == ActionKind::RecvActivation)
-      REQUIRE(sent.count({a.stage - 1, static_cast<int>(ActionKind::SendActivation),
-                          a.micro_batch}) == 1);
+      REQUIRE(sent.count({a.stage - 1, static_cast<int>(ActionKind::SendActivation), a.micro_batch}) == 1);
     if (a.kind == ActionKind::RecvGrad)
-      REQUIRE(sent.count({a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch}) ==
-              1);
+      REQUIRE(sent.count({a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch}) == 1);
     if (a.kind == ActionKind::Forward) ++forwards[{a.stage, a.micro_batch}];
     if (a.kind == ActionKind::Backward) ++backwards[{a.stage, a.micro_batch}];
   }
@@ -139,19 +134,21 @@ TEST_CASE("every schedule runs to completion without deadlock", "[schedule]") {
 TEST_CASE("the simulators reject malformed lists and deadlocks", "[schedule]") {
   CHECK_THROWS_AS(simulate_stage(parse_actions("0B0 0F0"), 1), ScheduleError);
   CHECK_THROWS_AS(simulate_stage(parse_actions("0F0 0F0 0B0 0B0"), 1), ScheduleError);
-  CHECK_THROWS_AS(simulate_stage(parse_actions("0F0"), 1), ScheduleError);  // never backwarded
+  CHECK_THROWS_AS(simulate_stage(parse_actions("0F0"), 1), ScheduleError);               // never backwarded
   CHECK_THROWS_AS(simulate_stage(parse_actions("1F0 1B0 1SEND_B0"), 2), ScheduleError);  // no RECV_F
   CHECK_THROWS_AS(simulate_stage(parse_actions("0F0 0SEND_F0 0B0"), 2), ScheduleError);  // no RECV_B
 
   // Stage 0 waits for a gradient before sending the activation that would produce it.
-  Schedule dead{ScheduleKind::GPipe, 2, 1,
-                {parse_actions("0F0 0RECV_B0 0SEND_F0 0B0 0U"),
-                 parse_actions("1RECV_F0 1F0 1B0 1SEND_B0 1U")}};
+  Schedule dead{ScheduleKind::GPipe,
+                2,
+                1,
+                {parse_actions("0F0 0RECV_B0 0SEND_F0 0B0 0U"), parse_actions("1RECV_F0 1F0 1B0 1SEND_B0 1U")}};
   CHECK_THROWS_WITH(simulate_global(dead), Catch::Contains("deadlock"));
 
   // Stages that disagree on the micro-batches.
-  Schedule mismatch{ScheduleKind::GPipe, 2, 1,
-                    {parse_actions("0F0 0SEND_F0 0RECV_B0 0B0 0U"),
-                     parse_actions("1RECV_F1 1F1 1B1 1SEND_B1 1U")}};
+  Schedule mismatch{ScheduleKind::GPipe,
+                    2,
+                    1,
+                    {parse_actions("0F0 0SEND_F0 0RECV_B0 0B0 0U"), parse_actions("1RECV_F1 1F1 1B1 1SEND_B1 1U")}};
   CHECK_THROWS_AS(simulate_global(mismatch), ScheduleError);
 }

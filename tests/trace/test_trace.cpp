@@ -36,10 +36,11 @@ Trace two_stages() {
   t.micro_batches = 1;
   t.steps = 1;
   t.wall_s = 4.0;
-  t.actions = {record(0, ActionKind::Forward, 0, 0, 1, 100), record(0, ActionKind::SendActivation, 0, 1, 1, 100),
-               record(0, ActionKind::RecvGrad, 0, 1, 3, 100), record(0, ActionKind::Backward, 0, 3, 4, 150),
-               record(1, ActionKind::RecvActivation, 0, 0, 1, 10), record(1, ActionKind::Forward, 0, 1, 2, 60),
-               record(1, ActionKind::Backward, 0, 2, 3, 80), record(1, ActionKind::OptimizerStep, -1, 3, 3.5, 80)};
+  t.actions = {
+      record(0, ActionKind::Forward, 0, 0, 1, 100),       record(0, ActionKind::SendActivation, 0, 1, 1, 100),
+      record(0, ActionKind::RecvGrad, 0, 1, 3, 100),      record(0, ActionKind::Backward, 0, 3, 4, 150),
+      record(1, ActionKind::RecvActivation, 0, 0, 1, 10), record(1, ActionKind::Forward, 0, 1, 2, 60),
+      record(1, ActionKind::Backward, 0, 2, 3, 80),       record(1, ActionKind::OptimizerStep, -1, 3, 3.5, 80)};
   for (int s = 0; s < 2; ++s) {
     StageRecord r;
     r.stage = r.rank = s;
@@ -81,12 +82,12 @@ TEST_CASE("the summary separates compute from communication and waiting", "[trac
   const Trace t = two_stages();
   const auto s = summarize(t);
   REQUIRE(s.size() == 2);
-  CHECK(s[0].busy_s == Approx(2.0));   // F and B
-  CHECK(s[0].comm_s == Approx(2.0));   // the receive waited 2 s
+  CHECK(s[0].busy_s == Approx(2.0));  // F and B
+  CHECK(s[0].comm_s == Approx(2.0));  // the receive waited 2 s
   CHECK(s[0].idle_fraction == Approx(0.5));
   CHECK(s[0].peak_bytes == 150);
   CHECK(s[0].bytes_sent == 1000);
-  CHECK(s[1].busy_s == Approx(2.5));   // F, B and the optimizer step
+  CHECK(s[1].busy_s == Approx(2.5));  // F, B and the optimizer step
   CHECK(s[1].mean_forward_ms == Approx(1000));
   CHECK(bubble_bound(t) == Approx(0.5));  // (2 - 1) / (1 + 2 - 1)
   CHECK(throughput(t) == Approx(1.0));    // 4 samples in 4 s

@@ -1,7 +1,6 @@
 // The reference trainer: loss decreases on every tiny preset, both optimizers, NaN detection.
 #include "torch_test.h"
 
-
 #include "memory/counting_allocator.h"
 #include "models/model_config.h"
 #include "train/reference_trainer.h"
