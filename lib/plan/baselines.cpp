@@ -28,6 +28,19 @@ Bounds to_node_bounds(const std::vector<int>& units, const std::vector<int>& uni
   return bounds;
 }
 
+// A stage DP's answer: from[x][e] is where stage x starts when it ends at e; the last ends at n (or the last unit).
+Bounds bounds_from(const std::vector<std::vector<int>>& from, int n) {
+  const int l = static_cast<int>(from.size());
+  Bounds bounds(static_cast<size_t>(l) + 1);
+  bounds[static_cast<size_t>(l)] = n;
+  for (int x = l - 1, e = n; x > 0; --x) {
+    e = from[static_cast<size_t>(x)][static_cast<size_t>(e)];
+    bounds[static_cast<size_t>(x)] = e;
+  }
+  bounds[0] = 0;
+  return bounds;
+}
+
 // Unit-level min-max partition (PipeDream's DP without replication). A stage's cost is its
 // compute time, and with `with_comm` also the activation + gradient transfer at its input.
 std::vector<int> min_max_units(const CostModel& model, const std::vector<int>& units, bool with_comm) {
@@ -53,14 +66,7 @@ std::vector<int> min_max_units(const CostModel& model, const std::vector<int>& u
       }
     }
   }
-  std::vector<int> unit_bounds(static_cast<size_t>(l) + 1);
-  unit_bounds[static_cast<size_t>(l)] = blocks;
-  for (int x = l - 1, j = blocks; x > 0; --x) {
-    j = from[x][j];
-    unit_bounds[static_cast<size_t>(x)] = j;
-  }
-  unit_bounds[0] = 0;
-  return unit_bounds;
+  return bounds_from(from, blocks);
 }
 
 }  // namespace
@@ -287,14 +293,7 @@ Bounds exact_partition(StageEvaluator& evaluator, double below) {
     }
   }
   if (best[static_cast<size_t>(l) - 1][static_cast<size_t>(n)] >= below) return {};
-  Bounds bounds(static_cast<size_t>(l) + 1);
-  bounds[static_cast<size_t>(l)] = n;
-  for (int x = l - 1, e = n; x > 0; --x) {
-    e = from[static_cast<size_t>(x)][static_cast<size_t>(e)];
-    bounds[static_cast<size_t>(x)] = e;
-  }
-  bounds[0] = 0;
-  return bounds;
+  return bounds_from(from, n);
 }
 
 // cost[x][e] = min over s of cost[x-1][s] + t(s, e)^2 over stages with t <= bottleneck that fit
@@ -325,14 +324,7 @@ Bounds balanced_partition(const CostModel& model, int64_t capacity, double bottl
     }
   }
   if (cost[static_cast<size_t>(l) - 1][static_cast<size_t>(n)] == kInf) return {};
-  Bounds bounds(static_cast<size_t>(l) + 1);
-  bounds[static_cast<size_t>(l)] = n;
-  for (int x = l - 1, e = n; x > 0; --x) {
-    e = from[static_cast<size_t>(x)][static_cast<size_t>(e)];
-    bounds[static_cast<size_t>(x)] = e;
-  }
-  bounds[0] = 0;
-  return bounds;
+  return bounds_from(from, n);
 }
 
 }  // namespace dawnpiper
