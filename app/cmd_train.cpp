@@ -63,11 +63,10 @@ Profile measured_profile(const po::variables_map& vm, const OpGraph& graph, c10:
       return std::move(*cached);
     }
   Profile profile = profile_graph(graph, options);
-  if (!path.empty() && !quiet)
-    std::printf("profile: measured, %s %s\n", write_cached_profile(path, profile) ? "kept in" : "could not keep it in",
-                path.c_str());
-  else if (!path.empty())
-    write_cached_profile(path, profile);
+  if (!path.empty()) {
+    const bool kept = write_cached_profile(path, profile);
+    if (!quiet) std::printf("profile: measured, %s %s\n", kept ? "kept in" : "could not keep it in", path.c_str());
+  }
   return profile;
 }
 

@@ -199,12 +199,6 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
     evictions.push_back(std::move(ev));
   }
 
-  enum : char {
-    kInputNode = CostModel::kInputNode,
-    kViewAllocates = CostModel::kViewAllocatesGradient,
-    kReshape = CostModel::kReshapeNode,
-    kPermute = CostModel::kPermuteNode
-  };
   // Evictions by restore point, latest first: a backward walks the nodes downwards, and each
   // eviction becomes due once the walk reaches its restore point.
   std::vector<int> by_restore(evictions.size());
@@ -358,7 +352,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
         note(live, -1);
         for (int n = b; n < e; ++n) {
           const NodeProfile& node = p.nodes[static_cast<size_t>(n)];
-          if (model.node_kind_flags(n) & kInputNode) continue;
+          if (model.node_kind_flags(n) & CostModel::kInputNode) continue;
           int64_t out = 0;
           for (int t : node.outputs)
             if (storage[static_cast<size_t>(t)] && key[static_cast<size_t>(t)] == t) out += bytes(t);
@@ -401,7 +395,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
         for (int i = e - 1; i >= b; --i) {
           const NodeProfile& node = p.nodes[static_cast<size_t>(i)];
           const char kind = model.node_kind_flags(i);
-          if (kind & kInputNode) continue;
+          if (kind & CostModel::kInputNode) continue;
           // The node's graph outputs (its internal buffers follow them), some with gradients.
           int out = -1;
           bool any_grad = false;
@@ -414,7 +408,8 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
           restore_for(m, i, next_due);
           // A view hands its output's gradient on as a view, unless its backward allocates one
           // of the input's size (slices, expands, splits).
-          const bool view = !p.tensors[static_cast<size_t>(out)].owns_storage() && !(kind & kViewAllocates);
+          const bool view =
+              !p.tensors[static_cast<size_t>(out)].owns_storage() && !(kind & CostModel::kViewAllocatesGradient);
           const char out_grad = m.has_grad[static_cast<size_t>(out)];
           int64_t grads = 0, transient = 0;
           bool passed_on = false;    // a view hands its output's gradient to its input
@@ -436,11 +431,12 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
             if (is_received[static_cast<size_t>(t)]) m.input_grads += bytes(t);  // held until sent back
             if (!view) {
               g = 1, grads += bytes(t);
-            } else if ((kind & kReshape) && m.permuted[static_cast<size_t>(out)]) {
+            } else if ((kind & CostModel::kReshapeNode) && m.permuted[static_cast<size_t>(out)]) {
               g = 1, grads += bytes(t), copied_view = true;  // a permuted gradient is not viewable
             } else {                                         // a view of the output's gradient, with its owner
               g = out_grad ? out_grad : 1;
-              m.permuted[static_cast<size_t>(t)] = m.permuted[static_cast<size_t>(out)] || (kind & kPermute);
+              m.permuted[static_cast<size_t>(t)] =
+                  m.permuted[static_cast<size_t>(out)] || (kind & CostModel::kPermuteNode);
             }
           }
           if (view && !passed_on && out_grad == 1)

@@ -98,6 +98,7 @@ if [ $code -ne 0 ] && [ $elapsed -lt 30 ] && grep -q "error on rank [01]: stage 
 # Traces: every rank's actions gathered into one HDF5 file; inspect and the plot script read it.
 $mpi 3 "$bin" train "${common[@]}" --schedule 1f1b --trace "$work/trace.h5" >/dev/null 2>"$work/err"
 expect_ok "inspect a trace" "bubble bound" inspect "$work/trace.h5"
+expect_ok "inspect shows the stage balance" "busy time spread (max/min - 1) [0-9.]*%; mean efficiency" inspect "$work/trace.h5"
 [ "$(grep -c '^ *[0-2]  ' "$work/out")" -eq 3 ] && h5dump -H "$work/trace.h5" | grep -q 'GROUP "actions"' &&
   passed=$((passed + 1)) || { echo "FAIL: trace lacks stages or is not HDF5"; cat "$work/out" "$work/err"; failed=$((failed + 1)); }
 expect_fail "inspect a profile" "not a DawnPiper trace" inspect "$work/p.h5"
