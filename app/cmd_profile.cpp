@@ -8,7 +8,7 @@
 #include "memory/counting_allocator.h"
 #include "memory/device_memory.h"
 #include "profile/analytic.h"
-#include "profile/memory_replay.h"
+#include "plan/stage_memory.h"
 #include "profile/profile_io.h"
 #include "profile/profiler.h"
 #include "util/atomic_file.h"
@@ -110,7 +110,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
 
   double node_ms = 0;
   for (const NodeProfile& n : p.nodes) node_ms += n.fwd_ms + n.bwd_ms;
-  const ReplayResult replay = replay_step(p, optimizer);
+  const StageMemoryReplay replay = replay_whole_step(p, optimizer);
   std::printf("profiled %s: %d nodes at micro-batch sizes", p.preset.c_str(), p.size());
   for (int64_t b : sizes) std::printf(" %lld", static_cast<long long>(b));
   std::printf(" on %s in %.1f s (%s node times)", p.device.c_str(), seconds, p.timing.c_str());
@@ -120,10 +120,10 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   if (p.measured_fwd_bwd_ms > 0)
     std::printf(", measured forward+backward %.2f ms (%+.1f%%), whole step with optimizer %.2f ms",
                 p.measured_fwd_bwd_ms, 100 * (node_ms / p.measured_fwd_bwd_ms - 1), p.measured_step_ms);
-  std::printf("\npredicted peak %s", format_bytes(double(replay.peak_bytes)).c_str());
+  std::printf("\npredicted peak %s", format_bytes(double(replay.peak)).c_str());
   if (p.measured_peak_bytes > 0)
     std::printf(", measured peak %s (%+.1f%%)", format_bytes(double(p.measured_peak_bytes)).c_str(),
-                100 * (double(replay.peak_bytes) / double(p.measured_peak_bytes) - 1));
+                100 * (double(replay.peak) / double(p.measured_peak_bytes) - 1));
   if (!p.notes.empty()) std::printf("\nnote: %s", p.notes.c_str());
   std::printf("\nwrote %s\n", out.c_str());
   return 0;

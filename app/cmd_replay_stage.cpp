@@ -71,7 +71,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   pc.seed = vm["seed"].as<uint64_t>();
   pc.optimizer.kind = vm.count("optimizer") ? vm["optimizer"].as<std::string>() : plan.options.optimizer;
   pc.optimizer.lr = vm["lr"].as<double>();
-  for (const StagePlan& s : plan.stages) pc.decisions.push_back(s.decisions);
+  for (const StagePlan& s : plan.stages) pc.evictions.push_back(s.evictions);
   pc.device = device;
 
   CountingAllocator::install();

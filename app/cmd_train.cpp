@@ -384,7 +384,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   pc.schedule = schedule_kind_from_name(vm["schedule"].as<std::string>());
   for (const StagePlan& s : plan.stages) {
     pc.ranges.push_back({s.begin, s.end});
-    pc.decisions.push_back(s.decisions);
+    pc.evictions.push_back(s.evictions);
   }
   pc.micro_batches = config.micro_batches;
   pc.steps = config.steps;

@@ -120,8 +120,8 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
     cross_bytes_[static_cast<size_t>(cut)] = bytes;
   }
 
-  // Which tensors carry gradients (as memory_replay.cpp): outputs of nodes with parameters or
-  // with such inputs, unless the profile says.
+  // Which tensors carry gradients: outputs of nodes with parameters or with such inputs, unless
+  // the profile says.
   node_kinds_.assign(profile.nodes.size(), 0);
   for (const NodeProfile& node : profile.nodes)
     node_kinds_[static_cast<size_t>(node.id)] = static_cast<char>(

@@ -58,6 +58,48 @@ int64_t Plan::max_predicted_peak_bytes() const {
 
 namespace {
 
+Json int_list(const std::vector<int>& values) {
+  Json list = Json::array();
+  for (int v : values) list.push_back(v);
+  return list;
+}
+
+std::vector<int> int_list_from(const Json& list) {
+  std::vector<int> values;
+  for (const Json& v : list.items()) values.push_back(static_cast<int>(v.as_int()));
+  return values;
+}
+
+Json eviction_json(const Eviction& ev) {
+  Json t = Json::object();
+  t["tensor"] = ev.tensor;
+  t["action"] = tensor_action_name(ev.action);
+  t["evict_after"] = ev.evict_after;
+  t["restore_before"] = ev.restore_before;
+  t["prefetch_at"] = ev.prefetch_at;
+  if (ev.action == TensorAction::Recompute) {
+    t["rerun"] = int_list(ev.rerun);
+    t["leaves"] = int_list(ev.leaves);
+  }
+  return t;
+}
+
+Eviction eviction_from_json(const Json& t) {
+  Eviction ev;
+  ev.tensor = static_cast<int>(t.at("tensor").as_int());
+  ev.action = tensor_action_from_name(t.at("action").as_string());
+  if (ev.action == TensorAction::Keep)
+    throw ConfigError("plan eviction of tensor " + std::to_string(ev.tensor) + " keeps it");
+  ev.evict_after = static_cast<int>(t.at("evict_after").as_int());
+  ev.restore_before = static_cast<int>(t.at("restore_before").as_int());
+  ev.prefetch_at = static_cast<int>(t.at("prefetch_at").as_int());
+  if (ev.action == TensorAction::Recompute) {
+    ev.rerun = int_list_from(t.at("rerun"));
+    ev.leaves = int_list_from(t.at("leaves"));
+  }
+  return ev;
+}
+
 Json memory_json(const MemoryBreakdown& m) {
   Json j = Json::object();
   j["weights"] = m.weights;
@@ -155,6 +197,9 @@ std::string Plan::to_json(int indent) const {
       decisions.push_back(t);
     }
     st["decisions"] = decisions;
+    Json evictions = Json::array();
+    for (const Eviction& ev : s.evictions) evictions.push_back(eviction_json(ev));
+    st["evictions"] = evictions;
     list.push_back(st);
   }
   j["stages"] = list;
@@ -168,13 +213,16 @@ Plan plan_from_json(const std::string& text) {
   Plan p;
   p.version = static_cast<int>(j.at("version").as_int());
   if (p.version != Plan::kVersion)
-    throw ConfigError("plan version " + std::to_string(p.version) + " is not supported (this " +
-                      "build reads version " + std::to_string(Plan::kVersion) + ")");
+    throw ConfigError("plan version " + std::to_string(p.version) + " is not supported (this build reads version " +
+                      std::to_string(Plan::kVersion) +
+                      (p.version < Plan::kVersion ? "; plans before it lack their stage programs: make it again with "
+                                                    "`dawnpiper plan`)"
+                                                  : ")"));
   p.options.planner = j.at("planner").as_string();
   p.model = j.at("model").as_string();
   p.preset = j.at("preset").as_string();
-  p.precision = j.contains("precision") ? j.at("precision").as_string() : "fp32";  // optional in version 1
-  p.graph_hash = j.contains("graph_hash") ? j.at("graph_hash").as_string() : "";
+  p.precision = j.at("precision").as_string();
+  p.graph_hash = j.at("graph_hash").as_string();
   const Json& in = j.at("inputs");
   p.options.stages = static_cast<int>(in.at("stages").as_int());
   p.options.schedule = in.at("schedule").as_string();
@@ -210,6 +258,7 @@ Plan plan_from_json(const std::string& text) {
                              tensor_action_from_name(d.at("action").as_string()),
                              d.contains("restore_before") ? static_cast<int>(d.at("restore_before").as_int()) : -1,
                              d.contains("prefetch_at") ? static_cast<int>(d.at("prefetch_at").as_int()) : -1});
+    for (const Json& ev : st.at("evictions").items()) s.evictions.push_back(eviction_from_json(ev));
     p.stages.push_back(std::move(s));
   }
   // The runtime relies on these: contiguous stages covering every node, in order.

@@ -48,6 +48,27 @@ struct TensorDecision {
   int prefetch_at = -1;
 };
 
+// One tensor a stage's program evicts: the decision placed where the stage carries it out
+// (plan/stage_program.h derives it; the runtime's Evictor executes it, the memory replays
+// simulate it). Its storage is emptied after the forward of `evict_after` (or once the
+// micro-batch's activations are sent) and is back before the backward of `restore_before`.
+struct Eviction {
+  int tensor = -1;
+  TensorAction action = TensorAction::Swap;  // Swap | Recompute
+  int evict_after = -1;                      // node; -1: after the micro-batch's activations are sent
+  int restore_before = -1;                   // node whose backward reads it first
+  // Swap: the node whose backward starts the copy back (>= restore_before); from there on the
+  // bytes are on the device. Recompute: restore_before.
+  int prefetch_at = -1;
+  std::vector<int>
+      rerun;  // recompute: the nodes re-run, ascending (the producer, and producers of inputs not on the device)
+  std::vector<int> leaves;  // recompute: the tensors the re-run reads, held from the forward until it ran
+  bool operator==(const Eviction& o) const {
+    return tensor == o.tensor && action == o.action && evict_after == o.evict_after &&
+           restore_before == o.restore_before && prefetch_at == o.prefetch_at && rerun == o.rerun && leaves == o.leaves;
+  }
+};
+
 struct TensorBytes {
   int tensor = -1;
   int64_t bytes = 0;
@@ -94,10 +115,11 @@ struct StagePlan {
   std::vector<TensorBytes> crossing;         // tensors sent towards later stages at `end`
   int64_t crossing_bytes = 0;
   std::vector<TensorDecision> decisions;  // every saved tensor of the stage
+  std::vector<Eviction> evictions;        // the decisions that evict, placed (the stage program's)
 };
 
 struct Plan {
-  static constexpr int kVersion = 1;
+  static constexpr int kVersion = 2;  // 2: stages carry their evictions
   int version = kVersion;
   std::string model, preset;       // from the profile, for the reader's orientation
   std::string precision = "fp32";  // the profile's: train refuses to run the plan in another

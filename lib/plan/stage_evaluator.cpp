@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "plan/stage_memory.h"
+#include "plan/stage_program.h"
 
 namespace dawnpiper {
 
@@ -98,6 +99,7 @@ StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
     s.crossing = model_.crossing(e);
     s.crossing_bytes = model_.crossing_bytes(e);
   }
+  s.evictions = place_evictions(model_, b, e, m.decisions);
   s.decisions = std::move(m.decisions);
   return s;
 }

@@ -1,7 +1,7 @@
 #pragma once
-// The predicted peak memory of one pipeline stage, by replaying the stage's action list (the very
-// list the runtime executes) allocation by allocation over the profile, with the plan's swap and
-// recompute decisions applied where the runtime's evictor applies them. Pure C++.
+// The predicted peak memory of one pipeline stage, by replaying its stage program (the actions
+// and evictions the runtime executes, plan/stage_program.h) allocation by allocation over the
+// profile. Pure C++.
 //
 // What it holds, as the runtime does (runtime/pipeline_stage.cpp, runtime/evictor.cpp):
 //   - parameters (owned, and copies of tied ones owned by another stage), their gradients from
@@ -27,15 +27,28 @@
 
 #include "plan/cost_model.h"
 #include "plan/plan.h"
+#include "plan/stage_program.h"
+#include "schedule/action.h"
 
 namespace dawnpiper {
 
 struct StageMemoryReplay {
   int64_t peak = 0;
-  int peak_action = -1;  // index in the stage's action list
-  int peak_node = -1;    // node running at the peak, -1 between nodes
+  int peak_action = -1;           // index in the stage's action list
+  int peak_node = -1;             // node running at the peak, -1 between nodes
+  int64_t first_forward_end = 0;  // live bytes when the first forward ends
 };
 
+// Replays `program` (its actions once, twice for the synchronous schedules: the second pass is
+// the steady state with the optimizer state allocated). `events`, when given, receives the
+// evictor's actions (SwapOut, SwapIn, Recompute with the micro-batch and, for a re-run, the
+// first tensor it rebuilds) in the order the runtime's evictor carries them out.
+StageMemoryReplay replay_stage_program(const CostModel& model, const StageProgram& program,
+                                       std::vector<Action>* events = nullptr);
+// The profile's own training step: the whole graph as one stage training one micro-batch per
+// step, nothing evicted (what `profile` reports beside the step it measures).
+StageMemoryReplay replay_whole_step(const Profile& profile, const std::string& optimizer);
+// The program of stage x over [b, e) with `decisions`, replayed.
 StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int x,
                                       const std::vector<TensorDecision>& decisions);
 

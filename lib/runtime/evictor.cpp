@@ -32,139 +32,58 @@ struct RestoreBeforeBackward : torch::autograd::FunctionPreHook {
 
 }  // namespace
 
-Evictor::Evictor(const StageModule& module, const std::vector<TensorDecision>& decisions)
-    : module_(module), graph_(module.graph()) {
+Evictor::Evictor(const StageModule& module, const std::vector<Eviction>& evictions)
+    : module_(module), graph_(module.graph()), entries_(evictions) {
   const int b = module.begin(), e = module.end();
   const int tensors = static_cast<int>(graph_.tensors.size());
-  enum { kNotSaved = -1 };
-  std::vector<int> action(static_cast<size_t>(tensors), kNotSaved);
-  for (const TensorDecision& d : decisions) {
-    if (d.tensor < 0) throw ConfigError("plan decision for tensor " + std::to_string(d.tensor));
-    if (d.tensor >= tensors) {  // autograd-internal buffers: the planner never evicts them
-      if (d.action != TensorAction::Keep)
-        throw ConfigError("plan evicts tensor " + std::to_string(d.tensor) +
-                          ", an autograd-internal buffer the runtime cannot evict");
-      continue;
-    }
-    action[static_cast<size_t>(d.tensor)] = static_cast<int>(d.action);
-  }
+  auto in_stage = [&](int node) { return node >= b && node < e; };
+  std::vector<char> is_leaf(static_cast<size_t>(tensors), 0);
   entry_of_tensor_.assign(static_cast<size_t>(tensors), -1);
   evict_after_.assign(static_cast<size_t>(e - b), {});
   leaves_of_node_.assign(static_cast<size_t>(e - b), {});
-  is_leaf_.assign(static_cast<size_t>(tensors), 0);
-
-  // Every node reading the tensor's storage: its consumers and those of its views.
-  std::function<void(int, std::vector<int>&)> readers = [&](int t, std::vector<int>& out) {
-    for (int c : graph_.tensor(t).consumers) {
-      out.push_back(c);
-      // Outputs that may share its storage (views): their readers read it too.
-      for (size_t k = 0; k < graph_.nodes[c].outputs.size(); ++k)
-        if (graph_.aliased_input(c, k) == t) readers(graph_.nodes[c].outputs[k], out);
-    }
-  };
-  auto available = [&](int t) {
-    const int a = action[static_cast<size_t>(t)];
-    return graph_.is_data(t) || graph_.tensor(t).producer < b || a == static_cast<int>(TensorAction::Keep) ||
-           a == static_cast<int>(TensorAction::Swap);
-  };
-
-  std::set<int> received;
-  for (const CrossingTensor& c : graph_.crossing(b)) received.insert(c.tensor);
-  for (const TensorDecision& d : decisions) {
-    if (d.tensor >= tensors || d.action == TensorAction::Keep) continue;
-    const TensorInfo& info = graph_.tensor(d.tensor);
-    // A tensor of an earlier stage that reaches this one only as views of it (received as
-    // tensors of their own): nothing here holds its storage, and the planner's replay leaves
-    // the decision out too.
-    if (!graph_.is_data(d.tensor) && info.producer < b && !received.count(d.tensor)) continue;
-    if (info.producer >= 0) {
-      const std::vector<int>& outs = graph_.nodes[static_cast<size_t>(info.producer)].outputs;
-      const size_t k = static_cast<size_t>(std::find(outs.begin(), outs.end(), d.tensor) - outs.begin());
-      if (graph_.views_weight(info.producer, k))
-        throw ConfigError("plan evicts tensor " + info.name + ", a view of a parameter or buffer");
-    }
-    Entry entry;
-    entry.tensor = d.tensor;
-    entry.action = d.action;
-    std::vector<int> reads;
-    readers(d.tensor, reads);
-    int last_local = info.producer >= b && info.producer < e ? info.producer : -1;
-    bool read_later = false;
-    for (int r : reads) {
-      if (r >= b && r < e) last_local = std::max(last_local, r);
-      if (r >= e) read_later = true;
-    }
-    if (last_local < 0)
-      throw ConfigError("plan evicts tensor " + info.name + ", which stage nodes [" + std::to_string(b) + ", " +
-                        std::to_string(e) + ") neither produce nor read");
-    const bool sent = read_later && !graph_.is_data(d.tensor);
-    entry.evict_after = sent ? -1 : last_local;
-    entry.restore_before = d.restore_before >= b && d.restore_before < e ? d.restore_before : last_local;
-    entry.prefetch_at =
-        d.prefetch_at >= b && d.prefetch_at < e ? std::max(d.prefetch_at, entry.restore_before) : entry.restore_before;
-    if (d.action == TensorAction::Swap && !copier_) copier_ = std::make_unique<SwapCopier>(module.device());
-    if (d.action == TensorAction::Recompute) {
-      if (graph_.is_data(d.tensor) || info.producer < b || info.producer >= e)
-        throw ConfigError("plan recomputes tensor " + info.name + ", which this stage does not produce");
-      // The recompute chain: the producer, and the producers of inputs not on the device.
-      std::set<int> rerun, leaves;
-      std::vector<int> stack{info.producer};
-      while (!stack.empty()) {
-        const int n = stack.back();
-        stack.pop_back();
-        if (!rerun.insert(n).second) continue;
-        for (int in : graph_.nodes[n].inputs) {
-          if (available(in)) {
-            is_leaf_[static_cast<size_t>(in)] = 1;
-            leaves.insert(in);
-            continue;
-          }
-          const int q = graph_.tensor(in).producer;
-          if (q < b || q >= e)
-            throw ConfigError("cannot recompute " + info.name + ": its input " + graph_.tensor(in).name +
-                              " comes from another stage and is not kept");
-          stack.push_back(q);
-        }
-      }
-      entry.rerun.assign(rerun.begin(), rerun.end());
-      entry.leaves.assign(leaves.begin(), leaves.end());
-    }
-    const int index = static_cast<int>(entries_.size());
-    entry_of_tensor_[static_cast<size_t>(d.tensor)] = index;
-    if (sent) {
-      sent_entries_.push_back(index);
-    } else {
-      evict_after_[static_cast<size_t>(last_local - b)].push_back(index);
-    }
-    entries_.push_back(std::move(entry));
-  }
   pickup_after_.assign(static_cast<size_t>(e - b), {});
+  const std::string stage = "stage nodes [" + std::to_string(b) + ", " + std::to_string(e) + ")";
   for (size_t i = 0; i < entries_.size(); ++i) {
-    const int p = graph_.tensor(entries_[i].tensor).producer;
-    if (p >= b && p < e && !graph_.is_data(entries_[i].tensor))
-      pickup_after_[static_cast<size_t>(p - b)].push_back(static_cast<int>(i));
+    const Eviction& ev = entries_[i];
+    const int index = static_cast<int>(i);
+    if (ev.tensor < 0 || ev.tensor >= tensors)  // past the graph's: autograd-internal buffers
+      throw ConfigError("plan evicts tensor " + std::to_string(ev.tensor) + ", which " + stage +
+                        " cannot evict (not a tensor of the graph)");
+    const std::string& name = graph_.tensor(ev.tensor).name;
+    if ((ev.evict_after != -1 && !in_stage(ev.evict_after)) || !in_stage(ev.restore_before) ||
+        !in_stage(ev.prefetch_at) || ev.action == TensorAction::Keep)
+      throw ConfigError("plan evicts " + name + " at nodes outside " + stage + " (a program for another stage?)");
+    for (int n : ev.rerun)
+      if (!in_stage(n))
+        throw ConfigError("plan recomputes " + name + " by re-running node " + std::to_string(n) + ", outside " +
+                          stage);
+    for (int t : ev.leaves) {
+      if (t < 0 || t >= tensors) throw ConfigError("plan recomputes " + name + " from a tensor outside the graph");
+      is_leaf[static_cast<size_t>(t)] = 1;
+    }
+    if (ev.action == TensorAction::Swap && !copier_) copier_ = std::make_unique<SwapCopier>(module.device());
+    entry_of_tensor_[static_cast<size_t>(ev.tensor)] = index;
+    if (ev.evict_after < 0)
+      sent_entries_.push_back(index);
     else
-      external_pickups_.push_back(static_cast<int>(i));
+      evict_after_[static_cast<size_t>(ev.evict_after - b)].push_back(index);
+    // Picked up where the tensor appears (the stage keeps a tensor in its env only until its
+    // last direct reader; readers of its views come later).
+    const int p = graph_.tensor(ev.tensor).producer;
+    if (in_stage(p) && !graph_.is_data(ev.tensor))
+      pickup_after_[static_cast<size_t>(p - b)].push_back(index);
+    else
+      external_pickups_.push_back(index);
   }
   // Where the evictor picks up what recomputation reads: the stage's inputs at the forward's
   // start, the rest right after the node that produces it.
   for (int t = 0; t < tensors; ++t) {
-    if (!is_leaf_[static_cast<size_t>(t)]) continue;
+    if (!is_leaf[static_cast<size_t>(t)]) continue;
     const int p = graph_.tensor(t).producer;
-    if (p >= b && p < e && !graph_.is_data(t))
+    if (in_stage(p) && !graph_.is_data(t))
       leaves_of_node_[static_cast<size_t>(p - b)].push_back(t);
     else
       external_leaves_.push_back(t);
-  }
-  // Sent tensors are picked up (not evicted) after their last local reader.
-  for (int i : sent_entries_) {
-    std::vector<int> reads;
-    readers(entries_[static_cast<size_t>(i)].tensor, reads);
-    int last_local = graph_.tensor(entries_[static_cast<size_t>(i)].tensor).producer;
-    for (int r : reads)
-      if (r >= b && r < e) last_local = std::max(last_local, r);
-    if (last_local < b) last_local = b;
-    evict_after_[static_cast<size_t>(last_local - b)].push_back(i);
   }
 }
 
@@ -182,7 +101,7 @@ void Evictor::begin_forward(int64_t mb, const RunContext& ctx, const TensorEnv& 
 }
 
 void Evictor::pick_up(MicroBatch& m, int i, const TensorEnv& env) {
-  const Entry& entry = entries_[static_cast<size_t>(i)];
+  const Eviction& entry = entries_[static_cast<size_t>(i)];
   const at::Tensor& t = env[static_cast<size_t>(entry.tensor)];
   if (!t.defined())
     throw std::logic_error("evictor: tensor " + graph_.tensor(entry.tensor).name + " is not in the forward's env");
@@ -211,7 +130,7 @@ void Evictor::after_send(int64_t mb) {
 }
 
 void Evictor::evict(MicroBatch& m, int i, const at::Tensor& tensor) {
-  const Entry& entry = entries_[static_cast<size_t>(i)];
+  const Eviction& entry = entries_[static_cast<size_t>(i)];
   Held& h = m.held.at(i);
   c10::StorageImpl* storage = storage_of(tensor);
   if (h.evicted || h.bytes == 0) return;
@@ -251,21 +170,23 @@ void Evictor::recompute(int64_t mb, MicroBatch& m, const std::vector<int>& targe
   for (int i : targets)
     nodes.insert(entries_[static_cast<size_t>(i)].rerun.begin(), entries_[static_cast<size_t>(i)].rerun.end());
   TensorEnv env = module_.make_env();
-  for (int n : nodes) {
+  std::set<int> reads;  // what the re-run reads that it does not make
+  for (int n : nodes)
     for (int in : graph_.nodes[n].inputs) {
       if (nodes.count(graph_.tensor(in).producer) && !graph_.is_data(in)) continue;  // re-run too
       auto leaf = m.leaves.find(in);
       if (leaf == m.leaves.end())
         throw std::logic_error("evictor: recomputation input " + graph_.tensor(in).name + " was not held");
-      const int entry = entry_of_tensor_[static_cast<size_t>(in)];
-      auto held = m.held.find(entry);
-      if (entry >= 0 && held != m.held.end() && held->second.evicted) {  // needed early
-        start_swap_in(mb, m, entry);
-        finish_swap_in(m, entry);
-      }
       env[static_cast<size_t>(in)] = leaf->second;
+      reads.insert(in);
     }
-  }
+  // Swapped inputs it reads come back early, in program order (the replay's order too).
+  for (auto& [i, h] : m.held)
+    if (h.evicted && entries_[static_cast<size_t>(i)].action == TensorAction::Swap &&
+        reads.count(entries_[static_cast<size_t>(i)].tensor)) {
+      start_swap_in(mb, m, i);
+      finish_swap_in(m, i);
+    }
   {
     // Grad mode as in the forward: some kernels choose their path by it (matmul folding).
     at::AutoGradMode grad(true);
@@ -276,7 +197,7 @@ void Evictor::recompute(int64_t mb, MicroBatch& m, const std::vector<int>& targe
   int64_t bytes = 0;
   int first = -1;
   for (auto it = m.held.begin(); it != m.held.end(); ++it) {
-    const Entry& entry = entries_[static_cast<size_t>(it->first)];
+    const Eviction& entry = entries_[static_cast<size_t>(it->first)];
     Held& h = it->second;
     if (entry.action != TensorAction::Recompute || !h.evicted || !nodes.count(graph_.tensor(entry.tensor).producer))
       continue;
@@ -303,7 +224,7 @@ void Evictor::restore_for(int64_t mb, int node) {
   std::vector<int> recomputes;
   for (auto& [i, h] : m.held) {
     if (!h.evicted) continue;
-    const Entry& entry = entries_[static_cast<size_t>(i)];
+    const Eviction& entry = entries_[static_cast<size_t>(i)];
     if (entry.action == TensorAction::Swap) {
       // The copy back starts at its prefetch node; the storage gets it where it is read.
       if (entry.prefetch_at >= node) start_swap_in(mb, m, i);
@@ -321,7 +242,7 @@ void Evictor::restore_for(int64_t mb, int node) {
       it = m.held.erase(it);
       continue;
     }
-    const Entry& entry = entries_[static_cast<size_t>(it->first)];
+    const Eviction& entry = entries_[static_cast<size_t>(it->first)];
     if (entry.action == TensorAction::Recompute) still_read.insert(entry.leaves.begin(), entry.leaves.end());
     ++it;
   }

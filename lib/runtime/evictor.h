@@ -1,17 +1,17 @@
 #pragma once
 // Evictor: carries out a plan's per-tensor memory decisions on one stage while it trains.
 //
-// A decision names a saved tensor (the storage owner: views share its storage). After the
-// tensor's last forward use in the stage (or, when it is also sent downstream, once it is sent)
-// its storage is emptied in place: autograd's saved copies share the StorageImpl, so they lose
+// It executes the stage program's evictions (plan/stage_program.h says where each happens). After
+// the tensor's last forward use in the stage (or, when it is also sent downstream, once it is
+// sent) its storage is emptied in place: autograd's saved copies share the StorageImpl, so they lose
 // the data too and the allocator gets the bytes back. Before the backward of the node that first
-// reads it (TensorDecision::restore_before; autograd function pre-hooks find that moment), the
+// reads it (Eviction::restore_before; autograd function pre-hooks find that moment), the
 // data comes back into the same StorageImpl, so autograd never notices (no copy_ into the saved
 // tensor, no version-counter bump):
 //   swap       the bytes go to host memory the device allocator does not charge (SwapCopier: on
 //              CPU plain malloc, invisible to the counting allocator; on CUDA pinned memory, on a
 //              side stream) and are copied back, starting at the backward of
-//              TensorDecision::prefetch_at so that the copy hides behind the nodes after it;
+//              Eviction::prefetch_at so that the copy hides behind the nodes after it;
 //   recompute  the bytes are dropped; the producer is re-run (and, recursively, the producers of
 //              its inputs that are not on the device either, as the planner's recompute chains
 //              assume) from inputs held since the forward, with grad mode on as in the forward so
@@ -42,10 +42,10 @@ class Evictor {
   // (kind SwapOut | SwapIn | Recompute, micro-batch, tensor, bytes, start, end)
   using Listener = std::function<void(ActionKind, int64_t, int, int64_t, Clock::time_point, Clock::time_point)>;
 
-  // `decisions`: the stage's plan (keep entries say which saved tensors stay on the device).
-  // Throws ConfigError when a decision cannot be carried out (a tensor outside the graph, a
-  // recomputation that needs an input from another stage that is not kept).
-  Evictor(const StageModule& module, const std::vector<TensorDecision>& decisions);
+  // `evictions`: the stage program's (plan/stage_program.h), placed by the planner. Throws
+  // ConfigError when one does not fit the stage's graph (a tensor outside it, a node outside the
+  // stage's range: a program for another stage or model).
+  Evictor(const StageModule& module, const std::vector<Eviction>& evictions);
 
   bool active() const { return !entries_.empty(); }
   void set_listener(Listener listener) { listener_ = std::move(listener); }
@@ -69,15 +69,6 @@ class Evictor {
   void restore_for(int64_t mb, int node);
 
  private:
-  struct Entry {
-    int tensor = -1;
-    TensorAction action = TensorAction::Keep;
-    int evict_after = -1;     // node; -1: after the micro-batch's activations are sent
-    int restore_before = -1;  // node
-    int prefetch_at = -1;     // swap: node whose backward starts the copy back (>= restore_before)
-    std::vector<int> rerun;   // recompute: nodes to re-run, in order
-    std::vector<int> leaves;  // recompute: the inputs the re-run reads (held until it ran)
-  };
   struct Held {
     at::Tensor tensor;              // a detached alias of the evicted tensor (same StorageImpl)
     c10::DataPtr host;              // swap: the bytes while evicted
@@ -102,11 +93,10 @@ class Evictor {
 
   const StageModule& module_;
   const OpGraph& graph_;
-  std::vector<Entry> entries_;
+  std::vector<Eviction> entries_;
   std::vector<int> entry_of_tensor_;           // tensor -> entry, -1
   std::vector<std::vector<int>> evict_after_;  // node offset -> entries
   std::vector<int> sent_entries_;
-  std::vector<char> is_leaf_;                     // tensor -> some recomputation reads it
   std::vector<std::vector<int>> leaves_of_node_;  // node offset -> leaf tensors it produces
   std::vector<int> external_leaves_;
   // Entries to pick up where their tensor appears (the stage keeps a tensor in its env only

@@ -58,7 +58,7 @@ StageConfig stage_config(const PipelineConfig& c, int stage) {
   s.seed = c.seed;
   s.optimizer = c.optimizer;
   s.device = c.device;
-  if (static_cast<size_t>(stage) < c.decisions.size()) s.decisions = c.decisions[static_cast<size_t>(stage)];
+  if (static_cast<size_t>(stage) < c.evictions.size()) s.evictions = c.evictions[static_cast<size_t>(stage)];
   s.data = c.data;
   s.replica = c.replica;
   s.replicas = c.replicas;

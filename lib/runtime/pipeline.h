@@ -31,8 +31,8 @@ struct PipelineConfig {
   int64_t drain_every = 0;
   uint64_t seed = 42;
   OptimizerConfig optimizer;
-  at::Device device = at::Device(at::kCPU);            // every stage's (each rank's own GPU on CUDA)
-  std::vector<std::vector<TensorDecision>> decisions;  // per stage (the plan's); empty: keep all
+  at::Device device = at::Device(at::kCPU);      // every stage's (each rank's own GPU on CUDA)
+  std::vector<std::vector<Eviction>> evictions;  // per stage (the plan's); empty: keep all
   DataConfig data;
   int replica = 0, replicas = 1;  // data parallelism (StageConfig)
 };

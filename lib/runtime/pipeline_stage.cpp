@@ -50,7 +50,7 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
   }
   for (auto& p : module_.parameters()) masters_.push_back(p.tensor);
   optimizer_ = make_optimizer(config.optimizer, masters_);
-  auto evictor = std::make_unique<Evictor>(module_, config.decisions);
+  auto evictor = std::make_unique<Evictor>(module_, config.evictions);
   if (evictor->active()) evictor_ = std::move(evictor);
 }
 

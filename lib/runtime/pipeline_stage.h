@@ -29,9 +29,8 @@ struct StageConfig {
   uint64_t seed = 42;
   OptimizerConfig optimizer;
   at::Device device = at::Device(at::kCPU);  // where the stage's parameters and activations live
-  // The plan's per-tensor decisions for this stage; swap and recompute entries are carried out
-  // by an Evictor (keep entries change nothing).
-  std::vector<TensorDecision> decisions;
+  // The stage program's evictions (the plan's StagePlan::evictions), carried out by an Evictor.
+  std::vector<Eviction> evictions;
   DataConfig data;  // synthetic, or a token file
   // Data parallelism: this pipeline is replica `replica` of `replicas`. Its micro-batch k is
   // micro-batch k * replicas + replica of the whole job (its samples and its dropout masks), so

@@ -2,6 +2,16 @@
 passed=0
 failed=0
 
+# The plan with every decision rewritten to keep, and so nothing for its stage programs to evict.
+keep_all() {
+  python3 -c 'import json, sys
+plan = json.load(open(sys.argv[1]))
+for s in plan["stages"]:
+    for d in s["decisions"]: d["action"] = "keep"
+    s["evictions"] = []
+json.dump(plan, open(sys.argv[2], "w"), indent=2)' "$1" "$2"
+}
+
 # expect_fail NAME PATTERN ARGS...: exit != 0, stderr has PATTERN, one line, no backtrace.
 expect_fail() {
   local name="$1" pattern="$2"

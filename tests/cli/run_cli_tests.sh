@@ -53,7 +53,7 @@ expect_fail "unknown device spec" "unknown device spec 'tpu'" profile --model ml
 
 # plan: from a measured profile and analytically; infeasible capacity; bad options.
 expect_ok "plan from profile" "bottleneck" plan --profile-in "$work/p.h5" --stages 2 --schedule 1f1b --out "$work/plan.json"
-grep -q '"version": 1' "$work/plan.json" && passed=$((passed + 1)) || { echo "FAIL: plan JSON lacks its version"; failed=$((failed + 1)); }
+grep -q '"version": 2' "$work/plan.json" && passed=$((passed + 1)) || { echo "FAIL: plan JSON lacks its version"; failed=$((failed + 1)); }
 expect_ok "plan max batch" "largest micro-batch size" plan --model bert-large --device-spec a100-40gb --stages 4 --max-batch --memopt none
 expect_fail "plan infeasible" "no feasible plan" plan --model gpt2-large --device-spec a100-40gb --stages 2 --memory 1GiB --micro-batch-size 8
 expect_fail "plan without profile" "give --profile-in" plan --stages 2
@@ -202,7 +202,7 @@ print(f"{int(cap) // 1024 + 1}KiB" if keep > 1.02 * cap else "none")' "$work/$me
   done
   if [ "$cap" = none ]; then
     failed=$((failed + 1)); echo "FAIL: no $memopt plan from 2.7 to 2.2 MiB needs its evictions"; continue; fi
-  sed -e 's/"action": "swap"/"action": "keep"/; s/"action": "recompute"/"action": "keep"/' "$work/$memopt.json" >"$work/$memopt-keep.json"
+  keep_all "$work/$memopt.json" "$work/$memopt-keep.json"
   $mpi 2 "$bin" train "${common[@]}" --plan-in "$work/$memopt.json" --device-memory "$cap" >"$work/opt.out" 2>&1
   code_opt=$?
   $mpi 2 "$bin" train "${common[@]}" --plan-in "$work/$memopt-keep.json" >"$work/keep.out" 2>&1

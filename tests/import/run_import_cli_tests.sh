@@ -58,7 +58,7 @@ for kib in 2000 1900 1800 1700 1600 1500 1400; do
     --out "$work/sr.json" >/dev/null 2>&1 || continue
   if grep -q '"action": "\(swap\|recompute\)"' "$work/sr.json"; then cap=${kib}KiB; break; fi
 done
-sed -e 's/"action": "swap"/"action": "keep"/; s/"action": "recompute"/"action": "keep"/' "$work/sr.json" >"$work/keep.json"
+keep_all "$work/sr.json" "$work/keep.json"
 $mpi 2 "$bin" train "${mem[@]}" --plan-in "$work/keep.json" >"$work/keep.out" 2>&1
 $mpi 2 "$bin" train "${mem[@]}" --plan-in "$work/sr.json" --device-memory "$cap" >"$work/sr.out" 2>&1
 if [ "$cap" != none ] &&

@@ -88,12 +88,15 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
           pc.ranges = {{0, cut}, {cut, g.size()}};
           pc.micro_batches = 3;
           pc.steps = 2;
-          for (const auto& [b, e] : pc.ranges)
-            pc.decisions.push_back(round == 0 ? std::vector<TensorDecision>{}
-                                              : random_decisions(model, profile, b, e, rng));
+          std::vector<StageProgram> programs;
+          for (const auto& [b, e] : pc.ranges) {
+            programs.push_back(stage_program(
+                model, b, e, static_cast<int>(programs.size()),
+                round == 0 ? std::vector<TensorDecision>{} : random_decisions(model, profile, b, e, rng)));
+            pc.evictions.push_back(programs.back().evictions);
+          }
           for (int x = 0; x < 2; ++x) {
-            const auto [b, e] = pc.ranges[static_cast<size_t>(x)];
-            const int64_t predicted = replay_stage_memory(model, b, e, x, pc.decisions[static_cast<size_t>(x)]).peak;
+            const int64_t predicted = replay_stage_program(model, programs[static_cast<size_t>(x)]).peak;
             const int64_t measured = measured_stage_peak(counter, g, pc, x);
             if (std::getenv("DEBUG_MEMORY"))
               std::fprintf(stderr, "%s %s cut %d round %d stage %d (%+.1f%%)\n", name, schedule_kind_name(kind), cut,
@@ -135,7 +138,8 @@ TEST_CASE("random swaps and recomputations of imported tensors train bitwise lik
     pc.optimizer.kind = "adam";
     const InProcessResult kept = run_pipeline_in_process(g, pc);
     std::mt19937 rng(3);
-    for (const auto& [b, e] : pc.ranges) pc.decisions.push_back(random_decisions(model, profile, b, e, rng));
+    for (const auto& [b, e] : pc.ranges)
+      pc.evictions.push_back(place_evictions(model, b, e, random_decisions(model, profile, b, e, rng)));
     const InProcessResult evicted = run_pipeline_in_process(g, pc);
     REQUIRE(kept.losses.size() == 2);
     REQUIRE(evicted.losses.size() == 2);

@@ -201,14 +201,18 @@ TEST_CASE("plans round-trip through JSON", "[plan][planner]") {
       CHECK(a.decisions[i].restore_before == b.decisions[i].restore_before);
       CHECK(a.decisions[i].prefetch_at == b.decisions[i].prefetch_at);
     }
+    CHECK(a.evictions == b.evictions);  // the stage program
   }
   // An unlimited capacity survives too (INT64_MAX as an exact integer).
   opt.capacity_bytes = INT64_MAX;
   CHECK(plan_from_json(make_plan(p, opt).to_json(-1)).options.capacity_bytes == INT64_MAX);
 
   // Damaged plans are refused.
-  std::string other_version = std::regex_replace(json, std::regex("\"version\": 1"), "\"version\": 99");
+  std::string other_version = std::regex_replace(json, std::regex("\"version\": 2"), "\"version\": 99");
   CHECK_THROWS_WITH(plan_from_json(other_version), Catch::Contains("version 99"));
+  // A version-1 plan has no stage programs: make it again.
+  std::string older = std::regex_replace(json, std::regex("\"version\": 2"), "\"version\": 1");
+  CHECK_THROWS_WITH(plan_from_json(older), Catch::Contains("dawnpiper plan"));
   std::string gap = std::regex_replace(json, std::regex("\"begin\": " + std::to_string(plan.stages[1].begin)),
                                        "\"begin\": " + std::to_string(plan.stages[1].begin + 1));
   CHECK_THROWS_AS(plan_from_json(gap), ConfigError);

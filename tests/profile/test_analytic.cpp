@@ -6,7 +6,7 @@
 #include "memory/counting_allocator.h"
 #include "models/model_config.h"
 #include "profile/analytic.h"
-#include "profile/memory_replay.h"
+#include "plan/stage_memory.h"
 #include "profile/profiler.h"
 #include "util/error.h"
 
@@ -54,8 +54,8 @@ TEST_CASE("analytic saved tensors and bytes equal the measured ones", "[profile]
     CHECK(mismatches == 0);
     // Same saved structure: the replayed activation memory differs only by workspaces, which
     // the analytic profile does not model.
-    const ReplayResult ra = replay_step(analytic, "sgd"), rm = replay_step(measured, "sgd");
-    CHECK(ra.forward_end_bytes == rm.forward_end_bytes);
+    const StageMemoryReplay ra = replay_whole_step(analytic, "sgd"), rm = replay_whole_step(measured, "sgd");
+    CHECK(ra.first_forward_end == rm.first_forward_end);
   }
 }
 

@@ -7,7 +7,7 @@
 
 #include "memory/counting_allocator.h"
 #include "models/model_config.h"
-#include "profile/memory_replay.h"
+#include "plan/stage_memory.h"
 #include "profile/profile_io.h"
 #include "profile/analytic.h"
 #include "profile/profiler.h"
@@ -72,10 +72,10 @@ TEST_CASE("replaying the profile predicts the measured step peak within 5%", "[p
       OpGraph g = build_model(preset_config(preset), mini ? 2 : 4);
       Profile p = profile_graph(g, quick());
       StepMeasurement m = measure_step(g, optimizer, quick(), 1);
-      ReplayResult r = replay_step(p, optimizer);
-      const double error = double(r.peak_bytes) / double(m.peak_bytes) - 1;
-      WARN(preset << " " << optimizer << ": predicted " << r.peak_bytes << " measured " << m.peak_bytes << " ("
-                  << 100 * error << "%)");
+      const StageMemoryReplay r = replay_whole_step(p, optimizer);
+      const double error = double(r.peak) / double(m.peak_bytes) - 1;
+      WARN(preset << " " << optimizer << ": predicted " << r.peak << " measured " << m.peak_bytes << " (" << 100 * error
+                  << "%)");
       CHECK(std::abs(error) < 0.05);
       if (mini) break;  // adam only for the tiny ones (time)
     }
@@ -138,7 +138,7 @@ TEST_CASE("sharing repeated blocks keeps the memory structure", "[profile]") {
     CHECK(full.tensors[t].saved_by == reused.tensors[t].saved_by);
     CHECK(full.tensors[t].bytes == reused.tensors[t].bytes);
   }
-  CHECK(replay_step(full, "sgd").peak_bytes == replay_step(reused, "sgd").peak_bytes);
+  CHECK(replay_whole_step(full, "sgd").peak == replay_whole_step(reused, "sgd").peak);
 }
 
 TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]") {

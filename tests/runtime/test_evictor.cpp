@@ -28,9 +28,10 @@ namespace {
 enum class Policy { Swap, Recompute, Mixed };
 
 // The plan's decisions with every evictable tensor swapped, recomputed (when this stage
-// produces it; swapped otherwise) or alternately one and the other.
-std::vector<std::vector<TensorDecision>> decide(const Profile& profile, const Plan& plan, Policy policy) {
-  std::vector<std::vector<TensorDecision>> out;
+// produces it; swapped otherwise) or alternately one and the other, placed on their stages.
+std::vector<std::vector<Eviction>> decide(const CostModel& model, const Plan& plan, Policy policy) {
+  const Profile& profile = model.profile();
+  std::vector<std::vector<Eviction>> out;
   for (const StagePlan& s : plan.stages) {
     std::vector<TensorDecision> ds = s.decisions;
     int k = 0;
@@ -41,7 +42,7 @@ std::vector<std::vector<TensorDecision>> decide(const Profile& profile, const Pl
       const bool recompute = policy == Policy::Recompute || (policy == Policy::Mixed && k++ % 2 == 0);
       d.action = recompute && recomputable ? TensorAction::Recompute : TensorAction::Swap;
     }
-    out.push_back(std::move(ds));
+    out.push_back(place_evictions(model, s.begin, s.end, ds));
   }
   return out;
 }
@@ -63,6 +64,25 @@ int64_t measured_stage_peak(CountingAllocator& counter, const OpGraph& g, const 
   PipelineStage stage(g, stage_config(pc, x), transport);
   counter.reset_peak();
   for (const Action& a : stage_actions(pc, x)) stage.execute(a);
+  return counter.peak_bytes() - base;
+}
+
+// Stage program `program` of `pc` run alone (stand-in transport) through its actions, twice for
+// the synchronous schedules as the replay does: the counting allocator's peak above what was
+// allocated before, and the evictor's actions in the order it carried them out.
+int64_t run_program(CountingAllocator& counter, const OpGraph& g, const PipelineConfig& pc, const StageProgram& program,
+                    std::vector<Action>& events) {
+  const int64_t base = counter.live_bytes();
+  StandInTransport transport;
+  PipelineStage stage(g, stage_config(pc, program.stage), transport);
+  if (stage.evictor())
+    stage.evictor()->set_listener(
+        [&](ActionKind kind, int64_t mb, int tensor, int64_t, Evictor::Clock::time_point, Evictor::Clock::time_point) {
+          events.push_back(Action{kind, program.stage, mb, tensor});
+        });
+  counter.reset_peak();
+  for (int pass = 0; pass < (pc.schedule == ScheduleKind::Async ? 1 : 2); ++pass)
+    for (const Action& a : program.actions) stage.execute(a);
   return counter.peak_bytes() - base;
 }
 
@@ -101,26 +121,42 @@ TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedu
       for (Policy policy : {Policy::Swap, Policy::Recompute, Policy::Mixed}) {
         INFO(preset << " " << schedule_kind_name(kind) << " policy " << static_cast<int>(policy));
         PipelineConfig evicting = pc;
-        evicting.decisions = decide(profile, plan, policy);
+        evicting.evictions = decide(CostModel(profile, po), plan, policy);
         check_same_training(run_pipeline_in_process(g, evicting), kept);
       }
     }
   }
 }
 
-TEST_CASE("the evictor refuses decisions it cannot carry out", "[runtime][evictor]") {
+TEST_CASE("decisions a stage cannot carry out are refused where they are placed and run", "[runtime][evictor]") {
   OpGraph g = build_model(preset_config("mlp-tiny"), 2);
+  const Profile profile = quick_profile(g);
+  const CostModel model(profile, PlanOptions{});
   const int mid = g.size() / 2;
   // Recomputing a tensor another stage produced.
   int received = -1;
   for (const CrossingTensor& c : g.crossing(mid)) received = c.tensor;
   REQUIRE(received >= 0);
+  CHECK_THROWS_AS(place_evictions(model, mid, g.size(), {{received, 0, TensorAction::Recompute, -1}}), ConfigError);
+  // Evicting an autograd-internal buffer, or a tensor the profile does not have.
+  int internal = -1;
+  for (const TensorProfile& t : profile.tensors)
+    if (t.internal) internal = t.id;
+  REQUIRE(internal >= 0);
+  CHECK_THROWS_AS(place_evictions(model, 0, g.size(), {{internal, 0, TensorAction::Swap, -1}}), ConfigError);
+  CHECK_THROWS_AS(place_evictions(model, 0, g.size(), {{-3, 0, TensorAction::Swap, -1}}), ConfigError);
+  // Keep decisions place nothing, and need no evictor.
+  CHECK(place_evictions(model, mid, g.size(), {{received, 0, TensorAction::Keep, -1}}).empty());
   StageModule module(g, mid, g.size(), 1);
-  CHECK_THROWS_AS(Evictor(module, {{received, 0, TensorAction::Recompute, -1}}), ConfigError);
-  // Evicting an autograd-internal buffer (ids past the graph's tensors).
-  CHECK_THROWS_AS(Evictor(module, {{static_cast<int>(g.tensors.size()), 0, TensorAction::Swap, -1}}), ConfigError);
-  // Keep decisions need no evictor.
-  CHECK_FALSE(Evictor(module, {{received, 0, TensorAction::Keep, -1}}).active());
+  CHECK_FALSE(Evictor(module, {}).active());
+  // A swap placed on the other stage's nodes (a program for another stage), or of an internal buffer.
+  const std::vector<Eviction> first = place_evictions(model, 0, mid, {{received, 0, TensorAction::Swap, -1}});
+  REQUIRE(first.size() == 1);
+  CHECK_THROWS_AS(Evictor(module, first), ConfigError);
+  Eviction outside = first.front();
+  outside.tensor = static_cast<int>(g.tensors.size());
+  CHECK_THROWS_AS(Evictor(StageModule(g, 0, mid, 1), {outside}), ConfigError);
+  CHECK(Evictor(StageModule(g, 0, mid, 1), first).active());
 }
 
 TEST_CASE("swapped bytes leave the device allocator and come back unchanged", "[runtime][evictor]") {
@@ -140,13 +176,14 @@ TEST_CASE("swapped bytes leave the device allocator and come back unchanged", "[
   CHECK(at::equal(t, expected));
 }
 
-// The planner's memory replay (plan/stage_memory) and the runtime agree. For random
+// The planner's memory replay (plan/stage_memory) and the runtime run one stage program and
+// agree: the same evictor actions in the same order, and the peak. For random
 // keep/swap/recompute decisions (recompute chains, re-runs shared by several evictions, inputs
 // held for a later re-run, swapped inputs of a re-run, swaps prefetched early) and tied
 // weights, a stage cut at a block boundary or inside a block (sending transposed views,
 // receiving gradients that flow into views), run alone, peaks at the replayed prediction. The stand-in transport holds
 // a send until the next one, as the replay assumes of MPI.
-TEST_CASE("the stage memory replay predicts the evictor's measured peak", "[runtime][evictor]") {
+TEST_CASE("one stage program: the replay predicts the evictor's actions and measured peak", "[runtime][evictor]") {
   at::set_num_threads(1);
   CountingAllocator& counter = CountingAllocator::install();
   for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny"}) {
@@ -173,7 +210,8 @@ TEST_CASE("the stage memory replay predicts the evictor's measured peak", "[runt
         pc.micro_batches = 3;
         pc.steps = 3;
         for (int round = 0; round < 2; ++round) {
-          pc.decisions.clear();
+          pc.evictions.clear();
+          std::vector<StageProgram> programs;
           for (const auto& [b, e] : pc.ranges) {
             std::set<int> saved;
             for (int n = b; n < e; ++n) saved.insert(model.saved_at(n).begin(), model.saved_at(n).end());
@@ -193,14 +231,18 @@ TEST_CASE("the stage memory replay predicts the evictor's measured peak", "[runt
                     d.restore_before + static_cast<int>(rng() % static_cast<unsigned>(e - d.restore_before));
               ds.push_back(d);
             }
-            pc.decisions.push_back(std::move(ds));
+            programs.push_back(stage_program(model, b, e, static_cast<int>(programs.size()), ds));
+            pc.evictions.push_back(programs.back().evictions);
           }
           for (int x = 0; x < 2; ++x) {
-            const auto [b, e] = pc.ranges[static_cast<size_t>(x)];
-            const int64_t predicted = replay_stage_memory(model, b, e, x, pc.decisions[static_cast<size_t>(x)]).peak;
-            const int64_t measured = measured_stage_peak(counter, g, pc, x);
+            std::vector<Action> replayed, executed;
+            const int64_t predicted = replay_stage_program(model, programs[static_cast<size_t>(x)], &replayed).peak;
+            const int64_t measured = run_program(counter, g, pc, programs[static_cast<size_t>(x)], executed);
             INFO(preset << " cut " << cut << " " << schedule_kind_name(kind) << " round " << round << " stage " << x
                         << ": measured " << measured << " predicted " << predicted);
+            // The same program: the evictor swaps, fetches and re-runs in the replayed order.
+            CHECK(to_string(replayed) == to_string(executed));
+            if (!programs[static_cast<size_t>(x)].evictions.empty()) CHECK_FALSE(executed.empty());
             // Never below the measurement (a plan must fit); at most 10% above: the profile's
             // backward workspaces, measured node by node, run up to one output larger than
             // inside a whole backward (dropout; t5-tiny's first block boundary: +7%).
@@ -311,7 +353,7 @@ TEST_CASE("block-level recompute and swap plans of gpipe and vpipe run bitwise u
         pc.steps = 2;
         const InProcessResult kept = run_pipeline_in_process(g, pc);
         PipelineConfig evicting = pc;
-        for (const StagePlan& s : plan->stages) evicting.decisions.push_back(s.decisions);
+        for (const StagePlan& s : plan->stages) evicting.evictions.push_back(s.evictions);
         check_same_training(run_pipeline_in_process(g, evicting), kept);
         for (int x = 0; x < 2; ++x) {
           const int64_t measured = measured_stage_peak(counter, g, evicting, x);

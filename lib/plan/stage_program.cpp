@@ -1,0 +1,128 @@
+#include "plan/stage_program.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+
+// The tensors sharing each decided tensor's storage (its alias chain's owner, stopping at a
+// received tensor: the stage's copy), from one pass over the tensors.
+class Storages {
+ public:
+  Storages(const Profile& p, const std::vector<char>& received, const std::vector<TensorDecision>& decisions)
+      : p_(p), received_(received) {
+    const int T = static_cast<int>(p.tensors.size());
+    for (const TensorDecision& d : decisions)
+      if (d.action != TensorAction::Keep && d.tensor >= 0 && d.tensor < T) sharing_[owner(d.tensor)];
+    if (sharing_.empty()) return;
+    for (int t = 0; t < T; ++t) {
+      auto found = sharing_.find(owner(t));
+      if (found != sharing_.end()) found->second.push_back(t);
+    }
+  }
+  int owner(int t) const {
+    while (!received_[static_cast<size_t>(t)] && p_.tensors[static_cast<size_t>(t)].alias_of >= 0)
+      t = p_.tensors[static_cast<size_t>(t)].alias_of;
+    return t;
+  }
+  const std::vector<int>& sharing(int t) const { return sharing_.at(owner(t)); }
+
+ private:
+  const Profile& p_;
+  const std::vector<char>& received_;
+  std::map<int, std::vector<int>> sharing_;
+};
+
+}  // namespace
+
+std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
+                                      const std::vector<TensorDecision>& decisions) {
+  const Profile& p = model.profile();
+  const int T = static_cast<int>(p.tensors.size());
+  auto in_range = [&](int node) { return node >= b && node < e; };
+  auto name = [&](int t) { return p.tensors[static_cast<size_t>(t)].name; };
+  std::vector<char> received(static_cast<size_t>(T), 0);
+  if (b > 0)
+    for (const TensorBytes& r : model.crossing(b)) received[static_cast<size_t>(r.tensor)] = 1;
+  std::vector<int> action(static_cast<size_t>(T), -1);
+  for (const TensorDecision& d : decisions) {
+    if (d.tensor < 0 || d.tensor >= T)
+      throw ConfigError("plan decision for tensor " + std::to_string(d.tensor) + ", which the profile does not have");
+    action[static_cast<size_t>(d.tensor)] = static_cast<int>(d.action);
+  }
+  // On the device when a re-run needs it: data, what earlier stages send, kept and swapped tensors.
+  auto available = [&](int t) {
+    const int a = action[static_cast<size_t>(t)];
+    return p.tensors[static_cast<size_t>(t)].is_data || p.tensors[static_cast<size_t>(t)].producer < b ||
+           a == static_cast<int>(TensorAction::Keep) || a == static_cast<int>(TensorAction::Swap);
+  };
+  const Storages storages(p, received, decisions);
+
+  std::vector<Eviction> out;
+  for (const TensorDecision& d : decisions) {
+    if (d.action == TensorAction::Keep) continue;
+    const TensorProfile& t = p.tensors[static_cast<size_t>(d.tensor)];
+    if (t.internal) throw ConfigError("plan evicts " + name(d.tensor) + ", an autograd-internal buffer");
+    if (t.param_view) throw ConfigError("plan evicts " + name(d.tensor) + ", a view of a parameter or buffer");
+    // A tensor of an earlier stage that reaches this one only as views of it (received as
+    // tensors of their own): nothing here holds its storage.
+    if (!t.is_data && t.producer < b && !received[static_cast<size_t>(d.tensor)]) continue;
+    Eviction ev;
+    ev.tensor = d.tensor;
+    ev.action = d.action;
+    int last_local = in_range(t.producer) ? t.producer : -1;
+    bool read_later = false;
+    for (int shared : storages.sharing(d.tensor))
+      for (int c : p.tensors[static_cast<size_t>(shared)].consumers) {
+        if (in_range(c)) last_local = std::max(last_local, c);
+        read_later |= c >= e;
+      }
+    if (last_local < 0)
+      throw ConfigError("plan evicts " + name(d.tensor) + ", which stage nodes [" + std::to_string(b) + ", " +
+                        std::to_string(e) + ") neither produce nor read");
+    ev.evict_after = read_later && !t.is_data ? -1 : last_local;
+    ev.restore_before = in_range(d.restore_before) ? d.restore_before : last_local;
+    ev.prefetch_at = d.action == TensorAction::Swap && in_range(d.prefetch_at)
+                         ? std::max(d.prefetch_at, ev.restore_before)
+                         : ev.restore_before;
+    if (d.action == TensorAction::Recompute) {
+      if (t.is_data || !in_range(t.producer))
+        throw ConfigError("plan recomputes " + name(d.tensor) + ", which this stage does not produce");
+      std::set<int> rerun, leaves;
+      std::vector<int> stack{t.producer};
+      while (!stack.empty()) {
+        const int n = stack.back();
+        stack.pop_back();
+        if (!rerun.insert(n).second) continue;
+        for (int in : model.inputs(n)) {
+          if (available(in))
+            leaves.insert(in);
+          else if (in_range(p.tensors[static_cast<size_t>(in)].producer))
+            stack.push_back(p.tensors[static_cast<size_t>(in)].producer);
+        }
+      }
+      ev.rerun.assign(rerun.begin(), rerun.end());
+      ev.leaves.assign(leaves.begin(), leaves.end());
+    }
+    out.push_back(std::move(ev));
+  }
+  return out;
+}
+
+StageProgram stage_program(const CostModel& model, int b, int e, int x, const std::vector<TensorDecision>& decisions) {
+  StageProgram program;
+  program.stage = x;
+  program.begin = b;
+  program.end = e;
+  program.actions = model.actions(x);
+  program.evictions = place_evictions(model, b, e, decisions);
+  return program;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,42 @@
+#pragma once
+// StageProgram: what one pipeline stage does, derived once from the plan and free of LibTorch:
+// its schedule's actions and the plan's evictions, each placed where the stage carries it out.
+// The runtime executes it (PipelineStage runs the actions, runtime/evictor the evictions); the
+// planner's memory replay (plan/stage_memory.h), the profile's whole-graph replay and
+// `replay-stage` simulate the very same program. Placement lives here and nowhere else.
+//
+// Placing a decision on stage nodes [b, e):
+//   - the storage leaves after its last reader in the stage (readers of every tensor sharing the
+//     storage: views included), or, when a later stage also reads it, once the micro-batch's
+//     activations are sent (the send must not see an empty storage);
+//   - it is back before the backward of TensorDecision::restore_before (the stage's last saver
+//     when the decision does not say); a swap from its prefetch node on;
+//   - a recomputation re-runs the producer and, recursively, the producers of its inputs that are
+//     not on the device (recomputed themselves, and made in this stage); what those nodes read
+//     otherwise (kept or swapped tensors, data, received tensors) is held since the forward.
+#include <vector>
+
+#include "plan/cost_model.h"
+#include "plan/plan.h"
+#include "schedule/action.h"
+
+namespace dawnpiper {
+
+struct StageProgram {
+  int stage = 0, begin = 0, end = 0;
+  std::vector<Action> actions;  // the schedule's list for the stage (CostModel::actions)
+  std::vector<Eviction> evictions;
+};
+
+// The evictions carrying out `decisions` (keep entries and autograd-internal buffers kept change
+// nothing) on stage nodes [b, e), in the decisions' order. Throws ConfigError for a decision the
+// stage cannot carry out: a tensor outside the profile, an internal buffer or a view of a
+// parameter evicted, a recomputation of a tensor another stage produces, a tensor no stage node
+// produces or reads.
+std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
+                                      const std::vector<TensorDecision>& decisions);
+
+// Stage x ([b, e)) of the model's schedule with `decisions` placed.
+StageProgram stage_program(const CostModel& model, int b, int e, int x, const std::vector<TensorDecision>& decisions);
+
+}  // namespace dawnpiper
