@@ -87,7 +87,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
         [&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes, StageTracer::Clock::time_point start,
                   StageTracer::Clock::time_point end) { tracer.record_nested(kind, mb, tensor, bytes, start, end); });
   int64_t step = 0;  // of the latest action with a micro-batch (an update belongs to it)
-  for (const Action& a : stage_actions(pc, x)) {
+  for (const Action& a : stage_actions(graph, pc, x)) {
     if (a.micro_batch >= 0) step = a.micro_batch / pc.micro_batches;
     tracer.run(a, step, [&] { stage.execute(a); });
   }

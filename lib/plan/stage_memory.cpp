@@ -19,6 +19,7 @@ struct MicroBatch {
   int64_t received_grads = 0;  // gradients received for the backward
   int64_t input_grads = 0;     // gradients of received activations, until they are sent back
   int64_t version = 0;
+  std::vector<int> out;  // evictions whose storage is off the device, in program order
 };
 
 // A program's eviction as the replay tracks it: by storage.
@@ -38,7 +39,10 @@ int64_t sum_bytes(const std::vector<TensorBytes>& list) {
 
 class StageReplay {
  public:
-  StageReplay(const CostModel& model, const StageProgram& program, std::vector<Action>* events);
+  // Stage x over [b, e): its actions, and either its evictions or the decisions to place.
+  StageReplay(const CostModel& model, int b, int e, int x, const std::vector<Action>& actions,
+              const std::vector<Eviction>* evictions, const std::vector<TensorDecision>* decisions,
+              std::vector<Action>* events);
   StageMemoryReplay run();
 
  private:
@@ -68,9 +72,11 @@ class StageReplay {
 
   const CostModel& model_;
   const Profile& p_;
-  const StageProgram& program_;
+  const std::vector<Action>& actions_;
+  std::vector<Eviction> placed_here_;       // when given decisions
+  const std::vector<Eviction>* evictions_;  // the program's
   std::vector<Action>* events_;
-  const int b_, e_, T_;
+  const int b_, e_, x_, T_;
   const bool async_, last_;
   const std::vector<char>& requires_grad_;
 
@@ -106,18 +112,26 @@ class StageReplay {
   std::map<int64_t, int> version_users_;
 };
 
-StageReplay::StageReplay(const CostModel& model, const StageProgram& program, std::vector<Action>* events)
+StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std::vector<Action>& actions,
+                         const std::vector<Eviction>* evictions, const std::vector<TensorDecision>* decisions,
+                         std::vector<Action>* events)
     : model_(model),
       p_(model.profile()),
-      program_(program),
+      actions_(actions),
+      evictions_(evictions),
       events_(events),
-      b_(program.begin),
-      e_(program.end),
+      b_(b),
+      e_(e),
+      x_(x),
       T_(static_cast<int>(model.profile().tensors.size())),
       async_(model.schedule() == ScheduleKind::Async),
-      last_(program.end == model.size()),
+      last_(e == model.size()),
       requires_grad_(model.requires_grad()) {
   place_storages();
+  if (decisions) {  // placed as stage_program() places them, reusing what the replay knows
+    placed_here_ = dawnpiper::place_evictions(model, b, e, *decisions, is_received_);
+    evictions_ = &placed_here_;
+  }
   count_references();
   place_weights();
   place_evictions();
@@ -213,7 +227,7 @@ void StageReplay::place_weights() {
 
 void StageReplay::place_evictions() {
   evict_after_.assign(static_cast<size_t>(e_ - b_), {});
-  for (const Eviction& ev : program_.evictions) {
+  for (const Eviction& ev : (*evictions_)) {
     Placed pl;
     pl.key = key_[at(ev.tensor)];
     pl.producer = p_.tensors[at(ev.tensor)].producer;
@@ -264,7 +278,7 @@ void StageReplay::note(int64_t value, int node) {
 }
 
 void StageReplay::emit(ActionKind kind, int64_t mb, int tensor) {
-  if (events_) events_->push_back(Action{kind, program_.stage, mb, tensor});
+  if (events_) events_->push_back(Action{kind, x_, mb, tensor});
 }
 
 MicroBatch& StageReplay::state(int64_t mb) {
@@ -291,7 +305,8 @@ void StageReplay::evict(MicroBatch& m, int64_t mb, int index) {
   if (!m.alive[k] || m.evicted[k]) return;
   m.evicted[k] = 1;
   live_ -= bytes(pl.key);
-  if (!pl.recompute) emit(ActionKind::SwapOut, mb, program_.evictions[at(index)].tensor);
+  m.out.insert(std::lower_bound(m.out.begin(), m.out.end(), index), index);
+  if (!pl.recompute) emit(ActionKind::SwapOut, mb, (*evictions_)[at(index)].tensor);
 }
 
 // Receives allocate the tensors they receive. A send keeps what it sends referenced until MPI
@@ -315,7 +330,7 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
     if (!m.evicted[at(pl.key)] || !m.alive[at(pl.key)]) continue;
     any = true;
     if (pl.recompute)
-      for (int n : program_.evictions[at(by_restore_[next_due])].rerun) rerun_nodes.insert(n);
+      for (int n : (*evictions_)[at(by_restore_[next_due])].rerun) rerun_nodes.insert(n);
   }
   if (!any) return;
   std::set<int> chain_reads;
@@ -327,23 +342,33 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
   // order (the rebuilt tensors among them), each node's workspace on top, and holds them all
   // until the rebuilt bytes move into the evicted storages.
   int64_t swapped_back = 0, rebuilt_back = 0;
-  std::vector<int> done;
-  for (int early = 0; early < 2; ++early)
-    for (size_t j = 0; j < placed_.size(); ++j) {
-      const Placed& pl = placed_[j];
-      if (pl.recompute || !m.evicted[at(pl.key)] || !m.alive[at(pl.key)]) continue;
-      if (early ? !chain_reads.count(pl.key) : pl.due < i) continue;
-      m.evicted[at(pl.key)] = 0;
-      swapped_back += bytes(pl.key);
-      emit(ActionKind::SwapIn, mb, program_.evictions[j].tensor);
+  std::vector<int> still_out, early, done;
+  auto swap_in = [&](int j) {
+    m.evicted[at(placed_[at(j)].key)] = 0;
+    swapped_back += bytes(placed_[at(j)].key);
+    emit(ActionKind::SwapIn, mb, (*evictions_)[at(j)].tensor);
+  };
+  for (int j : m.out) {
+    const Placed& pl = placed_[at(j)];
+    if (!m.evicted[at(pl.key)] || !m.alive[at(pl.key)]) continue;  // released while off the device
+    if (pl.recompute) {
+      if (rerun_nodes.count(pl.producer)) {
+        m.evicted[at(pl.key)] = 0;
+        rebuilt_back += bytes(pl.key);
+        done.push_back(j);
+      } else {
+        still_out.push_back(j);
+      }
+    } else if (pl.due >= i) {
+      swap_in(j);
+    } else if (chain_reads.count(pl.key)) {
+      early.push_back(j);
+    } else {
+      still_out.push_back(j);
     }
-  for (size_t j = 0; j < placed_.size(); ++j) {
-    const Placed& pl = placed_[j];
-    if (!pl.recompute || !m.evicted[at(pl.key)] || !m.alive[at(pl.key)] || !rerun_nodes.count(pl.producer)) continue;
-    m.evicted[at(pl.key)] = 0;
-    rebuilt_back += bytes(pl.key);
-    done.push_back(static_cast<int>(j));
   }
+  for (int j : early) swap_in(j);
+  m.out = std::move(still_out);
   live_ += swapped_back;
   note(live_, i);
   int64_t outputs = 0;
@@ -355,7 +380,7 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
     outputs += out;
   }
   live_ += rebuilt_back;
-  if (!done.empty()) emit(ActionKind::Recompute, mb, program_.evictions[at(done.front())].tensor);
+  if (!done.empty()) emit(ActionKind::Recompute, mb, (*evictions_)[at(done.front())].tensor);
   for (int j : done)
     for (int k : placed_[at(j)].leaves) release(m, k);
 }
@@ -488,7 +513,7 @@ StageMemoryReplay StageReplay::run() {
   grad_done_.assign(static_cast<size_t>(e_ - b_), 0);
   // Synchronous schedules: the list is one step; the second pass is the steady state (optimizer
   // state allocated). The async list runs long enough to reach its own.
-  const std::vector<Action>& actions = program_.actions;
+  const std::vector<Action>& actions = actions_;
   const size_t passes = async_ ? 1 : 2;
   for (size_t ai = 0; ai < passes * actions.size(); ++ai) {
     const Action& a = actions[ai % actions.size()];
@@ -552,7 +577,9 @@ StageMemoryReplay StageReplay::run() {
 
 StageMemoryReplay replay_stage_program(const CostModel& model, const StageProgram& program,
                                        std::vector<Action>* events) {
-  return StageReplay(model, program, events).run();
+  return StageReplay(model, program.begin, program.end, program.stage, program.actions, &program.evictions, nullptr,
+                     events)
+      .run();
 }
 
 StageMemoryReplay replay_whole_step(const Profile& profile, const std::string& optimizer) {
@@ -567,7 +594,8 @@ StageMemoryReplay replay_whole_step(const Profile& profile, const std::string& o
 
 StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int x,
                                       const std::vector<TensorDecision>& decisions) {
-  return replay_stage_program(model, stage_program(model, b, e, x, decisions));
+  // The program stage_program() makes, without copying its actions (the planner asks often).
+  return StageReplay(model, b, e, x, model.actions(x), nullptr, &decisions, nullptr).run();
 }
 
 }  // namespace dawnpiper

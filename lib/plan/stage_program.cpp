@@ -45,11 +45,22 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
                                       const std::vector<TensorDecision>& decisions) {
   const Profile& p = model.profile();
   const int T = static_cast<int>(p.tensors.size());
-  auto in_range = [&](int node) { return node >= b && node < e; };
-  auto name = [&](int t) { return p.tensors[static_cast<size_t>(t)].name; };
+  if (std::all_of(decisions.begin(), decisions.end(), [&](const TensorDecision& d) {
+        return d.action == TensorAction::Keep && d.tensor >= 0 && d.tensor < T;
+      }))
+    return {};  // the planner asks this often (stages without evictions)
   std::vector<char> received(static_cast<size_t>(T), 0);
   if (b > 0)
     for (const TensorBytes& r : model.crossing(b)) received[static_cast<size_t>(r.tensor)] = 1;
+  return place_evictions(model, b, e, decisions, received);
+}
+
+std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
+                                      const std::vector<TensorDecision>& decisions, const std::vector<char>& received) {
+  const Profile& p = model.profile();
+  const int T = static_cast<int>(p.tensors.size());
+  auto in_range = [&](int node) { return node >= b && node < e; };
+  auto name = [&](int t) { return p.tensors[static_cast<size_t>(t)].name; };
   std::vector<int> action(static_cast<size_t>(T), -1);
   for (const TensorDecision& d : decisions) {
     if (d.tensor < 0 || d.tensor >= T)
@@ -115,12 +126,19 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
   return out;
 }
 
+bool holds_tied_across(const Profile& p, int b, int e) {
+  for (const NodeProfile& n : p.nodes)
+    if (n.tied_owner >= 0 && (n.id >= b && n.id < e) != (n.tied_owner >= b && n.tied_owner < e)) return true;
+  return false;
+}
+
 StageProgram stage_program(const CostModel& model, int b, int e, int x, const std::vector<TensorDecision>& decisions) {
   StageProgram program;
   program.stage = x;
   program.begin = b;
   program.end = e;
-  program.actions = model.actions(x);
+  const bool reduces = model.schedule() != ScheduleKind::Async && holds_tied_across(model.profile(), b, e);
+  program.actions = reduces ? with_tied_reduce(model.actions(x)) : model.actions(x);
   program.evictions = place_evictions(model, b, e, decisions);
   return program;
 }

@@ -19,6 +19,7 @@
 #include "plan/cost_model.h"
 #include "plan/plan.h"
 #include "schedule/action.h"
+#include "schedule/schedule.h"
 
 namespace dawnpiper {
 
@@ -35,8 +36,16 @@ struct StageProgram {
 // produces or reads.
 std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
                                       const std::vector<TensorDecision>& decisions);
+// The same, given which tensors the stage receives (per tensor, 1: crosses the cut at b).
+std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
+                                      const std::vector<TensorDecision>& decisions, const std::vector<char>& received);
 
-// Stage x ([b, e)) of the model's schedule with `decisions` placed.
+// Whether nodes [b, e) share a tied weight with a node outside (GPT-2's embedding and LM head).
+bool holds_tied_across(const Profile& profile, int b, int e);
+
+// Stage x ([b, e)) of the model's schedule with `decisions` placed; a stage holding weights tied
+// across stages reduces their gradients before each synchronous update (with_tied_reduce), as
+// runtime/pipeline.cpp's stage_actions does.
 StageProgram stage_program(const CostModel& model, int b, int e, int x, const std::vector<TensorDecision>& decisions);
 
 }  // namespace dawnpiper

@@ -29,7 +29,27 @@ void check_ranges(const OpGraph& g, const std::vector<std::pair<int, int>>& rang
                       std::to_string(g.size()) + " nodes (a plan for another model?)");
 }
 
-std::vector<Action> stage_actions(const PipelineConfig& c, int stage) {
+namespace {
+
+// Parameters held by more than one stage (weights tied across a cut), keyed by their owner
+// (node, index), with the stages holding a copy, in a deterministic order.
+std::map<std::pair<int, int>, std::vector<int>> tied_groups(const OpGraph& g, const PipelineConfig& c) {
+  std::map<std::pair<int, int>, std::set<int>> holders;
+  for (size_t s = 0; s < c.ranges.size(); ++s)
+    for (int n = c.ranges[s].first; n < c.ranges[s].second; ++n)
+      for (size_t i = 0; i < g.nodes[n].params.size(); ++i) {
+        const ParamSpec& p = g.nodes[n].params[i];
+        holders[p.tied() ? std::make_pair(p.tied_node, p.tied_param) : std::make_pair(n, int(i))].insert(int(s));
+      }
+  std::map<std::pair<int, int>, std::vector<int>> groups;
+  for (auto& [key, stages] : holders)
+    if (stages.size() > 1) groups[key] = {stages.begin(), stages.end()};
+  return groups;
+}
+
+}  // namespace
+
+std::vector<Action> stage_actions(const OpGraph& g, const PipelineConfig& c, int stage) {
   const int stages = static_cast<int>(c.ranges.size());
   // One schedule per stretch between drains: a synchronous step drains, async only every
   // drain_every steps (or never).
@@ -44,6 +64,9 @@ std::vector<Action> stage_actions(const PipelineConfig& c, int stage) {
     }
     from = to;
   }
+  if (c.schedule == ScheduleKind::Async) return all;
+  for (const auto& [key, holders] : tied_groups(g, c))
+    if (std::find(holders.begin(), holders.end(), stage) != holders.end()) return with_tied_reduce(all);
   return all;
 }
 
@@ -64,26 +87,6 @@ StageConfig stage_config(const PipelineConfig& c, int stage) {
   s.replicas = c.replicas;
   return s;
 }
-
-namespace {
-
-// Parameters held by more than one stage (weights tied across a cut), keyed by their owner
-// (node, index), with the stages holding a copy, in a deterministic order.
-std::map<std::pair<int, int>, std::vector<int>> tied_groups(const OpGraph& g, const PipelineConfig& c) {
-  std::map<std::pair<int, int>, std::set<int>> holders;
-  for (size_t s = 0; s < c.ranges.size(); ++s)
-    for (int n = c.ranges[s].first; n < c.ranges[s].second; ++n)
-      for (size_t i = 0; i < g.nodes[n].params.size(); ++i) {
-        const ParamSpec& p = g.nodes[n].params[i];
-        holders[p.tied() ? std::make_pair(p.tied_node, p.tied_param) : std::make_pair(n, int(i))].insert(int(s));
-      }
-  std::map<std::pair<int, int>, std::vector<int>> groups;
-  for (auto& [key, stages] : holders)
-    if (stages.size() > 1) groups[key] = {stages.begin(), stages.end()};
-  return groups;
-}
-
-}  // namespace
 
 std::vector<std::string> tied_across_stages(const OpGraph& g, const PipelineConfig& c) {
   std::vector<std::string> names;
@@ -109,7 +112,7 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   schedule.kind = c.schedule;
   schedule.stages = stages;
   schedule.micro_batches = c.steps * c.micro_batches;
-  for (int s = 0; s < stages; ++s) schedule.actions.push_back(stage_actions(c, s));
+  for (int s = 0; s < stages; ++s) schedule.actions.push_back(stage_actions(g, c, s));
   std::vector<int> pending_updates;
   auto run_updates = [&] {
     for (const auto& [key, holders] : groups) {
@@ -127,6 +130,7 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   };
   for (const Action& a : simulate_global(schedule)) {
     transport.set_sender(a.stage);
+    if (a.kind == ActionKind::ReduceTiedGrads) continue;  // the deferred updates sum tied gradients at once
     if (a.kind == ActionKind::OptimizerStep && c.schedule != ScheduleKind::Async) {
       pending_updates.push_back(a.stage);
       if (static_cast<int>(pending_updates.size()) == stages) run_updates();
@@ -268,7 +272,7 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
                     StageTracer::Clock::time_point end) { tracer.record_nested(kind, mb, tensor, bytes, start, end); });
     int64_t step = c.first_step;  // of the latest action with a micro-batch (an update belongs to it)
     int64_t micro_batch = -1;     // the latest action's
-    for (const Action& a : stage_actions(c, rank)) {
+    for (const Action& a : stage_actions(g, c, rank)) {
       if (a.micro_batch >= 0) step = a.micro_batch / c.micro_batches, micro_batch = a.micro_batch;
       tracer.run(a, step, [&] { stage.execute(a); });
       poll_losses(false);

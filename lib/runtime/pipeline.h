@@ -51,8 +51,9 @@ void check_ranges(const OpGraph& graph, const std::vector<std::pair<int, int>>& 
 // The action lists of one stage for the whole run: for gpipe and 1f1b one schedule per step,
 // its micro-batch ids offset by step * micro_batches; for async one stream of micro-batches per
 // stretch between drains (drain_every). Steps before first_step are left out (a resumed async
-// run starts at a drain: its checkpoint was written there).
-std::vector<Action> stage_actions(const PipelineConfig& config, int stage);
+// run starts at a drain: its checkpoint was written there). Under gpipe and 1f1b a stage holding
+// weights tied across stages sums their gradients in a ReduceTiedGrads before every update.
+std::vector<Action> stage_actions(const OpGraph& graph, const PipelineConfig& config, int stage);
 
 struct StepLoss {
   int64_t step = 0;

@@ -88,6 +88,9 @@ void PipelineStage::run(const Action& a) {
     case ActionKind::OptimizerStep:
       optimizer_step();
       break;
+    case ActionKind::ReduceTiedGrads:
+      if (reduce_tied_) reduce_tied_(module_.parameters());
+      break;
     case ActionKind::RecvActivation: {
       InFlight& f = in_flight_[a.micro_batch];
       f.inputs = transport_.recv(config_.stage - 1, MessageKind::Activation, a.micro_batch, recv_specs_);
@@ -142,7 +145,8 @@ void PipelineStage::run(const Action& a) {
     case ActionKind::SwapOut:
     case ActionKind::SwapIn:
     case ActionKind::Recompute:
-      throw std::logic_error("memory-optimization actions are not executed by this runtime yet");
+    case ActionKind::AllReduce:
+      throw std::logic_error(std::string(action_kind_code(a.kind)) + " runs inside the stage's own actions");
   }
 }
 
@@ -262,7 +266,6 @@ double PipelineStage::evaluate(int64_t id, int64_t index) {
 
 void PipelineStage::optimizer_step() {
   if (reduce_replicas_) reduce_replicas_(module_.parameters());
-  if (config_.schedule != ScheduleKind::Async && reduce_tied_) reduce_tied_(module_.parameters());
   optimizer_->step();
   ++version_;
 }

@@ -39,8 +39,8 @@ struct StageConfig {
 };
 
 // Sums gradients of parameters that several stages hold copies of (weights tied across the
-// cut, e.g. GPT-2's embedding and output projection). Called with the stage's copies before
-// every synchronous optimizer step; the default does nothing (no ties, or one process).
+// cut, e.g. GPT-2's embedding and output projection). Called with the stage's copies at a
+// ReduceTiedGrads action; the default does nothing (no ties, or one process).
 using TiedGradReducer = std::function<void(std::vector<StageParameter>&)>;
 
 class PipelineStage {

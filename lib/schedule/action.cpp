@@ -14,6 +14,7 @@ struct KindCode {
 };
 // Longest codes first so that prefix matching in parse_action is unambiguous.
 const KindCode kKindCodes[] = {
+    {ActionKind::ReduceTiedGrads, "REDUCE_TIED"},
     {ActionKind::AllReduce, "ALLREDUCE"},
     {ActionKind::SwapOut, "SWAP_OUT"},
     {ActionKind::SwapIn, "SWAP_IN"},
@@ -26,6 +27,11 @@ const KindCode kKindCodes[] = {
     {ActionKind::Backward, "B"},
     {ActionKind::OptimizerStep, "U"},
 };
+
+// Actions of the whole step, not of one micro-batch.
+bool per_step(ActionKind kind) {
+  return kind == ActionKind::OptimizerStep || kind == ActionKind::ReduceTiedGrads || kind == ActionKind::AllReduce;
+}
 
 bool has_tensor(ActionKind kind) {
   return kind == ActionKind::SwapOut || kind == ActionKind::SwapIn || kind == ActionKind::Recompute;
@@ -46,7 +52,7 @@ ActionKind action_kind_from_code(const std::string& code) {
 
 std::string to_string(const Action& action) {
   std::string s = std::to_string(action.stage) + action_kind_code(action.kind);
-  if (action.kind != ActionKind::OptimizerStep) s += std::to_string(action.micro_batch);
+  if (!per_step(action.kind)) s += std::to_string(action.micro_batch);
   if (has_tensor(action.kind) && action.tensor >= 0) s += "t" + std::to_string(action.tensor);
   return s;
 }
@@ -78,7 +84,7 @@ Action parse_action(const std::string& text) {
   }
   if (!found) throw bad();
   a.kind = found->kind;
-  if (a.kind == ActionKind::OptimizerStep) {
+  if (per_step(a.kind)) {
     if (pos != text.size()) throw bad();
     return a;
   }

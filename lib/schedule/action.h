@@ -8,6 +8,7 @@
 //   2U   optimizer step (weight update)        1SEND_F3   send activations of mb 3 downstream
 //   1RECV_F3 / 1SEND_B3 / 1RECV_B3             activations in, gradients out / in
 //   0SWAP_OUT2t17, 0SWAP_IN2t17, 0RECOMPUTE2t17  evictor actions for tensor 17 of mb 2
+//   2REDUCE_TIED  tied-weight gradients summed across stages (before 2U)
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ enum class ActionKind {
   // Reserved for the runtime: averaging a stage's gradients over its data-parallel replicas,
   // inside the optimizer step.
   AllReduce,
+  // Summing the gradients of weights tied across stages with the other stages holding them,
+  // before a synchronous optimizer step (DeepSpeed's ReduceTiedGrads); no micro-batch.
+  ReduceTiedGrads,
 };
 
 struct Action {
@@ -44,7 +48,7 @@ struct Action {
 };
 
 // "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "U", "SWAP_OUT", "SWAP_IN", "RECOMPUTE",
-// "ALLREDUCE".
+// "ALLREDUCE", "REDUCE_TIED".
 const char* action_kind_code(ActionKind kind);
 // Inverse of action_kind_code; throws ConfigError for an unknown code.
 ActionKind action_kind_from_code(const std::string& code);

@@ -115,4 +115,14 @@ Schedule make_schedule(const std::string& name, int stages, int64_t m) {
   return make_schedule(schedule_kind_from_name(name), stages, m);
 }
 
+std::vector<Action> with_tied_reduce(const std::vector<Action>& actions) {
+  std::vector<Action> out;
+  out.reserve(actions.size() + actions.size() / 4);
+  for (const Action& a : actions) {
+    if (a.kind == ActionKind::OptimizerStep) out.push_back(Action{ActionKind::ReduceTiedGrads, a.stage, -1, -1});
+    out.push_back(a);
+  }
+  return out;
+}
+
 }  // namespace dawnpiper

@@ -48,5 +48,9 @@ Schedule make_1f1b_schedule(int stages, int64_t micro_batches);
 Schedule make_async_schedule(int stages, int64_t micro_batches);
 Schedule make_schedule(ScheduleKind kind, int stages, int64_t micro_batches);
 Schedule make_schedule(const std::string& name, int stages, int64_t micro_batches);
+// `actions` with a ReduceTiedGrads before every optimizer step: the list of a stage holding
+// weights tied to another stage's under a synchronous schedule (PipeDream's asynchronous
+// updates have no rule for tied weights: each copy is updated with its own stage's gradients).
+std::vector<Action> with_tied_reduce(const std::vector<Action>& actions);
 
 }  // namespace dawnpiper

@@ -54,8 +54,10 @@ StageStats simulate_stage(const std::vector<Action>& actions, int stages) {
 
   for (const Action& a : actions) {
     if (a.stage != x) malformed(a, "list mixes stages");
-    if (a.kind != ActionKind::OptimizerStep && a.micro_batch < 0) malformed(a, "negative micro-batch");
-    MicroBatchState* mb = a.kind == ActionKind::OptimizerStep ? nullptr : &mbs[a.micro_batch];
+    const bool per_step =
+        a.kind == ActionKind::OptimizerStep || a.kind == ActionKind::ReduceTiedGrads || a.kind == ActionKind::AllReduce;
+    if (!per_step && a.micro_batch < 0) malformed(a, "negative micro-batch");
+    MicroBatchState* mb = per_step ? nullptr : &mbs[a.micro_batch];
     switch (a.kind) {
       case ActionKind::RecvActivation:
         if (x == 0) malformed(a, "the first stage receives no activations");
@@ -109,6 +111,9 @@ StageStats simulate_stage(const std::vector<Action>& actions, int stages) {
       case ActionKind::OptimizerStep:
         ++current_version;
         ++st.optimizer_steps;
+        break;
+      case ActionKind::ReduceTiedGrads:
+      case ActionKind::AllReduce:
         break;
       case ActionKind::SwapOut:
       case ActionKind::SwapIn:

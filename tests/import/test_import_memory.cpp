@@ -30,7 +30,7 @@ int64_t measured_stage_peak(CountingAllocator& counter, const OpGraph& g, const 
   if (x > 0) transport.set_exact(exact_integer_inputs(g, pc.ranges[static_cast<size_t>(x)].first, pc.seed));
   PipelineStage stage(g, stage_config(pc, x), transport);
   counter.reset_peak();
-  for (const Action& a : stage_actions(pc, x)) stage.execute(a);
+  for (const Action& a : stage_actions(g, pc, x)) stage.execute(a);
   return counter.peak_bytes() - base;
 }
 

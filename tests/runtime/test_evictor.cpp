@@ -63,7 +63,7 @@ int64_t measured_stage_peak(CountingAllocator& counter, const OpGraph& g, const 
   StandInTransport transport;
   PipelineStage stage(g, stage_config(pc, x), transport);
   counter.reset_peak();
-  for (const Action& a : stage_actions(pc, x)) stage.execute(a);
+  for (const Action& a : stage_actions(g, pc, x)) stage.execute(a);
   return counter.peak_bytes() - base;
 }
 

@@ -4,7 +4,12 @@
 
 #include <map>
 
+#include <algorithm>
+#include <string>
+
 #include "models/model_config.h"
+#include "plan/stage_program.h"
+#include "profile/profiler.h"
 #include "runtime/pipeline.h"
 #include "train/reference_trainer.h"
 #include "util/error.h"
@@ -97,7 +102,7 @@ TEST_CASE("an asynchronous pipeline drains where it checkpoints, and resumes the
     // stage before the earlier stretch's last backward there.
     std::vector<int64_t> forwards;
     int64_t last_backward = -1;
-    for (const Action& a : stage_actions(pc, x)) {
+    for (const Action& a : stage_actions(g, pc, x)) {
       if (a.kind == ActionKind::Forward) {
         const int64_t per_stretch = pc.micro_batches * pc.drain_every;
         if (a.micro_batch > 0 && a.micro_batch % per_stretch == 0) CHECK(last_backward == a.micro_batch - 1);
@@ -110,7 +115,7 @@ TEST_CASE("an asynchronous pipeline drains where it checkpoints, and resumes the
     // Resuming at a drain (step 4) gives exactly the actions after it.
     PipelineConfig resumed = pc;
     resumed.first_step = 4;
-    const std::vector<Action> all = stage_actions(pc, x), rest = stage_actions(resumed, x);
+    const std::vector<Action> all = stage_actions(g, pc, x), rest = stage_actions(g, resumed, x);
     REQUIRE(rest.size() < all.size());
     CHECK(std::equal(
         rest.begin(), rest.end(), all.end() - static_cast<std::ptrdiff_t>(rest.size()),
@@ -119,6 +124,51 @@ TEST_CASE("an asynchronous pipeline drains where it checkpoints, and resumes the
   // Deterministic with drains too.
   InProcessResult drained = run_pipeline_in_process(g, pc), again = run_pipeline_in_process(g, pc);
   for (size_t s = 0; s < drained.losses.size(); ++s) CHECK(drained.losses[s].loss == again.losses[s].loss);
+}
+
+// The tied-gradient reduce is an action of its own, in the runtime's list and in the plan's stage
+// program alike: before every synchronous update on the stages sharing a tied weight (GPT-2's
+// embedding and LM head), never under async or without ties.
+TEST_CASE("stages sharing a tied weight reduce its gradients in an action of their own", "[runtime]") {
+  for (const char* preset : {"gpt2-tiny", "mlp-tiny"}) {
+    OpGraph g = build_model(preset_config(preset), 2);
+    ProfilerOptions quick;
+    quick.warmup = 0;
+    quick.iterations = 1;
+    quick.in_step_timing = false;
+    const Profile profile = profile_graph(g, quick);
+    for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+      PipelineConfig pc;
+      pc.schedule = kind;
+      pc.ranges = even_ranges(g, 3);
+      pc.micro_batches = 2;
+      pc.steps = 2;
+      PlanOptions po;
+      po.stages = 3;
+      po.schedule = schedule_kind_name(kind);
+      po.micro_batches = 2;
+      const CostModel model(profile, po);
+      const bool tied = std::string(preset) == "gpt2-tiny";
+      for (int x = 0; x < 3; ++x) {
+        INFO(preset << " " << schedule_kind_name(kind) << " stage " << x);
+        const std::vector<Action> actions = stage_actions(g, pc, x);
+        const auto [b, e] = pc.ranges[static_cast<size_t>(x)];
+        const bool holds = tied && x != 1 && kind != ScheduleKind::Async;  // embedding first, head last
+        int reduces = 0, updates = 0;
+        for (size_t i = 0; i < actions.size(); ++i) {
+          updates += actions[i].kind == ActionKind::OptimizerStep;
+          if (actions[i].kind != ActionKind::ReduceTiedGrads) continue;
+          ++reduces;
+          REQUIRE(i + 1 < actions.size());
+          CHECK(actions[i + 1].kind == ActionKind::OptimizerStep);
+        }
+        CHECK(reduces == (holds ? updates : 0));
+        const std::vector<Action> program = stage_program(model, b, e, x, {}).actions;
+        CHECK(std::count_if(program.begin(), program.end(),
+                            [](const Action& a) { return a.kind == ActionKind::ReduceTiedGrads; }) == (holds ? 1 : 0));
+      }
+    }
+  }
 }
 
 TEST_CASE("stage ranges must tile the graph", "[runtime]") {
@@ -132,7 +182,7 @@ TEST_CASE("stage ranges must tile the graph", "[runtime]") {
   pc.micro_batches = 3;
   pc.steps = 2;
   // Two steps of 1f1b: micro-batches 0..5, one optimizer step per step on every stage.
-  auto actions = stage_actions(pc, 1);
+  auto actions = stage_actions(g, pc, 1);
   int updates = 0, forwards = 0;
   for (const Action& a : actions)
     updates += a.kind == ActionKind::OptimizerStep, forwards += a.kind == ActionKind::Forward;
