@@ -594,7 +594,8 @@ StageMemoryReplay replay_whole_step(const Profile& profile, const std::string& o
 
 StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int x,
                                       const std::vector<TensorDecision>& decisions) {
-  // The program stage_program() makes, without copying its actions (the planner asks often).
+  // The program stage_program() makes, without copying its actions (the planner asks often);
+  // its REDUCE_TIED actions hold no memory, so the schedule's own list replays the same.
   return StageReplay(model, b, e, x, model.actions(x), nullptr, &decisions, nullptr).run();
 }
 
