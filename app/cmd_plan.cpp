@@ -27,11 +27,11 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
       ("device-spec", po::value<std::string>(), "without --profile-in: plan --model from an analytic profile "
                                                 "for this device (a100-40gb | h100-80gb | spec file)")
       ("stages", po::value<int>()->default_value(4), "pipeline stages")
-      ("schedule", po::value<std::string>()->default_value("async"), "gpipe | 1f1b | async")
+      ("schedule", po::value<ScheduleKind>()->default_value(ScheduleKind::Async, "async"), "gpipe | 1f1b | async")
       ("memory", po::value<std::string>(), "device memory per stage (default: the device spec's, else unlimited)")
-      ("planner", po::value<std::string>()->default_value("dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
-      ("memopt", po::value<std::string>()->default_value("sr"), "none | r (recompute) | sr (swap + recompute)")
-      ("optimizer", po::value<std::string>()->default_value("sgd"), "sgd | adam (optimizer state in the memory model)")
+      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
+      ("memopt", po::value<MemoptMode>()->default_value(MemoptMode::SwapRecompute, "sr"), "none | r (recompute) | sr (swap + recompute)")
+      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd | adam (optimizer state in the memory model)")
       ("host-bandwidth", po::value<std::string>(), "device<->host bytes/s for swaps, e.g. 24GB")
       ("link-bandwidth", po::value<std::string>(), "stage<->stage bytes/s, e.g. 10GB")
       ("max-batch", po::bool_switch(), "find the largest micro-batch size with a feasible plan")
@@ -70,11 +70,11 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
     throw ConfigError("give --profile-in FILE (a profile) or --device-spec NAME (plan --model analytically)");
   }
   o.stages = vm["stages"].as<int>();
-  o.schedule = vm["schedule"].as<std::string>();
+  o.schedule = vm["schedule"].as<ScheduleKind>();
   o.micro_batches = vm["micro-batches"].as<int64_t>();
-  o.optimizer = vm["optimizer"].as<std::string>();
-  o.planner = vm["planner"].as<std::string>();
-  o.memopt = vm["memopt"].as<std::string>();
+  o.optimizer = vm["optimizer"].as<OptimizerKind>();
+  o.planner = vm["planner"].as<PlannerKind>();
+  o.memopt = vm["memopt"].as<MemoptMode>();
   o.fit_replayed = true;
   o.data_parallel = vm["data-parallel"].as<int>();
   if (o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");

@@ -51,7 +51,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
        "node times from whole training steps (in-step; falls back to isolated when the step does "
        "not fit) or from each node run alone (isolated)")
       ("share-blocks", po::bool_switch(), "profile repeated layers/cells once and reuse the numbers")
-      ("optimizer", po::value<std::string>()->default_value("sgd"), "optimizer of the cross-check step")
+      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd | adam: optimizer of the cross-check step")
       ("no-step-check", po::bool_switch(), "skip the whole-step measurement (models that do not fit)")
       ("analytic", po::bool_switch(), "estimate from shapes and a device spec instead of measuring")
       ("device-spec", po::value<std::string>(), "with --analytic: a100-40gb | h100-80gb | spec file");
@@ -85,8 +85,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   const std::vector<int64_t> sizes = vm.count("batch-sizes") ? parse_batch_sizes(vm["batch-sizes"].as<std::string>())
                                                              : std::vector<int64_t>{B, 2 * B, 3 * B};
   const ModelSource model = model_source_from(vm);
-  const std::string optimizer = vm["optimizer"].as<std::string>();
-  Profile::optimizer_state_multiplier(optimizer);  // validates the name before any work
+  const OptimizerKind optimizer = vm["optimizer"].as<OptimizerKind>();
   const std::string out = vm["out"].as<std::string>();
   check_writable(out);
 

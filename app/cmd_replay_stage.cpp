@@ -27,7 +27,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
       ("plan", po::value<std::string>(), "plan JSON (`dawnpiper plan --out` or `train --plan-out`); required")
       ("stage", po::value<int>(), "the stage to run; required")
       ("steps", po::value<int64_t>()->default_value(3), "steps to run (the first is a warm-up, not timed)")
-      ("optimizer", po::value<std::string>(), "sgd | adam (default: the plan's)")
+      ("optimizer", po::value<OptimizerKind>(), "sgd | adam (default: the plan's)")
       ("lr", po::value<double>()->default_value(0.01), "learning rate");
   // clang-format on
   options.add(own).add(common_options()).add(model_override_options());
@@ -63,13 +63,13 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
     throw ConfigError("the plan is for " + std::to_string(plan.nodes) + " nodes, " + graph.preset + " has " +
                       std::to_string(graph.size()) + " (give the model options the plan was made with)");
   PipelineConfig pc;
-  pc.schedule = schedule_kind_from_name(plan.options.schedule);
+  pc.schedule = plan.options.schedule;
   for (const StagePlan& s : plan.stages) pc.ranges.push_back({s.begin, s.end});
   check_ranges(graph, pc.ranges);
   pc.micro_batches = vm["micro-batches"].defaulted() ? plan.options.micro_batches : vm["micro-batches"].as<int64_t>();
   pc.steps = steps;
   pc.seed = vm["seed"].as<uint64_t>();
-  pc.optimizer.kind = vm.count("optimizer") ? vm["optimizer"].as<std::string>() : plan.options.optimizer;
+  pc.optimizer.kind = vm.count("optimizer") ? vm["optimizer"].as<OptimizerKind>() : plan.options.optimizer;
   pc.optimizer.lr = vm["lr"].as<double>();
   for (const StagePlan& s : plan.stages) pc.evictions.push_back(s.evictions);
   pc.device = device;

@@ -89,12 +89,12 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
   }
   PlanOptions o;
   o.stages = stages;
-  o.schedule = vm["schedule"].as<std::string>();
+  o.schedule = vm["schedule"].as<ScheduleKind>();
   o.micro_batches = vm["micro-batches"].as<int64_t>();
-  o.optimizer = vm["optimizer"].as<std::string>();
+  o.optimizer = vm["optimizer"].as<OptimizerKind>();
   o.capacity_bytes = capacity > 0 ? capacity : INT64_MAX;
-  o.planner = vm["planner"].as<std::string>();
-  o.memopt = vm["memopt"].as<std::string>();
+  o.planner = vm["planner"].as<PlannerKind>();
+  o.memopt = vm["memopt"].as<MemoptMode>();
   o.fit_replayed = true;
   o.data_parallel = replicas;
   Plan plan = make_plan(profile, o);
@@ -219,9 +219,9 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       ("stages", po::value<int>(), "pipeline stages (default: the number of MPI ranks / --data-parallel)")
       ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
                                           "averaged every step (default: MPI ranks / --stages); a pipeline's ranks share a node where they can")
-      ("schedule", po::value<std::string>()->default_value("1f1b"), "gpipe | 1f1b | async (PipeDream, weight stashing)")
-      ("planner", po::value<std::string>()->default_value("dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
-      ("memopt", po::value<std::string>()->default_value("none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions")
+      ("schedule", po::value<ScheduleKind>()->default_value(ScheduleKind::OneFOneB, "1f1b"), "gpipe | 1f1b | async (PipeDream, weight stashing)")
+      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
+      ("memopt", po::value<MemoptMode>()->default_value(MemoptMode::None, "none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions")
       ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
       ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
       ("profile-cache", po::value<std::string>()->default_value(""),
@@ -247,7 +247,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       ("validation-fraction", po::value<double>()->default_value(0.0), "share of the token file's windows held out for validation")
       ("eval-every", po::value<int64_t>()->default_value(0), "report the validation loss every N steps (0: never)")
       ("eval-batches", po::value<int64_t>()->default_value(4), "micro-batches of the validation split per evaluation")
-      ("optimizer", po::value<std::string>()->default_value("sgd"), "sgd (with momentum) | adam")
+      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd (with momentum) | adam")
       ("lr", po::value<double>()->default_value(0.01), "learning rate")
       ("momentum", po::value<double>()->default_value(0.9), "SGD momentum");
   // clang-format on
@@ -268,8 +268,6 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   const bool in_process = vm["in-process"].as<bool>();
   const Layout layout = data_pipeline_layout(vm, world, in_process);
   const int stages = layout.stages, replicas = layout.replicas;
-  memopt_mode_from_name(vm["memopt"].as<std::string>());  // validate before any work, one stage too
-  schedule_kind_from_name(vm["schedule"].as<std::string>());
   const TransportChoice transport = transport_choice_from_name(vm["transport"].as<std::string>());
   // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
   const c10::Device device = rank_device(parse_device(vm["device"].as<std::string>()), MPI_COMM_WORLD);
@@ -290,7 +288,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   config.steps = vm["steps"].as<int64_t>();
   config.micro_batches = vm["micro-batches"].as<int64_t>();
   config.seed = vm["seed"].as<uint64_t>();
-  config.optimizer.kind = vm["optimizer"].as<std::string>();
+  config.optimizer.kind = vm["optimizer"].as<OptimizerKind>();
   config.optimizer.lr = vm["lr"].as<double>();
   config.optimizer.momentum = vm["momentum"].as<double>();
   make_optimizer(config.optimizer, {});  // validates before any work
@@ -320,14 +318,15 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   // The reference trainer serves plain one-stage runs; traces, checkpoints and planned memory
   // optimization need the runtime.
   const bool runtime_features = vm.count("trace") || checkpoint_every > 0 || resume ||
-                                vm["memopt"].as<std::string>() != "none" || vm.count("plan-in") || device.is_cuda();
+                                vm["memopt"].as<MemoptMode>() != MemoptMode::None || vm.count("plan-in") ||
+                                device.is_cuda();
   if (stages == 1 && replicas == 1 && !in_process && !runtime_features) {
     counter.set_capacity(capacity);
     ReferenceTrainer trainer(graph, config);
     if (!quiet)
       std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, 1 stage\n",
                   graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size,
-                  config.micro_batches, config.optimizer.kind.c_str(), config.optimizer.lr);
+                  config.micro_batches, optimizer_kind_name(config.optimizer.kind), config.optimizer.lr);
     int64_t peak = 0;
     Progress progress(0, config.steps, samples_per_step, quiet, progress_style);
     trainer.run([&](const StepResult& r) {
@@ -381,7 +380,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
                       " are launched");
   if (world.rank == 0 && vm.count("plan-out")) write_text_atomically(vm["plan-out"].as<std::string>(), plan_json);
   PipelineConfig pc;
-  pc.schedule = schedule_kind_from_name(vm["schedule"].as<std::string>());
+  pc.schedule = vm["schedule"].as<ScheduleKind>();
   for (const StagePlan& s : plan.stages) {
     pc.ranges.push_back({s.begin, s.end});
     pc.evictions.push_back(s.evictions);
@@ -400,7 +399,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
     std::printf(
         "training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, %d stages, %s%s\n",
         graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size, config.micro_batches,
-        config.optimizer.kind.c_str(), config.optimizer.lr, stages, schedule_kind_name(pc.schedule),
+        optimizer_kind_name(config.optimizer.kind), config.optimizer.lr, stages, schedule_kind_name(pc.schedule),
         replicas > 1 ? (", " + std::to_string(replicas) + " data-parallel replicas on " + std::to_string(layout.nodes) +
                         (layout.nodes == 1 ? " host" : " hosts"))
                            .c_str()
@@ -434,7 +433,6 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   run.resume = resume;
   if (vm.count("checkpoint-dir")) run.checkpoint_dir = vm["checkpoint-dir"].as<std::string>();
   run.preset = graph.preset;
-  run.optimizer_name = config.optimizer.kind;
   pc.first_step = first_step;
   // The asynchronous pipeline drains where it writes a checkpoint (PipelineConfig::drain_every).
   if (pc.schedule == ScheduleKind::Async) pc.drain_every = checkpoint_every;

@@ -3,11 +3,13 @@
 // can be given on the command line or in the --config file (same names, "key = value" lines);
 // the command line wins.
 #include <string>
+#include <vector>
 
 #include <boost/program_options.hpp>
 
 #include "models/model_config.h"
 #include "models/model_source.h"
+#include "plan/plan_options.h"
 
 namespace dawnpiper {
 
@@ -26,6 +28,14 @@ po::options_description model_override_options();
 bool parse_options(int argc, char** argv, const std::string& subcommand, const std::string& summary,
                    const po::options_description& options, po::variables_map& vm,
                    const po::positional_options_description* positional = nullptr);
+
+// Enum-valued options (--schedule, --planner, --memopt, --optimizer) are parsed into their enum
+// as the options are read, so a bad name is one error naming the option and the choices before
+// any work, whatever the subcommand does next. Boost finds these by argument-dependent lookup.
+void validate(boost::any& value, const std::vector<std::string>& tokens, ScheduleKind*, int);
+void validate(boost::any& value, const std::vector<std::string>& tokens, PlannerKind*, int);
+void validate(boost::any& value, const std::vector<std::string>& tokens, MemoptMode*, int);
+void validate(boost::any& value, const std::vector<std::string>& tokens, OptimizerKind*, int);
 
 // The model preset from --model with the override options applied and checked.
 ModelConfig model_config_from(const po::variables_map& vm);

@@ -22,8 +22,8 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
   if (options.micro_batches < 1) throw ConfigError("the number of micro-batches must be >= 1");
   if (!(options.host_bandwidth > 0) || !(options.link_bandwidth > 0))
     throw ConfigError("host and link bandwidths must be positive");
-  schedule_ = schedule_kind_from_name(options.schedule);
-  optimizer_multiplier_ = Profile::optimizer_state_multiplier(options.optimizer);
+  schedule_ = options.schedule;
+  optimizer_multiplier_ = optimizer_state_multiplier(options.optimizer);
   host_bw_ = options.host_bandwidth;
   link_bw_ = options.link_bandwidth;
   if (options.data_parallel < 1) throw ConfigError("data parallelism must be at least 1");

@@ -29,7 +29,7 @@ int64_t simulated_micro_batches(ScheduleKind kind, int stages, int64_t micro_bat
 
 class CostModel {
  public:
-  // Throws ConfigError on an unknown schedule or optimizer, stages < 1, non-positive
+  // Throws ConfigError on stages < 1, non-positive
   // bandwidths or a malformed profile (ids out of range).
   CostModel(const Profile& profile, const PlanOptions& options);
 
@@ -41,7 +41,7 @@ class CostModel {
   int in_flight(int x) const { return stage_stats(x).max_in_flight; }
   // Stage x's simulated action list (the runtime's, for simulated_micro_batches()).
   const std::vector<Action>& actions(int x) const { return schedule_actions_.actions[static_cast<size_t>(x)]; }
-  const std::string& optimizer() const { return optimizer_; }
+  OptimizerKind optimizer() const { return optimizer_; }
   int optimizer_multiplier() const { return optimizer_multiplier_; }
   int weight_versions(int x) const { return stage_stats(x).max_weight_versions; }
 
@@ -105,7 +105,7 @@ class CostModel {
   ScheduleKind schedule_ = ScheduleKind::Async;
   std::vector<StageStats> stats_;
   Schedule schedule_actions_;
-  std::string optimizer_;
+  OptimizerKind optimizer_ = OptimizerKind::Sgd;
   std::vector<char> requires_grad_;
   std::vector<char> node_kinds_;
   int optimizer_multiplier_ = 1;

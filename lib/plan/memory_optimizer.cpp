@@ -10,25 +10,6 @@
 
 namespace dawnpiper {
 
-const char* memopt_mode_name(MemoptMode mode) {
-  switch (mode) {
-    case MemoptMode::None:
-      return "none";
-    case MemoptMode::Recompute:
-      return "r";
-    case MemoptMode::SwapRecompute:
-      return "sr";
-  }
-  return "?";
-}
-
-MemoptMode memopt_mode_from_name(const std::string& name) {
-  if (name == "none") return MemoptMode::None;
-  if (name == "r") return MemoptMode::Recompute;
-  if (name == "sr") return MemoptMode::SwapRecompute;
-  throw ConfigError("unknown memopt '" + name + "' (choose none, r or sr)");
-}
-
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 enum TensorState { kNotSaved = 0, kKeep = 1, kSwap = 2, kRecompute = 3 };

@@ -32,10 +32,6 @@
 
 namespace dawnpiper {
 
-enum class MemoptMode { None, Recompute, SwapRecompute };
-const char* memopt_mode_name(MemoptMode mode);              // "none" | "r" | "sr"
-MemoptMode memopt_mode_from_name(const std::string& name);  // throws ConfigError
-
 enum class MemoptGranularity { Tensor, Block };
 
 struct StageMemopt {

@@ -37,7 +37,7 @@ double Plan::bottleneck_ms() const {
 
 double Plan::step_ms() const {
   const double m = static_cast<double>(options.micro_batches), l = static_cast<double>(stages.size());
-  if (options.schedule == "async") return m * bottleneck_ms();
+  if (options.schedule == ScheduleKind::Async) return m * bottleneck_ms();
   double period = 0, allreduce = 0;
   for (const StagePlan& s : stages)
     period = std::max(period, s.compute_ms + s.memopt_ms), allreduce = std::max(allreduce, s.allreduce_ms);
@@ -141,21 +141,21 @@ std::string Plan::to_json(int indent) const {
   Json j = Json::object();
   j["format"] = "dawnpiper-plan";
   j["version"] = version;
-  j["planner"] = options.planner;
+  j["planner"] = planner_kind_name(options.planner);
   j["model"] = model;
   j["preset"] = preset;
   j["precision"] = precision;
   j["graph_hash"] = graph_hash;
   Json in = Json::object();
   in["stages"] = options.stages;
-  in["schedule"] = options.schedule;
+  in["schedule"] = schedule_kind_name(options.schedule);
   in["micro_batches"] = options.micro_batches;
   in["micro_batch_size"] = micro_batch_size;
-  in["optimizer"] = options.optimizer;
+  in["optimizer"] = optimizer_kind_name(options.optimizer);
   in["capacity_bytes"] = options.capacity_bytes;
   in["host_bandwidth"] = options.host_bandwidth;
   in["link_bandwidth"] = options.link_bandwidth;
-  in["memopt"] = options.memopt;
+  in["memopt"] = memopt_mode_name(options.memopt);
   in["data_parallel"] = options.data_parallel;
   in["nodes"] = nodes;
   j["inputs"] = in;
@@ -218,21 +218,21 @@ Plan plan_from_json(const std::string& text) {
                       (p.version < Plan::kVersion ? "; plans before it lack their stage programs: make it again with "
                                                     "`dawnpiper plan`)"
                                                   : ")"));
-  p.options.planner = j.at("planner").as_string();
+  p.options.planner = planner_kind_from_name(j.at("planner").as_string());
   p.model = j.at("model").as_string();
   p.preset = j.at("preset").as_string();
   p.precision = j.at("precision").as_string();
   p.graph_hash = j.at("graph_hash").as_string();
   const Json& in = j.at("inputs");
   p.options.stages = static_cast<int>(in.at("stages").as_int());
-  p.options.schedule = in.at("schedule").as_string();
+  p.options.schedule = schedule_kind_from_name(in.at("schedule").as_string());
   p.options.micro_batches = in.at("micro_batches").as_int();
   p.micro_batch_size = in.at("micro_batch_size").as_int();
-  p.options.optimizer = in.at("optimizer").as_string();
+  p.options.optimizer = optimizer_kind_from_name(in.at("optimizer").as_string());
   p.options.capacity_bytes = in.at("capacity_bytes").as_int();
   p.options.host_bandwidth = in.at("host_bandwidth").as_double();
   p.options.link_bandwidth = in.at("link_bandwidth").as_double();
-  p.options.memopt = in.at("memopt").as_string();
+  p.options.memopt = memopt_mode_from_name(in.at("memopt").as_string());
   if (in.contains("data_parallel")) p.options.data_parallel = static_cast<int>(in.at("data_parallel").as_int());
   p.nodes = static_cast<int>(in.at("nodes").as_int());
   p.planning_ms = j.at("planning_ms").as_double();
@@ -284,9 +284,10 @@ void Plan::print_table(std::ostream& out) const {
   std::string capacity = options.capacity_bytes == INT64_MAX
                              ? std::string("unlimited")
                              : format_bytes(static_cast<double>(options.capacity_bytes));
-  out << "plan: planner " << options.planner << ", " << options.stages << " stages, schedule " << options.schedule
-      << ", " << options.micro_batches << " micro-batches of " << micro_batch_size << ", optimizer "
-      << options.optimizer << ", memopt " << options.memopt << ", capacity " << capacity << "\n";
+  out << "plan: planner " << planner_kind_name(options.planner) << ", " << options.stages << " stages, schedule "
+      << schedule_kind_name(options.schedule) << ", " << options.micro_batches << " micro-batches of "
+      << micro_batch_size << ", optimizer " << optimizer_kind_name(options.optimizer) << ", memopt "
+      << memopt_mode_name(options.memopt) << ", capacity " << capacity << "\n";
   std::snprintf(line, sizeof line, "%5s %13s %10s %10s %10s %11s %11s %11s %11s %4s %4s %11s %7s\n", "stage", "nodes",
                 "compute", "memopt", "time", "peak", "weights*v", "grad+opt", "act/mb", "in", "ver", "sent/mb",
                 "sw/rc");

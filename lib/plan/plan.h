@@ -9,27 +9,9 @@
 #include <string>
 #include <vector>
 
-namespace dawnpiper {
+#include "plan/plan_options.h"
 
-struct PlanOptions {
-  int stages = 1;
-  std::string schedule = "async";      // gpipe | 1f1b | async
-  int64_t micro_batches = 4;           // per mini-batch (per optimizer step for gpipe / 1f1b)
-  std::string optimizer = "sgd";       // sgd | adam
-  int64_t capacity_bytes = INT64_MAX;  // device memory per stage
-  double host_bandwidth = 16e9;        // bytes/s, device <-> host (swap)
-  double link_bandwidth = 10e9;        // bytes/s, stage <-> stage
-  std::string planner = "dawnpiper";   // dawnpiper | gpipe | pipedream | vpipe | even | exact
-  std::string memopt = "sr";           // none | r (recompute) | sr (swap + recompute)
-  // The search decides with the cost model's memory formula; the replay of each stage's action
-  // list (plan/stage_memory) is what the runtime measures. When set (the command line does), a
-  // plan whose replayed peak exceeds the capacity is searched again with the capacity lowered
-  // by the overshoot. Unset, plans are the search's own (its tests check it against the formula).
-  bool fit_replayed = false;
-  // Pipelines training in parallel on their shares of the data: each stage averages its
-  // gradients with its replicas (a ring allreduce over link_bandwidth) before every update.
-  int data_parallel = 1;
-};
+namespace dawnpiper {
 
 enum class TensorAction { Keep, Swap, Recompute };
 const char* tensor_action_name(TensorAction action);            // "keep" | "swap" | "recompute"

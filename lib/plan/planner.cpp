@@ -15,21 +15,9 @@
 
 namespace dawnpiper {
 
-const std::vector<std::string>& planner_names() {
-  static const std::vector<std::string> names{"dawnpiper", "gpipe", "pipedream", "vpipe", "even", "exact"};
-  return names;
-}
-
 namespace {
 
 void validate(const Profile& profile, const PlanOptions& options) {
-  const std::vector<std::string>& names = planner_names();
-  if (std::find(names.begin(), names.end(), options.planner) == names.end())
-    throw ConfigError("unknown planner '" + options.planner +
-                      "' (choose dawnpiper, gpipe, pipedream, vpipe, even or exact)");
-  memopt_mode_from_name(options.memopt);
-  schedule_kind_from_name(options.schedule);
-  Profile::optimizer_state_multiplier(options.optimizer);
   if (options.stages < 1) throw ConfigError("the number of stages must be at least 1");
   if (options.stages > profile.size())
     throw ConfigError("cannot split " + std::to_string(profile.size()) + " nodes into " +
@@ -127,10 +115,11 @@ std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& opt
 
 std::string describe(const Profile& profile, const PlanOptions& options) {
   std::string model = profile.preset.empty() ? profile.model : profile.preset;
-  return "planner '" + options.planner + "' found no plan for " + (model.empty() ? std::string("the model") : model) +
-         " on " + std::to_string(options.stages) + " stages (schedule " + options.schedule + ", " +
-         std::to_string(options.micro_batches) + " micro-batches of " + std::to_string(profile.micro_batch_size) +
-         ", optimizer " + options.optimizer + ", memopt " + options.memopt + ") within " +
+  return std::string("planner '") + planner_kind_name(options.planner) + "' found no plan for " +
+         (model.empty() ? std::string("the model") : model) + " on " + std::to_string(options.stages) +
+         " stages (schedule " + schedule_kind_name(options.schedule) + ", " + std::to_string(options.micro_batches) +
+         " micro-batches of " + std::to_string(profile.micro_batch_size) + ", optimizer " +
+         optimizer_kind_name(options.optimizer) + ", memopt " + memopt_mode_name(options.memopt) + ") within " +
          capacity_text(options.capacity_bytes) + " per stage";
 }
 
@@ -148,12 +137,12 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
   CostModel model(profile, options);
   // The block planners of systems that checkpoint or swap whole layers: coarse memory
   // optimization (a block's internal tensors together; block outputs stay as checkpoints).
-  const bool blocks = options.planner == "vpipe" || options.planner == "gpipe";
-  StageEvaluator evaluator(model, memopt_mode_from_name(options.memopt), options.capacity_bytes,
+  const bool blocks = options.planner == PlannerKind::VPipe || options.planner == PlannerKind::GPipe;
+  StageEvaluator evaluator(model, options.memopt, options.capacity_bytes,
                            blocks ? MemoptGranularity::Block : MemoptGranularity::Tensor);
   Bounds bounds;
   evaluator.set_replay_capacity(replay_capacity);
-  if (options.planner == "dawnpiper") {
+  if (options.planner == PlannerKind::DawnPiper) {
     bounds = BiPar(evaluator).solve();
     // Second candidate: cuts at block boundaries refined by Kernighan-Lin moves (vPipe's
     // search), judged by the same tensor-level evaluator. BiPar's sweeps assume feasibility is
@@ -180,15 +169,15 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
         if (!even.empty() && evaluator.objective(even) <= bottleneck) bounds = even;
       }
     }
-  } else if (options.planner == "exact")
+  } else if (options.planner == PlannerKind::Exact)
     bounds = exact_partition(evaluator);
-  else if (options.planner == "gpipe")
+  else if (options.planner == PlannerKind::GPipe)
     bounds = gpipe_partition(model);
-  else if (options.planner == "pipedream")
+  else if (options.planner == PlannerKind::PipeDream)
     bounds = pipedream_partition(model);
-  else if (options.planner == "vpipe")
+  else if (options.planner == PlannerKind::VPipe)
     bounds = vpipe_partition(evaluator);
-  else if (options.planner == "even")
+  else if (options.planner == PlannerKind::Even)
     bounds = even_partition(model);
   if (bounds.empty() || !std::isfinite(evaluator.objective(bounds))) return std::nullopt;
 

@@ -10,11 +10,8 @@
 
 namespace dawnpiper {
 
-// "dawnpiper", "gpipe", "pipedream", "vpipe", "even", "exact".
-const std::vector<std::string>& planner_names();
-
 // The best plan `options.planner` finds for the profile at its micro-batch size. Throws
-// ConfigError for unknown planner / schedule / memopt / optimizer names, stages < 1, more stages
+// ConfigError for stages < 1, more stages
 // than nodes (or blocks, for block-granularity planners), and InfeasibleError when no plan fits
 // the capacity; that message names the smallest capacity with which the planner succeeds at
 // this micro-batch size and, when the profile has batch-size fits, the largest micro-batch size

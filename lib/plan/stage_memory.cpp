@@ -499,7 +499,7 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
 void StageReplay::optimizer_step() {
   const int64_t state_bytes = model_.optimizer_multiplier() * weights_;
   if (!optimizer_state_) live_ += state_bytes, optimizer_state_ = true;
-  if (model_.optimizer() == "adam") note(live_ + std::min(p_.largest_param_bytes, weights_), -1);
+  if (model_.optimizer() == OptimizerKind::Adam) note(live_ + std::min(p_.largest_param_bytes, weights_), -1);
   note(live_, -1);
   live_ -= param_grads_;
   param_grads_ = 0;
@@ -582,10 +582,10 @@ StageMemoryReplay replay_stage_program(const CostModel& model, const StageProgra
       .run();
 }
 
-StageMemoryReplay replay_whole_step(const Profile& profile, const std::string& optimizer) {
+StageMemoryReplay replay_whole_step(const Profile& profile, OptimizerKind optimizer) {
   PlanOptions one;
   one.stages = 1;
-  one.schedule = "gpipe";
+  one.schedule = ScheduleKind::GPipe;
   one.micro_batches = 1;
   one.optimizer = optimizer;
   const CostModel model(profile, one);

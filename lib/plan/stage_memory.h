@@ -29,6 +29,7 @@
 #include "plan/plan.h"
 #include "plan/stage_program.h"
 #include "schedule/action.h"
+#include "train/optimizer_kind.h"
 
 namespace dawnpiper {
 
@@ -47,7 +48,7 @@ StageMemoryReplay replay_stage_program(const CostModel& model, const StageProgra
                                        std::vector<Action>* events = nullptr);
 // The profile's own training step: the whole graph as one stage training one micro-batch per
 // step, nothing evicted (what `profile` reports beside the step it measures).
-StageMemoryReplay replay_whole_step(const Profile& profile, const std::string& optimizer);
+StageMemoryReplay replay_whole_step(const Profile& profile, OptimizerKind optimizer);
 // The program of stage x over [b, e) with `decisions`, replayed.
 StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int x,
                                       const std::vector<TensorDecision>& decisions);

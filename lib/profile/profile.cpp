@@ -58,12 +58,6 @@ Profile Profile::at_batch(int64_t batch) const {
   return p;
 }
 
-int Profile::optimizer_state_multiplier(const std::string& optimizer) {
-  if (optimizer == "sgd") return 1;
-  if (optimizer == "adam") return 2;
-  throw ConfigError("unknown optimizer '" + optimizer + "' (choose sgd or adam)");
-}
-
 int64_t Profile::total_param_bytes() const {
   int64_t b = 0;
   for (const NodeProfile& n : nodes) b += n.param_bytes;

@@ -121,8 +121,6 @@ struct Profile {
   int size() const { return static_cast<int>(nodes.size()); }
   // The same profile evaluated at another micro-batch size through the fits.
   Profile at_batch(int64_t batch) const;
-  // Optimizer state bytes per parameter byte: sgd (momentum) 1, adam 2.
-  static int optimizer_state_multiplier(const std::string& optimizer);
   int64_t total_param_bytes() const;
 };
 

@@ -397,7 +397,7 @@ KeptFacts measure_node_facts(const OpGraph& g, int node, const ProfilerOptions& 
   return f;
 }
 
-StepMeasurement measure_step(const OpGraph& g, const std::string& optimizer, const ProfilerOptions& opt, int steps) {
+StepMeasurement measure_step(const OpGraph& g, OptimizerKind optimizer, const ProfilerOptions& opt, int steps) {
   const c10::Device dev = opt.device;
   StageModule module(g, 0, g.size(), opt.seed, dev);
   std::vector<at::Tensor> params;

@@ -15,6 +15,7 @@
 #include "models/model_source.h"
 #include "profile/profile.h"
 #include "profile/profile_builder.h"
+#include "train/optimizer_kind.h"
 
 namespace dawnpiper {
 
@@ -52,7 +53,7 @@ KeptFacts measure_node_facts(const OpGraph& graph, int node, const ProfilerOptio
 
 // Runs real training steps of the whole graph (one micro-batch each) and measures them; the
 // first steps create the optimizer state and are not measured.
-StepMeasurement measure_step(const OpGraph& graph, const std::string& optimizer, const ProfilerOptions& options,
+StepMeasurement measure_step(const OpGraph& graph, OptimizerKind optimizer, const ProfilerOptions& options,
                              int steps = 5);
 
 }  // namespace dawnpiper

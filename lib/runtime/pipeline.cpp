@@ -182,7 +182,7 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
   if (c.schedule == ScheduleKind::Async && options.checkpoint_every > 0 && c.drain_every != options.checkpoint_every)
     throw std::logic_error("async checkpoints need the pipeline to drain where they are written (drain_every)");
   if (checkpoints && options.checkpoint_dir.empty()) throw ConfigError("--checkpoint-dir is required for checkpoints");
-  const CheckpointIdentity identity{options.preset, options.optimizer_name, g.size(), size};
+  const CheckpointIdentity identity{options.preset, optimizer_kind_name(c.optimizer.kind), g.size(), size};
   MPI_Comm data_comm, control_comm;
   MPI_Comm_dup(comm, &data_comm);
   MPI_Comm_dup(comm, &control_comm);  // loss reports, apart from activation traffic

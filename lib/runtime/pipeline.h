@@ -75,8 +75,8 @@ struct RunOptions {
   bool trace = false;                            // keep a record per action (trace/trace.h)
   std::string checkpoint_dir;                    // write / resume checkpoints here
   int64_t checkpoint_every = 0;                  // steps between checkpoints; 0: none
-  bool resume = false;                 // load the checkpoint of step config.first_step (latest_checkpoint()) first
-  std::string preset, optimizer_name;  // checkpoint identity
+  bool resume = false;  // load the checkpoint of step config.first_step (latest_checkpoint()) first
+  std::string preset;   // checkpoint identity (with the optimizer)
   TransportChoice transport = TransportChoice::Auto;
   // Validation: every `eval_every` steps (at drains under async), `eval_batches` micro-batches
   // of the validation split; rank 0 gets the mean loss.

@@ -1,6 +1,7 @@
 #include "schedule/schedule.h"
 
 #include <algorithm>
+#include <ostream>
 
 #include "util/error.h"
 
@@ -24,6 +25,8 @@ ScheduleKind schedule_kind_from_name(const std::string& name) {
   if (name == "async") return ScheduleKind::Async;
   throw ConfigError("unknown schedule '" + name + "' (choose gpipe, 1f1b or async)");
 }
+
+std::ostream& operator<<(std::ostream& out, ScheduleKind kind) { return out << schedule_kind_name(kind); }
 
 std::string Schedule::to_string() const {
   std::string s;

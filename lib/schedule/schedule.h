@@ -20,6 +20,7 @@
 //         micro-batches (the runtime passes steps * micro-batches per step); the drain at its
 //         end happens once per run, not per mini-batch.
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -29,8 +30,9 @@ namespace dawnpiper {
 
 enum class ScheduleKind { GPipe, OneFOneB, Async };
 
-const char* schedule_kind_name(ScheduleKind kind);              // "gpipe" | "1f1b" | "async"
-ScheduleKind schedule_kind_from_name(const std::string& name);  // throws ConfigError
+const char* schedule_kind_name(ScheduleKind kind);               // "gpipe" | "1f1b" | "async"
+ScheduleKind schedule_kind_from_name(const std::string& name);   // throws ConfigError
+std::ostream& operator<<(std::ostream& out, ScheduleKind kind);  // by name
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::GPipe;

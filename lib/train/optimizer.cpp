@@ -97,9 +97,8 @@ class Adam final : public Optimizer {
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, std::vector<at::Tensor> params) {
   if (!(config.lr > 0)) throw ConfigError("learning rate must be positive");
-  if (config.kind == "sgd") return std::make_unique<Sgd>(std::move(params), config.lr, config.momentum);
-  if (config.kind == "adam") return std::make_unique<Adam>(std::move(params), config);
-  throw ConfigError("unknown optimizer '" + config.kind + "' (choose sgd or adam)");
+  if (config.kind == OptimizerKind::Adam) return std::make_unique<Adam>(std::move(params), config);
+  return std::make_unique<Sgd>(std::move(params), config.lr, config.momentum);
 }
 
 }  // namespace dawnpiper

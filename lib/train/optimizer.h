@@ -8,10 +8,12 @@
 
 #include <ATen/ATen.h>
 
+#include "train/optimizer_kind.h"
+
 namespace dawnpiper {
 
 struct OptimizerConfig {
-  std::string kind = "sgd";  // sgd | adam
+  OptimizerKind kind = OptimizerKind::Sgd;
   double lr = 0.01;
   double momentum = 0.9;                          // sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
@@ -37,7 +39,7 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
-// Throws ConfigError for an unknown kind or a non-positive learning rate.
+// Throws ConfigError for a non-positive learning rate.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, std::vector<at::Tensor> params);
 
 }  // namespace dawnpiper

@@ -18,7 +18,11 @@ class Error : public std::runtime_error {
 // Bad configuration: unknown model, inconsistent overrides, unknown option, unreadable file.
 class ConfigError : public Error {
  public:
-  explicit ConfigError(const std::string& what) : Error("configuration error: " + what, 2) {}
+  explicit ConfigError(const std::string& reason) : Error("configuration error: " + reason, 2), reason_(reason) {}
+  const std::string& reason() const { return reason_; }  // what() without the prefix
+
+ private:
+  std::string reason_;
 };
 
 // A device (real or the counting CPU allocator's budget) could not satisfy an allocation.

@@ -80,7 +80,7 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
         for (int round = 0; round < 2; ++round) {
           PlanOptions po;
           po.stages = 2;
-          po.schedule = schedule_kind_name(kind);
+          po.schedule = kind;
           po.micro_batches = 3;
           const CostModel model(profile, po);
           PipelineConfig pc;
@@ -127,7 +127,7 @@ TEST_CASE("random swaps and recomputations of imported tensors train bitwise lik
     const Profile profile = profile_graph(g, quick);
     PlanOptions po;
     po.stages = 2;
-    po.schedule = "1f1b";
+    po.schedule = ScheduleKind::OneFOneB;
     po.micro_batches = 2;
     const CostModel model(profile, po);
     PipelineConfig pc;
@@ -135,7 +135,7 @@ TEST_CASE("random swaps and recomputations of imported tensors train bitwise lik
     pc.ranges = {{0, g.size() / 2}, {g.size() / 2, g.size()}};
     pc.micro_batches = 2;
     pc.steps = 2;
-    pc.optimizer.kind = "adam";
+    pc.optimizer.kind = OptimizerKind::Adam;
     const InProcessResult kept = run_pipeline_in_process(g, pc);
     std::mt19937 rng(3);
     for (const auto& [b, e] : pc.ranges)

@@ -37,8 +37,8 @@ double median_ms(int runs, const std::function<void()>& f) {
 
 void time_planning(int layers, int stages, int runs) {
   Profile p = transformer_like_profile(layers);
-  for (const char* schedule : {"async", "1f1b"}) {
-    for (const char* memopt : {"sr", "r"}) {
+  for (ScheduleKind schedule : {ScheduleKind::Async, ScheduleKind::OneFOneB}) {
+    for (MemoptMode memopt : {MemoptMode::SwapRecompute, MemoptMode::Recompute}) {
       PlanOptions opt;
       opt.stages = stages;
       opt.schedule = schedule;
@@ -53,8 +53,8 @@ void time_planning(int layers, int stages, int runs) {
         std::printf(
             "planning %6d nodes, l=%2d, %-5s %-2s, capacity %3.0f%% of the unconstrained "
             "peak: median %8.2f ms over %d runs, %s, bottleneck %.2f ms\n",
-            p.size(), stages, schedule, memopt, 100 * fraction, ms, runs, plan ? "plan found" : "no plan",
-            plan ? plan->bottleneck_ms() : 0.0);
+            p.size(), stages, schedule_kind_name(schedule), memopt_mode_name(memopt), 100 * fraction, ms, runs,
+            plan ? "plan found" : "no plan", plan ? plan->bottleneck_ms() : 0.0);
       }
     }
   }
@@ -69,8 +69,8 @@ TEST_CASE("planning time on transformer-shaped graphs", "[.bench]") {
 
 TEST_CASE("BiPar against exact on medium graphs", "[.bench]") {
   std::mt19937_64 rng(99);
-  const char* schedules[] = {"gpipe", "1f1b", "async"};
-  const char* memopts[] = {"none", "r", "sr"};
+  const ScheduleKind schedules[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async};
+  const MemoptMode memopts[] = {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute};
   int instances = 0, equal = 0, within3 = 0, no_plan = 0;
   double worst = 0, bipar_ms = 0, exact_ms = 0;
   for (int seed = 1; seed <= 200; ++seed) {
@@ -85,14 +85,14 @@ TEST_CASE("BiPar against exact on medium graphs", "[.bench]") {
     opt.schedule = schedules[pick(0, 2)];
     opt.memopt = memopts[pick(0, 2)];
     opt.micro_batches = pick(2, 8);
-    opt.planner = "exact";
+    opt.planner = PlannerKind::Exact;
     opt.capacity_bytes = INT64_MAX;
     int64_t peak = make_plan(p, opt).max_peak_bytes();
     opt.capacity_bytes = static_cast<int64_t>(std::uniform_real_distribution<double>(0.45, 1.05)(rng) * peak);
     auto t0 = std::chrono::steady_clock::now();
     std::optional<Plan> ex = try_plan(p, opt);
     auto t1 = std::chrono::steady_clock::now();
-    opt.planner = "dawnpiper";
+    opt.planner = PlannerKind::DawnPiper;
     std::optional<Plan> bp = try_plan(p, opt);
     auto t2 = std::chrono::steady_clock::now();
     if (!ex) continue;
@@ -133,11 +133,11 @@ TEST_CASE("BiPar against the exact optimum on the paper's models", "[.bench]") {
     base.capacity_bytes = spec.memory_bytes;
     base.host_bandwidth = spec.host_bandwidth;
     base.link_bandwidth = spec.link_bandwidth;
-    base.memopt = "none";
+    base.memopt = MemoptMode::None;
     base.stages = 2;
     base.micro_batches = 4;
-    base.planner = "exact";
-    for (const char* schedule : {"gpipe", "1f1b", "async"}) {
+    base.planner = PlannerKind::Exact;
+    for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
       base.schedule = schedule;
       const int64_t batch = find_max_batch(fits, base, 1024).micro_batch_size;
       const Profile p = fits.at_batch(batch);
@@ -161,7 +161,7 @@ TEST_CASE("BiPar against the exact optimum on the paper's models", "[.bench]") {
         const double inf = std::numeric_limits<double>::infinity();
         std::optional<Plan> ex, dp;
         exact_ms += median_ms(1, [&] { ex = try_plan(p, opt); });
-        opt.planner = "dawnpiper";
+        opt.planner = PlannerKind::DawnPiper;
         planner_ms += median_ms(1, [&] { dp = try_plan(p, opt); });
         double bipar = inf;
         bipar_ms += median_ms(1, [&] {

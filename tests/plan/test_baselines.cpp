@@ -48,7 +48,7 @@ TEST_CASE("even gives every stage the same number of blocks", "[plan][baselines]
   Profile p = random_profile(2, o);
   PlanOptions opt;
   opt.stages = 4;
-  opt.planner = "even";
+  opt.planner = PlannerKind::Even;
   CostModel m(p, opt);
   std::vector<int> units = block_boundaries(m);
   REQUIRE(units.size() == 11);
@@ -77,9 +77,9 @@ TEST_CASE("gpipe balances time, not memory", "[plan][baselines]") {
   }
   PlanOptions opt;
   opt.stages = 2;
-  opt.schedule = "1f1b";
-  opt.memopt = "none";
-  opt.planner = "gpipe";
+  opt.schedule = ScheduleKind::OneFOneB;
+  opt.memopt = MemoptMode::None;
+  opt.planner = PlannerKind::GPipe;
   Plan g = make_plan(p, opt);
   REQUIRE(g.stages.size() == 2);
   CHECK(g.stages[0].compute_ms == Approx(g.stages[1].compute_ms));  // 4 + 4 blocks
@@ -89,13 +89,13 @@ TEST_CASE("gpipe balances time, not memory", "[plan][baselines]") {
   // DawnPiper moves the cut towards the memory-balanced point.
   opt.capacity_bytes = g.max_peak_bytes() * 4 / 5;
   CHECK_THROWS_AS(make_plan(p, opt), InfeasibleError);
-  opt.planner = "dawnpiper";
+  opt.planner = PlannerKind::DawnPiper;
   Plan d = make_plan(p, opt);
   CHECK(d.max_peak_bytes() <= opt.capacity_bytes);
   CHECK(d.stages[0].end < g.stages[0].end);
   CHECK(d.bottleneck_ms() > g.bottleneck_ms());  // memory costs time here
   // vPipe's boundary moves find a fitting plan too.
-  opt.planner = "vpipe";
+  opt.planner = PlannerKind::VPipe;
   CHECK(make_plan(p, opt).max_peak_bytes() <= opt.capacity_bytes);
 }
 
@@ -110,12 +110,12 @@ TEST_CASE("pipedream is time-optimal without a memory limit", "[plan][baselines]
     Profile p = random_profile(seed, o);
     PlanOptions opt;
     opt.stages = 2 + static_cast<int>(seed % 5);
-    opt.schedule = seed % 3 == 0 ? "gpipe" : seed % 3 == 1 ? "1f1b" : "async";
+    opt.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
     opt.link_bandwidth = 1e18;
-    opt.memopt = "none";
-    opt.planner = "pipedream";
+    opt.memopt = MemoptMode::None;
+    opt.planner = PlannerKind::PipeDream;
     Plan pd = make_plan(p, opt);
-    opt.planner = "exact";
+    opt.planner = PlannerKind::Exact;
     Plan ex = make_plan(p, opt);
     INFO("seed " << seed);
     CHECK(pd.bottleneck_ms() == Approx(ex.bottleneck_ms()).epsilon(1e-12));
@@ -138,7 +138,7 @@ TEST_CASE("pipedream counts communication in its stage times", "[plan][baselines
   }
   PlanOptions opt;
   opt.stages = 2;
-  opt.planner = "pipedream";
+  opt.planner = PlannerKind::PipeDream;
   opt.link_bandwidth = 1e9;  // 1 GB per micro-batch: 2 s each way
   Plan pd = make_plan(p, opt);
   CHECK(pd.stages[0].end != 4);  // the balanced cut would send the 1 GB tensor
@@ -157,14 +157,15 @@ TEST_CASE("exact is never beaten and fits whenever anything fits", "[plan][basel
     Profile p = random_profile(seed, o);
     PlanOptions opt;
     opt.stages = 2 + static_cast<int>(seed % 4);
-    opt.schedule = seed % 3 == 0 ? "gpipe" : seed % 3 == 1 ? "1f1b" : "async";
-    opt.memopt = seed % 2 ? "sr" : "r";
-    opt.planner = "exact";
+    opt.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
+    opt.memopt = seed % 2 ? MemoptMode::SwapRecompute : MemoptMode::Recompute;
+    opt.planner = PlannerKind::Exact;
     opt.capacity_bytes = INT64_MAX;
     int64_t peak = make_plan(p, opt).max_peak_bytes();
     opt.capacity_bytes = static_cast<int64_t>(peak * std::uniform_real_distribution<double>(0.4, 1.0)(rng));
     std::optional<Plan> ex = try_plan(p, opt);
-    for (const char* planner : {"dawnpiper", "gpipe", "pipedream", "even"}) {
+    for (PlannerKind planner :
+         {PlannerKind::DawnPiper, PlannerKind::GPipe, PlannerKind::PipeDream, PlannerKind::Even}) {
       PlanOptions other = opt;
       other.planner = planner;
       std::optional<Plan> plan = try_plan(p, other);
@@ -206,15 +207,15 @@ TEST_CASE("exact equals the plain DP over every stage range", "[plan][baselines]
     Profile p = random_profile(seed, o);
     PlanOptions opt;
     opt.stages = 1 + static_cast<int>(seed % 6);
-    opt.schedule = seed % 3 == 0 ? "gpipe" : seed % 3 == 1 ? "1f1b" : "async";
-    opt.memopt = seed % 4 == 0 ? "sr" : seed % 4 == 1 ? "r" : "none";
+    opt.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
+    opt.memopt = seed % 4 == 0 ? MemoptMode::SwapRecompute : seed % 4 == 1 ? MemoptMode::Recompute : MemoptMode::None;
     opt.data_parallel = seed % 5 == 0 ? 4 : 1;
-    opt.planner = "exact";
+    opt.planner = PlannerKind::Exact;
     opt.capacity_bytes = INT64_MAX;
     const int64_t peak = make_plan(p, opt).max_peak_bytes();
     opt.capacity_bytes = static_cast<int64_t>(peak * std::uniform_real_distribution<double>(0.3, 1.1)(rng));
     CostModel model(p, opt);
-    StageEvaluator ev(model, memopt_mode_from_name(opt.memopt), opt.capacity_bytes);
+    StageEvaluator ev(model, opt.memopt, opt.capacity_bytes);
     const double plain = all_pairs_optimum(ev);
     const Bounds bounds = exact_partition(ev);
     INFO("seed " << seed << " " << opt.schedule << " " << opt.memopt << " stages " << opt.stages);
@@ -238,11 +239,11 @@ TEST_CASE("with nothing to evict the planner keeps the optimum and balances the 
     Profile p = random_profile(seed + 900, o);
     PlanOptions opt;
     opt.stages = 2 + static_cast<int>(seed % 5);
-    opt.schedule = seed % 2 ? "1f1b" : "gpipe";
-    opt.memopt = "none";
-    opt.planner = "exact";
+    opt.schedule = seed % 2 ? ScheduleKind::OneFOneB : ScheduleKind::GPipe;
+    opt.memopt = MemoptMode::None;
+    opt.planner = PlannerKind::Exact;
     const Plan exact = make_plan(p, opt);
-    opt.planner = "dawnpiper";
+    opt.planner = PlannerKind::DawnPiper;
     const Plan ours = make_plan(p, opt);
     auto squares = [](const Plan& plan) {
       double sum = 0;

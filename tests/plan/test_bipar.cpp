@@ -19,13 +19,13 @@ using namespace dawnpiper::testing;
 
 namespace {
 
-const char* kSchedules[] = {"gpipe", "1f1b", "async"};
-const char* kMemopts[] = {"none", "r", "sr"};
+const ScheduleKind kSchedules[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async};
+const MemoptMode kMemopts[] = {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute};
 
 // Max peak of a plan without a memory limit: the scale for test capacities.
 int64_t unlimited_peak(const Profile& profile, PlanOptions options) {
   options.capacity_bytes = INT64_MAX;
-  options.planner = "dawnpiper";
+  options.planner = PlannerKind::DawnPiper;
   return try_plan(profile, options)->max_peak_bytes();
 }
 
@@ -48,7 +48,7 @@ Instance random_instance(uint64_t seed) {
   in.options.schedule = kSchedules[pick(0, 2)];
   in.options.memopt = kMemopts[pick(0, 2)];
   in.options.micro_batches = pick(1, 8);
-  in.options.optimizer = pick(0, 1) ? "adam" : "sgd";
+  in.options.optimizer = pick(0, 1) ? OptimizerKind::Adam : OptimizerKind::Sgd;
   double fraction = std::uniform_real_distribution<double>(0.45, 1.05)(rng);
   in.options.capacity_bytes =
       static_cast<int64_t>(fraction * static_cast<double>(unlimited_peak(in.profile, in.options)));
@@ -87,7 +87,7 @@ struct Comparison {
 
 double bipar_objective(const Instance& in, const BiParOptions& bo) {
   CostModel model(in.profile, in.options);
-  StageEvaluator ev(model, memopt_mode_from_name(in.options.memopt), in.options.capacity_bytes);
+  StageEvaluator ev(model, in.options.memopt, in.options.capacity_bytes);
   BiPar bipar(ev, bo);
   Bounds b = bipar.solve();
   return b.empty() ? std::numeric_limits<double>::infinity() : ev.objective(b);
@@ -117,7 +117,7 @@ TEST_CASE("partition theorem: the optimal cut of two stages lies between rho_cb 
     opt.stages = 2;
     opt.schedule = kSchedules[seed % 3];
     opt.micro_batches = std::uniform_int_distribution<int>(1, 8)(rng);
-    opt.memopt = "r";
+    opt.memopt = MemoptMode::Recompute;
     opt.link_bandwidth = 1e12;
     double fraction = std::uniform_real_distribution<double>(0.5, 1.05)(rng);
     opt.capacity_bytes = static_cast<int64_t>(fraction * static_cast<double>(unlimited_peak(profile, opt)));
@@ -164,9 +164,9 @@ TEST_CASE("BiPar matches the exact optimum on random small instances", "[plan][b
   for (int seed = 1; seed <= count; ++seed) {
     Instance in = random_instance(static_cast<uint64_t>(seed));
     PlanOptions exact_options = in.options;
-    exact_options.planner = "exact";
+    exact_options.planner = PlannerKind::Exact;
     CostModel model(in.profile, exact_options);
-    StageEvaluator ev(model, memopt_mode_from_name(in.options.memopt), in.options.capacity_bytes);
+    StageEvaluator ev(model, in.options.memopt, in.options.capacity_bytes);
     Bounds best = exact_partition(ev);
     if (best.empty()) continue;
     const double optimum = ev.objective(best);

@@ -48,12 +48,12 @@ void check_plan(const Profile& p, const PlanOptions& opt, const Plan& plan) {
     int64_t kept = 0, evicted = 0;
     for (const TensorDecision& d : s.decisions) {
       (d.action == TensorAction::Keep ? kept : evicted) += d.bytes;
-      if (opt.memopt == "none") CHECK(d.action == TensorAction::Keep);
-      if (opt.memopt == "r") CHECK(d.action != TensorAction::Swap);
+      if (opt.memopt == MemoptMode::None) CHECK(d.action == TensorAction::Keep);
+      if (opt.memopt == MemoptMode::Recompute) CHECK(d.action != TensorAction::Swap);
     }
     CHECK(s.memory.activation_per_micro_batch == kept);
     CHECK(s.memory.total() == s.peak_without_memopt - s.memory.in_flight * evicted);
-    if (opt.memopt == "none") CHECK(s.memopt_ms == 0);
+    if (opt.memopt == MemoptMode::None) CHECK(s.memopt_ms == 0);
     if (evicted == 0) CHECK(s.memopt_ms == 0);
   }
   CHECK(begin == p.size());
@@ -77,20 +77,35 @@ TEST_CASE("make_plan rejects bad options", "[plan][planner]") {
     return o;
   };
   CHECK_NOTHROW(make_plan(p, opt));
-  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.planner = "alpa"; })), ConfigError);
-  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.schedule = "zb"; })), ConfigError);
-  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.memopt = "s"; })), ConfigError);
-  CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.optimizer = "lion"; })), ConfigError);
   CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.stages = 0; })), ConfigError);
   CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.stages = 31; })), ConfigError);
   CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) { o.capacity_bytes = 0; })), ConfigError);
   CHECK_THROWS_AS(make_plan(p, with([](PlanOptions& o) {
-                              o.planner = "gpipe";
+                              o.planner = PlannerKind::GPipe;
                               o.stages = 16;  // 15 blocks
                             })),
                   ConfigError);
-  CHECK_THROWS_WITH(make_plan(p, with([](PlanOptions& o) { o.planner = "alpa"; })),
-                    Catch::Contains("unknown planner 'alpa'"));
+}
+
+TEST_CASE("option names are parsed once into enums and printed back by name", "[plan][planner]") {
+  CHECK_THROWS_WITH(planner_kind_from_name("alpa"), Catch::Contains("unknown planner 'alpa'"));
+  CHECK_THROWS_AS(schedule_kind_from_name("zb"), ConfigError);
+  CHECK_THROWS_AS(memopt_mode_from_name("s"), ConfigError);
+  CHECK_THROWS_AS(optimizer_kind_from_name("lion"), ConfigError);
+  CHECK(all_planner_kinds().size() == 6);
+  for (PlannerKind k : all_planner_kinds()) CHECK(planner_kind_from_name(planner_kind_name(k)) == k);
+  for (MemoptMode m : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute})
+    CHECK(memopt_mode_from_name(memopt_mode_name(m)) == m);
+  for (OptimizerKind k : {OptimizerKind::Sgd, OptimizerKind::Adam})
+    CHECK(optimizer_kind_from_name(optimizer_kind_name(k)) == k);
+  // A plan file naming an unknown planner is refused where it is read.
+  PlanOptions opt;
+  opt.stages = 2;
+  std::string text = make_plan(small_profile(), opt).to_json();
+  const std::string key = "\"planner\": \"dawnpiper\"";
+  REQUIRE(text.find(key) != std::string::npos);
+  text.replace(text.find(key), key.size(), "\"planner\": \"alpa\"");
+  CHECK_THROWS_WITH(plan_from_json(text), Catch::Contains("unknown planner 'alpa'"));
 }
 
 TEST_CASE("every planner's plan respects the capacity and its memopt mode", "[plan][planner]") {
@@ -98,18 +113,18 @@ TEST_CASE("every planner's plan respects the capacity and its memopt mode", "[pl
   int plans = 0, optimized = 0;
   for (uint64_t seed = 1; seed <= 24; ++seed) {
     Profile p = small_profile(seed, 20 + static_cast<int>(seed % 20));
-    for (const char* schedule : {"gpipe", "1f1b", "async"}) {
+    for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
       PlanOptions opt;
       opt.stages = 2 + static_cast<int>(seed % 4);
       opt.schedule = schedule;
       opt.micro_batches = 1 + static_cast<int64_t>(seed % 6);
-      opt.optimizer = seed % 2 ? "adam" : "sgd";
-      opt.planner = "exact";
+      opt.optimizer = seed % 2 ? OptimizerKind::Adam : OptimizerKind::Sgd;
+      opt.planner = PlannerKind::Exact;
       opt.capacity_bytes = INT64_MAX;
       int64_t peak = make_plan(p, opt).max_peak_bytes();
       opt.capacity_bytes = static_cast<int64_t>(peak * std::uniform_real_distribution<double>(0.5, 1.0)(rng));
-      for (const std::string& planner : planner_names()) {
-        for (const char* memopt : {"none", "r", "sr"}) {
+      for (PlannerKind planner : all_planner_kinds()) {
+        for (MemoptMode memopt : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
           PlanOptions o = opt;
           o.planner = planner;
           o.memopt = memopt;
@@ -130,7 +145,7 @@ TEST_CASE("every planner's plan respects the capacity and its memopt mode", "[pl
 
 TEST_CASE("one stage holds the whole graph for every planner", "[plan][planner]") {
   Profile p = small_profile(5, 20);
-  for (const std::string& planner : planner_names()) {
+  for (PlannerKind planner : all_planner_kinds()) {
     PlanOptions opt;
     opt.stages = 1;
     opt.planner = planner;
@@ -146,7 +161,7 @@ TEST_CASE("async plans carry stashed weight versions", "[plan][planner]") {
   Profile p = small_profile(4, 40);
   PlanOptions opt;
   opt.stages = 4;
-  opt.schedule = "async";
+  opt.schedule = ScheduleKind::Async;
   Plan plan = make_plan(p, opt);
   for (int x = 0; x < 4; ++x) {
     const MemoryBreakdown& m = plan.stages[static_cast<size_t>(x)].memory;
@@ -160,14 +175,14 @@ TEST_CASE("plans round-trip through JSON", "[plan][planner]") {
   Profile p = small_profile(6, 36);
   PlanOptions opt;
   opt.stages = 3;
-  opt.schedule = "1f1b";
-  opt.optimizer = "adam";
+  opt.schedule = ScheduleKind::OneFOneB;
+  opt.optimizer = OptimizerKind::Adam;
   opt.host_bandwidth = 12.5e9;
   opt.link_bandwidth = 3.3e9;
-  opt.planner = "exact";
+  opt.planner = PlannerKind::Exact;
   opt.capacity_bytes = INT64_MAX;
   opt.capacity_bytes = make_plan(p, opt).max_peak_bytes() * 7 / 10;
-  opt.planner = "dawnpiper";
+  opt.planner = PlannerKind::DawnPiper;
   Plan plan = make_plan(p, opt);
   int decisions = 0;
   for (const StagePlan& s : plan.stages)
@@ -181,7 +196,7 @@ TEST_CASE("plans round-trip through JSON", "[plan][planner]") {
   CHECK(back.options.capacity_bytes == opt.capacity_bytes);
   CHECK(back.options.host_bandwidth == opt.host_bandwidth);
   CHECK(back.options.link_bandwidth == opt.link_bandwidth);
-  CHECK(back.options.schedule == "1f1b");
+  CHECK(back.options.schedule == ScheduleKind::OneFOneB);
   CHECK(back.micro_batch_size == plan.micro_batch_size);
   CHECK(back.graph_hash == plan.graph_hash);
   CHECK(back.precision == plan.precision);
@@ -238,11 +253,11 @@ TEST_CASE("the table names every stage", "[plan][planner]") {
 TEST_CASE("an infeasible plan names the capacity that would work", "[plan][planner]") {
   Profile p = small_profile(8, 30).at_batch(4);
   int named_batch = 0, none_fits = 0;
-  for (const char* planner : {"dawnpiper", "exact", "pipedream"}) {
-    for (const char* memopt : {"none", "sr"}) {
+  for (PlannerKind planner : {PlannerKind::DawnPiper, PlannerKind::Exact, PlannerKind::PipeDream}) {
+    for (MemoptMode memopt : {MemoptMode::None, MemoptMode::SwapRecompute}) {
       PlanOptions opt;
       opt.stages = 3;
-      opt.schedule = "1f1b";
+      opt.schedule = ScheduleKind::OneFOneB;
       opt.planner = planner;
       opt.memopt = memopt;
       opt.capacity_bytes = 1000000;  // far too small
@@ -291,8 +306,8 @@ TEST_CASE("an infeasible plan names the capacity that would work", "[plan][plann
 
 TEST_CASE("find_max_batch returns the largest micro-batch size that fits", "[plan][planner]") {
   Profile p = small_profile(3, 30);
-  for (const char* schedule : {"gpipe", "1f1b", "async"}) {
-    for (const char* memopt : {"none", "sr"}) {
+  for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+    for (MemoptMode memopt : {MemoptMode::None, MemoptMode::SwapRecompute}) {
       PlanOptions opt;
       opt.stages = 3;
       opt.schedule = schedule;
@@ -331,13 +346,13 @@ TEST_CASE("with fit_replayed every stage's replayed peak fits the capacity", "[p
   const Profile p = transformer_like_profile(6);
   PlanOptions unconstrained;
   unconstrained.stages = 3;
-  unconstrained.schedule = "1f1b";
+  unconstrained.schedule = ScheduleKind::OneFOneB;
   const Plan free = make_plan(p, unconstrained);
   int64_t top = 0;
   for (const StagePlan& s : free.stages) top = std::max(top, s.memory.predicted_peak());
   int overshooting = 0, fitted = 0;
-  for (const char* schedule : {"gpipe", "1f1b", "async"}) {
-    for (const char* memopt : {"none", "r", "sr"}) {
+  for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+    for (MemoptMode memopt : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
       for (double fraction : {0.5, 0.6, 0.7, 0.8, 0.9}) {
         PlanOptions o = unconstrained;
         o.schedule = schedule;
@@ -369,8 +384,8 @@ TEST_CASE("with fit_replayed the search tests each stage by its replayed peak", 
   PlanOptions o;
   o.stages = 8;
   o.micro_batches = 8;
-  o.schedule = "async";
-  o.memopt = "sr";
+  o.schedule = ScheduleKind::Async;
+  o.memopt = MemoptMode::SwapRecompute;
   o.capacity_bytes = 40LL << 30;
   o.fit_replayed = true;
   std::optional<Plan> plan = try_plan(p, o);
@@ -390,14 +405,14 @@ TEST_CASE("dawnpiper finds a split wherever vPipe's search over block boundaries
   o.link_bandwidth = a100.link_bandwidth;
   o.stages = 4;
   o.micro_batches = 4;
-  o.schedule = "gpipe";
-  o.memopt = "sr";
+  o.schedule = ScheduleKind::GPipe;
+  o.memopt = MemoptMode::SwapRecompute;
   o.capacity_bytes = 40LL << 30;
   o.fit_replayed = true;
-  o.planner = "vpipe";
+  o.planner = PlannerKind::VPipe;
   std::optional<Plan> vpipe = try_plan(p, o);
   REQUIRE(vpipe);
-  o.planner = "dawnpiper";
+  o.planner = PlannerKind::DawnPiper;
   std::optional<Plan> ours = try_plan(p, o);
   REQUIRE(ours);
   CHECK(ours->bottleneck_ms() <= vpipe->bottleneck_ms());
@@ -415,11 +430,11 @@ TEST_CASE("with fit_replayed a stage evicts no more than its replay needs", "[pl
   p.nodes[2].fwd_workspace = 2 * activations;
   PlanOptions o;
   o.stages = 3;
-  o.schedule = "1f1b";
+  o.schedule = ScheduleKind::OneFOneB;
   int64_t top = 0;
   for (const StagePlan& s : make_plan(p, o).stages) top = std::max(top, s.memory.predicted_peak());
   int relaxed = 0;
-  for (const char* memopt : {"r", "sr"}) {
+  for (MemoptMode memopt : {MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
     for (double fraction : {0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9}) {
       o.memopt = memopt;
       o.capacity_bytes = static_cast<int64_t>(fraction * static_cast<double>(top));
@@ -430,7 +445,7 @@ TEST_CASE("with fit_replayed a stage evicts no more than its replay needs", "[pl
       PlanOptions formula = o;  // the same cuts, decided by the formula alone
       formula.fit_replayed = false;
       CostModel model(p, formula);
-      StageEvaluator evaluator(model, memopt_mode_from_name(memopt), o.capacity_bytes);
+      StageEvaluator evaluator(model, memopt, o.capacity_bytes);
       for (const StagePlan& s : plan->stages) {
         CHECK(s.memory.replayed_peak <= o.capacity_bytes);
         if (s.replayed_peak_without_memopt <= o.capacity_bytes)
@@ -447,12 +462,12 @@ TEST_CASE("with fit_replayed a stage evicts no more than its replay needs", "[pl
 
 TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "[plan]") {
   const Profile p = analytic_profile(build_model(preset_config("bert-large"), 4), device_spec("a100-40gb"));
-  for (const char* schedule : {"1f1b", "async"}) {
+  for (ScheduleKind schedule : {ScheduleKind::OneFOneB, ScheduleKind::Async}) {
     INFO(schedule);
     PlanOptions opt;
     opt.stages = 4;
     opt.schedule = schedule;
-    opt.memopt = "none";
+    opt.memopt = MemoptMode::None;
     opt.micro_batches = 4;
     opt.link_bandwidth = 10e9;
     const Plan alone = make_plan(p, opt);
@@ -463,7 +478,7 @@ TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "
       // A ring allreduce moves 2 (D - 1) / D of the stage's gradients over the link per update.
       const double expected = 2.0 * 3 / 4 * 1e3 * static_cast<double>(model.param_bytes(s.begin, s.end)) / 10e9;
       CHECK(s.allreduce_ms == Approx(expected));
-      CHECK(s.allreduce_per_micro_batch_ms == Approx(std::string(schedule) == "async" ? expected : expected / 4));
+      CHECK(s.allreduce_per_micro_batch_ms == Approx(schedule == ScheduleKind::Async ? expected : expected / 4));
       CHECK(s.time_ms() == Approx(s.compute_ms + s.memopt_ms + s.allreduce_per_micro_batch_ms));
     }
     CHECK(replicated.bottleneck_ms() > alone.bottleneck_ms());

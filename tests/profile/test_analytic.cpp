@@ -54,7 +54,8 @@ TEST_CASE("analytic saved tensors and bytes equal the measured ones", "[profile]
     CHECK(mismatches == 0);
     // Same saved structure: the replayed activation memory differs only by workspaces, which
     // the analytic profile does not model.
-    const StageMemoryReplay ra = replay_whole_step(analytic, "sgd"), rm = replay_whole_step(measured, "sgd");
+    const StageMemoryReplay ra = replay_whole_step(analytic, OptimizerKind::Sgd),
+                            rm = replay_whole_step(measured, OptimizerKind::Sgd);
     CHECK(ra.first_forward_end == rm.first_forward_end);
   }
 }

@@ -66,7 +66,7 @@ TEST_CASE("replaying the profile predicts the measured step peak within 5%", "[p
   at::set_num_threads(1);
   for (const char* preset : {"mlp-tiny", "gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny", "mlp-mini", "gpt2-mini",
                              "bert-mini", "t5-mini", "amoebanet-mini"}) {
-    for (const char* optimizer : {"sgd", "adam"}) {
+    for (OptimizerKind optimizer : {OptimizerKind::Sgd, OptimizerKind::Adam}) {
       INFO(preset << " " << optimizer);
       const bool mini = std::string(preset).find("mini") != std::string::npos;
       OpGraph g = build_model(preset_config(preset), mini ? 2 : 4);
@@ -138,7 +138,7 @@ TEST_CASE("sharing repeated blocks keeps the memory structure", "[profile]") {
     CHECK(full.tensors[t].saved_by == reused.tensors[t].saved_by);
     CHECK(full.tensors[t].bytes == reused.tensors[t].bytes);
   }
-  CHECK(replay_whole_step(full, "sgd").peak == replay_whole_step(reused, "sgd").peak);
+  CHECK(replay_whole_step(full, OptimizerKind::Sgd).peak == replay_whole_step(reused, OptimizerKind::Sgd).peak);
 }
 
 TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]") {
@@ -242,7 +242,7 @@ TEST_CASE("in-step timing falls back to isolated runs when the step does not fit
   CountingAllocator& a = CountingAllocator::install();
   at::set_num_threads(1);
   const OpGraph g = build_model(preset_config("gpt2-tiny"), 2);
-  const int64_t step_peak = measure_step(g, "sgd", quick(), 1).peak_bytes;
+  const int64_t step_peak = measure_step(g, OptimizerKind::Sgd, quick(), 1).peak_bytes;
   a.set_capacity(a.live_bytes() + step_peak / 2);
   Profile p;
   REQUIRE_NOTHROW(p = profile_graph(g, quick()));

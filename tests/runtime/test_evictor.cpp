@@ -107,16 +107,16 @@ TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedu
     for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
       PlanOptions po;
       po.stages = 2;
-      po.schedule = schedule_kind_name(kind);
+      po.schedule = kind;
       po.micro_batches = 3;
-      po.memopt = "none";
+      po.memopt = MemoptMode::None;
       const Plan plan = make_plan(profile, po);
       PipelineConfig pc;
       pc.schedule = kind;
       for (const StagePlan& s : plan.stages) pc.ranges.push_back({s.begin, s.end});
       pc.micro_batches = 3;
       pc.steps = 2;
-      pc.optimizer.kind = "adam";
+      pc.optimizer.kind = OptimizerKind::Adam;
       const InProcessResult kept = run_pipeline_in_process(g, pc);
       for (Policy policy : {Policy::Swap, Policy::Recompute, Policy::Mixed}) {
         INFO(preset << " " << schedule_kind_name(kind) << " policy " << static_cast<int>(policy));
@@ -201,7 +201,7 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
       for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
         PlanOptions po;
         po.stages = 2;
-        po.schedule = schedule_kind_name(kind);
+        po.schedule = kind;
         po.micro_batches = 3;
         const CostModel model(profile, po);
         PipelineConfig pc;
@@ -280,7 +280,7 @@ TEST_CASE("a stage receiving a matmul operand and relaying a tensor it reads pea
   for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::Async}) {
     PlanOptions po;
     po.stages = 3;
-    po.schedule = schedule_kind_name(kind);
+    po.schedule = kind;
     po.micro_batches = 4;
     const CostModel model(profile, po);
     PipelineConfig pc;
@@ -304,16 +304,16 @@ TEST_CASE("a stage receiving a matmul operand and relaying a tensor it reads pea
 TEST_CASE("block-level recompute and swap plans of gpipe and vpipe run bitwise unchanged", "[runtime][evictor]") {
   at::set_num_threads(1);
   CountingAllocator& counter = CountingAllocator::install();
-  std::map<std::string, int> tested;  // planner -> plans run
+  std::map<PlannerKind, int> tested;  // planner -> plans run
   for (const char* preset : {"gpt2-tiny", "t5-tiny"}) {
     OpGraph g = build_model(preset_config(preset), 2);
     const Profile profile = quick_profile(g);
-    for (const char* planner : {"gpipe", "vpipe"})
-      for (const char* memopt : {"r", "sr"}) {
+    for (PlannerKind planner : {PlannerKind::GPipe, PlannerKind::VPipe})
+      for (MemoptMode memopt : {MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
         INFO(preset << " " << planner << " " << memopt);
         PlanOptions po;
         po.stages = 2;
-        po.schedule = "1f1b";
+        po.schedule = ScheduleKind::OneFOneB;
         po.micro_batches = 3;
         po.planner = planner;
         po.memopt = memopt;
@@ -363,6 +363,6 @@ TEST_CASE("block-level recompute and swap plans of gpipe and vpipe run bitwise u
         }
       }
   }
-  CHECK(tested["gpipe"] >= 2);
-  CHECK(tested["vpipe"] >= 2);
+  CHECK(tested[PlannerKind::GPipe] >= 2);
+  CHECK(tested[PlannerKind::VPipe] >= 2);
 }

@@ -37,7 +37,7 @@ TEST_CASE("gpipe and 1f1b pipelines reproduce the reference trainer's parameters
     TrainConfig rc;
     rc.steps = 3;
     rc.micro_batches = 4;
-    rc.optimizer.kind = "sgd";  // Adam's normalization would magnify last-bit differences
+    rc.optimizer.kind = OptimizerKind::Sgd;  // Adam's normalization would magnify last-bit differences
     rc.optimizer.lr = 0.01;
     ReferenceTrainer reference(g, rc);
     std::vector<StepResult> ref_losses = reference.run();
@@ -145,7 +145,7 @@ TEST_CASE("stages sharing a tied weight reduce its gradients in an action of the
       pc.steps = 2;
       PlanOptions po;
       po.stages = 3;
-      po.schedule = schedule_kind_name(kind);
+      po.schedule = kind;
       po.micro_batches = 2;
       const CostModel model(profile, po);
       const bool tied = std::string(preset) == "gpt2-tiny";

@@ -22,14 +22,14 @@ TEST_CASE("loss decreases over 20 steps on every tiny preset", "[train]") {
     if (preset.find("-tiny") == std::string::npos) continue;
     const ModelConfig config = preset_config(preset);
     const bool conv = config.family == "amoebanet";
-    for (const char* optimizer : {"sgd", "adam"}) {
+    for (OptimizerKind optimizer : {OptimizerKind::Sgd, OptimizerKind::Adam}) {
       INFO(preset << " " << optimizer);
       OpGraph g = build_model(config, 4);
       TrainConfig c;
       c.steps = 20;
       c.micro_batches = 2;
       c.optimizer.kind = optimizer;
-      const bool adam = std::string(optimizer) == "adam";
+      const bool adam = optimizer == OptimizerKind::Adam;
       c.optimizer.lr = adam ? (conv ? 1e-3 : 3e-3) : (conv ? 3e-3 : 0.05);
       ReferenceTrainer t(g, c);
       auto r = t.run();

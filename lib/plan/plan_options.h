@@ -1,0 +1,46 @@
+#pragma once
+// What a plan is asked for. Every choice is an enum, parsed once from its name (the command line,
+// the plan file) and printed by name; the planner and the runtime compare enums, never strings.
+#include <climits>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "schedule/schedule.h"
+#include "train/optimizer_kind.h"
+
+namespace dawnpiper {
+
+enum class PlannerKind { DawnPiper, GPipe, PipeDream, VPipe, Even, Exact };
+const char* planner_kind_name(PlannerKind kind);              // "dawnpiper" | "gpipe" | ... | "exact"
+PlannerKind planner_kind_from_name(const std::string& name);  // throws ConfigError
+const std::vector<PlannerKind>& all_planner_kinds();
+std::ostream& operator<<(std::ostream& out, PlannerKind kind);  // by name
+
+enum class MemoptMode { None, Recompute, SwapRecompute };
+const char* memopt_mode_name(MemoptMode mode);                 // "none" | "r" | "sr"
+MemoptMode memopt_mode_from_name(const std::string& name);     // throws ConfigError
+std::ostream& operator<<(std::ostream& out, MemoptMode mode);  // by name
+
+struct PlanOptions {
+  int stages = 1;
+  ScheduleKind schedule = ScheduleKind::Async;
+  int64_t micro_batches = 4;  // per mini-batch (per optimizer step for gpipe / 1f1b)
+  OptimizerKind optimizer = OptimizerKind::Sgd;
+  int64_t capacity_bytes = INT64_MAX;  // device memory per stage
+  double host_bandwidth = 16e9;        // bytes/s, device <-> host (swap)
+  double link_bandwidth = 10e9;        // bytes/s, stage <-> stage
+  PlannerKind planner = PlannerKind::DawnPiper;
+  MemoptMode memopt = MemoptMode::SwapRecompute;
+  // The search decides with the cost model's memory formula; the replay of each stage's action
+  // list (plan/stage_memory) is what the runtime measures. When set (the command line does), a
+  // plan whose replayed peak exceeds the capacity is searched again with the capacity lowered
+  // by the overshoot. Unset, plans are the search's own (its tests check it against the formula).
+  bool fit_replayed = false;
+  // Pipelines training in parallel on their shares of the data: each stage averages its
+  // gradients with its replicas (a ring allreduce over link_bandwidth) before every update.
+  int data_parallel = 1;
+};
+
+}  // namespace dawnpiper
