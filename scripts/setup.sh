@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything DawnPiper needs on a fresh Debian bookworm machine:
-#   - compilers and libraries from apt (Open MPI, HDF5, Boost.Program_options, Catch2, ccache);
+#   - compilers and libraries from apt (Open MPI, HDF5, Boost.Program_options, nlohmann-json,
+#     Catch2, ccache);
 #   - LibTorch 2.11 (CUDA 13 build) unpacked from the PyPI torch wheel into .deps/site/torch,
 #     plus the three CUDA runtime libraries it links that the CUDA toolkit does not ship
 #     (cuSPARSELt, NVSHMEM, cuFile) into .deps/site/nvidia: the same layout as site-packages,
@@ -17,7 +18,7 @@ torch_version="${DAWNPIPER_TORCH_VERSION:-2.11.0}"
 
 apt_pkgs=(build-essential cmake ninja-build ccache unzip python3-pip
           libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
-          libboost-program-options-dev catch2 python3-h5py python3-matplotlib python3-venv
+          libboost-program-options-dev nlohmann-json3-dev catch2 python3-h5py python3-matplotlib python3-venv
           slurm-wlm munge clang-format)
 missing=()
 for p in "${apt_pkgs[@]}"; do

@@ -27,14 +27,17 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     throw ConfigError("token file '" + path + "' has no metadata '" + meta_path +
                       "' (make both with scripts/prepare_data.py)");
   }
-  const Json meta = Json::parse(text);
-  if (!meta.contains("format") || meta.at("format").as_string() != "dawnpiper-tokens")
-    throw ConfigError("'" + meta_path + "' is not token-file metadata");
-  const std::string dtype = meta.at("dtype").as_string();
+  std::string dtype;
+  read_json("'" + meta_path + "' is not token-file metadata", [&] {
+    const Json meta = Json::parse(text);
+    if (!meta.contains("format") || meta.at("format").get<std::string>() != "dawnpiper-tokens")
+      throw ConfigError("'" + meta_path + "' is not token-file metadata");
+    dtype = meta.at("dtype").get<std::string>();
+    tokens_ = meta.at("tokens").get<int64_t>();
+    vocab_ = meta.at("vocab_size").get<int64_t>();
+  });
   if (dtype != "uint16" && dtype != "uint32") throw ConfigError("'" + meta_path + "': dtype must be uint16 or uint32");
   wide_ = dtype == "uint32";
-  tokens_ = meta.at("tokens").as_int();
-  vocab_ = meta.at("vocab_size").as_int();
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw ConfigError("cannot read token file '" + path + "': " + std::strerror(errno));
   struct stat st {};

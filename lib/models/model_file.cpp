@@ -21,14 +21,14 @@ std::string base_name(const std::string& path) {
 int64_t size_at(const Json& v, int64_t batch) {
   if (v.is_object()) {
     const Json& ab = v.at("sym");
-    return ab[0].as_int() * batch + ab[1].as_int();
+    return ab[0].get<int64_t>() * batch + ab[1].get<int64_t>();
   }
-  return v.as_int();
+  return v.get<int64_t>();
 }
 
 Shape shape_at(const Json& list, int64_t batch) {
   Shape s;
-  for (const Json& d : list.items()) s.push_back(size_at(d, batch));
+  for (const Json& d : list) s.push_back(size_at(d, batch));
   return s;
 }
 
@@ -45,37 +45,26 @@ struct Builder {
   [[noreturn]] void bad(const std::string& what) const { throw ConfigError("model file '" + file.path + "': " + what); }
 
   void collect_reads(const Json& a) {
-    if (a.is_object() && a.contains("t")) read.insert(a.at("t").as_string());
+    if (a.is_object() && a.contains("t")) read.insert(a.at("t").get<std::string>());
     if (a.is_array())
-      for (const Json& x : a.items()) collect_reads(x);
+      for (const Json& x : a) collect_reads(x);
   }
 
   AtenArg arg(const Json& v, Node& n) {
     AtenArg a;
-    switch (v.type()) {
-      case Json::Type::Null:
-        return a;
-      case Json::Type::Bool:
-        a.kind = AtenArg::Kind::Bool, a.i = v.as_bool();
-        return a;
-      case Json::Type::String:
-        a.kind = AtenArg::Kind::String, a.s = v.as_string();
-        return a;
-      case Json::Type::Number:
-        if (v.is_integer())
-          a.kind = AtenArg::Kind::Int, a.i = v.as_int();
-        else
-          a.kind = AtenArg::Kind::Real, a.r = v.as_double();
-        return a;
-      case Json::Type::Array:
-        a.kind = AtenArg::Kind::List;
-        for (const Json& x : v.items()) a.items.push_back(arg(x, n));
-        return a;
-      case Json::Type::Object:
-        break;
+    if (v.is_null()) return a;
+    if (v.is_boolean()) return a.kind = AtenArg::Kind::Bool, a.i = v.get<bool>(), a;
+    if (v.is_string()) return a.kind = AtenArg::Kind::String, a.s = v.get<std::string>(), a;
+    if (v.is_number_integer()) return a.kind = AtenArg::Kind::Int, a.i = v.get<int64_t>(), a;
+    if (v.is_number()) return a.kind = AtenArg::Kind::Real, a.r = v.get<double>(), a;
+    if (v.is_array()) {
+      a.kind = AtenArg::Kind::List;
+      for (const Json& x : v) a.items.push_back(arg(x, n));
+      return a;
     }
+    if (!v.is_object()) bad("node " + n.name + " has an argument of an unknown kind");
     if (v.contains("t")) {
-      const std::string& name = v.at("t").as_string();
+      const std::string& name = v.at("t").get<std::string>();
       auto it = tensor_of.find(name);
       if (it == tensor_of.end()) bad("node " + n.name + " reads " + name + " before it is produced");
       a.kind = AtenArg::Kind::Tensor;
@@ -88,14 +77,14 @@ struct Builder {
       }
       return a;
     }
-    if (v.contains("w")) return weight(v.at("w").as_string(), n);
+    if (v.contains("w")) return weight(v.at("w").get<std::string>(), n);
     if (v.contains("sym")) {
       a.kind = AtenArg::Kind::Int;
       a.i = size_at(v, batch);
       return a;
     }
     if (v.contains("float")) {
-      const std::string& s = v.at("float").as_string();
+      const std::string& s = v.at("float").get<std::string>();
       a.kind = AtenArg::Kind::Real;
       a.r = s == "nan" ? std::numeric_limits<double>::quiet_NaN()
                        : (s == "-inf" ? -1 : 1) * std::numeric_limits<double>::infinity();
@@ -103,13 +92,13 @@ struct Builder {
     }
     if (v.contains("dtype")) {
       a.kind = AtenArg::Kind::DType;
-      a.i = static_cast<int64_t>(dtype_from_name(v.at("dtype").as_string()));
+      a.i = static_cast<int64_t>(dtype_from_name(v.at("dtype").get<std::string>()));
       return a;
     }
     if (v.contains("device")) return a.kind = AtenArg::Kind::Device, a;
-    if (v.contains("layout")) return a.kind = AtenArg::Kind::Layout, a.s = v.at("layout").as_string(), a;
+    if (v.contains("layout")) return a.kind = AtenArg::Kind::Layout, a.s = v.at("layout").get<std::string>(), a;
     if (v.contains("memory_format"))
-      return a.kind = AtenArg::Kind::MemoryFormat, a.s = v.at("memory_format").as_string(), a;
+      return a.kind = AtenArg::Kind::MemoryFormat, a.s = v.at("memory_format").get<std::string>(), a;
     bad("node " + n.name + " has an argument of unknown form " + v.dump());
   }
 
@@ -120,13 +109,13 @@ struct Builder {
     auto entry = weight_entry.find(name);
     if (entry == weight_entry.end()) bad("node " + n.name + " reads weight " + name + ", which the file does not list");
     const Json& w = *entry->second;
-    if (w.at("kind").as_string() != "param") {
+    if (w.at("kind").get<std::string>() != "param") {
       auto [it, inserted] = buffer_of.emplace(name, static_cast<int>(g.buffers.size()));
       if (inserted) {
         BufferSpec b;
         b.name = name;
         b.shape = shape_at(w.at("shape"), batch);
-        b.dtype = dtype_from_name(w.at("dtype").as_string());
+        b.dtype = dtype_from_name(w.at("dtype").get<std::string>());
         g.buffers.push_back(b);
       }
       a.kind = AtenArg::Kind::Buffer;
@@ -140,10 +129,10 @@ struct Builder {
     p.name = name;
     p.source = name;
     p.shape = shape_at(w.at("shape"), batch);
-    p.dtype = dtype_from_name(w.at("dtype").as_string());
+    p.dtype = dtype_from_name(w.at("dtype").get<std::string>());
     p.init = Init::File;
     if (w.contains("aliases"))
-      for (const Json& alias : w.at("aliases").items()) p.aliases.push_back(alias.as_string());
+      for (const Json& alias : w.at("aliases")) p.aliases.push_back(alias.get<std::string>());
     auto owner = param_owner.find(name);
     if (owner != param_owner.end()) {
       p.tied_node = owner->second.first;
@@ -163,8 +152,8 @@ struct Builder {
     t.name = name;
     t.shape = shape_at(meta.at("shape"), batch);
     t.strides = shape_at(meta.at("strides"), batch);
-    t.dtype = dtype_from_name(meta.at("dtype").as_string());
-    t.requires_grad = meta.contains("requires_grad") && meta.at("requires_grad").as_bool() ? 1 : 0;
+    t.dtype = dtype_from_name(meta.at("dtype").get<std::string>());
+    t.requires_grad = meta.contains("requires_grad") && meta.at("requires_grad").get<bool>() ? 1 : 0;
     if (tensor_of.count(name)) bad("two tensors are called " + name);
     tensor_of[name] = t.id;
     g.tensors.push_back(std::move(t));
@@ -177,46 +166,46 @@ struct Builder {
     g.precision = file.precision;
     g.preset = file.name;
     g.micro_batch_size = batch;
-    for (const Json& b : graph.at("blocks").items()) g.blocks.push_back(b.as_string());
+    for (const Json& b : graph.at("blocks")) g.blocks.push_back(b.get<std::string>());
     if (g.blocks.empty()) g.blocks.push_back("main");
-    for (const Json& w : graph.at("weights").items()) weight_entry[w.at("name").as_string()] = &w;
+    for (const Json& w : graph.at("weights")) weight_entry[w.at("name").get<std::string>()] = &w;
     const Json& nodes = graph.at("nodes");
-    for (const Json& n : nodes.items()) collect_reads(n.at("args"));
-    const std::string loss = graph.at("loss").as_string();
+    for (const Json& n : nodes) collect_reads(n.at("args"));
+    const std::string loss = graph.at("loss").get<std::string>();
     read.insert(loss);
     // Data inputs first: every stage that reads one loads it itself.
-    for (const Json& in : graph.at("inputs").items()) {
-      const std::string name = in.at("name").as_string();
+    for (const Json& in : graph.at("inputs")) {
+      const std::string name = in.at("name").get<std::string>();
       if (!read.count(name)) continue;  // the model ignores it
       Node node;
       node.id = g.size();
       node.kind = OpKind::Input;
       node.name = name;
-      node.role = in.contains("role") ? in.at("role").as_string() : "randn";
+      node.role = in.contains("role") ? in.at("role").get<std::string>() : "randn";
       for (const char* key : {"vocab", "mask_token", "high"})
-        if (in.contains(key)) node.ints[key] = {in.at(key).as_int()};
+        if (in.contains(key)) node.ints[key] = {in.at(key).get<int64_t>()};
       node.outputs.push_back(add_tensor(name, node.id, in));
       g.nodes.push_back(std::move(node));
     }
-    for (const Json& j : nodes.items()) {
+    for (const Json& j : nodes) {
       Node n;
       n.id = g.size();
       n.kind = OpKind::Aten;
-      const std::string fx_name = j.at("name").as_string();
-      n.call.module = j.contains("module") ? j.at("module").as_string() : "";
+      const std::string fx_name = j.at("name").get<std::string>();
+      n.call.module = j.contains("module") ? j.at("module").get<std::string>() : "";
       n.name = n.call.module.empty() ? fx_name : n.call.module + "/" + fx_name;
-      n.block = static_cast<int>(j.at("block").as_int());
+      n.block = j.at("block").get<int>();
       if (n.block < 0 || n.block >= static_cast<int>(g.blocks.size())) bad("node " + fx_name + " has no block");
-      n.call.op = j.at("op").as_string();
-      n.call.overload = j.at("overload").as_string();
-      for (const Json& a : j.at("args").items()) n.call.args.push_back(arg(a, n));
+      n.call.op = j.at("op").get<std::string>();
+      n.call.overload = j.at("overload").get<std::string>();
+      for (const Json& a : j.at("args")) n.call.args.push_back(arg(a, n));
       const Json& outs = j.at("outputs");
       for (size_t k = 0; k < outs.size(); ++k) {
         const Json& o = outs[k];
-        if (o.is_null() || !read.count(o.at("name").as_string())) continue;  // nobody reads it
-        n.outputs.push_back(add_tensor(o.at("name").as_string(), n.id, o));
+        if (o.is_null() || !read.count(o.at("name").get<std::string>())) continue;  // nobody reads it
+        n.outputs.push_back(add_tensor(o.at("name").get<std::string>(), n.id, o));
         n.call.result_index.push_back(static_cast<int>(k));
-        n.call.view_of_arg.push_back(o.contains("view_of_arg") ? static_cast<int>(o.at("view_of_arg").as_int()) : -1);
+        n.call.view_of_arg.push_back(o.value("view_of_arg", -1));
       }
       if (n.outputs.empty()) bad("node " + fx_name + " produces nothing the graph reads");
       for (int t : n.inputs) {
@@ -230,6 +219,31 @@ struct Builder {
   }
 };
 
+// The model file's format, version, model name, precision and batch range; every weight it
+// lists must be in the file.
+void read_header(ModelFile& file, const SafetensorsFile& st) {
+  const std::string& path = file.path;
+  const Json& g = file.graph;
+  if (!g.is_object() || !g.contains("format") || g.at("format").get<std::string>() != "dawnpiper-model")
+    throw ConfigError("'" + path + "' is not a DawnPiper model file");
+  const int64_t version = g.at("version").get<int64_t>();
+  if (version != ModelFile::kFormatVersion)
+    throw ConfigError("model file '" + path + "' has format version " + std::to_string(version) +
+                      "; this dawnpiper reads version " + std::to_string(ModelFile::kFormatVersion) +
+                      " (export it again with this checkout's scripts/export_model.py)");
+  const Json& model = g.at("model");
+  file.architecture = model.contains("architecture")
+                          ? model.at("architecture").get<std::string>()
+                          : (model.contains("function") ? model.at("function").get<std::string>() : "imported");
+  file.precision = g.contains("precision") ? g.at("precision").get<std::string>() : "fp32";
+  file.min_batch = g.at("batch").at("min").get<int64_t>();
+  file.max_batch = g.at("batch").at("max").get<int64_t>();
+  for (const Json& w : g.at("weights"))
+    if (!st.contains(w.at("name").get<std::string>()))
+      throw ConfigError("model file '" + path + "' lists weight " + w.at("name").get<std::string>() +
+                        " but holds no tensor of that name");
+}
+
 }  // namespace
 
 std::shared_ptr<const ModelFile> read_model_file(const std::string& path) {
@@ -242,30 +256,8 @@ std::shared_ptr<const ModelFile> read_model_file(const std::string& path) {
   auto file = std::make_shared<ModelFile>();
   file->path = path;
   file->name = base_name(path);
-  try {
-    file->graph = Json::parse(text);
-  } catch (const ConfigError& e) {
-    throw ConfigError("model file '" + path + "': its graph is not valid JSON (" + e.what() + ")");
-  }
-  const Json& g = file->graph;
-  if (!g.is_object() || !g.contains("format") || g.at("format").as_string() != "dawnpiper-model")
-    throw ConfigError("'" + path + "' is not a DawnPiper model file");
-  const int64_t version = g.at("version").as_int();
-  if (version != ModelFile::kFormatVersion)
-    throw ConfigError("model file '" + path + "' has format version " + std::to_string(version) +
-                      "; this dawnpiper reads version " + std::to_string(ModelFile::kFormatVersion) +
-                      " (export it again with this checkout's scripts/export_model.py)");
-  const Json& model = g.at("model");
-  file->architecture = model.contains("architecture")
-                           ? model.at("architecture").as_string()
-                           : (model.contains("function") ? model.at("function").as_string() : "imported");
-  file->precision = g.contains("precision") ? g.at("precision").as_string() : "fp32";
-  file->min_batch = g.at("batch").at("min").as_int();
-  file->max_batch = g.at("batch").at("max").as_int();
-  for (const Json& w : g.at("weights").items())
-    if (!st.contains(w.at("name").as_string()))
-      throw ConfigError("model file '" + path + "' lists weight " + w.at("name").as_string() +
-                        " but holds no tensor of that name");
+  file->graph = read_json("model file '" + path + "': its graph is not valid JSON", [&] { return Json::parse(text); });
+  read_json("model file '" + path + "'", [&] { read_header(*file, st); });
   return file;
 }
 
@@ -277,8 +269,10 @@ OpGraph build_imported(const ModelFile& file, int64_t micro_batch_size, const st
   try {
     b.build();
   } catch (const ConfigError& e) {
-    if (std::string(e.what()).find(file.path) != std::string::npos) throw;
-    throw ConfigError("model file '" + file.path + "' has a malformed graph: " + e.what());
+    if (e.reason().find(file.path) != std::string::npos) throw;
+    throw ConfigError("model file '" + file.path + "' has a malformed graph: " + e.reason());
+  } catch (const nlohmann::json::exception& e) {
+    throw_json_error("model file '" + file.path + "' has a malformed graph", e);
   } catch (const std::exception& e) {
     throw ConfigError("model file '" + file.path + "' has a malformed graph: " + e.what());
   }

@@ -122,14 +122,13 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
 
   // Which tensors carry gradients: outputs of nodes with parameters or with such inputs, unless
   // the profile says.
-  node_kinds_.assign(profile.nodes.size(), 0);
+  node_classes_.assign(profile.nodes.size(), NodeClass::Other);
   for (const NodeProfile& node : profile.nodes)
-    node_kinds_[static_cast<size_t>(node.id)] = static_cast<char>(
-        (node.kind == "input" ? kInputNode : 0) | (view_allocates_gradient(node.kind) ? kViewAllocatesGradient : 0) |
-        (is_reshape_kind(node.kind) ? kReshapeNode : 0) | (is_permute_kind(node.kind) ? kPermuteNode : 0));
+    node_classes_[static_cast<size_t>(node.id)] = dawnpiper::node_class(node.kind);
   requires_grad_.assign(profile.tensors.size(), 0);
   for (const NodeProfile& node : profile.nodes) {
-    bool rg = (node.param_bytes > 0 || node.param_grad_bytes > 0 || node.tied_bytes > 0) && node.kind != "input";
+    bool rg = (node.param_bytes > 0 || node.param_grad_bytes > 0 || node.tied_bytes > 0) &&
+              node_class(node.id) != NodeClass::Input;
     for (int t : inputs(node.id)) rg = rg || requires_grad_[static_cast<size_t>(t)];
     for (int t : node.outputs) {
       const TensorProfile& tp = profile.tensors[static_cast<size_t>(t)];

@@ -82,9 +82,7 @@ class CostModel {
 
   // --- graph (derived from the profile's producer / consumer lists) ---
   const std::vector<int>& inputs(int node) const { return inputs_[static_cast<size_t>(node)]; }
-  // Node kinds the memory replay asks about, as bit flags (string compares cost too much there).
-  enum NodeKindFlag : char { kInputNode = 1, kViewAllocatesGradient = 2, kReshapeNode = 4, kPermuteNode = 8 };
-  char node_kind_flags(int node) const { return node_kinds_[static_cast<size_t>(node)]; }
+  NodeClass node_class(int node) const { return node_classes_[static_cast<size_t>(node)]; }
   // Per tensor: 1 when autograd computes its gradient.
   const std::vector<char>& requires_grad() const { return requires_grad_; }
   const std::vector<int>& saved_by(int tensor) const { return saved_by_[static_cast<size_t>(tensor)]; }
@@ -107,7 +105,7 @@ class CostModel {
   Schedule schedule_actions_;
   OptimizerKind optimizer_ = OptimizerKind::Sgd;
   std::vector<char> requires_grad_;
-  std::vector<char> node_kinds_;
+  std::vector<NodeClass> node_classes_;
   int optimizer_multiplier_ = 1;
   double host_bw_ = 0, link_bw_ = 0;
   int data_parallel_ = 1;

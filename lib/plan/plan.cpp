@@ -66,7 +66,7 @@ Json int_list(const std::vector<int>& values) {
 
 std::vector<int> int_list_from(const Json& list) {
   std::vector<int> values;
-  for (const Json& v : list.items()) values.push_back(static_cast<int>(v.as_int()));
+  for (const Json& v : list) values.push_back(static_cast<int>(v.get<int64_t>()));
   return values;
 }
 
@@ -86,13 +86,13 @@ Json eviction_json(const Eviction& ev) {
 
 Eviction eviction_from_json(const Json& t) {
   Eviction ev;
-  ev.tensor = static_cast<int>(t.at("tensor").as_int());
-  ev.action = tensor_action_from_name(t.at("action").as_string());
+  ev.tensor = t.at("tensor").get<int>();
+  ev.action = tensor_action_from_name(t.at("action").get<std::string>());
   if (ev.action == TensorAction::Keep)
     throw ConfigError("plan eviction of tensor " + std::to_string(ev.tensor) + " keeps it");
-  ev.evict_after = static_cast<int>(t.at("evict_after").as_int());
-  ev.restore_before = static_cast<int>(t.at("restore_before").as_int());
-  ev.prefetch_at = static_cast<int>(t.at("prefetch_at").as_int());
+  ev.evict_after = t.at("evict_after").get<int>();
+  ev.restore_before = t.at("restore_before").get<int>();
+  ev.prefetch_at = t.at("prefetch_at").get<int>();
   if (ev.action == TensorAction::Recompute) {
     ev.rerun = int_list_from(t.at("rerun"));
     ev.leaves = int_list_from(t.at("leaves"));
@@ -119,18 +119,18 @@ Json memory_json(const MemoryBreakdown& m) {
 
 MemoryBreakdown memory_from_json(const Json& j) {
   MemoryBreakdown m;
-  m.weights = j.at("weights").as_int();
-  m.weight_versions = static_cast<int>(j.at("weight_versions").as_int());
-  m.stashed_weights = j.at("stashed_weights").as_int();
-  m.gradients = j.at("gradients").as_int();
-  m.optimizer = j.at("optimizer").as_int();
-  m.activation_per_micro_batch = j.at("activation_per_micro_batch").as_int();
-  m.in_flight = static_cast<int>(j.at("in_flight").as_int());
-  m.activations = j.at("activations").as_int();
-  m.transient = j.at("transient").as_int();
-  if (j.contains("constants")) m.constants = j.at("constants").as_int();
-  if (j.contains("replayed_peak")) m.replayed_peak = j.at("replayed_peak").as_int();
-  if (j.contains("peak") && j.at("peak").as_int() != m.total())
+  m.weights = j.at("weights").get<int64_t>();
+  m.weight_versions = j.at("weight_versions").get<int>();
+  m.stashed_weights = j.at("stashed_weights").get<int64_t>();
+  m.gradients = j.at("gradients").get<int64_t>();
+  m.optimizer = j.at("optimizer").get<int64_t>();
+  m.activation_per_micro_batch = j.at("activation_per_micro_batch").get<int64_t>();
+  m.in_flight = j.at("in_flight").get<int>();
+  m.activations = j.at("activations").get<int64_t>();
+  m.transient = j.at("transient").get<int64_t>();
+  m.constants = j.value("constants", m.constants);
+  m.replayed_peak = j.value("replayed_peak", m.replayed_peak);
+  if (j.contains("peak") && j.at("peak").get<int64_t>() != m.total())
     throw ConfigError("plan: a stage's memory peak does not match its breakdown");
   return m;
 }
@@ -206,61 +206,63 @@ std::string Plan::to_json(int indent) const {
   return j.dump(indent);
 }
 
-Plan plan_from_json(const std::string& text) {
-  Json j = Json::parse(text);
-  if (!j.is_object() || !j.contains("format") || j.at("format").as_string() != "dawnpiper-plan")
+namespace {
+
+StagePlan stage_from_json(const Json& st) {
+  StagePlan s;
+  s.index = st.at("index").get<int>();
+  s.begin = st.at("begin").get<int>();
+  s.end = st.at("end").get<int>();
+  s.compute_ms = st.at("compute_ms").get<double>();
+  s.memopt_ms = st.at("memopt_ms").get<double>();
+  s.allreduce_ms = st.value("allreduce_ms", s.allreduce_ms);
+  if (st.contains("allreduce_per_micro_batch_ms"))
+    s.allreduce_per_micro_batch_ms = st.at("allreduce_per_micro_batch_ms").get<double>();
+  s.memory = memory_from_json(st.at("memory"));
+  s.peak_without_memopt = st.at("peak_without_memopt").get<int64_t>();
+  if (st.contains("replayed_peak_without_memopt"))
+    s.replayed_peak_without_memopt = st.at("replayed_peak_without_memopt").get<int64_t>();
+  for (const Json& c : st.at("crossing"))
+    s.crossing.push_back({c.at("tensor").get<int>(), c.at("bytes").get<int64_t>()});
+  s.crossing_bytes = st.at("crossing_bytes").get<int64_t>();
+  for (const Json& d : st.at("decisions"))
+    s.decisions.push_back({d.at("tensor").get<int>(), d.at("bytes").get<int64_t>(),
+                           tensor_action_from_name(d.at("action").get<std::string>()), d.value("restore_before", -1),
+                           d.value("prefetch_at", -1)});
+  for (const Json& ev : st.at("evictions")) s.evictions.push_back(eviction_from_json(ev));
+  return s;
+}
+
+Plan plan_fields(const Json& j) {
+  if (!j.is_object() || !j.contains("format") || j.at("format").get<std::string>() != "dawnpiper-plan")
     throw ConfigError("not a DawnPiper plan (missing \"format\": \"dawnpiper-plan\")");
   Plan p;
-  p.version = static_cast<int>(j.at("version").as_int());
+  p.version = j.at("version").get<int>();
   if (p.version != Plan::kVersion)
     throw ConfigError("plan version " + std::to_string(p.version) + " is not supported (this build reads version " +
                       std::to_string(Plan::kVersion) +
                       (p.version < Plan::kVersion ? "; plans before it lack their stage programs: make it again with "
                                                     "`dawnpiper plan`)"
                                                   : ")"));
-  p.options.planner = planner_kind_from_name(j.at("planner").as_string());
-  p.model = j.at("model").as_string();
-  p.preset = j.at("preset").as_string();
-  p.precision = j.at("precision").as_string();
-  p.graph_hash = j.at("graph_hash").as_string();
+  p.options.planner = planner_kind_from_name(j.at("planner").get<std::string>());
+  p.model = j.at("model").get<std::string>();
+  p.preset = j.at("preset").get<std::string>();
+  p.precision = j.at("precision").get<std::string>();
+  p.graph_hash = j.at("graph_hash").get<std::string>();
   const Json& in = j.at("inputs");
-  p.options.stages = static_cast<int>(in.at("stages").as_int());
-  p.options.schedule = schedule_kind_from_name(in.at("schedule").as_string());
-  p.options.micro_batches = in.at("micro_batches").as_int();
-  p.micro_batch_size = in.at("micro_batch_size").as_int();
-  p.options.optimizer = optimizer_kind_from_name(in.at("optimizer").as_string());
-  p.options.capacity_bytes = in.at("capacity_bytes").as_int();
-  p.options.host_bandwidth = in.at("host_bandwidth").as_double();
-  p.options.link_bandwidth = in.at("link_bandwidth").as_double();
-  p.options.memopt = memopt_mode_from_name(in.at("memopt").as_string());
-  if (in.contains("data_parallel")) p.options.data_parallel = static_cast<int>(in.at("data_parallel").as_int());
-  p.nodes = static_cast<int>(in.at("nodes").as_int());
-  p.planning_ms = j.at("planning_ms").as_double();
-  for (const Json& st : j.at("stages").items()) {
-    StagePlan s;
-    s.index = static_cast<int>(st.at("index").as_int());
-    s.begin = static_cast<int>(st.at("begin").as_int());
-    s.end = static_cast<int>(st.at("end").as_int());
-    s.compute_ms = st.at("compute_ms").as_double();
-    s.memopt_ms = st.at("memopt_ms").as_double();
-    if (st.contains("allreduce_ms")) s.allreduce_ms = st.at("allreduce_ms").as_double();
-    if (st.contains("allreduce_per_micro_batch_ms"))
-      s.allreduce_per_micro_batch_ms = st.at("allreduce_per_micro_batch_ms").as_double();
-    s.memory = memory_from_json(st.at("memory"));
-    s.peak_without_memopt = st.at("peak_without_memopt").as_int();
-    if (st.contains("replayed_peak_without_memopt"))
-      s.replayed_peak_without_memopt = st.at("replayed_peak_without_memopt").as_int();
-    for (const Json& c : st.at("crossing").items())
-      s.crossing.push_back({static_cast<int>(c.at("tensor").as_int()), c.at("bytes").as_int()});
-    s.crossing_bytes = st.at("crossing_bytes").as_int();
-    for (const Json& d : st.at("decisions").items())
-      s.decisions.push_back({static_cast<int>(d.at("tensor").as_int()), d.at("bytes").as_int(),
-                             tensor_action_from_name(d.at("action").as_string()),
-                             d.contains("restore_before") ? static_cast<int>(d.at("restore_before").as_int()) : -1,
-                             d.contains("prefetch_at") ? static_cast<int>(d.at("prefetch_at").as_int()) : -1});
-    for (const Json& ev : st.at("evictions").items()) s.evictions.push_back(eviction_from_json(ev));
-    p.stages.push_back(std::move(s));
-  }
+  p.options.stages = in.at("stages").get<int>();
+  p.options.schedule = schedule_kind_from_name(in.at("schedule").get<std::string>());
+  p.options.micro_batches = in.at("micro_batches").get<int64_t>();
+  p.micro_batch_size = in.at("micro_batch_size").get<int64_t>();
+  p.options.optimizer = optimizer_kind_from_name(in.at("optimizer").get<std::string>());
+  p.options.capacity_bytes = in.at("capacity_bytes").get<int64_t>();
+  p.options.host_bandwidth = in.at("host_bandwidth").get<double>();
+  p.options.link_bandwidth = in.at("link_bandwidth").get<double>();
+  p.options.memopt = memopt_mode_from_name(in.at("memopt").get<std::string>());
+  p.options.data_parallel = in.value("data_parallel", p.options.data_parallel);
+  p.nodes = in.at("nodes").get<int>();
+  p.planning_ms = j.at("planning_ms").get<double>();
+  for (const Json& st : j.at("stages")) p.stages.push_back(stage_from_json(st));
   // The runtime relies on these: contiguous stages covering every node, in order.
   if (static_cast<int>(p.stages.size()) != p.options.stages)
     throw ConfigError("plan lists " + std::to_string(p.stages.size()) + " stages but says " +
@@ -277,6 +279,12 @@ Plan plan_from_json(const std::string& text) {
     throw ConfigError("plan stages cover " + std::to_string(expected_begin) + " of " + std::to_string(p.nodes) +
                       " nodes");
   return p;
+}
+
+}  // namespace
+
+Plan plan_from_json(const std::string& text) {
+  return read_json("malformed plan", [&] { return plan_fields(Json::parse(text)); });
 }
 
 void Plan::print_table(std::ostream& out) const {

@@ -266,7 +266,7 @@ void StageReplay::measure_messages() {
       continue;
     }
     for (int t = s.tensor; t >= 0; t = p_.tensors[at(t)].alias_of)  // older profiles
-      if (is_permute_kind(p_.nodes[at(p_.tensors[at(t)].producer)].kind)) {
+      if (model_.node_class(p_.tensors[at(t)].producer) == NodeClass::Permute) {
         permuted_sent_bytes_ += s.bytes;
         break;
       }
@@ -394,7 +394,7 @@ void StageReplay::forward(int64_t mb, MicroBatch& m) {
   note(live_, -1);
   for (int n = b_; n < e_; ++n) {
     const NodeProfile& node = p_.nodes[at(n)];
-    if (model_.node_kind_flags(n) & CostModel::kInputNode) continue;
+    if (model_.node_class(n) == NodeClass::Input) continue;
     int64_t out = 0;
     for (int t : node.outputs)
       if (allocates(t)) out += bytes(t);
@@ -414,7 +414,7 @@ void StageReplay::forward(int64_t mb, MicroBatch& m) {
 void StageReplay::backward(int64_t mb, MicroBatch& m) {
   size_t next_due = 0;
   for (int i = e_ - 1; i >= b_; --i) {
-    if (model_.node_kind_flags(i) & CostModel::kInputNode) continue;
+    if (model_.node_class(i) == NodeClass::Input) continue;
     // The node's graph outputs (its internal buffers follow them), some with gradients.
     bool any_grad = false;
     for (int t : p_.nodes[at(i)].outputs)
@@ -437,7 +437,7 @@ void StageReplay::backward(int64_t mb, MicroBatch& m) {
 // is consumed, what it saved is released.
 void StageReplay::backward_node(MicroBatch& m, int i) {
   const NodeProfile& node = p_.nodes[at(i)];
-  const char kind = model_.node_kind_flags(i);
+  const NodeClass kind = model_.node_class(i);
   int out = -1;
   for (int t : node.outputs)
     if (!p_.tensors[at(t)].internal) {
@@ -446,7 +446,7 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
     }
   // A view hands its output's gradient on as a view, unless its backward allocates one of the
   // input's size (slices, expands, splits).
-  const bool view = !p_.tensors[at(out)].owns_storage() && !(kind & CostModel::kViewAllocatesGradient);
+  const bool view = !p_.tensors[at(out)].owns_storage() && kind != NodeClass::ViewAllocatingGradient;
   const char out_grad = m.has_grad[at(out)];
   int64_t grads = 0, transient = 0;
   bool passed_on = false;    // a view hands its output's gradient to its input
@@ -468,11 +468,11 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
     if (is_received_[at(t)]) m.input_grads += bytes(t);  // held until sent back
     if (!view) {
       g = 1, grads += bytes(t);
-    } else if ((kind & CostModel::kReshapeNode) && m.permuted[at(out)]) {
+    } else if (kind == NodeClass::Reshape && m.permuted[at(out)]) {
       g = 1, grads += bytes(t), copied_view = true;  // a permuted gradient is not viewable
     } else {                                         // a view of the output's gradient, with its owner
       g = out_grad ? out_grad : 1;
-      m.permuted[at(t)] = m.permuted[at(out)] || (kind & CostModel::kPermuteNode);
+      m.permuted[at(t)] = m.permuted[at(out)] || kind == NodeClass::Permute;
     }
   }
   if (view && !passed_on && out_grad == 1) live_ -= bytes(out);  // a view of a parameter, or summed into a gradient

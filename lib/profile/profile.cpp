@@ -1,6 +1,7 @@
 #include "profile/profile.h"
 
 #include <cmath>
+#include <map>
 
 #include "util/error.h"
 
@@ -20,23 +21,32 @@ std::string op_of(const std::string& kind) {
 }
 }  // namespace
 
-bool is_permute_kind(const std::string& kind) {
-  const std::string op = op_of(kind);
-  return kind == "transpose" || op == "aten::transpose" || op == "aten::permute" || op == "aten::t" ||
-         op == "aten::swapaxes" || op == "aten::movedim";
-}
-
-bool is_reshape_kind(const std::string& kind) {
-  const std::string op = op_of(kind);
-  return kind == "reshape" || op == "aten::reshape" || op == "aten::view" || op == "aten::_unsafe_view" ||
-         op == "aten::flatten";
-}
-
-bool view_allocates_gradient(const std::string& kind) {
-  const std::string op = op_of(kind);
-  return op == "aten::slice" || op == "aten::select" || op == "aten::narrow" || op == "aten::expand" ||
-         op == "aten::split" || op == "aten::split_with_sizes" || op == "aten::unbind" || op == "aten::chunk" ||
-         op == "aten::as_strided" || op == "aten::diagonal" || op == "aten::unfold";
+NodeClass node_class(const std::string& kind) {
+  static const std::map<std::string, NodeClass> classes{{"input", NodeClass::Input},
+                                                        {"transpose", NodeClass::Permute},
+                                                        {"aten::transpose", NodeClass::Permute},
+                                                        {"aten::permute", NodeClass::Permute},
+                                                        {"aten::t", NodeClass::Permute},
+                                                        {"aten::swapaxes", NodeClass::Permute},
+                                                        {"aten::movedim", NodeClass::Permute},
+                                                        {"reshape", NodeClass::Reshape},
+                                                        {"aten::reshape", NodeClass::Reshape},
+                                                        {"aten::view", NodeClass::Reshape},
+                                                        {"aten::_unsafe_view", NodeClass::Reshape},
+                                                        {"aten::flatten", NodeClass::Reshape},
+                                                        {"aten::slice", NodeClass::ViewAllocatingGradient},
+                                                        {"aten::select", NodeClass::ViewAllocatingGradient},
+                                                        {"aten::narrow", NodeClass::ViewAllocatingGradient},
+                                                        {"aten::expand", NodeClass::ViewAllocatingGradient},
+                                                        {"aten::split", NodeClass::ViewAllocatingGradient},
+                                                        {"aten::split_with_sizes", NodeClass::ViewAllocatingGradient},
+                                                        {"aten::unbind", NodeClass::ViewAllocatingGradient},
+                                                        {"aten::chunk", NodeClass::ViewAllocatingGradient},
+                                                        {"aten::as_strided", NodeClass::ViewAllocatingGradient},
+                                                        {"aten::diagonal", NodeClass::ViewAllocatingGradient},
+                                                        {"aten::unfold", NodeClass::ViewAllocatingGradient}};
+  auto it = classes.find(op_of(kind));
+  return it == classes.end() ? NodeClass::Other : it->second;
 }
 
 Profile Profile::at_batch(int64_t batch) const {

@@ -52,15 +52,19 @@ struct TensorProfile {
   bool owns_storage() const { return alias_of < 0 && !param_view; }
 };
 
-// Node kinds the replays treat specially (NodeProfile::kind: zoo kinds, or the ATen operator of
-// an imported node, "aten::transpose.int"):
-// permutes, whose gradient is a permuted view (reshaping it copies);
-bool is_permute_kind(const std::string& kind);
-// reshapes, which copy a permuted gradient;
-bool is_reshape_kind(const std::string& kind);
-// views whose backward allocates a gradient of the input's size (a slice scatters into zeros, an
-// expand sums, a split concatenates) rather than viewing the output's gradient.
-bool view_allocates_gradient(const std::string& kind);
+// How the replays treat a node. node_class() reads it from the kind (NodeProfile::kind: a zoo kind,
+// or the ATen operator of an imported node, "aten::transpose.int"), the one place kinds are
+// compared as text; the cost model keeps a node's class.
+enum class NodeClass : char {
+  Other,
+  Input,    // a data placeholder: loaded by each stage, no gradient
+  Permute,  // its gradient is a permuted view (reshaping it copies)
+  Reshape,  // copies a permuted gradient
+  // A view whose backward allocates a gradient of the input's size (a slice scatters into zeros,
+  // an expand sums, a split concatenates) rather than viewing the output's gradient.
+  ViewAllocatingGradient,
+};
+NodeClass node_class(const std::string& kind);
 
 struct NodeProfile {
   int id = -1;

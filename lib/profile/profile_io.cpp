@@ -9,13 +9,76 @@
 
 #include "util/atomic_file.h"
 #include "util/hdf5_io.h"
+#include "util/hdf5_table.h"
 #include "util/error.h"
 
 namespace dawnpiper {
 
+using namespace h5;
+
 namespace {
 
-using namespace h5;
+// A batch-size fit as two columns, <prefix>_base and <prefix>_per_sample.
+template <typename Row>
+void add_fit(std::vector<Column<Row>>& columns, const std::string& prefix, LinearFit Row::*fit) {
+  columns.push_back(column_of<Row>(
+      prefix + "_base", [fit](const Row& r) { return (r.*fit).base; }, [fit](Row& r, double v) { (r.*fit).base = v; }));
+  columns.push_back(column_of<Row>(
+      prefix + "_per_sample", [fit](const Row& r) { return (r.*fit).per_sample; },
+      [fit](Row& r, double v) { (r.*fit).per_sample = v; }));
+}
+
+// Columns marked optional were added within schema 2: older files lack them and rows keep the
+// defaults (no ties, no stage constants, no input copies, requires_grad and contiguity derived).
+const std::vector<Column<NodeProfile>>& node_columns() {
+  static const std::vector<Column<NodeProfile>> columns = [] {
+    using N = NodeProfile;
+    std::vector<Column<N>> c{member("name", &N::name),
+                             member("kind", &N::kind),
+                             member("block", &N::block),
+                             member("depth", &N::depth),
+                             member("fwd_ms", &N::fwd_ms),
+                             member("fwd_ms_std", &N::fwd_ms_std),
+                             member("bwd_ms", &N::bwd_ms),
+                             member("bwd_ms_std", &N::bwd_ms_std),
+                             member("recompute_ms", &N::recompute_ms),
+                             member("param_bytes", &N::param_bytes),
+                             member("param_grad_bytes", &N::param_grad_bytes),
+                             member("tied_owner", &N::tied_owner, true),
+                             member("tied_bytes", &N::tied_bytes, true),
+                             member("constant_key", &N::constant_key, true),
+                             member("constant_bytes", &N::constant_bytes, true),
+                             member("fwd_workspace", &N::fwd_workspace),
+                             member("bwd_workspace", &N::bwd_workspace)};
+    add_fit(c, "fwd_ms", &N::fwd_ms_fit);
+    add_fit(c, "bwd_ms", &N::bwd_ms_fit);
+    add_fit(c, "fwd_workspace", &N::fwd_workspace_fit);
+    add_fit(c, "bwd_workspace", &N::bwd_workspace_fit);
+    return c;
+  }();
+  return columns;
+}
+
+const std::vector<Column<TensorProfile>>& tensor_columns() {
+  static const std::vector<Column<TensorProfile>> columns = [] {
+    using T = TensorProfile;
+    std::vector<Column<T>> c{member("name", &T::name),
+                             member("producer", &T::producer),
+                             member("is_data", &T::is_data),
+                             member("internal", &T::internal),
+                             member("copy_of", &T::copy_of, true),
+                             member("alias_of", &T::alias_of),
+                             member("param_view", &T::param_view),
+                             member("requires_grad", &T::requires_grad, true),
+                             member("contiguous", &T::contiguous, true),
+                             member("bytes", &T::bytes),
+                             member("consumers", &T::consumers),
+                             member("saved_by", &T::saved_by)};
+    add_fit(c, "bytes", &T::bytes_fit);
+    return c;
+  }();
+  return columns;
+}
 
 }  // namespace
 
@@ -44,61 +107,10 @@ void write_profile(const Profile& p, const std::string& path) {
     write_strings(file, "blocks", p.blocks);
 
     Handle nodes(H5Gcreate2(file, "nodes", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group nodes");
-    const auto& N = p.nodes;
-    write_strings(nodes, "name", column(N, [](const NodeProfile& n) { return n.name; }));
-    write_strings(nodes, "kind", column(N, [](const NodeProfile& n) { return n.kind; }));
-    write_column<int64_t>(nodes, "block", column(N, [](const NodeProfile& n) { return int64_t(n.block); }));
-    write_column<int64_t>(nodes, "depth", column(N, [](const NodeProfile& n) { return int64_t(n.depth); }));
-    write_column<double>(nodes, "fwd_ms", column(N, [](const NodeProfile& n) { return n.fwd_ms; }));
-    write_column<double>(nodes, "fwd_ms_std", column(N, [](const NodeProfile& n) { return n.fwd_ms_std; }));
-    write_column<double>(nodes, "bwd_ms", column(N, [](const NodeProfile& n) { return n.bwd_ms; }));
-    write_column<double>(nodes, "bwd_ms_std", column(N, [](const NodeProfile& n) { return n.bwd_ms_std; }));
-    write_column<double>(nodes, "recompute_ms", column(N, [](const NodeProfile& n) { return n.recompute_ms; }));
-    write_column<double>(nodes, "fwd_ms_base", column(N, [](const NodeProfile& n) { return n.fwd_ms_fit.base; }));
-    write_column<double>(nodes, "fwd_ms_per_sample",
-                         column(N, [](const NodeProfile& n) { return n.fwd_ms_fit.per_sample; }));
-    write_column<double>(nodes, "bwd_ms_base", column(N, [](const NodeProfile& n) { return n.bwd_ms_fit.base; }));
-    write_column<double>(nodes, "bwd_ms_per_sample",
-                         column(N, [](const NodeProfile& n) { return n.bwd_ms_fit.per_sample; }));
-    write_column<int64_t>(nodes, "param_bytes", column(N, [](const NodeProfile& n) { return n.param_bytes; }));
-    write_column<int64_t>(nodes, "param_grad_bytes",
-                          column(N, [](const NodeProfile& n) { return n.param_grad_bytes; }));
-    write_column<int64_t>(nodes, "tied_owner", column(N, [](const NodeProfile& n) { return int64_t{n.tied_owner}; }));
-    write_column<int64_t>(nodes, "tied_bytes", column(N, [](const NodeProfile& n) { return n.tied_bytes; }));
-    write_strings(nodes, "constant_key", column(N, [](const NodeProfile& n) { return n.constant_key; }));
-    write_column<int64_t>(nodes, "constant_bytes", column(N, [](const NodeProfile& n) { return n.constant_bytes; }));
-    write_column<int64_t>(nodes, "fwd_workspace", column(N, [](const NodeProfile& n) { return n.fwd_workspace; }));
-    write_column<int64_t>(nodes, "bwd_workspace", column(N, [](const NodeProfile& n) { return n.bwd_workspace; }));
-    write_column<double>(nodes, "fwd_workspace_base",
-                         column(N, [](const NodeProfile& n) { return n.fwd_workspace_fit.base; }));
-    write_column<double>(nodes, "fwd_workspace_per_sample",
-                         column(N, [](const NodeProfile& n) { return n.fwd_workspace_fit.per_sample; }));
-    write_column<double>(nodes, "bwd_workspace_base",
-                         column(N, [](const NodeProfile& n) { return n.bwd_workspace_fit.base; }));
-    write_column<double>(nodes, "bwd_workspace_per_sample",
-                         column(N, [](const NodeProfile& n) { return n.bwd_workspace_fit.per_sample; }));
-
+    write_table(nodes, p.nodes, node_columns());
     Handle tensors(H5Gcreate2(file, "tensors", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
                    "create group tensors");
-    const auto& T = p.tensors;
-    write_strings(tensors, "name", column(T, [](const TensorProfile& t) { return t.name; }));
-    write_column<int64_t>(tensors, "producer", column(T, [](const TensorProfile& t) { return int64_t(t.producer); }));
-    write_column<int64_t>(tensors, "is_data", column(T, [](const TensorProfile& t) { return int64_t(t.is_data); }));
-    write_column<int64_t>(tensors, "internal", column(T, [](const TensorProfile& t) { return int64_t(t.internal); }));
-    write_column<int64_t>(tensors, "copy_of", column(T, [](const TensorProfile& t) { return int64_t(t.copy_of); }));
-    write_column<int64_t>(tensors, "alias_of", column(T, [](const TensorProfile& t) { return int64_t(t.alias_of); }));
-    write_column<int64_t>(tensors, "param_view",
-                          column(T, [](const TensorProfile& t) { return int64_t(t.param_view); }));
-    write_column<int64_t>(tensors, "requires_grad",
-                          column(T, [](const TensorProfile& t) { return int64_t(t.requires_grad); }));
-    write_column<int64_t>(tensors, "contiguous",
-                          column(T, [](const TensorProfile& t) { return int64_t(t.contiguous); }));
-    write_column<int64_t>(tensors, "bytes", column(T, [](const TensorProfile& t) { return t.bytes; }));
-    write_column<double>(tensors, "bytes_base", column(T, [](const TensorProfile& t) { return t.bytes_fit.base; }));
-    write_column<double>(tensors, "bytes_per_sample",
-                         column(T, [](const TensorProfile& t) { return t.bytes_fit.per_sample; }));
-    write_lists(tensors, "consumers", column(T, [](const TensorProfile& t) { return t.consumers; }));
-    write_lists(tensors, "saved_by", column(T, [](const TensorProfile& t) { return t.saved_by; }));
+    write_table(tensors, p.tensors, tensor_columns());
   });
 }
 
@@ -135,90 +147,11 @@ Profile read_profile(const std::string& path) {
     p.blocks = read_strings(file, "blocks");
 
     Handle nodes(H5Gopen2(file, "nodes", H5P_DEFAULT), H5Gclose, "open group nodes");
-    auto name = read_strings(nodes, "name");
-    auto kind = read_strings(nodes, "kind");
-    auto block = read_column<int64_t>(nodes, "block");
-    auto depth = read_column<int64_t>(nodes, "depth");
-    auto d = [&](const char* c) { return read_column<double>(nodes, c); };
-    auto i = [&](const char* c) { return read_column<int64_t>(nodes, c); };
-    auto fwd = d("fwd_ms"), fwd_std = d("fwd_ms_std"), bwd = d("bwd_ms"), bwd_std = d("bwd_ms_std"),
-         rec = d("recompute_ms"), fb = d("fwd_ms_base"), fs = d("fwd_ms_per_sample"), bb = d("bwd_ms_base"),
-         bs = d("bwd_ms_per_sample"), fwb = d("fwd_workspace_base"), fws = d("fwd_workspace_per_sample"),
-         bwb = d("bwd_workspace_base"), bws = d("bwd_workspace_per_sample");
-    auto pb = i("param_bytes"), pgb = i("param_grad_bytes"), fw = i("fwd_workspace"), bw = i("bwd_workspace");
-    // Added within schema 2: profiles written before have no ties recorded.
-    const bool ties = H5Lexists(nodes, "tied_owner", H5P_DEFAULT) > 0;
-    std::vector<int64_t> to = ties ? i("tied_owner") : std::vector<int64_t>(name.size(), -1),
-                         tb = ties ? i("tied_bytes") : std::vector<int64_t>(name.size(), 0);
-    // Likewise: profiles written before have no stage constants recorded.
-    const bool constants = H5Lexists(nodes, "constant_key", H5P_DEFAULT) > 0;
-    std::vector<std::string> ck =
-        constants ? read_strings(nodes, "constant_key") : std::vector<std::string>(name.size());
-    std::vector<int64_t> cb = constants ? i("constant_bytes") : std::vector<int64_t>(name.size(), 0);
-    for (size_t k = 0; k < name.size(); ++k) {
-      NodeProfile n;
-      n.id = static_cast<int>(k);
-      n.name = name[k];
-      n.kind = kind[k];
-      n.block = static_cast<int>(block[k]);
-      n.depth = static_cast<int>(depth[k]);
-      n.fwd_ms = fwd[k], n.fwd_ms_std = fwd_std[k], n.bwd_ms = bwd[k], n.bwd_ms_std = bwd_std[k];
-      n.recompute_ms = rec[k];
-      n.fwd_ms_fit = {fb[k], fs[k]};
-      n.bwd_ms_fit = {bb[k], bs[k]};
-      n.param_bytes = pb[k];
-      n.param_grad_bytes = pgb[k];
-      n.tied_owner = static_cast<int>(to[k]);
-      n.tied_bytes = tb[k];
-      n.constant_key = ck[k];
-      n.constant_bytes = cb[k];
-      n.fwd_workspace = fw[k];
-      n.bwd_workspace = bw[k];
-      n.fwd_workspace_fit = {fwb[k], fws[k]};
-      n.bwd_workspace_fit = {bwb[k], bws[k]};
-      p.nodes.push_back(n);
-    }
+    p.nodes = read_table(nodes, node_columns());
+    for (size_t k = 0; k < p.nodes.size(); ++k) p.nodes[k].id = static_cast<int>(k);
     Handle tensors(H5Gopen2(file, "tensors", H5P_DEFAULT), H5Gclose, "open group tensors");
-    auto tname = read_strings(tensors, "name");
-    auto producer = read_column<int64_t>(tensors, "producer");
-    auto is_data = read_column<int64_t>(tensors, "is_data");
-    auto internal = read_column<int64_t>(tensors, "internal");
-    // Added within schema 2: profiles written before record no input copies.
-    const std::vector<int64_t> copy_of = H5Lexists(tensors, "copy_of", H5P_DEFAULT) > 0
-                                             ? read_column<int64_t>(tensors, "copy_of")
-                                             : std::vector<int64_t>(tname.size(), -1);
-    // Added within schema 2 too: -1 (the replays derive it) in older files.
-    const std::vector<int64_t> requires_grad = H5Lexists(tensors, "requires_grad", H5P_DEFAULT) > 0
-                                                   ? read_column<int64_t>(tensors, "requires_grad")
-                                                   : std::vector<int64_t>(tname.size(), -1);
-    const std::vector<int64_t> contiguous = H5Lexists(tensors, "contiguous", H5P_DEFAULT) > 0
-                                                ? read_column<int64_t>(tensors, "contiguous")
-                                                : std::vector<int64_t>(tname.size(), -1);
-    auto alias = read_column<int64_t>(tensors, "alias_of");
-    auto param_view = read_column<int64_t>(tensors, "param_view");
-    auto bytes = read_column<int64_t>(tensors, "bytes");
-    auto bb2 = read_column<double>(tensors, "bytes_base");
-    auto bs2 = read_column<double>(tensors, "bytes_per_sample");
-    auto consumers = read_lists(tensors, "consumers");
-    auto saved_by = read_lists(tensors, "saved_by");
-    for (size_t k = 0; k < tname.size(); ++k) {
-      TensorProfile t;
-      t.id = static_cast<int>(k);
-      t.name = tname[k];
-      t.producer = static_cast<int>(producer[k]);
-      t.is_data = is_data[k] != 0;
-      t.internal = internal[k] != 0;
-      t.copy_of = static_cast<int>(copy_of[k]);
-      t.alias_of = static_cast<int>(alias[k]);
-      t.param_view = param_view[k] != 0;
-      t.requires_grad = static_cast<int>(requires_grad[k]);
-      t.contiguous = static_cast<int>(contiguous[k]);
-      t.bytes = bytes[k];
-      t.bytes_fit = {bb2[k], bs2[k]};
-      t.consumers = consumers[k];
-      t.saved_by = saved_by[k];
-      p.tensors.push_back(t);
-    }
+    p.tensors = read_table(tensors, tensor_columns());
+    for (size_t k = 0; k < p.tensors.size(); ++k) p.tensors[k].id = static_cast<int>(k);
   } catch (const std::runtime_error& e) {
     if (dynamic_cast<const Error*>(&e)) throw;
     throw ConfigError("'" + path + "' is not a complete DawnPiper profile (" + e.what() + ")");

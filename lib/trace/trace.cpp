@@ -9,6 +9,7 @@
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/hdf5_io.h"
+#include "util/hdf5_table.h"
 #include "util/units.h"
 
 namespace dawnpiper {
@@ -17,71 +18,44 @@ using namespace h5;
 
 namespace {
 
-// The numeric columns of each table, by name and member: written and read by the same lists.
-template <typename Row>
-struct Fields {
-  std::vector<std::pair<const char*, int64_t Row::*>> ints;
-  std::vector<std::pair<const char*, double Row::*>> reals;
-};
-
-const Fields<ActionRecord>& action_fields() {
-  static const Fields<ActionRecord> f{{{"stage", &ActionRecord::stage},
-                                       {"replica", &ActionRecord::replica},
-                                       {"micro_batch", &ActionRecord::micro_batch},
-                                       {"step", &ActionRecord::step},
-                                       {"bytes_sent", &ActionRecord::bytes_sent},
-                                       {"bytes_received", &ActionRecord::bytes_received},
-                                       {"live_bytes", &ActionRecord::live_bytes},
-                                       {"peak_bytes", &ActionRecord::peak_bytes},
-                                       {"tensor", &ActionRecord::tensor},
-                                       {"memopt_bytes", &ActionRecord::memopt_bytes}},
-                                      {{"start_s", &ActionRecord::start_s}, {"end_s", &ActionRecord::end_s}}};
-  return f;
+// Each table's columns. "replica" was added within schema 2: older traces lack it (0).
+const std::vector<Column<ActionRecord>>& action_columns() {
+  using A = ActionRecord;
+  static const std::vector<Column<A>> columns{
+      member("stage", &A::stage),
+      member("replica", &A::replica, true),
+      member("micro_batch", &A::micro_batch),
+      member("step", &A::step),
+      member("bytes_sent", &A::bytes_sent),
+      member("bytes_received", &A::bytes_received),
+      member("live_bytes", &A::live_bytes),
+      member("peak_bytes", &A::peak_bytes),
+      member("tensor", &A::tensor),
+      member("memopt_bytes", &A::memopt_bytes),
+      member("start_s", &A::start_s),
+      member("end_s", &A::end_s),
+      column_of<A>(
+          "kind", [](const A& r) { return std::string(action_kind_code(r.action_kind())); },
+          [](A& r, const std::string& code) { r.kind = static_cast<int64_t>(action_kind_from_code(code)); })};
+  return columns;
 }
 
-const Fields<StageRecord>& stage_fields() {
-  static const Fields<StageRecord> f{{{"stage", &StageRecord::stage},
-                                      {"replica", &StageRecord::replica},
-                                      {"rank", &StageRecord::rank},
-                                      {"node_begin", &StageRecord::node_begin},
-                                      {"node_end", &StageRecord::node_end},
-                                      {"parameters", &StageRecord::parameters},
-                                      {"predicted_peak_bytes", &StageRecord::predicted_peak_bytes},
-                                      {"measured_peak_bytes", &StageRecord::measured_peak_bytes}},
-                                     {{"predicted_ms_per_micro_batch", &StageRecord::predicted_ms_per_micro_batch}}};
-  return f;
-}
-
-template <typename Row>
-void write_fields(hid_t group, const std::vector<Row>& rows, const Fields<Row>& fields) {
-  // Not structured bindings: C++17 lambdas may not capture them (GCC allows it, clang does not).
-  for (const auto& field : fields.ints) {
-    const auto member = field.second;
-    write_column(group, field.first, column(rows, [&](const Row& r) { return r.*member; }));
-  }
-  for (const auto& field : fields.reals) {
-    const auto member = field.second;
-    write_column(group, field.first, column(rows, [&](const Row& r) { return r.*member; }));
-  }
-}
-
-// Rows sized by the first column; every other column must have as many values.
-template <typename Row>
-std::vector<Row> read_fields(hid_t group, const Fields<Row>& fields) {
-  std::vector<Row> rows;
-  bool sized = false;
-  auto fill = [&](const char* name, auto values, auto member) {
-    if (!sized) rows.resize(values.size()), sized = true;
-    if (values.size() != rows.size()) throw std::runtime_error(std::string("column ") + name + " has another length");
-    for (size_t i = 0; i < rows.size(); ++i) rows[i].*member = values[i];
-  };
-  for (const auto& [name, member] : fields.ints) {
-    // "replica" was added within schema 2: absent in older traces, it is 0.
-    if (std::string(name) == "replica" && H5Lexists(group, name, H5P_DEFAULT) <= 0) continue;
-    fill(name, read_column<int64_t>(group, name), member);
-  }
-  for (const auto& [name, member] : fields.reals) fill(name, read_column<double>(group, name), member);
-  return rows;
+const std::vector<Column<StageRecord>>& stage_columns() {
+  using S = StageRecord;
+  static const std::vector<Column<S>> columns{
+      member("stage", &S::stage),
+      member("replica", &S::replica, true),
+      member("rank", &S::rank),
+      member("node_begin", &S::node_begin),
+      member("node_end", &S::node_end),
+      member("parameters", &S::parameters),
+      member("predicted_peak_bytes", &S::predicted_peak_bytes),
+      member("measured_peak_bytes", &S::measured_peak_bytes),
+      member("predicted_ms_per_micro_batch", &S::predicted_ms_per_micro_batch),
+      column_of<S>(
+          "host", [](const S& r) { return std::string(r.host); },
+          [](S& r, const std::string& host) { std::snprintf(r.host, sizeof r.host, "%s", host.c_str()); })};
+  return columns;
 }
 
 }  // namespace
@@ -126,13 +100,9 @@ void write_trace(const Trace& t, const std::string& path) {
     write_attr<int64_t>(file, "steps", t.steps);
     write_attr<double>(file, "wall_s", t.wall_s);
     Handle actions(H5Gcreate2(file, "actions", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group");
-    write_fields(actions, t.actions, action_fields());
-    write_strings(actions, "kind", column(t.actions, [](const ActionRecord& r) {
-                    return std::string(action_kind_code(r.action_kind()));
-                  }));
+    write_table(actions, t.actions, action_columns());
     Handle stages(H5Gcreate2(file, "stages", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group");
-    write_fields(stages, t.stage_records, stage_fields());
-    write_strings(stages, "host", column(t.stage_records, [](const StageRecord& r) { return std::string(r.host); }));
+    write_table(stages, t.stage_records, stage_columns());
   });
 }
 
@@ -162,16 +132,9 @@ Trace read_trace(const std::string& path) {
     t.steps = read_attr<int64_t>(file, "steps");
     t.wall_s = read_attr<double>(file, "wall_s");
     Handle actions(H5Gopen2(file, "actions", H5P_DEFAULT), H5Gclose, "open group actions");
-    t.actions = read_fields(actions, action_fields());
-    const auto kind = read_strings(actions, "kind");
-    if (kind.size() != t.actions.size()) throw std::runtime_error("column kind has another length");
-    for (size_t i = 0; i < kind.size(); ++i) t.actions[i].kind = static_cast<int64_t>(action_kind_from_code(kind[i]));
+    t.actions = read_table(actions, action_columns());
     Handle stages(H5Gopen2(file, "stages", H5P_DEFAULT), H5Gclose, "open group stages");
-    t.stage_records = read_fields(stages, stage_fields());
-    const auto host = read_strings(stages, "host");
-    if (host.size() != t.stage_records.size()) throw std::runtime_error("column host has another length");
-    for (size_t i = 0; i < host.size(); ++i)
-      std::snprintf(t.stage_records[i].host, sizeof t.stage_records[i].host, "%s", host[i].c_str());
+    t.stage_records = read_table(stages, stage_columns());
     return t;
   } catch (const Error&) {
     throw;

@@ -55,14 +55,6 @@ void write_column(hid_t group, const std::string& name, const std::vector<T>& va
     check(H5Dwrite(set, native_type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), "write " + name);
 }
 
-// One field of every row: column(rows, [](const Row& r) { return r.x; }).
-template <typename Row, typename F>
-auto column(const std::vector<Row>& rows, F get) {
-  std::vector<decltype(get(rows[0]))> out;
-  for (const Row& r : rows) out.push_back(get(r));
-  return out;
-}
-
 template <typename T>
 std::vector<T> read_column(hid_t group, const std::string& name) {
   Handle set(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose, "open dataset " + name);

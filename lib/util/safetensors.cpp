@@ -36,6 +36,32 @@ const char* code_of_dtype(DType d) {
   return "F32";
 }
 
+// The header's tensors (checked against the data section) and its string metadata.
+void read_entries(const std::string& path, const Json& root, uint64_t data_bytes,
+                  std::map<std::string, SafetensorsEntry>& entries, std::map<std::string, std::string>& metadata) {
+  for (const auto& [key, v] : root.items()) {
+    if (key == "__metadata__") {
+      for (const auto& [m, value] : v.items()) metadata[m] = value.get<std::string>();
+      continue;
+    }
+    SafetensorsEntry e;
+    e.name = key;
+    e.dtype = dtype_of_code(v.at("dtype").get<std::string>(), "'" + path + "', tensor " + key);
+    for (const Json& d : v.at("shape")) e.shape.push_back(d.get<int64_t>());
+    const Json& range = v.at("data_offsets");
+    e.begin = static_cast<uint64_t>(range[0].get<int64_t>());
+    e.end = static_cast<uint64_t>(range[1].get<int64_t>());
+    const uint64_t expected = static_cast<uint64_t>(numel(e.shape) * dtype_size(e.dtype));
+    if (e.end < e.begin || e.end - e.begin != expected)
+      throw ConfigError("'" + path + "': tensor " + key + " has " + std::to_string(e.end - e.begin) +
+                        " bytes for shape " + shape_str(e.shape) + " (" + std::to_string(expected) + " expected)");
+    if (e.end > data_bytes)
+      throw ConfigError("'" + path + "' is truncated: tensor " + key + " ends at byte " + std::to_string(e.end) +
+                        " of a " + std::to_string(data_bytes) + "-byte data section");
+    entries[key] = std::move(e);
+  }
+}
+
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
@@ -58,36 +84,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       throw ConfigError("'" + path + "' is truncated or not a safetensors file (header of " + std::to_string(header) +
                         " bytes in a " + std::to_string(size_) + "-byte file)");
     data_offset_ = 8 + header;
-    Json root;
-    try {
-      root = Json::parse(std::string(reinterpret_cast<const char*>(base_ + 8), static_cast<size_t>(header)));
-    } catch (const ConfigError& e) {
-      throw ConfigError("'" + path + "' is not a safetensors file: its header is not JSON (" + e.what() + ")");
-    }
+    const Json root = read_json("'" + path + "' is not a safetensors file: its header is not JSON", [&] {
+      return Json::parse(std::string(reinterpret_cast<const char*>(base_ + 8), static_cast<size_t>(header)));
+    });
     if (!root.is_object()) throw ConfigError("'" + path + "' is not a safetensors file: its header is not an object");
-    const uint64_t data_bytes = size_ - data_offset_;
-    for (const std::string& key : root.keys()) {
-      const Json& v = root.at(key);
-      if (key == "__metadata__") {
-        for (const std::string& m : v.keys()) metadata_[m] = v.at(m).as_string();
-        continue;
-      }
-      SafetensorsEntry e;
-      e.name = key;
-      e.dtype = dtype_of_code(v.at("dtype").as_string(), "'" + path + "', tensor " + key);
-      for (const Json& d : v.at("shape").items()) e.shape.push_back(d.as_int());
-      const Json& range = v.at("data_offsets");
-      e.begin = static_cast<uint64_t>(range[0].as_int());
-      e.end = static_cast<uint64_t>(range[1].as_int());
-      const uint64_t expected = static_cast<uint64_t>(numel(e.shape) * dtype_size(e.dtype));
-      if (e.end < e.begin || e.end - e.begin != expected)
-        throw ConfigError("'" + path + "': tensor " + key + " has " + std::to_string(e.end - e.begin) +
-                          " bytes for shape " + shape_str(e.shape) + " (" + std::to_string(expected) + " expected)");
-      if (e.end > data_bytes)
-        throw ConfigError("'" + path + "' is truncated: tensor " + key + " ends at byte " + std::to_string(e.end) +
-                          " of a " + std::to_string(data_bytes) + "-byte data section");
-      entries_[key] = std::move(e);
-    }
+    read_json("'" + path + "': malformed safetensors header",
+              [&] { read_entries(path, root, size_ - data_offset_, entries_, metadata_); });
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(base_), size_);
     throw;

@@ -22,7 +22,7 @@ void check_against_eager(const std::string& name, double tolerance = 1e-5) {
   INFO(name);
   const auto file = read_model_file(test_model(name));
   SafetensorsFile ref(test_models_dir() + "/" + name + ".ref");
-  const at::Tensor first_input = read_tensor(ref, "input." + file->graph.at("inputs")[0].at("name").as_string());
+  const at::Tensor first_input = read_tensor(ref, "input." + file->graph.at("inputs")[0].at("name").get<std::string>());
   const OpGraph g = build_imported(*file, first_input.size(0));
   StageModule m(g, 0, g.size(), 0);
   TensorEnv env = m.make_env();

@@ -101,11 +101,19 @@ TEST_CASE("option names are parsed once into enums and printed back by name", "[
   // A plan file naming an unknown planner is refused where it is read.
   PlanOptions opt;
   opt.stages = 2;
-  std::string text = make_plan(small_profile(), opt).to_json();
+  const std::string good = make_plan(small_profile(), opt).to_json();
+  std::string text = good;
   const std::string key = "\"planner\": \"dawnpiper\"";
   REQUIRE(text.find(key) != std::string::npos);
   text.replace(text.find(key), key.size(), "\"planner\": \"alpa\"");
   CHECK_THROWS_WITH(plan_from_json(text), Catch::Contains("unknown planner 'alpa'"));
+  // JSON errors name the value's place in the file.
+  const std::string stages = "\"stages\": 2";
+  text = good;
+  REQUIRE(text.find(stages) != std::string::npos);
+  text.replace(text.find(stages), stages.size(), "\"stages\": \"two\"");
+  CHECK_THROWS_WITH(plan_from_json(text), Catch::Contains("malformed plan: (/inputs/stages) type must be number"));
+  CHECK_THROWS_WITH(plan_from_json("{\"format\": "), Catch::Contains("malformed plan: parse error"));
 }
 
 TEST_CASE("every planner's plan respects the capacity and its memopt mode", "[plan][planner]") {

@@ -2,6 +2,8 @@
 // counting allocator's measured peak, batch-size fits, repeated-block sharing, HDF5 round trip.
 #include "torch_test.h"
 
+#include <hdf5.h>
+
 #include <cstdio>
 #include <fstream>
 
@@ -197,7 +199,28 @@ TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]
     CHECK(a.copy_of == b.copy_of);
     CHECK(a.alias_of == b.alias_of);
     CHECK(a.param_view == b.param_view);
+    CHECK(a.requires_grad == b.requires_grad);
+    CHECK(a.contiguous == b.contiguous);
+    CHECK(a.is_data == b.is_data);
+    CHECK(a.name == b.name);
   }
+  // A file from before a column was added reads with the column's default; a missing required
+  // column is refused with the file's name.
+  auto drop = [&](const char* dataset) {
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(file >= 0);
+    CHECK(H5Ldelete(file, dataset, H5P_DEFAULT) >= 0);
+    H5Fclose(file);
+  };
+  drop("nodes/tied_owner");
+  drop("tensors/contiguous");
+  Profile older = read_profile(path);
+  for (const NodeProfile& n : older.nodes) CHECK(n.tied_owner == -1);
+  for (const TensorProfile& t : older.tensors) CHECK(t.contiguous == -1);
+  CHECK(older.nodes.size() == p.nodes.size());
+  drop("tensors/bytes");
+  CHECK_THROWS_WITH(read_profile(path), Catch::Contains("is not a complete DawnPiper profile") &&
+                                            Catch::Contains("bytes") && Catch::Contains(path));
   std::remove(path.c_str());
   // Not HDF5, missing, unwritable.
   { std::ofstream("not_a_profile.h5") << "hello"; }
