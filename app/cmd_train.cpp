@@ -209,10 +209,7 @@ void broadcast(std::string& text) {
   MPI_Bcast(text.data(), static_cast<int>(n), MPI_CHAR, 0, MPI_COMM_WORLD);
 }
 
-}  // namespace
-
-int cmd_train(int argc, char** argv, const MpiWorld& world) {
-  po::options_description options;
+po::options_description train_options() {
   po::options_description own("Training options");
   // clang-format off
   own.add_options()
@@ -251,39 +248,25 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
       ("lr", po::value<double>()->default_value(0.01), "learning rate")
       ("momentum", po::value<double>()->default_value(0.9), "SGD momentum");
   // clang-format on
+  po::options_description options;
   options.add(own).add(common_options()).add(model_override_options());
-  po::variables_map vm;
-  if (!parse_options(argc, argv, "train",
-                     "Trains a model: one stage with the reference trainer, several as a pipeline.", options, vm))
-    return 0;
-  // A given plan decides how the run trains; flags and config values may only repeat it.
-  std::optional<Plan> given_plan;
-  if (vm.count("plan-in")) {
-    std::string text;
-    if (world.rank == 0) text = read_text_file(vm["plan-in"].as<std::string>());
-    broadcast(text);
-    given_plan = plan_from_json(text);
-    adopt_plan_settings(*given_plan, vm);
-  }
-  const bool in_process = vm["in-process"].as<bool>();
-  const Layout layout = data_pipeline_layout(vm, world, in_process);
-  const int stages = layout.stages, replicas = layout.replicas;
-  const TransportChoice transport = transport_choice_from_name(vm["transport"].as<std::string>());
-  // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
-  const c10::Device device = rank_device(parse_device(vm["device"].as<std::string>()), MPI_COMM_WORLD);
-  check_transport_choice(transport, device);
-  CountingAllocator& counter = CountingAllocator::install();
-  int64_t capacity = 0;
-  if (vm.count("device-memory")) capacity = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
+  return options;
+}
 
-  const ModelSource model = model_source_from(vm);
-  const int64_t micro_batch_size = vm["micro-batch-size"].as<int64_t>();
-  OpGraph graph = model.graph(micro_batch_size);
-  if (given_plan && !given_plan->graph_hash.empty() && given_plan->graph_hash != graph.fingerprint())
-    throw ConfigError("the plan (--plan-in) was made for another graph: " + given_plan->preset + " with " +
-                      std::to_string(given_plan->nodes) + " nodes, fingerprint " + given_plan->graph_hash +
-                      "; this run's " + graph.preset + " has " + std::to_string(graph.size()) + " nodes, fingerprint " +
-                      graph.fingerprint());
+// What the run does besides training on the graph, read and checked once before any work.
+struct RunSettings {
+  TrainConfig config;
+  int64_t micro_batch_size = 0;
+  int64_t capacity = 0;  // bytes per rank; 0: unlimited
+  int64_t eval_every = 0, eval_batches = 1;
+  int64_t checkpoint_every = 0;
+  bool resume = false, quiet = false, in_process = false;
+  std::string checkpoint_dir, trace_path, save_path;
+  Progress::Style progress_style = Progress::Style::Auto;
+  double samples_per_step = 0;
+};
+
+TrainConfig train_config_from(const po::variables_map& vm) {
   TrainConfig config;
   config.steps = vm["steps"].as<int64_t>();
   config.micro_batches = vm["micro-batches"].as<int64_t>();
@@ -293,80 +276,87 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   config.optimizer.momentum = vm["momentum"].as<double>();
   make_optimizer(config.optimizer, {});  // validates before any work
   config.data = data_config_from(vm);
-  const int64_t eval_every = vm["eval-every"].as<int64_t>(), eval_batches = vm["eval-batches"].as<int64_t>();
-  if (eval_every < 0 || eval_batches < 1) throw ConfigError("--eval-every must be >= 0 and --eval-batches >= 1");
-  if (eval_every > 0 && !config.data.path.empty() && config.data.validation_fraction <= 0)
-    throw ConfigError("--eval-every needs a validation split: give --validation-fraction (e.g. 0.05)");
   if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
   if (config.steps < 0) throw ConfigError("--steps must not be negative");
-  const bool quiet = vm["quiet"].as<bool>();
-  const Progress::Style progress_style = Progress::style_from_name(vm["progress"].as<std::string>());
-  const double samples_per_step = static_cast<double>(config.micro_batches * micro_batch_size * replicas);
+  return config;
+}
 
-  const int64_t checkpoint_every = vm["checkpoint-every"].as<int64_t>();
-  const bool resume = vm["resume"].as<bool>();
-  if (checkpoint_every < 0) throw ConfigError("--checkpoint-every must not be negative");
-  if ((checkpoint_every > 0 || resume) && !vm.count("checkpoint-dir"))
+RunSettings run_settings_from(const po::variables_map& vm, int replicas) {
+  RunSettings s;
+  s.config = train_config_from(vm);
+  s.micro_batch_size = vm["micro-batch-size"].as<int64_t>();
+  if (vm.count("device-memory")) s.capacity = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
+  s.eval_every = vm["eval-every"].as<int64_t>();
+  s.eval_batches = vm["eval-batches"].as<int64_t>();
+  if (s.eval_every < 0 || s.eval_batches < 1) throw ConfigError("--eval-every must be >= 0 and --eval-batches >= 1");
+  if (s.eval_every > 0 && !s.config.data.path.empty() && s.config.data.validation_fraction <= 0)
+    throw ConfigError("--eval-every needs a validation split: give --validation-fraction (e.g. 0.05)");
+  s.quiet = vm["quiet"].as<bool>();
+  s.progress_style = Progress::style_from_name(vm["progress"].as<std::string>());
+  s.samples_per_step = static_cast<double>(s.config.micro_batches * s.micro_batch_size * replicas);
+  s.in_process = vm["in-process"].as<bool>();
+  s.checkpoint_every = vm["checkpoint-every"].as<int64_t>();
+  s.resume = vm["resume"].as<bool>();
+  if (vm.count("checkpoint-dir")) s.checkpoint_dir = vm["checkpoint-dir"].as<std::string>();
+  if (s.checkpoint_every < 0) throw ConfigError("--checkpoint-every must not be negative");
+  if ((s.checkpoint_every > 0 || s.resume) && s.checkpoint_dir.empty())
     throw ConfigError("--checkpoint-every and --resume need --checkpoint-dir DIR");
-  if (in_process && (vm.count("trace") || checkpoint_every > 0 || resume))
+  if (vm.count("trace")) s.trace_path = vm["trace"].as<std::string>();
+  if (vm.count("save-weights")) s.save_path = vm["save-weights"].as<std::string>();
+  if (s.in_process && (!s.trace_path.empty() || s.checkpoint_every > 0 || s.resume))
     throw ConfigError("--trace, --checkpoint-every and --resume apply to MPI runs, not --in-process");
-  if (vm.count("trace")) check_writable(vm["trace"].as<std::string>());
-  const std::string save_path = vm.count("save-weights") ? vm["save-weights"].as<std::string>() : "";
-  if (!save_path.empty()) check_writable(save_path);
-  if (!save_path.empty() && in_process)
+  if (s.in_process && !s.save_path.empty())
     throw ConfigError("--save-weights applies to MPI runs and one-stage runs, not --in-process");
-  // The reference trainer serves plain one-stage runs; traces, checkpoints and planned memory
-  // optimization need the runtime.
-  const bool runtime_features = vm.count("trace") || checkpoint_every > 0 || resume ||
-                                vm["memopt"].as<MemoptMode>() != MemoptMode::None || vm.count("plan-in") ||
-                                device.is_cuda();
-  if (stages == 1 && replicas == 1 && !in_process && !runtime_features) {
-    counter.set_capacity(capacity);
-    ReferenceTrainer trainer(graph, config);
-    if (!quiet)
-      std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, 1 stage\n",
-                  graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size,
-                  config.micro_batches, optimizer_kind_name(config.optimizer.kind), config.optimizer.lr);
-    int64_t peak = 0;
-    Progress progress(0, config.steps, samples_per_step, quiet, progress_style);
-    trainer.run([&](const StepResult& r) {
-      peak = std::max(peak, r.peak_bytes);
-      progress.step(r.step, r.loss);
-      if (eval_every > 0 && (r.step + 1) % eval_every == 0) progress.validation(r.step, trainer.evaluate(eval_batches));
-    });
-    progress.finish();
-    std::printf("done: %" PRId64
-                " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it), "
-                "peak memory %s\n",
-                config.steps, progress.last_loss(), progress.steady_samples_per_second(), progress.samples_per_second(),
-                format_bytes(static_cast<double>(peak)).c_str());
-    if (!save_path.empty()) {
-      save_weights(trainer.module().parameters(), save_path, MPI_COMM_SELF);
-      std::printf("wrote weights %s\n", save_path.c_str());
-    }
-    return 0;
-  }
+  if (s.in_process && s.eval_every > 0)
+    throw ConfigError("--eval-every applies to MPI runs and one-stage runs, not --in-process");
+  for (const std::string& path : {s.trace_path, s.save_path})
+    if (!path.empty()) check_writable(path);
+  return s;
+}
 
-  // --- pipeline: plan on rank 0, broadcast, one stage per rank ---
-  std::string plan_json;
-  if (vm.count("plan-out")) check_writable(vm["plan-out"].as<std::string>());
-  int64_t first_step = 0;
-  if (resume) {
-    first_step = latest_checkpoint(vm["checkpoint-dir"].as<std::string>());
-    if (first_step > config.steps)
-      throw ConfigError("the checkpoint is at step " + std::to_string(first_step) + ", beyond --steps " +
-                        std::to_string(config.steps));
+// One stage, nothing the runtime alone does: the reference trainer.
+int train_one_stage(const OpGraph& graph, const RunSettings& s) {
+  CountingAllocator::install().set_capacity(s.capacity);
+  ReferenceTrainer trainer(graph, s.config);
+  if (!s.quiet)
+    std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, 1 stage\n",
+                graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, s.micro_batch_size,
+                s.config.micro_batches, optimizer_kind_name(s.config.optimizer.kind), s.config.optimizer.lr);
+  int64_t peak = 0;
+  Progress progress(0, s.config.steps, s.samples_per_step, s.quiet, s.progress_style);
+  trainer.run([&](const StepResult& r) {
+    peak = std::max(peak, r.peak_bytes);
+    progress.step(r.step, r.loss);
+    if (s.eval_every > 0 && (r.step + 1) % s.eval_every == 0)
+      progress.validation(r.step, trainer.evaluate(s.eval_batches));
+  });
+  progress.finish();
+  std::printf("done: %" PRId64
+              " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it), peak memory %s\n",
+              s.config.steps, progress.last_loss(), progress.steady_samples_per_second(), progress.samples_per_second(),
+              format_bytes(static_cast<double>(peak)).c_str());
+  if (!s.save_path.empty()) {
+    save_weights(trainer.module().parameters(), s.save_path, MPI_COMM_SELF);
+    std::printf("wrote weights %s\n", s.save_path.c_str());
   }
-  // A resumed run keeps the split its checkpoint was written with.
-  const std::string saved_plan =
-      vm.count("checkpoint-dir") ? vm["checkpoint-dir"].as<std::string>() + "/plan.json" : "";
-  if (world.rank == 0) {
-    if (resume && !vm.count("plan-in") && std::ifstream(saved_plan).good())
+  return 0;
+}
+
+// The plan every rank runs: rank 0's (a resumed run's saved one, --plan-in, or planned here),
+// broadcast and checked against this run.
+Plan agreed_plan(const po::variables_map& vm, const OpGraph& graph, const Layout& layout, const RunSettings& s,
+                 c10::Device device, int rank) {
+  if (vm.count("plan-out")) check_writable(vm["plan-out"].as<std::string>());
+  const std::string saved_plan = s.checkpoint_dir.empty() ? "" : s.checkpoint_dir + "/plan.json";
+  std::string plan_json;
+  if (rank == 0) {
+    // A resumed run keeps the split its checkpoint was written with.
+    if (s.resume && !vm.count("plan-in") && std::ifstream(saved_plan).good())
       plan_json = read_text_file(saved_plan);
     else
-      plan_json = plan_on_rank0(vm, graph, stages, replicas, capacity, device);
-    if (checkpoint_every > 0) {
-      make_directories(vm["checkpoint-dir"].as<std::string>());
+      plan_json = plan_on_rank0(vm, graph, layout.stages, layout.replicas, s.capacity, device);
+    if (s.checkpoint_every > 0) {
+      make_directories(s.checkpoint_dir);
       write_text_atomically(saved_plan, plan_json);
     }
   }
@@ -375,168 +365,246 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   if (plan.precision != graph.precision)
     throw ConfigError("the plan was made for " + plan.precision + ", this run trains in " + graph.precision +
                       " (plan again from a " + graph.precision + " profile)");
-  if (static_cast<int>(plan.stages.size()) != stages)
-    throw ConfigError("the plan has " + std::to_string(plan.stages.size()) + " stages, but " + std::to_string(stages) +
-                      " are launched");
-  if (world.rank == 0 && vm.count("plan-out")) write_text_atomically(vm["plan-out"].as<std::string>(), plan_json);
+  if (static_cast<int>(plan.stages.size()) != layout.stages)
+    throw ConfigError("the plan has " + std::to_string(plan.stages.size()) + " stages, but " +
+                      std::to_string(layout.stages) + " are launched");
+  if (rank == 0 && vm.count("plan-out")) write_text_atomically(vm["plan-out"].as<std::string>(), plan_json);
+  return plan;
+}
+
+PipelineConfig pipeline_config(const Plan& plan, const po::variables_map& vm, const OpGraph& graph,
+                               const Layout& layout, const RunSettings& s, c10::Device device, int64_t first_step) {
   PipelineConfig pc;
   pc.schedule = vm["schedule"].as<ScheduleKind>();
-  for (const StagePlan& s : plan.stages) {
-    pc.ranges.push_back({s.begin, s.end});
-    pc.evictions.push_back(s.evictions);
+  for (const StagePlan& stage : plan.stages) {
+    pc.ranges.push_back({stage.begin, stage.end});
+    pc.evictions.push_back(stage.evictions);
   }
-  pc.micro_batches = config.micro_batches;
-  pc.steps = config.steps;
-  pc.seed = config.seed;
-  pc.optimizer = config.optimizer;
-  pc.device = device;
-  pc.data = config.data;
-  pc.replica = layout.replica;
-  pc.replicas = replicas;
   check_ranges(graph, pc.ranges);
-  DeviceMemory::set_capacity(device, capacity);
-  if (world.rank == 0 && !quiet) {
-    std::printf(
-        "training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, %d stages, %s%s\n",
-        graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, micro_batch_size, config.micro_batches,
-        optimizer_kind_name(config.optimizer.kind), config.optimizer.lr, stages, schedule_kind_name(pc.schedule),
-        replicas > 1 ? (", " + std::to_string(replicas) + " data-parallel replicas on " + std::to_string(layout.nodes) +
-                        (layout.nodes == 1 ? " host" : " hosts"))
-                           .c_str()
-                     : "");
-    if (!layout.pipelines_within_nodes)
-      std::printf(
-          "  warning: some host runs a number of ranks that is no multiple of %d stages, so some pipelines "
-          "span hosts and send their activations between them\n",
-          stages);
-    for (const StagePlan& s : plan.stages)
-      std::printf("  stage %d: nodes [%d, %d), predicted peak %s\n", s.index, s.begin, s.end,
-                  format_bytes(static_cast<double>(s.memory.predicted_peak())).c_str());
-    if (pc.schedule == ScheduleKind::Async)
-      for (const std::string& name : tied_across_stages(graph, pc))
-        std::printf(
-            "  note: %s is tied across stages; under async each stage updates its own copy with its own "
-            "gradients (the copies drift apart; gpipe and 1f1b sum them)\n",
-            name.c_str());
-    for (const StagePlan& s : plan.stages)
-      if (capacity > 0 && s.memory.predicted_peak() > capacity)
-        std::printf(
-            "  warning: stage %d is predicted to peak at %s, above --device-memory; the planner's search "
-            "model under-estimated it: expect an out-of-memory error\n",
-            s.index, format_bytes(static_cast<double>(s.memory.predicted_peak())).c_str());
-  }
-  DeviceMemory::reset_peak(device);
-  RunOptions run;
-  run.transport = transport;
-  run.trace = vm.count("trace") > 0;
-  run.checkpoint_every = checkpoint_every;
-  run.resume = resume;
-  if (vm.count("checkpoint-dir")) run.checkpoint_dir = vm["checkpoint-dir"].as<std::string>();
-  run.preset = graph.preset;
+  pc.micro_batches = s.config.micro_batches;
+  pc.steps = s.config.steps;
+  pc.seed = s.config.seed;
+  pc.optimizer = s.config.optimizer;
+  pc.device = device;
+  pc.data = s.config.data;
+  pc.replica = layout.replica;
+  pc.replicas = layout.replicas;
   pc.first_step = first_step;
-  // The asynchronous pipeline drains where it writes a checkpoint (PipelineConfig::drain_every).
-  if (pc.schedule == ScheduleKind::Async) pc.drain_every = checkpoint_every;
-  run.eval_every = eval_every;
-  run.eval_batches = eval_batches;
-  if (eval_every > 0 && in_process)
-    throw ConfigError("--eval-every applies to MPI runs and one-stage runs, not --in-process");
-  // Asynchronous pipelines evaluate where they drain.
-  if (eval_every > 0 && pc.schedule == ScheduleKind::Async) {
-    if (pc.drain_every == 0) pc.drain_every = eval_every;
-    if (eval_every % pc.drain_every != 0)
+  // The asynchronous pipeline drains where it writes a checkpoint and where it evaluates
+  // (PipelineConfig::drain_every).
+  if (pc.schedule == ScheduleKind::Async) {
+    pc.drain_every = s.checkpoint_every;
+    if (s.eval_every > 0 && pc.drain_every == 0) pc.drain_every = s.eval_every;
+    if (s.eval_every > 0 && s.eval_every % pc.drain_every != 0)
       throw ConfigError(
           "under --schedule async, --eval-every must be a multiple of --checkpoint-every (the pipeline "
           "drains there)");
   }
-  Progress progress(pc.first_step, config.steps, samples_per_step, quiet || world.rank != 0, progress_style);
-  run.on_loss = [&](const StepLoss& s) { progress.step(s.step, s.loss); };
-  run.on_validation = [&](const StepLoss& s) { progress.validation(s.step, s.loss); };
-  const auto start = std::chrono::steady_clock::now();
-  StageRun mine;
+  return pc;
+}
+
+void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConfig& pc, const Layout& layout,
+                      const RunSettings& s) {
+  std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64
+              ", %s lr %g, %d stages, %s%s\n",
+              graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, s.micro_batch_size, pc.micro_batches,
+              optimizer_kind_name(pc.optimizer.kind), pc.optimizer.lr, layout.stages, schedule_kind_name(pc.schedule),
+              layout.replicas > 1 ? (", " + std::to_string(layout.replicas) + " data-parallel replicas on " +
+                                     std::to_string(layout.nodes) + (layout.nodes == 1 ? " host" : " hosts"))
+                                        .c_str()
+                                  : "");
+  if (!layout.pipelines_within_nodes)
+    std::printf(
+        "  warning: some host runs a number of ranks that is no multiple of %d stages, so some pipelines "
+        "span hosts and send their activations between them\n",
+        layout.stages);
+  for (const StagePlan& stage : plan.stages)
+    std::printf("  stage %d: nodes [%d, %d), predicted peak %s\n", stage.index, stage.begin, stage.end,
+                format_bytes(static_cast<double>(stage.memory.predicted_peak())).c_str());
+  if (pc.schedule == ScheduleKind::Async)
+    for (const std::string& name : tied_across_stages(graph, pc))
+      std::printf(
+          "  note: %s is tied across stages; under async each stage updates its own copy with its own "
+          "gradients (the copies drift apart; gpipe and 1f1b sum them)\n",
+          name.c_str());
+  for (const StagePlan& stage : plan.stages)
+    if (s.capacity > 0 && stage.memory.predicted_peak() > s.capacity)
+      std::printf(
+          "  warning: stage %d is predicted to peak at %s, above --device-memory; the planner's search "
+          "model under-estimated it: expect an out-of-memory error\n",
+          stage.index, format_bytes(static_cast<double>(stage.memory.predicted_peak())).c_str());
+}
+
+// Runs this rank's share: every stage in this process, or its own stage, on its replica's
+// pipeline communicator (each stage's replicas share another).
+StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const Layout& layout, RunOptions& run,
+                       bool in_process) {
   if (in_process) {
-    for (const StepLoss& s : run_pipeline_in_process(graph, pc).losses) run.on_loss(s);
-    mine.peak_bytes = DeviceMemory::peak_bytes(device);
-  } else {
-    // Each replica's pipeline on its own communicator; each stage's replicas on another.
-    MPI_Comm pipeline = MPI_COMM_WORLD;
-    if (replicas > 1) {
-      MPI_Comm_split(MPI_COMM_WORLD, layout.replica, layout.stage, &pipeline);
-      MPI_Comm_split(MPI_COMM_WORLD, layout.stage, layout.replica, &run.replica_comm);
-    }
-    mine = run_pipeline_mpi(graph, pc, pipeline, run);
-    if (replicas > 1) MPI_Comm_free(&pipeline), MPI_Comm_free(&run.replica_comm);
+    for (const StepLoss& loss : run_pipeline_in_process(graph, pc).losses) run.on_loss(loss);
+    StageRun mine;
+    mine.peak_bytes = DeviceMemory::peak_bytes(pc.device);
+    return mine;
   }
-  progress.finish();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  // Per-stage measured peaks, gathered on rank 0 next to the plan's predictions.
+  MPI_Comm pipeline = MPI_COMM_WORLD;
+  if (layout.replicas > 1) {
+    MPI_Comm_split(MPI_COMM_WORLD, layout.replica, layout.stage, &pipeline);
+    MPI_Comm_split(MPI_COMM_WORLD, layout.stage, layout.replica, &run.replica_comm);
+  }
+  StageRun mine = run_pipeline_mpi(graph, pc, pipeline, run);
+  if (layout.replicas > 1) MPI_Comm_free(&pipeline), MPI_Comm_free(&run.replica_comm);
+  return mine;
+}
+
+// Gathers every rank's actions and stage record and writes the trace on rank 0 (collective).
+void write_run_trace(const OpGraph& graph, const Plan& plan, const PipelineConfig& pc, const Layout& layout,
+                     const StageRun& mine, const MpiWorld& world, const std::string& path) {
+  Trace trace;
+  trace.actions = gather_records(mine.actions, MPI_COMM_WORLD);
+  double wall = 0;
+  MPI_Reduce(&mine.wall_s, &wall, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  const StagePlan& planned = plan.stages[static_cast<size_t>(layout.stage)];
+  StageRecord rec;
+  rec.stage = layout.stage;
+  rec.rank = world.rank;
+  rec.replica = layout.replica;
+  rec.node_begin = planned.begin;
+  rec.node_end = planned.end;
+  for (const auto& p : mine.parameters) rec.parameters += p.tensor.numel();
+  rec.predicted_peak_bytes = planned.memory.predicted_peak();
+  rec.predicted_ms_per_micro_batch = planned.time_ms();
+  rec.measured_peak_bytes = mine.peak_bytes;
+  gethostname(rec.host, sizeof rec.host - 1);
+  std::vector<StageRecord> records(static_cast<size_t>(world.size));
+  MPI_Gather(&rec, sizeof rec, MPI_BYTE, records.data(), sizeof rec, MPI_BYTE, 0, MPI_COMM_WORLD);
+  if (world.rank != 0) return;
+  trace.model = graph.model;
+  trace.preset = graph.preset;
+  trace.schedule = schedule_kind_name(pc.schedule);
+  trace.device = pc.device.str();
+  trace.transport = mine.transport;
+  trace.stages = layout.stages;
+  trace.replicas = layout.replicas;
+  trace.micro_batch_size = graph.micro_batch_size;
+  trace.micro_batches = pc.micro_batches;
+  trace.first_step = pc.first_step;
+  trace.steps = pc.steps;
+  trace.wall_s = wall;
+  trace.stage_records = records;
+  write_trace(trace, path);
+}
+
+// Rank 0: measured peaks next to the plan's predictions, the transport, throughput.
+void print_run_report(const Plan& plan, const PipelineConfig& pc, const Layout& layout, const RunSettings& s,
+                      const StageRun& mine, const MpiWorld& world, const Progress& progress, double seconds) {
   std::vector<int64_t> peaks(static_cast<size_t>(world.size));
   MPI_Gather(&mine.peak_bytes, 1, MPI_INT64_T, peaks.data(), 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
   std::vector<int> places(2 * static_cast<size_t>(world.size));  // per rank: replica, stage
   const int place[2] = {layout.replica, layout.stage};
   MPI_Gather(place, 2, MPI_INT, places.data(), 2, MPI_INT, 0, MPI_COMM_WORLD);
-  if (run.trace) {
-    Trace trace;
-    trace.actions = gather_records(mine.actions, MPI_COMM_WORLD);
-    double wall = 0;
-    MPI_Reduce(&mine.wall_s, &wall, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    StageRecord rec;
-    rec.stage = layout.stage;
-    rec.rank = world.rank;
-    rec.replica = layout.replica;
-    rec.node_begin = pc.ranges[static_cast<size_t>(layout.stage)].first;
-    rec.node_end = pc.ranges[static_cast<size_t>(layout.stage)].second;
-    for (const auto& p : mine.parameters) rec.parameters += p.tensor.numel();
-    rec.predicted_peak_bytes = plan.stages[static_cast<size_t>(layout.stage)].memory.predicted_peak();
-    rec.predicted_ms_per_micro_batch = plan.stages[static_cast<size_t>(layout.stage)].time_ms();
-    rec.measured_peak_bytes = mine.peak_bytes;
-    gethostname(rec.host, sizeof rec.host - 1);
-    std::vector<StageRecord> records(static_cast<size_t>(world.size));
-    MPI_Gather(&rec, sizeof rec, MPI_BYTE, records.data(), sizeof rec, MPI_BYTE, 0, MPI_COMM_WORLD);
-    if (world.rank == 0) {
-      trace.model = graph.model;
-      trace.preset = graph.preset;
-      trace.schedule = schedule_kind_name(pc.schedule);
-      trace.device = device.str();
-      trace.transport = mine.transport;
-      trace.stages = stages;
-      trace.replicas = replicas;
-      trace.micro_batch_size = micro_batch_size;
-      trace.micro_batches = config.micro_batches;
-      trace.first_step = pc.first_step;
-      trace.steps = config.steps;
-      trace.wall_s = wall;
-      trace.stage_records = records;
-      write_trace(trace, vm["trace"].as<std::string>());
+  if (world.rank != 0) return;
+  if (!s.save_path.empty()) std::printf("wrote weights %s\n", s.save_path.c_str());
+  if (!s.in_process && !s.quiet)
+    std::printf("  transport: %s on %s\n", mine.transport.c_str(), pc.device.is_cuda() ? "cuda" : "cpu");
+  if (!s.in_process)
+    for (int r = 0; r < world.size; ++r) {
+      const int stage = places[2 * r + 1];
+      std::printf("  stage %d%s: measured peak %s (predicted %s)\n", stage,
+                  layout.replicas > 1 ? (" of replica " + std::to_string(places[2 * r])).c_str() : "",
+                  format_bytes(double(peaks[r])).c_str(),
+                  format_bytes(double(plan.stages[static_cast<size_t>(stage)].memory.predicted_peak())).c_str());
     }
+  const double trained = static_cast<double>(pc.steps - pc.first_step);
+  // Steady state first: the first step pays for the pipeline fill and first allocations.
+  std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it)\n",
+              pc.steps, progress.last_loss(), progress.steady_samples_per_second(),
+              seconds > 0 ? s.samples_per_step * trained / seconds : 0.0);
+  if (!s.trace_path.empty())
+    std::printf("wrote trace %s (dawnpiper inspect %s)\n", s.trace_path.c_str(), s.trace_path.c_str());
+}
+
+int train_pipeline(const po::variables_map& vm, const OpGraph& graph, const Layout& layout, const RunSettings& s,
+                   const MpiWorld& world, c10::Device device, TransportChoice transport) {
+  int64_t first_step = 0;
+  if (s.resume) {
+    first_step = latest_checkpoint(s.checkpoint_dir);
+    if (first_step > s.config.steps)
+      throw ConfigError("the checkpoint is at step " + std::to_string(first_step) + ", beyond --steps " +
+                        std::to_string(s.config.steps));
   }
-  if (!save_path.empty()) {  // replica 0's stages in stage order (the replicas hold the same weights)
+  const Plan plan = agreed_plan(vm, graph, layout, s, device, world.rank);
+  const PipelineConfig pc = pipeline_config(plan, vm, graph, layout, s, device, first_step);
+  DeviceMemory::set_capacity(device, s.capacity);
+  if (world.rank == 0 && !s.quiet) print_run_header(graph, plan, pc, layout, s);
+  DeviceMemory::reset_peak(device);
+  RunOptions run;
+  run.transport = transport;
+  run.trace = !s.trace_path.empty();
+  run.checkpoint_every = s.checkpoint_every;
+  run.resume = s.resume;
+  run.checkpoint_dir = s.checkpoint_dir;
+  run.preset = graph.preset;
+  run.eval_every = s.eval_every;
+  run.eval_batches = s.eval_batches;
+  Progress progress(pc.first_step, pc.steps, s.samples_per_step, s.quiet || world.rank != 0, s.progress_style);
+  run.on_loss = [&](const StepLoss& loss) { progress.step(loss.step, loss.loss); };
+  run.on_validation = [&](const StepLoss& loss) { progress.validation(loss.step, loss.loss); };
+  const auto start = std::chrono::steady_clock::now();
+  const StageRun mine = run_this_rank(graph, pc, layout, run, s.in_process);
+  progress.finish();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (run.trace) write_run_trace(graph, plan, pc, layout, mine, world, s.trace_path);
+  if (!s.save_path.empty()) {  // replica 0's stages in stage order (the replicas hold the same weights)
     MPI_Comm first_replica;
     MPI_Comm_split(MPI_COMM_WORLD, layout.replica == 0 ? 0 : MPI_UNDEFINED, layout.stage, &first_replica);
     if (first_replica != MPI_COMM_NULL)
-      save_weights(mine.parameters, save_path, first_replica), MPI_Comm_free(&first_replica);
+      save_weights(mine.parameters, s.save_path, first_replica), MPI_Comm_free(&first_replica);
   }
-  if (world.rank == 0) {
-    if (!save_path.empty()) std::printf("wrote weights %s\n", save_path.c_str());
-    if (!in_process && !quiet)
-      std::printf("  transport: %s on %s\n", mine.transport.c_str(), device.is_cuda() ? "cuda" : "cpu");
-    if (!in_process)
-      for (int r = 0; r < world.size; ++r) {
-        const int stage = places[2 * r + 1];
-        std::printf("  stage %d%s: measured peak %s (predicted %s)\n", stage,
-                    replicas > 1 ? (" of replica " + std::to_string(places[2 * r])).c_str() : "",
-                    format_bytes(double(peaks[r])).c_str(),
-                    format_bytes(double(plan.stages[static_cast<size_t>(stage)].memory.predicted_peak())).c_str());
-      }
-    const double trained = static_cast<double>(config.steps - pc.first_step);
-    // Steady state first: the first step pays for the pipeline fill and first allocations.
-    std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it)\n",
-                config.steps, progress.last_loss(), progress.steady_samples_per_second(),
-                seconds > 0 ? samples_per_step * trained / seconds : 0.0);
-    if (run.trace)
-      std::printf("wrote trace %s (dawnpiper inspect %s)\n", vm["trace"].as<std::string>().c_str(),
-                  vm["trace"].as<std::string>().c_str());
-  }
+  print_run_report(plan, pc, layout, s, mine, world, progress, seconds);
   return 0;
+}
+
+// The plan given with --plan-in (read on rank 0, broadcast), its settings adopted into vm.
+std::optional<Plan> given_plan(po::variables_map& vm, const MpiWorld& world) {
+  if (!vm.count("plan-in")) return std::nullopt;
+  std::string text;
+  if (world.rank == 0) text = read_text_file(vm["plan-in"].as<std::string>());
+  broadcast(text);
+  Plan plan = plan_from_json(text);
+  adopt_plan_settings(plan, vm);
+  return plan;
+}
+
+}  // namespace
+
+int cmd_train(int argc, char** argv, const MpiWorld& world) {
+  po::variables_map vm;
+  if (!parse_options(argc, argv, "train",
+                     "Trains a model: one stage with the reference trainer, several as a pipeline.", train_options(),
+                     vm))
+    return 0;
+  // A given plan decides how the run trains; flags and config values may only repeat it.
+  const std::optional<Plan> plan = given_plan(vm, world);
+  const bool in_process = vm["in-process"].as<bool>();
+  const Layout layout = data_pipeline_layout(vm, world, in_process);
+  const RunSettings settings = run_settings_from(vm, layout.replicas);
+  const TransportChoice transport = transport_choice_from_name(vm["transport"].as<std::string>());
+  // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
+  const c10::Device device = rank_device(parse_device(vm["device"].as<std::string>()), MPI_COMM_WORLD);
+  check_transport_choice(transport, device);
+  CountingAllocator::install();
+  const OpGraph graph = model_source_from(vm).graph(settings.micro_batch_size);
+  if (plan && !plan->graph_hash.empty() && plan->graph_hash != graph.fingerprint())
+    throw ConfigError("the plan (--plan-in) was made for another graph: " + plan->preset + " with " +
+                      std::to_string(plan->nodes) + " nodes, fingerprint " + plan->graph_hash + "; this run's " +
+                      graph.preset + " has " + std::to_string(graph.size()) + " nodes, fingerprint " +
+                      graph.fingerprint());
+  // The reference trainer serves plain one-stage runs; traces, checkpoints and planned memory
+  // optimization need the runtime.
+  const bool runtime_features = !settings.trace_path.empty() || settings.checkpoint_every > 0 || settings.resume ||
+                                vm["memopt"].as<MemoptMode>() != MemoptMode::None || plan || device.is_cuda();
+  if (layout.stages == 1 && layout.replicas == 1 && !in_process && !runtime_features)
+    return train_one_stage(graph, settings);
+  return train_pipeline(vm, graph, layout, settings, world, device, transport);
 }
 
 }  // namespace dawnpiper

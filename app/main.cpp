@@ -1,14 +1,18 @@
 // dawnpiper: one SPMD binary for every subcommand (train, graph, ...). User errors print one
-// line and exit non-zero; with several MPI ranks a failing rank aborts the whole job so that no
-// rank is left waiting.
+// line and exit non-zero; with several MPI ranks an error every rank hits ends the job in order,
+// and a rank failing alone aborts the whole job so that no rank is left waiting.
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
+#include <functional>
 #include <exception>
 #include <iostream>
 #include <map>
 #include <string>
+
+#include <unistd.h>
 
 #include <c10/util/Exception.h>
 
@@ -36,8 +40,40 @@ void usage() {
   for (const auto& kv : commands()) std::printf("  %-14s %s\n", kv.first.c_str(), kv.second.second);
 }
 
+// Failing ranks meet here; a communicator of its own, so that no pending collective elsewhere
+// interferes.
+MPI_Comm failure_comm = MPI_COMM_NULL;
+
+// Whether every rank reached fail() within `seconds` (a barrier on failure_comm).
+bool all_ranks_failed(double seconds) {
+  MPI_Request request;
+  MPI_Ibarrier(failure_comm, &request);
+  const double start = MPI_Wtime();
+  int done = 0;
+  while (!done && MPI_Wtime() - start < seconds) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done) usleep(10000);
+  }
+  return done != 0;
+}
+
+// An error every rank hits (options, a config file) ends the job in order: rank 0 prints it
+// once (other ranks only a different message of their own) and every rank exits with the code,
+// without MPI_Abort's kill and the transport noise that follows it. A rank that fails alone
+// aborts the job, so that no rank waits for it.
 [[noreturn]] void fail(const dawnpiper::MpiWorld& world, const std::string& message, int code) {
   std::fflush(stdout);
+  if (world.size > 1 && all_ranks_failed(2.0)) {
+    uint64_t mine = std::hash<std::string>{}(message), first = mine;
+    MPI_Bcast(&first, 1, MPI_UINT64_T, 0, failure_comm);
+    if (world.rank == 0)
+      std::fprintf(stderr, "dawnpiper: error: %s\n", message.c_str());
+    else if (mine != first)
+      std::fprintf(stderr, "dawnpiper: error on rank %d: %s\n", world.rank, message.c_str());
+    std::fflush(stderr);
+    MPI_Finalize();
+    std::exit(code);
+  }
   if (world.size > 1) {
     std::fprintf(stderr, "dawnpiper: error on rank %d: %s\n", world.rank, message.c_str());
     std::fflush(stderr);
@@ -56,6 +92,7 @@ int main(int argc, char** argv) {
   dawnpiper::MpiWorld world;
   MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world.size);
+  MPI_Comm_dup(MPI_COMM_WORLD, &failure_comm);
 
   std::string name = "train";
   int shift = 1;

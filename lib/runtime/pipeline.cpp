@@ -170,6 +170,178 @@ std::map<int, at::Tensor> exact_integer_inputs(const OpGraph& g, int begin, uint
   return out;
 }
 
+namespace {
+
+// Step losses travel from the last stage to rank 0 on their own communicator, apart from the
+// activations, and reach options.on_loss there in step order.
+class LossRelay {
+ public:
+  LossRelay(const PipelineConfig& c, const RunOptions& options, MPI_Comm control, int rank, int last)
+      : c_(c), options_(options), control_(control), rank_(rank), last_(last), reported_(c.first_step) {
+    outgoing_.reserve(static_cast<size_t>(c.steps));  // kept alive for the Isends
+  }
+
+  // The last stage's loss for a step (averaged over the replicas' micro-batches).
+  void send(int64_t step, double loss) {
+    if (c_.replicas > 1) {
+      MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, options_.replica_comm);
+      loss /= static_cast<double>(c_.replicas);
+    }
+    if (rank_ == 0) return report({step, loss});
+    outgoing_.push_back(loss);
+    requests_.emplace_back();
+    MPI_Isend(&outgoing_.back(), 1, MPI_DOUBLE, 0, static_cast<int>(step), control_, &requests_.back());
+  }
+
+  // Rank 0: reports what has arrived (wait: everything up to the last step).
+  void poll(bool wait) {
+    if (rank_ != 0 || last_ == 0) return;
+    while (reported_ < c_.steps) {
+      int flag = 0;
+      MPI_Status st;
+      if (wait)
+        MPI_Probe(last_, static_cast<int>(reported_), control_, &st), flag = 1;
+      else
+        MPI_Iprobe(last_, static_cast<int>(reported_), control_, &flag, &st);
+      if (!flag) return;
+      double loss = 0;
+      MPI_Recv(&loss, 1, MPI_DOUBLE, last_, static_cast<int>(reported_), control_, MPI_STATUS_IGNORE);
+      report({reported_, loss});
+    }
+  }
+
+  void finish() {
+    poll(true);
+    if (!requests_.empty()) MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  }
+
+ private:
+  void report(const StepLoss& s) {
+    ++reported_;
+    if (options_.on_loss) options_.on_loss(s);
+  }
+
+  const PipelineConfig& c_;
+  const RunOptions& options_;
+  MPI_Comm control_;
+  int rank_, last_;
+  int64_t reported_;
+  std::vector<double> outgoing_;
+  std::vector<MPI_Request> requests_;
+};
+
+// One communicator per group of stages sharing a tied parameter (key: owner node, parameter
+// index); every rank takes part in every split, in the same order.
+using TieComms = std::vector<std::pair<std::pair<int, int>, MPI_Comm>>;
+TieComms tie_communicators(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, int rank) {
+  TieComms tie_comms;
+  for (const auto& [key, holders] : tied_groups(g, c)) {
+    const bool member = std::find(holders.begin(), holders.end(), rank) != holders.end();
+    MPI_Comm sub;
+    MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, rank, &sub);
+    if (member) tie_comms.push_back({key, sub});
+  }
+  return tie_comms;
+}
+
+// Sums each tied parameter's gradient over the stages holding it (REDUCE_TIED).
+void reduce_tied(const TieComms& tie_comms, std::vector<StageParameter>& params) {
+  for (const auto& [key, sub] : tie_comms)
+    for (auto& p : params)
+      if (p.node == key.first && p.index == key.second) {
+        if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+        // Summed in host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
+        at::Tensor grad = p.tensor.mutable_grad().to(at::kCPU).contiguous();
+        MPI_Allreduce(MPI_IN_PLACE, grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, sub);
+        p.tensor.mutable_grad() = grad.to(p.tensor.device());
+      }
+}
+
+// After an optimizer step that ends a training step: the validation loss every eval_every steps
+// and a checkpoint every checkpoint_every steps (and after the last).
+void after_step(PipelineStage& stage, Transport& transport, const PipelineConfig& c, const RunOptions& options,
+                const CheckpointIdentity& identity, MPI_Comm comm, int rank, int64_t step) {
+  const int last = static_cast<int>(c.ranges.size()) - 1;
+  if (options.eval_every > 0 && (step + 1) % options.eval_every == 0) {
+    // Message ids past every training micro-batch's.
+    const int64_t base = (c.steps + (step + 1) / options.eval_every * options.eval_batches) * c.micro_batches;
+    double sum = 0;
+    for (int64_t k = 0; k < options.eval_batches; ++k) sum += stage.evaluate(base + k, k);
+    double mean = sum / static_cast<double>(options.eval_batches);
+    MPI_Bcast(&mean, 1, MPI_DOUBLE, last, comm);
+    if (rank == 0 && options.on_validation) options.on_validation({step, mean});
+  }
+  if (options.checkpoint_every > 0 && c.replica == 0) {  // once per stage: the replicas hold the same weights
+    const int64_t done = step + 1;
+    if (done % options.checkpoint_every == 0 || done == c.steps) {
+      transport.flush();
+      write_checkpoint(options.checkpoint_dir, done, stage, identity, comm);
+    }
+  }
+}
+
+// Builds and runs this rank's stage: its action list, the losses sent to rank 0, validation and
+// checkpoints.
+StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI_Comm data_comm, MPI_Comm control_comm,
+                   const RunOptions& options, int rank) {
+  StageRun result;
+  const CheckpointIdentity identity{options.preset, optimizer_kind_name(c.optimizer.kind), g.size(),
+                                    static_cast<int64_t>(c.ranges.size())};
+  PipelineTransport link = make_pipeline_transport(data_comm, c.device, options.transport);
+  Transport& transport = *link.transport;
+  result.transport = link.description;
+  PipelineStage stage(g, stage_config(c, rank), transport);
+  if (options.resume) read_checkpoint(options.checkpoint_dir, c.first_step, stage, identity);
+  const TieComms tie_comms = tie_communicators(g, c, comm, rank);
+  StageTracer* tracing = nullptr;  // set once the tracer exists
+  std::unique_ptr<ReplicaAverager> averager;
+  if (c.replicas > 1) {
+    averager = make_replica_averager(options.replica_comm, c.device);
+    result.transport +=
+        ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averager->description();
+    stage.set_replica_reducer([&](std::vector<StageParameter>& params) {
+      const auto start = StageTracer::Clock::now();
+      const int64_t bytes = averager->average(params);
+      if (tracing) tracing->record_nested(ActionKind::AllReduce, -1, -1, bytes, start, StageTracer::Clock::now());
+    });
+  }
+  if (c.schedule != ScheduleKind::Async && !tie_comms.empty())
+    stage.set_tied_reducer([&](std::vector<StageParameter>& params) { reduce_tied(tie_comms, params); });
+  LossRelay losses(c, options, control_comm, rank, static_cast<int>(c.ranges.size()) - 1);
+  stage.set_loss_callback([&](int64_t step, double loss) { losses.send(step, loss); });
+  MPI_Barrier(comm);  // the common origin of every rank's trace times
+  StageTracer tracer(rank, stage.module().device(), transport, StageTracer::Clock::now(), options.trace);
+  tracing = &tracer;
+  if (stage.evictor())
+    stage.evictor()->set_listener(
+        [&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes, StageTracer::Clock::time_point start,
+                  StageTracer::Clock::time_point end) { tracer.record_nested(kind, mb, tensor, bytes, start, end); });
+  int64_t step = c.first_step;  // of the latest action with a micro-batch (an update belongs to it)
+  int64_t micro_batch = -1;     // the latest action's
+  for (const Action& a : stage_actions(g, c, rank)) {
+    if (a.micro_batch >= 0) step = a.micro_batch / c.micro_batches, micro_batch = a.micro_batch;
+    tracer.run(a, step, [&] { stage.execute(a); });
+    losses.poll(false);
+    // A synchronous step ends with the optimizer step: every stage is between steps there. An
+    // asynchronous stage updates after every backward; at the update after a step's last
+    // micro-batch, at a drain, nothing is in flight.
+    const bool step_done = c.schedule != ScheduleKind::Async || micro_batch % c.micro_batches == c.micro_batches - 1;
+    if (a.kind == ActionKind::OptimizerStep && step_done)
+      after_step(stage, transport, c, options, identity, comm, rank, step);
+  }
+  transport.flush();
+  losses.finish();
+  for (auto [key, sub] : tie_comms) MPI_Comm_free(&sub);
+  result.parameters = stage.module().parameters();
+  result.actions = tracer.records();
+  for (ActionRecord& r : result.actions) r.replica = c.replica;
+  result.peak_bytes = tracer.peak_bytes();
+  result.wall_s = tracer.last_end_s();
+  return result;
+}
+
+}  // namespace
+
 StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, const RunOptions& options) {
   check_ranges(g, c.ranges);
   int rank = 0, size = 1;
@@ -178,137 +350,14 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
   if (size != static_cast<int>(c.ranges.size()))
     throw ConfigError(std::to_string(c.ranges.size()) + " stages need " + std::to_string(c.ranges.size()) +
                       " MPI ranks, not " + std::to_string(size));
-  const bool checkpoints = options.checkpoint_every > 0 || options.resume;
   if (c.schedule == ScheduleKind::Async && options.checkpoint_every > 0 && c.drain_every != options.checkpoint_every)
     throw std::logic_error("async checkpoints need the pipeline to drain where they are written (drain_every)");
-  if (checkpoints && options.checkpoint_dir.empty()) throw ConfigError("--checkpoint-dir is required for checkpoints");
-  const CheckpointIdentity identity{options.preset, optimizer_kind_name(c.optimizer.kind), g.size(), size};
+  if ((options.checkpoint_every > 0 || options.resume) && options.checkpoint_dir.empty())
+    throw ConfigError("--checkpoint-dir is required for checkpoints");
   MPI_Comm data_comm, control_comm;
   MPI_Comm_dup(comm, &data_comm);
   MPI_Comm_dup(comm, &control_comm);  // loss reports, apart from activation traffic
-  const int last = size - 1;
-  StageRun result;
-  {
-    PipelineTransport link = make_pipeline_transport(data_comm, c.device, options.transport);
-    Transport& transport = *link.transport;
-    result.transport = link.description;
-    PipelineStage stage(g, stage_config(c, rank), transport);
-    if (options.resume) read_checkpoint(options.checkpoint_dir, c.first_step, stage, identity);
-    // One communicator per group of stages sharing a tied parameter; every rank takes part in
-    // every split, in the same order.
-    std::vector<std::pair<std::pair<int, int>, MPI_Comm>> tie_comms;
-    for (const auto& [key, holders] : tied_groups(g, c)) {
-      const bool member = std::find(holders.begin(), holders.end(), rank) != holders.end();
-      MPI_Comm sub;
-      MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, rank, &sub);
-      if (member) tie_comms.push_back({key, sub});
-    }
-    StageTracer* tracing = nullptr;  // set once the tracer exists
-    std::unique_ptr<ReplicaAverager> averager;
-    if (c.replicas > 1) {
-      averager = make_replica_averager(options.replica_comm, c.device);
-      result.transport +=
-          ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averager->description();
-      stage.set_replica_reducer([&](std::vector<StageParameter>& params) {
-        const auto start = StageTracer::Clock::now();
-        const int64_t bytes = averager->average(params);
-        if (tracing) tracing->record_nested(ActionKind::AllReduce, -1, -1, bytes, start, StageTracer::Clock::now());
-      });
-    }
-    if (c.schedule != ScheduleKind::Async && !tie_comms.empty())
-      stage.set_tied_reducer([&](std::vector<StageParameter>& params) {
-        for (auto& [key, sub] : tie_comms)
-          for (auto& p : params)
-            if (p.node == key.first && p.index == key.second) {
-              if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
-              // Summed in host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
-              at::Tensor grad = p.tensor.mutable_grad().to(at::kCPU).contiguous();
-              MPI_Allreduce(MPI_IN_PLACE, grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, sub);
-              p.tensor.mutable_grad() = grad.to(p.tensor.device());
-            }
-      });
-    int64_t reported = c.first_step;
-    auto report = [&](const StepLoss& s) {
-      ++reported;
-      if (options.on_loss) options.on_loss(s);
-    };
-    std::vector<double> outgoing;  // last rank: losses being sent (kept alive for Isend)
-    std::vector<MPI_Request> requests;
-    outgoing.reserve(static_cast<size_t>(c.steps));
-    stage.set_loss_callback([&](int64_t step, double loss) {
-      if (c.replicas > 1) {  // the step's loss over every replica's micro-batches
-        MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, options.replica_comm);
-        loss /= static_cast<double>(c.replicas);
-      }
-      if (rank == 0) {
-        report({step, loss});
-        return;
-      }
-      outgoing.push_back(loss);
-      requests.emplace_back();
-      MPI_Isend(&outgoing.back(), 1, MPI_DOUBLE, 0, static_cast<int>(step), control_comm, &requests.back());
-    });
-    auto poll_losses = [&](bool wait) {
-      if (rank != 0 || last == 0) return;
-      while (reported < c.steps) {
-        int flag = 0;
-        MPI_Status st;
-        if (wait)
-          MPI_Probe(last, static_cast<int>(reported), control_comm, &st), flag = 1;
-        else
-          MPI_Iprobe(last, static_cast<int>(reported), control_comm, &flag, &st);
-        if (!flag) return;
-        double loss = 0;
-        MPI_Recv(&loss, 1, MPI_DOUBLE, last, static_cast<int>(reported), control_comm, MPI_STATUS_IGNORE);
-        report({reported, loss});
-      }
-    };
-    MPI_Barrier(comm);  // the common origin of every rank's trace times
-    StageTracer tracer(rank, stage.module().device(), transport, StageTracer::Clock::now(), options.trace);
-    tracing = &tracer;
-    if (stage.evictor())
-      stage.evictor()->set_listener(
-          [&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes, StageTracer::Clock::time_point start,
-                    StageTracer::Clock::time_point end) { tracer.record_nested(kind, mb, tensor, bytes, start, end); });
-    int64_t step = c.first_step;  // of the latest action with a micro-batch (an update belongs to it)
-    int64_t micro_batch = -1;     // the latest action's
-    for (const Action& a : stage_actions(g, c, rank)) {
-      if (a.micro_batch >= 0) step = a.micro_batch / c.micro_batches, micro_batch = a.micro_batch;
-      tracer.run(a, step, [&] { stage.execute(a); });
-      poll_losses(false);
-      // A synchronous step ends with the optimizer step: every stage is between steps there. An
-      // asynchronous stage updates after every backward; at the update after a step's last
-      // micro-batch, at a drain, nothing is in flight.
-      const bool step_done = c.schedule != ScheduleKind::Async || micro_batch % c.micro_batches == c.micro_batches - 1;
-      if (a.kind == ActionKind::OptimizerStep && options.eval_every > 0 && step_done &&
-          (step + 1) % options.eval_every == 0) {
-        // Message ids past every training micro-batch's.
-        const int64_t base = (c.steps + (step + 1) / options.eval_every * options.eval_batches) * c.micro_batches;
-        double sum = 0;
-        for (int64_t k = 0; k < options.eval_batches; ++k) sum += stage.evaluate(base + k, k);
-        double mean = sum / static_cast<double>(options.eval_batches);
-        MPI_Bcast(&mean, 1, MPI_DOUBLE, last, comm);
-        if (rank == 0 && options.on_validation) options.on_validation({step, mean});
-      }
-      if (a.kind == ActionKind::OptimizerStep && options.checkpoint_every > 0 && step_done && c.replica == 0) {
-        // Written once per stage: the replicas hold the same weights.
-        const int64_t done = step + 1;
-        if (done % options.checkpoint_every == 0 || done == c.steps) {
-          transport.flush();
-          write_checkpoint(options.checkpoint_dir, done, stage, identity, comm);
-        }
-      }
-    }
-    transport.flush();
-    poll_losses(true);
-    if (!requests.empty()) MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
-    for (auto& [key, sub] : tie_comms) MPI_Comm_free(&sub);
-    result.parameters = stage.module().parameters();
-    result.actions = tracer.records();
-    for (ActionRecord& r : result.actions) r.replica = c.replica;
-    result.peak_bytes = tracer.peak_bytes();
-    result.wall_s = tracer.last_end_s();
-  }
+  StageRun result = run_stage(g, c, comm, data_comm, control_comm, options, rank);
   MPI_Comm_free(&data_comm);
   MPI_Comm_free(&control_comm);
   return result;
