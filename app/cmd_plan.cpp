@@ -18,8 +18,9 @@
 
 namespace dawnpiper {
 
-int cmd_plan(int argc, char** argv, const MpiWorld& world) {
-  po::options_description options;
+namespace {
+
+po::options_description plan_options() {
   po::options_description own("Plan options");
   // clang-format off
   own.add_options()
@@ -39,16 +40,16 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
                                                             "is part of each stage's time; reports the predicted step")
       ("out", po::value<std::string>(), "write the plan as JSON");
   // clang-format on
+  po::options_description options;
   options.add(own).add(common_options()).add(model_override_options());
-  po::variables_map vm;
-  if (!parse_options(argc, argv, "plan", "Plans pipeline stages and per-tensor memory optimization from a profile.",
-                     options, vm))
-    return 0;
-  if (world.rank != 0) return 0;
-  if (vm.count("out")) check_writable(vm["out"].as<std::string>());
+  return options;
+}
+
+// The profile to plan from (a file, or the model's analytic profile for a device spec) and the
+// options to plan with: a device spec's capacity and bandwidths unless flags override them.
+Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
   const int64_t B = vm["micro-batch-size"].as<int64_t>();
   if (B < 1) throw ConfigError("micro-batch size must be at least 1");
-  PlanOptions o;
   Profile profile;
   if (vm.count("profile-in")) {
     profile = read_profile(vm["profile-in"].as<std::string>());
@@ -85,7 +86,20 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
     o.host_bandwidth = static_cast<double>(parse_bytes(vm["host-bandwidth"].as<std::string>(), "--host-bandwidth"));
   if (vm.count("link-bandwidth"))
     o.link_bandwidth = static_cast<double>(parse_bytes(vm["link-bandwidth"].as<std::string>(), "--link-bandwidth"));
+  return profile;
+}
 
+}  // namespace
+
+int cmd_plan(int argc, char** argv, const MpiWorld& world) {
+  po::variables_map vm;
+  if (!parse_options(argc, argv, "plan", "Plans pipeline stages and per-tensor memory optimization from a profile.",
+                     plan_options(), vm))
+    return 0;
+  if (world.rank != 0) return 0;
+  if (vm.count("out")) check_writable(vm["out"].as<std::string>());
+  PlanOptions o;
+  const Profile profile = profile_and_options(vm, o);
   Plan plan;
   if (vm["max-batch"].as<bool>()) {
     MaxBatch best = find_max_batch(profile, o);

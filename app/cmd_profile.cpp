@@ -35,10 +35,8 @@ std::vector<int64_t> parse_batch_sizes(const std::string& text) {
   if (out.empty()) throw ConfigError("--batch-sizes is empty");
   return out;
 }
-}  // namespace
 
-int cmd_profile(int argc, char** argv, const MpiWorld& world) {
-  po::options_description options;
+po::options_description profile_options() {
   po::options_description own("Profile options");
   // clang-format off
   own.add_options()
@@ -56,11 +54,18 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
       ("analytic", po::bool_switch(), "estimate from shapes and a device spec instead of measuring")
       ("device-spec", po::value<std::string>(), "with --analytic: a100-40gb | h100-80gb | spec file");
   // clang-format on
+  po::options_description options;
   options.add(own).add(common_options()).add(model_override_options());
+  return options;
+}
+
+}  // namespace
+
+int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   po::variables_map vm;
   if (!parse_options(argc, argv, "profile",
-                     "Measures per-node time and memory of a model's op graph and writes an HDF5 profile.", options,
-                     vm))
+                     "Measures per-node time and memory of a model's op graph and writes an HDF5 profile.",
+                     profile_options(), vm))
     return 0;
   if (!vm.count("out")) throw ConfigError("--out FILE is required (where to write the profile)");
   if (world.rank != 0) return 0;

@@ -19,8 +19,9 @@
 
 namespace dawnpiper {
 
-int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
-  po::options_description options;
+namespace {
+
+po::options_description replay_options() {
   po::options_description own("Replay options");
   // clang-format off
   own.add_options()
@@ -30,11 +31,58 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
       ("optimizer", po::value<OptimizerKind>(), "sgd | adam (default: the plan's)")
       ("lr", po::value<double>()->default_value(0.01), "learning rate");
   // clang-format on
+  po::options_description options;
   options.add(own).add(common_options()).add(model_override_options());
+  return options;
+}
+
+// Measured against predicted, over the steady state (every step after the first).
+void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineConfig& pc, const StageTracer& tracer) {
+  double fwd = 0, bwd = 0, step_s = 0, recompute = 0, swap = 0;
+  int64_t fwds = 0, bwds = 0;
+  const int64_t from = pc.steps > 1 ? 1 : 0;
+  for (const ActionRecord& r : tracer.records()) {
+    if (r.step < from) continue;
+    const double d = r.end_s - r.start_s;
+    if (!is_evictor(r.action_kind())) step_s += d;
+    if (r.action_kind() == ActionKind::Forward) fwd += d, ++fwds;
+    if (r.action_kind() == ActionKind::Backward) bwd += d, ++bwds;
+    // The evictor's work happens inside forwards and backwards (their times include it).
+    if (r.action_kind() == ActionKind::Recompute) recompute += d;
+    if (r.action_kind() == ActionKind::SwapOut || r.action_kind() == ActionKind::SwapIn) swap += d;
+  }
+  const StagePlan& sp = plan.stages[x];
+  const double measured_ms = 1e3 * (fwd / std::max<int64_t>(fwds, 1) + bwd / std::max<int64_t>(bwds, 1));
+  std::printf("stage %d of %d (%s, nodes [%d, %d), %s schedule, %" PRId64 " micro-batches of %" PRId64 "), %" PRId64
+              " steps on %s with stand-in inputs\n",
+              x, static_cast<int>(plan.stages.size()), graph.preset.c_str(), sp.begin, sp.end,
+              schedule_kind_name(pc.schedule), pc.micro_batches, graph.micro_batch_size, pc.steps,
+              pc.device.str().c_str());
+  std::printf(
+      "forward+backward per micro-batch: measured %.3f ms (forward %.3f, backward %.3f), predicted %.3f ms (%+.1f%%)\n",
+      measured_ms, 1e3 * fwd / std::max<int64_t>(fwds, 1), 1e3 * bwd / std::max<int64_t>(bwds, 1), sp.compute_ms,
+      sp.compute_ms > 0 ? 100 * (measured_ms / sp.compute_ms - 1) : 0.0);
+  const double per_micro_batch = 1e3 / static_cast<double>(std::max<int64_t>(bwds, 1));
+  std::printf("memory optimization per micro-batch: recompute %.3f ms, swap %.3f ms (%s), predicted overhead %.3f ms\n",
+              recompute * per_micro_batch, swap * per_micro_batch,
+              pc.device.is_cuda() ? "issue time; the copies run on a side stream" : "not overlapped on cpu",
+              sp.memopt_ms);
+  std::printf("time per step (steps %" PRId64 "..%" PRId64 "): %.3f ms\n", from, pc.steps - 1,
+              1e3 * step_s / static_cast<double>(pc.steps - from));
+  std::printf("peak memory: measured %s, predicted %s (%+.1f%%)\n", format_bytes(double(tracer.peak_bytes())).c_str(),
+              format_bytes(double(sp.memory.predicted_peak())).c_str(),
+              sp.memory.predicted_peak() > 0
+                  ? 100 * (double(tracer.peak_bytes()) / double(sp.memory.predicted_peak()) - 1)
+                  : 0.0);
+}
+
+}  // namespace
+
+int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   po::variables_map vm;
   if (!parse_options(argc, argv, "replay-stage",
-                     "Runs one stage of a plan alone with stand-in inputs; measures its time and peak memory.", options,
-                     vm))
+                     "Runs one stage of a plan alone with stand-in inputs; measures its time and peak memory.",
+                     replay_options(), vm))
     return 0;
   if (!vm.count("plan") || !vm.count("stage")) throw ConfigError("--plan FILE and --stage X are required");
   if (world.rank != 0) return 0;
@@ -91,41 +139,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
     if (a.micro_batch >= 0) step = a.micro_batch / pc.micro_batches;
     tracer.run(a, step, [&] { stage.execute(a); });
   }
-  // Steady state: every step after the first.
-  double fwd = 0, bwd = 0, step_s = 0, recompute = 0, swap = 0;
-  int64_t fwds = 0, bwds = 0;
-  const int64_t from = steps > 1 ? 1 : 0;
-  for (const ActionRecord& r : tracer.records()) {
-    if (r.step < from) continue;
-    const double d = r.end_s - r.start_s;
-    if (!is_evictor(r.action_kind())) step_s += d;
-    if (r.action_kind() == ActionKind::Forward) fwd += d, ++fwds;
-    if (r.action_kind() == ActionKind::Backward) bwd += d, ++bwds;
-    // The evictor's work happens inside forwards and backwards (their times include it).
-    if (r.action_kind() == ActionKind::Recompute) recompute += d;
-    if (r.action_kind() == ActionKind::SwapOut || r.action_kind() == ActionKind::SwapIn) swap += d;
-  }
-  const StagePlan& sp = plan.stages[x];
-  const double measured_ms = 1e3 * (fwd / std::max<int64_t>(fwds, 1) + bwd / std::max<int64_t>(bwds, 1));
-  std::printf("stage %d of %d (%s, nodes [%d, %d), %s schedule, %" PRId64 " micro-batches of %" PRId64 "), %" PRId64
-              " steps on %s with stand-in inputs\n",
-              x, stages, graph.preset.c_str(), sp.begin, sp.end, schedule_kind_name(pc.schedule), pc.micro_batches,
-              batch, steps, device.str().c_str());
-  std::printf(
-      "forward+backward per micro-batch: measured %.3f ms (forward %.3f, backward %.3f), predicted %.3f ms (%+.1f%%)\n",
-      measured_ms, 1e3 * fwd / std::max<int64_t>(fwds, 1), 1e3 * bwd / std::max<int64_t>(bwds, 1), sp.compute_ms,
-      sp.compute_ms > 0 ? 100 * (measured_ms / sp.compute_ms - 1) : 0.0);
-  const double per_micro_batch = 1e3 / static_cast<double>(std::max<int64_t>(bwds, 1));
-  std::printf("memory optimization per micro-batch: recompute %.3f ms, swap %.3f ms (%s), predicted overhead %.3f ms\n",
-              recompute * per_micro_batch, swap * per_micro_batch,
-              device.is_cuda() ? "issue time; the copies run on a side stream" : "not overlapped on cpu", sp.memopt_ms);
-  std::printf("time per step (steps %" PRId64 "..%" PRId64 "): %.3f ms\n", from, steps - 1,
-              1e3 * step_s / static_cast<double>(steps - from));
-  std::printf("peak memory: measured %s, predicted %s (%+.1f%%)\n", format_bytes(double(tracer.peak_bytes())).c_str(),
-              format_bytes(double(sp.memory.predicted_peak())).c_str(),
-              sp.memory.predicted_peak() > 0
-                  ? 100 * (double(tracer.peak_bytes()) / double(sp.memory.predicted_peak()) - 1)
-                  : 0.0);
+  print_replay(plan, x, graph, pc, tracer);
   return 0;
 }
 

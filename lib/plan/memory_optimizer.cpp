@@ -153,64 +153,57 @@ void MemoryOptimizer::rebuild_recompute(int b, int e, const std::vector<char>& d
     if (decided[i] == 2) commit_recompute(static_cast<int>(i), b, e);
 }
 
-void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out) {
-  const int64_t k = std::max(1, model_.in_flight(x));
+void MemoryOptimizer::take_swap(Selection& s, size_t i, double overhead) {
+  s.decided[i] = 1;
+  s.paid[i] = overhead;
+  s.need -= s.k * candidates_[i].bytes;
+  s.link_left -= candidates_[i].swap_ms;
+  s.swap_overhead += overhead;
+}
+
+void MemoryOptimizer::take_recompute(Selection& s, size_t i, double cost, int b, int e) {
+  s.decided[i] = 2;
+  s.paid[i] = cost;
+  s.need -= s.k * candidates_[i].bytes;
+  commit_recompute(static_cast<int>(i), b, e);
+}
+
+// The stall a swap adds: its own (negative FreeTime) plus what overflows the host link.
+double MemoryOptimizer::swap_overhead_of(const Selection& s, size_t i) const {
+  const Candidate& c = candidates_[i];
+  return std::max(0.0, -c.free_ms) + std::max(0.0, c.swap_ms - std::max(0.0, s.link_left));
+}
+
+// Phase 1: swaps that hide behind compute, largest FreeTime first, while the link has room.
+void MemoryOptimizer::take_free_swaps(Selection& s) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < candidates_.size(); ++i)
+    if (candidates_[i].free_ms > 0) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t c) {
+    if (candidates_[a].free_ms != candidates_[c].free_ms) return candidates_[a].free_ms > candidates_[c].free_ms;
+    return a < c;
+  });
+  for (size_t i : order) {
+    if (s.need <= 0) break;
+    if (candidates_[i].swap_ms <= s.link_left) take_swap(s, i, 0);
+  }
+}
+
+// Phase 2: the option saving the most memory per millisecond of added time, until enough is
+// saved; the last step takes the cheapest single candidate that covers what is left.
+void MemoryOptimizer::take_cheapest(Selection& s, int b, int e) {
   const bool swaps = mode_ == MemoptMode::SwapRecompute;
   const size_t count = candidates_.size();
-  std::vector<char> decided(count, 0);  // 0 keep, 1 swap, 2 recompute
-  std::vector<double> paid(count, 0);   // cost when taken
-  // The host link carries, each way, at most one F+B period of traffic per micro-batch.
-  double link_left = model_.compute_ms(b, e);
-  double swap_overhead = 0;
-  ++rerun_;
-  recompute_total_ms_ = 0;
-
-  auto saving = [&](size_t i) { return k * candidates_[i].bytes; };
-  auto take_swap = [&](size_t i, double overhead) {
-    decided[i] = 1;
-    paid[i] = overhead;
-    need -= saving(i);
-    link_left -= candidates_[i].swap_ms;
-    swap_overhead += overhead;
-  };
-  auto take_recompute = [&](size_t i, double cost) {
-    decided[i] = 2;
-    paid[i] = cost;
-    need -= saving(i);
-    commit_recompute(static_cast<int>(i), b, e);
-  };
-  auto swap_overhead_of = [&](size_t i) {
-    const Candidate& c = candidates_[i];
-    return std::max(0.0, -c.free_ms) + std::max(0.0, c.swap_ms - std::max(0.0, link_left));
-  };
-
-  // Phase 1: free swaps, largest FreeTime first.
-  if (swaps) {
-    std::vector<size_t> order;
-    for (size_t i = 0; i < count; ++i)
-      if (candidates_[i].free_ms > 0) order.push_back(i);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t c) {
-      if (candidates_[a].free_ms != candidates_[c].free_ms) return candidates_[a].free_ms > candidates_[c].free_ms;
-      return a < c;
-    });
-    for (size_t i : order) {
-      if (need <= 0) break;
-      if (candidates_[i].swap_ms <= link_left) take_swap(i, 0);
-    }
-  }
-
-  // Phase 2: the option saving the most memory per millisecond of added time.
+  auto saving = [&](size_t i) { return s.k * candidates_[i].bytes; };
   using Entry = std::pair<double, size_t>;  // (bytes saved per ms, candidate)
   std::priority_queue<Entry> swap_heap, recompute_heap;
   auto ratio = [&](size_t i, double cost) { return cost <= 0 ? kInf : static_cast<double>(saving(i)) / cost; };
-  if (need > 0) {
-    for (size_t i = 0; i < count; ++i) {
-      if (decided[i]) continue;
-      if (swaps) swap_heap.push({ratio(i, swap_overhead_of(i)), i});
-      if (candidates_[i].recomputable) {
-        double cost = marginal_recompute_ms(static_cast<int>(i), b, e);
-        if (cost < kInf) recompute_heap.push({ratio(i, cost), i});
-      }
+  for (size_t i = 0; i < count; ++i) {
+    if (s.decided[i]) continue;
+    if (swaps) swap_heap.push({ratio(i, swap_overhead_of(s, i)), i});
+    if (candidates_[i].recomputable) {
+      double cost = marginal_recompute_ms(static_cast<int>(i), b, e);
+      if (cost < kInf) recompute_heap.push({ratio(i, cost), i});
     }
   }
   // Takes the best current entry off a heap. Keys go stale towards worse (the link fills up,
@@ -220,8 +213,8 @@ void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out
     while (!heap.empty()) {
       Entry top = heap.top();
       heap.pop();
-      if (decided[top.second]) continue;
-      cost = is_swap ? swap_overhead_of(top.second) : marginal_recompute_ms(static_cast<int>(top.second), b, e);
+      if (s.decided[top.second]) continue;
+      cost = is_swap ? swap_overhead_of(s, top.second) : marginal_recompute_ms(static_cast<int>(top.second), b, e);
       if (cost == kInf) continue;  // an input it needs is no longer on the device
       double r = ratio(top.second, cost);
       if (r < top.first && !heap.empty() && r < heap.top().first) {
@@ -233,7 +226,7 @@ void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out
     }
     return false;
   };
-  while (need > 0) {
+  while (s.need > 0) {
     size_t swap_i = 0, recompute_i = 0;
     double swap_cost = 0, recompute_cost = 0;
     bool has_swap = swaps && pop_best(swap_heap, true, swap_i, swap_cost);
@@ -242,13 +235,13 @@ void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out
     bool pick_swap = has_swap && (!has_recompute || ratio(swap_i, swap_cost) >= ratio(recompute_i, recompute_cost));
     size_t pick = pick_swap ? swap_i : recompute_i;
     double pick_cost = pick_swap ? swap_cost : recompute_cost;
-    if (saving(pick) >= need) {
+    if (saving(pick) >= s.need) {
       // The last step: a single candidate that covers what is left at a lower absolute cost
       // beats the best ratio (which may save far more than needed).
       for (size_t i = 0; i < count; ++i) {
-        if (decided[i] || saving(i) < need) continue;
+        if (s.decided[i] || saving(i) < s.need) continue;
         if (swaps) {
-          double c = swap_overhead_of(i);
+          double c = swap_overhead_of(s, i);
           if (c < pick_cost) pick = i, pick_cost = c, pick_swap = true;
         }
         if (candidates_[i].recomputable) {
@@ -257,62 +250,76 @@ void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out
         }
       }
       if (pick_swap)
-        take_swap(pick, pick_cost);
+        take_swap(s, pick, pick_cost);
       else
-        take_recompute(pick, pick_cost);
+        take_recompute(s, pick, pick_cost, b, e);
       break;
     }
     if (pick_swap) {
-      take_swap(swap_i, swap_cost);
+      take_swap(s, swap_i, swap_cost);
       if (has_recompute) recompute_heap.push({ratio(recompute_i, recompute_cost), recompute_i});
     } else {
-      take_recompute(recompute_i, recompute_cost);
+      take_recompute(s, recompute_i, recompute_cost, b, e);
       if (has_swap) swap_heap.push({ratio(swap_i, swap_cost), swap_i});
     }
   }
+}
 
-  if (need <= 0) {
-    // Trim: give back the costliest evictions that are no longer needed.
-    std::vector<size_t> taken;
-    for (size_t i = 0; i < count; ++i)
-      if (decided[i] && paid[i] > 0) taken.push_back(i);
-    std::sort(taken.begin(), taken.end(), [&](size_t a, size_t c) { return paid[a] > paid[c]; });
-    bool recompute_changed = false;
-    for (size_t i : taken) {
-      if (need + saving(i) > 0) continue;
-      need += saving(i);
-      if (decided[i] == 1) {
-        swap_overhead -= paid[i];
-        link_left += candidates_[i].swap_ms;
-      } else {
-        if (granularity_ == MemoptGranularity::Tensor)
-          tensor_state_[static_cast<size_t>(candidates_[i].tensor)] = kKeep;
-        recompute_changed = true;
-      }
-      decided[i] = 0;
+// Phase 3: gives back the costliest evictions that are no longer needed.
+void MemoryOptimizer::trim(Selection& s, int b, int e) {
+  std::vector<size_t> taken;
+  for (size_t i = 0; i < candidates_.size(); ++i)
+    if (s.decided[i] && s.paid[i] > 0) taken.push_back(i);
+  std::sort(taken.begin(), taken.end(), [&](size_t a, size_t c) { return s.paid[a] > s.paid[c]; });
+  bool recompute_changed = false;
+  for (size_t i : taken) {
+    const int64_t saving = s.k * candidates_[i].bytes;
+    if (s.need + saving > 0) continue;
+    s.need += saving;
+    if (s.decided[i] == 1) {
+      s.swap_overhead -= s.paid[i];
+      s.link_left += candidates_[i].swap_ms;
+    } else {
+      if (granularity_ == MemoptGranularity::Tensor) tensor_state_[static_cast<size_t>(candidates_[i].tensor)] = kKeep;
+      recompute_changed = true;
     }
-    if (recompute_changed) rebuild_recompute(b, e, decided);
+    s.decided[i] = 0;
   }
+  if (recompute_changed) rebuild_recompute(b, e, s.decided);
+}
 
-  out.feasible = need <= 0;
-  out.overhead_ms = std::max(0.0, swap_overhead) + recompute_total_ms_;
+void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out) {
+  Selection s;
+  s.k = std::max(1, model_.in_flight(x));
+  s.need = need;
+  s.decided.assign(candidates_.size(), 0);
+  s.paid.assign(candidates_.size(), 0);
+  s.link_left = model_.compute_ms(b, e);
+  ++rerun_;
+  recompute_total_ms_ = 0;
+  if (mode_ == MemoptMode::SwapRecompute) take_free_swaps(s);
+  if (s.need > 0) take_cheapest(s, b, e);
+  if (s.need <= 0) trim(s, b, e);
+
+  out.feasible = s.need <= 0;
+  out.overhead_ms = std::max(0.0, s.swap_overhead) + recompute_total_ms_;
   int64_t evicted = 0;
-  for (size_t i = 0; i < count; ++i) {
-    if (!decided[i]) continue;
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    if (!s.decided[i]) continue;
     evicted += candidates_[i].bytes;
-    if (decided[i] == 1)
+    if (s.decided[i] == 1)
       ++out.swapped;
     else
       ++out.recomputed;
     // Record the decision on every member tensor (for the output below).
-    auto mark = [&](int t) { tensor_state_[static_cast<size_t>(t)] = decided[i] == 1 ? kSwap : kRecompute; };
+    auto mark = [&](int t) { tensor_state_[static_cast<size_t>(t)] = s.decided[i] == 1 ? kSwap : kRecompute; };
     if (granularity_ == MemoptGranularity::Block)
       for (int t : unit_members_[i]) mark(t);
     else
       mark(candidates_[i].tensor);
   }
   out.activation_per_micro_batch -= evicted;
-  out.peak = out.peak_before - k * evicted;
+  out.peak = out.peak_before - s.k * evicted;
 }
 
 StageMemopt MemoryOptimizer::optimize(int b, int e, int x, bool with_decisions) {

@@ -68,8 +68,24 @@ class MemoryOptimizer {
     double swap_ms = 0;  // one direction
     double free_ms = 0;  // idle - 2 * swap_ms
   };
+  // The greedy pass's running state: what is decided, at what cost, what is still missing.
+  struct Selection {
+    int64_t k = 1;              // in-flight micro-batches: an eviction saves k * bytes
+    int64_t need = 0;           // bytes still to save
+    std::vector<char> decided;  // per candidate: 0 keep, 1 swap, 2 recompute
+    std::vector<double> paid;   // cost when taken
+    double link_left = 0;       // host-link time left (one F+B period per micro-batch each way)
+    double swap_overhead = 0;   // stalls of the swaps taken
+  };
   void gather(int b, int e, int x);
   void greedy(int b, int e, int x, int64_t need, StageMemopt& out);
+  // The greedy pass's phases (see the file comment): free swaps, cheapest saving per ms, trim.
+  void take_free_swaps(Selection& s);
+  void take_cheapest(Selection& s, int b, int e);
+  void trim(Selection& s, int b, int e);
+  void take_swap(Selection& s, size_t i, double overhead);
+  void take_recompute(Selection& s, size_t i, double cost, int b, int e);
+  double swap_overhead_of(const Selection& s, size_t i) const;
   // Recompute cost model: marginal cost of evicting candidate i, and committing it.
   double marginal_recompute_ms(int i, int b, int e);
   void commit_recompute(int i, int b, int e);
