@@ -70,10 +70,9 @@ Profile measured_profile(const po::variables_map& vm, const OpGraph& graph, c10:
   return profile;
 }
 
-// Rank 0: the plan (loaded, or made from a loaded or freshly measured profile) as JSON.
+// Rank 0: a plan made from a loaded or freshly measured profile, as JSON.
 std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int stages, int replicas, int64_t capacity,
                           c10::Device device) {
-  if (vm.count("plan-in")) return read_text_file(vm["plan-in"].as<std::string>());
   Profile profile;
   if (vm.count("profile-in")) {
     profile = read_profile(vm["profile-in"].as<std::string>());
@@ -342,25 +341,33 @@ int train_one_stage(const OpGraph& graph, const RunSettings& s) {
   return 0;
 }
 
-// The plan every rank runs: rank 0's (a resumed run's saved one, --plan-in, or planned here),
-// broadcast and checked against this run.
-Plan agreed_plan(const po::variables_map& vm, const OpGraph& graph, const Layout& layout, const RunSettings& s,
-                 c10::Device device, int rank) {
+// A plan given with --plan-in: its text (every rank has it) and what it says.
+struct GivenPlan {
+  std::string json;
+  Plan plan;
+};
+
+// The plan every rank runs: the given one, or rank 0's (a resumed run's saved one, or planned
+// here) broadcast; checked against this run.
+Plan agreed_plan(const po::variables_map& vm, const std::optional<GivenPlan>& given, const OpGraph& graph,
+                 const Layout& layout, const RunSettings& s, c10::Device device, int rank) {
   if (vm.count("plan-out")) check_writable(vm["plan-out"].as<std::string>());
   const std::string saved_plan = s.checkpoint_dir.empty() ? "" : s.checkpoint_dir + "/plan.json";
   std::string plan_json;
-  if (rank == 0) {
+  if (given) {
+    plan_json = given->json;
+  } else {
     // A resumed run keeps the split its checkpoint was written with.
-    if (s.resume && !vm.count("plan-in") && std::ifstream(saved_plan).good())
-      plan_json = read_text_file(saved_plan);
-    else
-      plan_json = plan_on_rank0(vm, graph, layout.stages, layout.replicas, s.capacity, device);
-    if (s.checkpoint_every > 0) {
-      make_directories(s.checkpoint_dir);
-      write_text_atomically(saved_plan, plan_json);
-    }
+    if (rank == 0)
+      plan_json = s.resume && std::ifstream(saved_plan).good()
+                      ? read_text_file(saved_plan)
+                      : plan_on_rank0(vm, graph, layout.stages, layout.replicas, s.capacity, device);
+    broadcast(plan_json);
   }
-  broadcast(plan_json);
+  if (rank == 0 && s.checkpoint_every > 0) {
+    make_directories(s.checkpoint_dir);
+    write_text_atomically(saved_plan, plan_json);
+  }
   Plan plan = plan_from_json(plan_json);
   if (plan.precision != graph.precision)
     throw ConfigError("the plan was made for " + plan.precision + ", this run trains in " + graph.precision +
@@ -522,8 +529,9 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const Layout& 
     std::printf("wrote trace %s (dawnpiper inspect %s)\n", s.trace_path.c_str(), s.trace_path.c_str());
 }
 
-int train_pipeline(const po::variables_map& vm, const OpGraph& graph, const Layout& layout, const RunSettings& s,
-                   const MpiWorld& world, c10::Device device, TransportChoice transport) {
+int train_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& given, const OpGraph& graph,
+                   const Layout& layout, const RunSettings& s, const MpiWorld& world, c10::Device device,
+                   TransportChoice transport) {
   int64_t first_step = 0;
   if (s.resume) {
     first_step = latest_checkpoint(s.checkpoint_dir);
@@ -531,7 +539,7 @@ int train_pipeline(const po::variables_map& vm, const OpGraph& graph, const Layo
       throw ConfigError("the checkpoint is at step " + std::to_string(first_step) + ", beyond --steps " +
                         std::to_string(s.config.steps));
   }
-  const Plan plan = agreed_plan(vm, graph, layout, s, device, world.rank);
+  const Plan plan = agreed_plan(vm, given, graph, layout, s, device, world.rank);
   const PipelineConfig pc = pipeline_config(plan, vm, graph, layout, s, device, first_step);
   DeviceMemory::set_capacity(device, s.capacity);
   if (world.rank == 0 && !s.quiet) print_run_header(graph, plan, pc, layout, s);
@@ -564,14 +572,14 @@ int train_pipeline(const po::variables_map& vm, const OpGraph& graph, const Layo
 }
 
 // The plan given with --plan-in (read on rank 0, broadcast), its settings adopted into vm.
-std::optional<Plan> given_plan(po::variables_map& vm, const MpiWorld& world) {
+std::optional<GivenPlan> given_plan(po::variables_map& vm, const MpiWorld& world) {
   if (!vm.count("plan-in")) return std::nullopt;
-  std::string text;
-  if (world.rank == 0) text = read_text_file(vm["plan-in"].as<std::string>());
-  broadcast(text);
-  Plan plan = plan_from_json(text);
-  adopt_plan_settings(plan, vm);
-  return plan;
+  GivenPlan given;
+  if (world.rank == 0) given.json = read_text_file(vm["plan-in"].as<std::string>());
+  broadcast(given.json);
+  given.plan = plan_from_json(given.json);
+  adopt_plan_settings(given.plan, vm);
+  return given;
 }
 
 }  // namespace
@@ -583,7 +591,8 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
                      vm))
     return 0;
   // A given plan decides how the run trains; flags and config values may only repeat it.
-  const std::optional<Plan> plan = given_plan(vm, world);
+  const std::optional<GivenPlan> given = given_plan(vm, world);
+  const Plan* plan = given ? &given->plan : nullptr;
   const bool in_process = vm["in-process"].as<bool>();
   const Layout layout = data_pipeline_layout(vm, world, in_process);
   const RunSettings settings = run_settings_from(vm, layout.replicas);
@@ -604,7 +613,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
                                 vm["memopt"].as<MemoptMode>() != MemoptMode::None || plan || device.is_cuda();
   if (layout.stages == 1 && layout.replicas == 1 && !in_process && !runtime_features)
     return train_one_stage(graph, settings);
-  return train_pipeline(vm, graph, layout, settings, world, device, transport);
+  return train_pipeline(vm, given, graph, layout, settings, world, device, transport);
 }
 
 }  // namespace dawnpiper

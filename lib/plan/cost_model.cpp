@@ -23,7 +23,6 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
   if (!(options.host_bandwidth > 0) || !(options.link_bandwidth > 0))
     throw ConfigError("host and link bandwidths must be positive");
   schedule_ = options.schedule;
-  optimizer_multiplier_ = optimizer_state_multiplier(options.optimizer);
   host_bw_ = options.host_bandwidth;
   link_bw_ = options.link_bandwidth;
   if (options.data_parallel < 1) throw ConfigError("data parallelism must be at least 1");
@@ -161,7 +160,7 @@ MemoryBreakdown CostModel::memory(int b, int e, int x, int64_t activation_per_mi
   m.weight_versions = std::max(1, weight_versions(x));
   m.stashed_weights = static_cast<int64_t>(m.weight_versions - 1) * m.weights;
   m.gradients = m.weights;
-  m.optimizer = optimizer_multiplier_ * m.weights;
+  m.optimizer = optimizer_multiplier() * m.weights;
   m.activation_per_micro_batch = activation_per_micro_batch;
   m.in_flight = in_flight(x);
   m.activations = m.in_flight * activation_per_micro_batch;
@@ -177,7 +176,7 @@ double CostModel::balanced_group_peak(int b, int e, int x0, int x1) const {
   // peaks P across the group give sum_x (P - T) / (a_x W + c_x A) = 1.
   double inverse_sum = 0;
   for (int x = x0; x <= x1; ++x) {
-    double per_stage = (std::max(1, weight_versions(x)) + 1 + optimizer_multiplier_) * weights + in_flight(x) * acts;
+    double per_stage = (std::max(1, weight_versions(x)) + 1 + optimizer_multiplier()) * weights + in_flight(x) * acts;
     if (per_stage <= 0) return static_cast<double>(transient_bytes(b, e));
     inverse_sum += 1.0 / per_stage;
   }

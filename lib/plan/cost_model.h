@@ -42,7 +42,7 @@ class CostModel {
   // Stage x's simulated action list (the runtime's, for simulated_micro_batches()).
   const std::vector<Action>& actions(int x) const { return schedule_actions_.actions[static_cast<size_t>(x)]; }
   OptimizerKind optimizer() const { return optimizer_; }
-  int optimizer_multiplier() const { return optimizer_multiplier_; }
+  int optimizer_multiplier() const { return optimizer_state_multiplier(optimizer_); }
   int weight_versions(int x) const { return stage_stats(x).max_weight_versions; }
 
   // --- time (ms, per micro-batch) ---
@@ -106,7 +106,6 @@ class CostModel {
   OptimizerKind optimizer_ = OptimizerKind::Sgd;
   std::vector<char> requires_grad_;
   std::vector<NodeClass> node_classes_;
-  int optimizer_multiplier_ = 1;
   double host_bw_ = 0, link_bw_ = 0;
   int data_parallel_ = 1;
   int64_t micro_batches_ = 1;

@@ -16,6 +16,4 @@ OptimizerKind optimizer_kind_from_name(const std::string& name) {
 
 std::ostream& operator<<(std::ostream& out, OptimizerKind kind) { return out << optimizer_kind_name(kind); }
 
-int optimizer_state_multiplier(OptimizerKind kind) { return kind == OptimizerKind::Adam ? 2 : 1; }
-
 }  // namespace dawnpiper

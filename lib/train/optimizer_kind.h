@@ -13,6 +13,6 @@ OptimizerKind optimizer_kind_from_name(const std::string& name);  // throws Conf
 std::ostream& operator<<(std::ostream& out, OptimizerKind kind);  // by name
 
 // Bytes of optimizer state per byte of parameters: SGD's momentum buffer, Adam's two moments.
-int optimizer_state_multiplier(OptimizerKind kind);
+inline int optimizer_state_multiplier(OptimizerKind kind) { return kind == OptimizerKind::Adam ? 2 : 1; }
 
 }  // namespace dawnpiper

@@ -271,6 +271,12 @@ if [ $? -ne 0 ] && grep -q "launch with \`mpirun -np 3\` (or a multiple of it fo
 $mpi 4 "$bin" train --model gpt2-tiny --stages 2 --data-parallel 3 >/dev/null 2>"$work/err"
 if [ $? -ne 0 ] && grep -q "data-parallel 3 x 2 stages needs 6 MPI ranks, but 4 are launched" "$work/err"; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: data-parallel x stages beyond the world"; cat "$work/err"; fi
+# An error every rank hits is printed once, by rank 0, and the job ends without MPI_Abort.
+$mpi 2 "$bin" train --model gpt2-tiny --schedule zigzag >/dev/null 2>"$work/err"
+code=$?
+if [ $code -eq 2 ] && [ "$(grep -c "unknown schedule 'zigzag'" "$work/err")" -eq 1 ] &&
+   grep -q "^dawnpiper: error: configuration error: --schedule" "$work/err" && ! grep -q "MPI_ABORT\|ORTE_ERROR_LOG" "$work/err"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: an error on every rank (exit $code)"; cat "$work/err"; fi
 expect_fail "data parallelism in one process" "--data-parallel needs MPI ranks" train --model mlp-tiny --in-process --data-parallel 2
 # A replica that fails takes the whole job down promptly, naming the rank, stage and replica.
 start=$(date +%s)
