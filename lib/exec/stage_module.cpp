@@ -197,154 +197,165 @@ void StageModule::forward(TensorEnv& env, const RunContext& ctx, const std::func
   }
 }
 
-void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
-  const Node& node = graph_->nodes[n];
-  auto in = [&](size_t i) -> const at::Tensor& { return env[node.inputs.at(i)]; };
-  // bf16: parameters are cast at each use (autograd carries fp32 gradients to the masters).
-  const bool bf16 = graph_->precision == "bf16";
-  auto weight = [&](int i) {
-    at::Tensor p = param(n, i);
-    return bf16 ? p.to(at::kBFloat16) : p;
-  };
-  at::Tensor out;
+// A node's inputs as read from the environment.
+struct NodeInputs {
+  const Node& node;
+  const TensorEnv& env;
+  const at::Tensor& operator()(size_t i) const { return env[node.inputs.at(i)]; }
+};
+
+namespace {
+
+// Ops without parameters or per-stage state: a function of their inputs and attributes.
+at::Tensor stateless_op(const Node& node, const NodeInputs& in) {
   switch (node.kind) {
-    case OpKind::Input:  // the data loader filled env (external_inputs() lists what is read)
-      return;
-    case OpKind::Embedding:
-      out = at::embedding(weight(0), in(0));
-      break;
-    case OpKind::PosEmbedding:
-      out = weight(0).narrow(0, 0, in(0).size(1));
-      break;
-    case OpKind::Linear:
-      out = at::linear(in(0), weight(0), node.params.size() > 1 ? weight(1) : at::Tensor());
-      break;
-    case OpKind::LayerNorm:
-      out = at::layer_norm(in(0), {in(0).size(-1)}, weight(0), weight(1), node.attr_real("eps", 1e-5));
-      break;
-    case OpKind::RMSNorm: {
-      const at::Tensor& x = in(0);
-      out = x * at::rsqrt(x.pow(2).mean(-1, true) + node.attr_real("eps", 1e-6)) * weight(0);
-      break;
-    }
     case OpKind::Gelu:
-      out = at::gelu(in(0));
-      break;
+      return at::gelu(in(0));
     case OpKind::Relu:
-      out = at::relu(in(0));
-      break;
+      return at::relu(in(0));
     case OpKind::Tanh:
-      out = at::tanh(in(0));
-      break;
-    case OpKind::Dropout: {
-      if (ctx.eval) {
-        out = in(0);
-        break;
-      }
-      const double p = node.attr_real("p", 0.1);
-      uint64_t s = mix_seed(mix_seed(mix_seed(seed_, 0x5eed0000ULL + n), ctx.step), ctx.micro_batch);
-      at::Generator gen = at::detail::createCPUGenerator(s);
-      // Drawn on the CPU so every device and every schedule sees the same mask.
-      at::Tensor keep = at::empty(in(0).sizes(), at::kFloat).bernoulli_(1.0 - p, gen).to(at::kBool);
-      out = at::mul(in(0), keep.to(device_)) * (1.0 / (1.0 - p));
-      break;
-    }
-    case OpKind::Reshape:
-      out = in(0).reshape(node.attr_ints("shape"));
-      if (reshape_copies_[n - begin_] && out.is_alias_of(in(0))) out = out.clone();
-      break;
-    case OpKind::Transpose:
-      out = in(0).permute(node.attr_ints("dims"));
-      break;
-    case OpKind::MatMul:
-      out = at::matmul(in(0), in(1));
-      break;
-    case OpKind::Scale:
-      out = in(0) * node.attr_real("factor", 1.0);
-      break;
-    case OpKind::CausalMask:
-      out = in(0).masked_fill(causal_mask(node, in(0).size(-1)), -std::numeric_limits<float>::infinity());
-      break;
-    case OpKind::Softmax:
-      out = at::softmax(in(0), -1);
-      break;
-    case OpKind::Add:
-      out = in(0) + in(1);
-      for (size_t i = 2; i < node.inputs.size(); ++i) out = out + in(i);
-      break;
-    case OpKind::Mul:
-      out = at::mul(in(0), in(1));
-      break;
-    case OpKind::Sub:
-      out = at::sub(in(0), in(1));
-      break;
-    case OpKind::Div:
-      out = at::div(in(0), in(1));
-      break;
+      return at::tanh(in(0));
     case OpKind::Erf:
-      out = at::erf(in(0));
-      break;
+      return at::erf(in(0));
     case OpKind::Sqrt:
-      out = at::sqrt(in(0));
-      break;
+      return at::sqrt(in(0));
+    case OpKind::Softmax:
+      return at::softmax(in(0), -1);
     case OpKind::Mean:
-      out = in(0).mean(-1, true);
-      break;
+      return in(0).mean(-1, true);
+    case OpKind::Scale:
+      return in(0) * node.attr_real("factor", 1.0);
     case OpKind::Affine: {
       const double scale = node.attr_real("scale", 1.0), shift = node.attr_real("shift", 0.0);
-      out = scale == 1.0 ? in(0) + shift : in(0) * scale + shift;
-      break;
+      return scale == 1.0 ? in(0) + shift : in(0) * scale + shift;
     }
-    case OpKind::ScaleShift:
-      out = at::addcmul(weight(1), in(0), weight(0));
-      break;
-    case OpKind::RelPosBias: {
-      const Shape& s = graph_->tensor(node.outputs[0]).shape;  // [1, heads, Sq, Sk]
-      // Contiguous, as the profile and the planner assume of every non-view op's output (and as
-      // a transport sends it).
-      out = at::embedding(weight(0), relative_buckets(node, s[2], s[3])).permute({2, 0, 1}).unsqueeze(0).contiguous();
-      break;
+    case OpKind::Add: {
+      at::Tensor out = in(0) + in(1);
+      for (size_t i = 2; i < node.inputs.size(); ++i) out = out + in(i);
+      return out;
     }
-    case OpKind::Conv2d:
-      out = at::conv2d(in(0), weight(0), node.params.size() > 1 ? weight(1) : at::Tensor(), node.attr_ints("stride"),
-                       node.attr_ints("padding"));
-      break;
-    case OpKind::BatchNorm2d:
-      out = at::batch_norm(in(0), weight(0), weight(1), at::Tensor(), at::Tensor(),
-                           /*training=*/true, 0.1, node.attr_real("eps", 1e-5), true);
-      break;
+    case OpKind::Mul:
+      return at::mul(in(0), in(1));
+    case OpKind::Sub:
+      return at::sub(in(0), in(1));
+    case OpKind::Div:
+      return at::div(in(0), in(1));
+    case OpKind::MatMul:
+      return at::matmul(in(0), in(1));
+    case OpKind::Transpose:
+      return in(0).permute(node.attr_ints("dims"));
     case OpKind::MaxPool2d: {
       int64_t k = node.attr_int("kernel", 3), s = node.attr_int("stride", 1), p = node.attr_int("padding", 0);
-      out = at::max_pool2d(in(0), {k, k}, {s, s}, {p, p});
-      break;
+      return at::max_pool2d(in(0), {k, k}, {s, s}, {p, p});
     }
     case OpKind::AvgPool2d: {
       int64_t k = node.attr_int("kernel", 3), s = node.attr_int("stride", 1), p = node.attr_int("padding", 0);
-      out = at::avg_pool2d(in(0), {k, k}, {s, s}, {p, p}, false, /*count_include_pad=*/false);
-      break;
+      return at::avg_pool2d(in(0), {k, k}, {s, s}, {p, p}, false, /*count_include_pad=*/false);
     }
     case OpKind::Concat: {
       std::vector<at::Tensor> xs;
       for (size_t i = 0; i < node.inputs.size(); ++i) xs.push_back(in(i));
-      out = at::cat(xs, node.attr_int("dim", 1));
-      break;
+      return at::cat(xs, node.attr_int("dim", 1));
     }
     case OpKind::GlobalAvgPool:
-      out = in(0).mean({2, 3});
+      return in(0).mean({2, 3});
+    default:
+      throw std::logic_error(std::string("stateless_op: ") + op_kind_name(node.kind) + " is not stateless");
+  }
+}
+
+}  // namespace
+
+void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
+  const Node& node = graph_->nodes[n];
+  const NodeInputs in{node, env};
+  at::Tensor out;
+  switch (node.kind) {
+    case OpKind::Input:  // the data loader filled env (external_inputs() lists what is read)
+      return;
+    case OpKind::Aten:
+      run_aten(node, env, ctx);
+      return;
+    case OpKind::Dropout:
+      out = ctx.eval ? in(0) : dropout(node, in(0), ctx);
       break;
+    case OpKind::Reshape:
+      out = in(0).reshape(node.attr_ints("shape"));
+      if (reshape_copies_[n - begin_] && out.is_alias_of(in(0))) out = out.clone();
+      break;
+    case OpKind::CausalMask:
+      out = in(0).masked_fill(causal_mask(node, in(0).size(-1)), -std::numeric_limits<float>::infinity());
+      break;
+    case OpKind::Embedding:
+    case OpKind::PosEmbedding:
+    case OpKind::Linear:
+    case OpKind::LayerNorm:
+    case OpKind::RMSNorm:
+    case OpKind::ScaleShift:
+    case OpKind::RelPosBias:
+    case OpKind::Conv2d:
+    case OpKind::BatchNorm2d:
+    case OpKind::CrossEntropy:
+      out = parametric_op(node, in);
+      break;
+    default:
+      out = stateless_op(node, in);
+  }
+  env[node.outputs[0]] = std::move(out);
+}
+
+at::Tensor StageModule::dropout(const Node& node, const at::Tensor& x, const RunContext& ctx) const {
+  const double p = node.attr_real("p", 0.1);
+  uint64_t s = mix_seed(mix_seed(mix_seed(seed_, 0x5eed0000ULL + node.id), ctx.step), ctx.micro_batch);
+  at::Generator gen = at::detail::createCPUGenerator(s);
+  // Drawn on the CPU so every device and every schedule sees the same mask.
+  at::Tensor keep = at::empty(x.sizes(), at::kFloat).bernoulli_(1.0 - p, gen).to(at::kBool);
+  return at::mul(x, keep.to(device_)) * (1.0 / (1.0 - p));
+}
+
+at::Tensor StageModule::parametric_op(const Node& node, const NodeInputs& in) const {
+  // bf16: parameters are cast at each use (autograd carries fp32 gradients to the masters).
+  const bool bf16 = graph_->precision == "bf16";
+  auto weight = [&](int i) {
+    at::Tensor p = param(node.id, i);
+    return bf16 ? p.to(at::kBFloat16) : p;
+  };
+  auto bias = [&](int i) { return node.params.size() > static_cast<size_t>(i) ? weight(i) : at::Tensor(); };
+  switch (node.kind) {
+    case OpKind::Embedding:
+      return at::embedding(weight(0), in(0));
+    case OpKind::PosEmbedding:
+      return weight(0).narrow(0, 0, in(0).size(1));
+    case OpKind::Linear:
+      return at::linear(in(0), weight(0), bias(1));
+    case OpKind::LayerNorm:
+      return at::layer_norm(in(0), {in(0).size(-1)}, weight(0), weight(1), node.attr_real("eps", 1e-5));
+    case OpKind::RMSNorm: {
+      const at::Tensor& x = in(0);
+      return x * at::rsqrt(x.pow(2).mean(-1, true) + node.attr_real("eps", 1e-6)) * weight(0);
+    }
+    case OpKind::ScaleShift:
+      return at::addcmul(weight(1), in(0), weight(0));
+    case OpKind::RelPosBias: {
+      const Shape& s = graph_->tensor(node.outputs[0]).shape;  // [1, heads, Sq, Sk]
+      // Contiguous, as the profile and the planner assume of every non-view op's output (and as
+      // a transport sends it).
+      return at::embedding(weight(0), relative_buckets(node, s[2], s[3])).permute({2, 0, 1}).unsqueeze(0).contiguous();
+    }
+    case OpKind::Conv2d:
+      return at::conv2d(in(0), weight(0), bias(1), node.attr_ints("stride"), node.attr_ints("padding"));
+    case OpKind::BatchNorm2d:
+      return at::batch_norm(in(0), weight(0), weight(1), at::Tensor(), at::Tensor(),
+                            /*training=*/true, 0.1, node.attr_real("eps", 1e-5), true);
     case OpKind::CrossEntropy: {
       at::Tensor logits = in(0);
       if (bf16) logits = logits.to(at::kFloat);  // the loss in fp32
-      out = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), in(1).reshape({-1}), {}, at::Reduction::Mean,
-                                   -100);
-      break;
+      return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), in(1).reshape({-1}), {}, at::Reduction::Mean,
+                                    -100);
     }
-    case OpKind::Aten: {
-      run_aten(node, env, ctx);
-      return;
-    }
+    default:
+      throw std::logic_error(std::string("parametric_op: ") + op_kind_name(node.kind) + " has no parameters");
   }
-  env[node.outputs[0]] = std::move(out);
 }
 
 void StageModule::run_aten(const Node& node, TensorEnv& env, const RunContext& ctx) const {

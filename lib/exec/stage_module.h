@@ -19,6 +19,7 @@
 namespace dawnpiper {
 
 class AtenKernel;
+struct NodeInputs;
 
 // What varies between executions of the same stage: which micro-batch this is (dropout masks
 // are drawn from (seed, node, step, micro_batch), so recomputation and every pipeline schedule
@@ -79,6 +80,9 @@ class StageModule {
  private:
   at::Tensor param(int node, int index) const;
   void run_aten(const Node& node, TensorEnv& env, const RunContext& ctx) const;
+  // Ops that read the stage's parameters (and the loss, which reads the precision).
+  at::Tensor parametric_op(const Node& node, const NodeInputs& in) const;
+  at::Tensor dropout(const Node& node, const at::Tensor& x, const RunContext& ctx) const;
   at::Tensor causal_mask(const Node& node, int64_t size) const;
   at::Tensor relative_buckets(const Node& node, int64_t sq, int64_t sk) const;
 

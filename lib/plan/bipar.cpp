@@ -72,136 +72,169 @@ void BiPar::collect(int b, int e, int first, int last, Bounds& bounds) {
   collect(r.cut, e, first + k, last, bounds);
 }
 
-BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff) {
-  const Key key{b, e, first, last};
-  auto found = memo_.find(key);
-  if (found != memo_.end() && (found->second.exact || found->second.time >= cutoff)) return found->second;
-
-  const int s = last - first + 1;
-  if (s == 1) {
-    const StageEval& ev = evaluator_.evaluate(b, e, first);
-    Result r{ev.time_ms(), ev.uses_memopt, -1, true};
-    memo_[key] = r;
-    return r;
+// The search for one split of stages first..last over [b, e) into a first group of k = s/2
+// stages and the rest (s == 2 is AdjacentPartition: both sides are single stages).
+class BiPar::CutSearch {
+ public:
+  CutSearch(BiPar& bipar, int b, int e, int first, int last, double cutoff)
+      : bp_(bipar), model_(bipar.model_), b_(b), e_(e), first_(first), last_(last), cutoff_(cutoff) {
+    s_ = last - first + 1;
+    k_ = s_ / 2;
+    min_cut_ = b + k_, max_cut_ = e - (s_ - k_);
+    cb_ = compute_balanced_cut(model_, b, e, k_, s_);
+    mb_ = memory_balanced_cut(model_, b, e, first, k_, s_);
+    avg_stage_ms_ = model_.compute_ms(b, e) / s_;
+    lo_ = std::min(cb_, mb_), hi_ = std::max(cb_, mb_);
   }
 
-  // s == 2 is AdjacentPartition: both sides below are single stages.
-  const int k = s / 2;
-  const int min_cut = b + k, max_cut = e - (s - k);
-  const int cb = compute_balanced_cut(model_, b, e, k, s);
-  const int mb = memory_balanced_cut(model_, b, e, first, k, s);
-  const double avg_stage_ms = model_.compute_ms(b, e) / s;
-  const int lo = std::min(cb, mb), hi = std::max(cb, mb);
+  Result run() {
+    // IdentifyAndSort: from rho_cb towards rho_mb. A very long interval (huge graphs, tight
+    // memory) is swept with a stride first, and the neighbourhood of the best cut afterwards.
+    const int limit = std::max(1, bp_.options_.sweep_limit);
+    const int span = std::abs(mb_ - cb_);
+    const int stride = span + 1 > limit ? (span + limit - 1) / limit : 1;
+    const int last_cut = sweep(span, stride);
+    if (stride > 1 && best_.cut >= 0) {
+      const int around = best_.cut;
+      for (int d = 1; d < stride; ++d)
+        for (int p : {around - d, around + d})
+          if (p >= min_cut_ && p <= max_cut_ && lower(p) < bound()) try_cut(p);
+    }
+    if (!bp_.options_.refine) {
+      // The paper's Alg. 2 as written: the sweep is all.
+    } else if (best_.time == kInf && failed_side_ != 0) {
+      nearest_fitting_cut(last_cut);
+    } else if (bound() < kInf) {
+      walk(cb_);
+    }
+    // Searched under a cutoff that nothing here beat: only "at least the cutoff" is known.
+    if (best_.time >= cutoff_ && cutoff_ < kInf) best_ = {cutoff_, false, -1, false};
+    return best_;
+  }
 
-  Result best{kInf, false, -1, true};
-  std::unordered_set<int> seen, tried;  // raw positions handled; cuts (adjusted) tried
-  int failed_side = 0;                  // of the last cut tried: -1 the first group did not fit, +1 the second
-  auto lower = [&](int c) { return split_lower_bound(model_, b, c, e, k, s); };
+ private:
+  double lower(int c) const { return split_lower_bound(model_, b_, c, e_, k_, s_); }
   // Nothing at or above this can matter: the best here so far, or what the caller has already.
-  auto bound = [&]() { return std::min(best.time, cutoff); };
+  double bound() const { return std::min(best_.time, cutoff_); }
+
+  // Sweeps from rho_cb towards rho_mb; returns the last cut the sweep reached.
+  int sweep(int span, int stride) {
+    const int step = mb_ >= cb_ ? 1 : -1;
+    int last_cut = cb_;
+    for (int i = 0;; ++i) {
+      const int p = cb_ + step * std::min(i * stride, span);
+      if (lower(p) >= bound()) break;  // grows away from rho_cb
+      last_cut = p;
+      if (try_cut(p) == 1) break;  // no memory optimization needed: the paper's early stop
+      if (p == mb_) break;
+    }
+    return last_cut;
+  }
+
   // Tries the cut at `raw` (after the communication adjustment). Returns -1 when skipped,
   // 1 when the split fits without any memory optimization, 0 otherwise.
-  auto try_cut = [&](int raw) {
-    if (!seen.insert(raw).second) return -1;
-    int c = adjust_cut(model_, raw, lo, hi, min_cut, max_cut, avg_stage_ms, options_.comm);
-    if (c < 0 || !tried.insert(c).second) return -1;
+  int try_cut(int raw) {
+    if (!seen_.insert(raw).second) return -1;
+    int c = adjust_cut(model_, raw, lo_, hi_, min_cut_, max_cut_, avg_stage_ms_, bp_.options_.comm);
+    if (c < 0 || !tried_.insert(c).second) return -1;
     if (lower(c) >= bound()) return -1;
     // A group that cannot fit even when packed greedily is not searched.
-    if (!may_fit(b, c, first, first + k - 1)) {
-      failed_side = -1;
+    if (!bp_.may_fit(b_, c, first_, first_ + k_ - 1)) {
+      failed_side_ = -1;
       return 0;
     }
-    if (!may_fit(c, e, first + k, last)) {
-      failed_side = 1;
+    if (!bp_.may_fit(c, e_, first_ + k_, last_)) {
+      failed_side_ = 1;
       return 0;
     }
-    Result left = partition(b, c, first, first + k - 1, bound());
-    failed_side = left.exact && left.time == kInf ? -1 : 0;
+    Result left = bp_.partition(b_, c, first_, first_ + k_ - 1, bound());
+    failed_side_ = left.exact && left.time == kInf ? -1 : 0;
     if (left.time >= bound()) return 0;  // cannot win; the second group need not be searched
-    Result right = partition(c, e, first + k, last, bound());
-    if (right.exact && right.time == kInf) failed_side = 1;
+    Result right = bp_.partition(c, e_, first_ + k_, last_, bound());
+    if (right.exact && right.time == kInf) failed_side_ = 1;
     if (!right.exact) return 0;
     double t = std::max(left.time, right.time);
     bool memopt = left.uses_memopt || right.uses_memopt;
-    if (t < best.time) best = {t, memopt, c, true};
+    if (t < best_.time) best_ = {t, memopt, c, true};
     return t < kInf && !memopt ? 1 : 0;
-  };
+  }
+
   // Tries up to refine_limit cuts from `start` outwards, nearest in lower bound first, while
   // that bound can beat the best.
-  auto walk = [&](int start) {
+  void walk(int start) {
     int down = start - 1, up = start + 1;
-    for (int extra = 0; extra < options_.refine_limit;) {
-      double ld = down >= min_cut ? lower(down) : kInf;
-      double lu = up <= max_cut ? lower(up) : kInf;
+    for (int extra = 0; extra < bp_.options_.refine_limit;) {
+      double ld = down >= min_cut_ ? lower(down) : kInf;
+      double lu = up <= max_cut_ ? lower(up) : kInf;
       if (std::min(ld, lu) >= bound()) break;
       int p = ld <= lu ? down-- : up++;
       if (try_cut(p) >= 0) ++extra;
     }
-  };
+  }
 
-  // IdentifyAndSort: from rho_cb towards rho_mb. A very long interval (huge graphs, tight
-  // memory) is swept with a stride first, and the neighbourhood of the best cut afterwards.
-  const int step = mb >= cb ? 1 : -1;
-  const int span = std::abs(mb - cb);
-  const int limit = std::max(1, options_.sweep_limit);
-  const int stride = span + 1 > limit ? (span + limit - 1) / limit : 1;
-  int last_cut = cb;
-  for (int i = 0;; ++i) {
-    const int p = cb + step * std::min(i * stride, span);
-    if (lower(p) >= bound()) break;  // grows away from rho_cb
-    last_cut = p;
-    if (try_cut(p) == 1) break;  // no memory optimization needed: the paper's early stop
-    if (p == mb) break;
+  // Whether the group that failed in the sweep fits with the cut at c.
+  bool fits(int c) {
+    return failed_side_ < 0
+               ? bp_.may_fit(b_, c, first_, first_ + k_ - 1) &&
+                     bp_.partition(b_, c, first_, first_ + k_ - 1, kInf).time < kInf
+               : bp_.may_fit(c, e_, first_ + k_, last_) && bp_.partition(c, e_, first_ + k_, last_, kInf).time < kInf;
   }
-  if (stride > 1 && best.cut >= 0) {
-    const int around = best.cut;
-    for (int d = 1; d < stride; ++d)
-      for (int p : {around - d, around + d})
-        if (p >= min_cut && p <= max_cut && lower(p) < bound()) try_cut(p);
-  }
-  if (!options_.refine) {
-    // The paper's Alg. 2 as written: the sweep is all.
-  } else if (best.time == kInf && failed_side != 0) {
-    // Memory is so tight that no cut between rho_cb and rho_mb fits (the optimizer cannot
-    // shrink one group enough). The group that failed fits below (first) or above (second) some
-    // cut; find the nearest such cut by bisection, assuming fit is monotone in the cut.
-    auto fits = [&](int c) {
-      return failed_side < 0
-                 ? may_fit(b, c, first, first + k - 1) && partition(b, c, first, first + k - 1, kInf).time < kInf
-                 : may_fit(c, e, first + k, last) && partition(c, e, first + k, last, kInf).time < kInf;
-    };
-    int a = failed_side < 0 ? min_cut : last_cut + 1;
-    int z = failed_side < 0 ? last_cut - 1 : max_cut;
-    if (a <= z && fits(failed_side < 0 ? a : z)) {
-      while (a < z) {
-        if (failed_side < 0) {
-          int mid = a + (z - a + 1) / 2;
-          if (fits(mid))
-            a = mid;
-          else
-            z = mid - 1;
-        } else {
-          int mid = a + (z - a) / 2;
-          if (fits(mid))
-            z = mid;
-          else
-            a = mid + 1;
-        }
+
+  // Memory is so tight that no cut between rho_cb and rho_mb fits (the optimizer cannot
+  // shrink one group enough). The group that failed fits below (first) or above (second) some
+  // cut; find the nearest such cut by bisection, assuming fit is monotone in the cut.
+  void nearest_fitting_cut(int last_cut) {
+    const bool first_failed = failed_side_ < 0;
+    int a = first_failed ? min_cut_ : last_cut + 1;
+    int z = first_failed ? last_cut - 1 : max_cut_;
+    if (a > z || !fits(first_failed ? a : z)) return;
+    while (a < z) {
+      if (first_failed) {
+        int mid = a + (z - a + 1) / 2;
+        if (fits(mid))
+          a = mid;
+        else
+          z = mid - 1;
+      } else {
+        int mid = a + (z - a) / 2;
+        if (fits(mid))
+          z = mid;
+        else
+          a = mid + 1;
       }
-      seen.erase(a);
-      tried.erase(a);
-      try_cut(a);
-      // Both ways: fit is not quite monotone (a stage's first node decides what it can
-      // recompute), so a cut just before the bisection's answer may fit too.
-      if (best.time < kInf) walk(a);
     }
-  } else if (bound() < kInf) {
-    walk(cb);
+    seen_.erase(a);
+    tried_.erase(a);
+    try_cut(a);
+    // Both ways: fit is not quite monotone (a stage's first node decides what it can
+    // recompute), so a cut just before the bisection's answer may fit too.
+    if (best_.time < kInf) walk(a);
   }
-  // Searched under a cutoff that nothing here beat: only "at least the cutoff" is known.
-  if (best.time >= cutoff && cutoff < kInf) best = {cutoff, false, -1, false};
-  memo_[key] = best;
-  return best;
+
+  BiPar& bp_;
+  const CostModel& model_;
+  const int b_, e_, first_, last_;
+  const double cutoff_;
+  int s_, k_, min_cut_, max_cut_, cb_, mb_, lo_, hi_;
+  double avg_stage_ms_;
+  Result best_{kInf, false, -1, true};
+  std::unordered_set<int> seen_, tried_;  // raw positions handled; cuts (adjusted) tried
+  int failed_side_ = 0;                   // of the last cut tried: -1 the first group did not fit, +1 the second
+};
+
+BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff) {
+  const Key key{b, e, first, last};
+  auto found = memo_.find(key);
+  if (found != memo_.end() && (found->second.exact || found->second.time >= cutoff)) return found->second;
+  Result r;
+  if (first == last) {
+    const StageEval& ev = evaluator_.evaluate(b, e, first);
+    r = {ev.time_ms(), ev.uses_memopt, -1, true};
+  } else {
+    r = CutSearch(*this, b, e, first, last, cutoff).run();
+  }
+  memo_[key] = r;
+  return r;
 }
 
 }  // namespace dawnpiper

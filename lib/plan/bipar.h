@@ -74,6 +74,7 @@ class BiPar {
   // or above it, so the search prunes with it (alpha-beta style) and may answer "at least
   // cutoff" (exact == false); memoized answers are reused when they settle the question.
   Result partition(int b, int e, int first, int last, double cutoff);
+  class CutSearch;  // one split's search (bipar.cpp)
   // A necessary condition for fitting: the farthest end of stage x starting at node b whose
   // memory floor (what no optimization removes) fits the capacity, and whether stages
   // first..last can hold [b, e) packed that way. The floor only grows with the range, so

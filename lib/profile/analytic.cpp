@@ -4,6 +4,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 
 #include "graph/layout.h"
 #include "profile/profile_builder.h"
@@ -222,71 +223,18 @@ void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n,
   f.bwd_flops = 2 * f.flops;
 }
 
-OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, const std::vector<bool>& rg) {
-  OpFacts f;
+// Linear, MatMul and Conv2d: the ops that carry the flops.
+void contraction_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, OpFacts& f) {
   const TensorInfo& out = g.tensor(n.outputs[0]);
-  const double ob = static_cast<double>(out.bytes());
-  auto in_bytes = [&](size_t i) { return static_cast<double>(g.tensor(n.inputs.at(i)).bytes()); };
   auto in_shape = [&](size_t i) -> const Shape& { return g.tensor(n.inputs.at(i)).shape; };
-  double all_in = 0;
-  for (size_t i = 0; i < n.inputs.size(); ++i) all_in += in_bytes(i);
-  f.bytes = all_in + ob;
-  f.bwd_bytes = 2 * f.bytes;
-  const int64_t rows = out.shape.empty() ? 1 : numel(out.shape) / out.shape.back();
   switch (n.kind) {
-    case OpKind::Input:
-      f.kernels = f.bwd_kernels = 0;
-      f.bytes = f.bwd_bytes = 0;
-      break;
-    case OpKind::Embedding:
-      f.saved_inputs = {0};
-      break;
-    case OpKind::PosEmbedding:
-      f.output_is_param_view = true;
-      f.kernels = 0;
-      f.bytes = 0;
-      break;
     case OpKind::Linear: {
       f.saved_inputs = {0};
       const double k = static_cast<double>(in_shape(0).back());
       f.flops = 2.0 * static_cast<double>(numel(in_shape(0))) / k * k * static_cast<double>(out.shape.back());
-      f.bwd_flops = 2 * f.flops;
       f.bytes += static_cast<double>(g.parameter_bytes(n.id));
       break;
     }
-    case OpKind::LayerNorm:
-      f.saved_inputs = {0};
-      f.internal_bytes = rows * 8;
-      break;
-    case OpKind::RMSNorm:
-      f.saved_inputs = {0};
-      f.internal_bytes = out.bytes() + rows * 4;
-      f.kernels = 5;
-      f.bwd_kernels = 8;
-      break;
-    case OpKind::Gelu:
-    case OpKind::Erf:
-      f.saved_inputs = {0};
-      break;
-    case OpKind::Relu:
-    case OpKind::Tanh:
-    case OpKind::Sqrt:
-    case OpKind::Softmax:
-      f.saves_output = true;
-      break;
-    case OpKind::Dropout:
-      f.internal_bytes = numel(out.shape);
-      f.kernels = 3;
-      break;  // bool mask
-    case OpKind::Reshape:
-      f.output_is_view = reshape_is_view(g, st, n.inputs[0], out.shape);
-      if (f.output_is_view) f.kernels = 0, f.bytes = 0;
-      break;
-    case OpKind::Transpose:
-      f.output_is_view = true;
-      f.kernels = 0;
-      f.bytes = 0;
-      break;
     case OpKind::MatMul: {
       // The backward keeps each operand, or the contiguous copy made of it.
       const std::vector<int> copied = matmul_copied_inputs(g, st, n.id);
@@ -300,36 +248,78 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, c
       const double m = static_cast<double>(a[a.size() - 2]), k = static_cast<double>(a.back());
       const double batch = static_cast<double>(numel(a)) / (m * k);
       f.flops = 2.0 * batch * m * k * static_cast<double>(out.shape.back());
-      f.bwd_flops = 2 * f.flops;
       break;
     }
-    case OpKind::Scale:
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mean:
-    case OpKind::Affine:
-    case OpKind::Concat:
-    case OpKind::GlobalAvgPool:
-    case OpKind::CausalMask:
-      break;
-    case OpKind::Mul:
-      f.saved_inputs = {0, 1};
-      break;
-    case OpKind::Div:
-      f.saved_inputs = {0, 1};
-      break;
-    case OpKind::ScaleShift:
-      f.saved_inputs = {0};
-      break;
-    case OpKind::RelPosBias:
-      break;
     case OpKind::Conv2d: {
       f.saved_inputs = {0};
       const Shape& w = n.params[0].shape;  // [Co, Ci, kh, kw]
       f.flops = 2.0 * static_cast<double>(numel(out.shape)) * static_cast<double>(w[1] * w[2] * w[3]);
-      f.bwd_flops = 2 * f.flops;
       break;
     }
+    default:
+      throw std::logic_error(std::string("contraction_facts: ") + op_kind_name(n.kind));
+  }
+  f.bwd_flops = 2 * f.flops;
+}
+
+// What a zoo op keeps for its backward and how many kernels it runs (flops aside).
+void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, OpFacts& f) {
+  const TensorInfo& out = g.tensor(n.outputs[0]);
+  const int64_t rows = out.shape.empty() ? 1 : numel(out.shape) / out.shape.back();
+  auto view = [&f] { f.kernels = 0, f.bytes = 0; };
+  switch (n.kind) {
+    case OpKind::Input:
+      f.kernels = f.bwd_kernels = 0;
+      f.bytes = f.bwd_bytes = 0;
+      break;
+    case OpKind::PosEmbedding:
+      f.output_is_param_view = true;
+      view();
+      break;
+    case OpKind::Reshape:
+      f.output_is_view = reshape_is_view(g, st, n.inputs[0], out.shape);
+      if (f.output_is_view) view();
+      break;
+    case OpKind::Transpose:
+      f.output_is_view = true;
+      view();
+      break;
+    case OpKind::Linear:
+    case OpKind::MatMul:
+    case OpKind::Conv2d:
+      contraction_facts(g, st, n, f);
+      break;
+    case OpKind::Embedding:  // the ids
+    case OpKind::Gelu:
+    case OpKind::Erf:
+    case OpKind::ScaleShift:
+    case OpKind::AvgPool2d:
+      f.saved_inputs = {0};
+      break;
+    case OpKind::Mul:
+    case OpKind::Div:
+      f.saved_inputs = {0, 1};
+      break;
+    case OpKind::Relu:
+    case OpKind::Tanh:
+    case OpKind::Sqrt:
+    case OpKind::Softmax:
+      f.saves_output = true;
+      break;
+    case OpKind::LayerNorm:
+      f.saved_inputs = {0};
+      f.internal_bytes = rows * 8;
+      break;
+    case OpKind::RMSNorm:
+      f.saved_inputs = {0};
+      f.internal_bytes = out.bytes() + rows * 4;
+      f.kernels = 5;
+      f.bwd_kernels = 8;
+      break;
+    case OpKind::Dropout:
+      f.internal_bytes = numel(out.shape);  // bool mask
+      f.kernels = 3;
+      break;
     case OpKind::BatchNorm2d:
       f.saved_inputs = {0};
       f.internal_bytes = out.shape[1] * 8;
@@ -339,30 +329,51 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, c
       f.saved_inputs = {0};
       f.internal_bytes = numel(out.shape) * 8;
       break;
-    case OpKind::AvgPool2d:
-      f.saved_inputs = {0};
-      break;
-    case OpKind::CrossEntropy: {
+    case OpKind::CrossEntropy:
       f.saved_inputs = {1};  // the labels
       // log-softmax of the logits (fp32, also in bf16 runs) and nll_loss's total weight
       f.internal_bytes = numel(g.tensor(n.inputs[0]).shape) * 4 + 4;
       f.kernels = 2;
       break;
-    }
-    case OpKind::Aten:
-      aten_facts(g, st, n, rg, f);
+    case OpKind::Scale:  // gradients need shapes only
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mean:
+    case OpKind::Affine:
+    case OpKind::Concat:
+    case OpKind::GlobalAvgPool:
+    case OpKind::CausalMask:
+    case OpKind::RelPosBias:
       break;
+    case OpKind::Aten:
+      throw std::logic_error("zoo_facts: an imported node");
   }
-  if (g.precision == "bf16" && n.kind != OpKind::Aten) {
-    // Parameters are cast to bf16 at each use. Linear, convolution and the affine part of a
-    // layer norm keep their weight's copy until their backward (the normalizations keep none,
-    // as measured); a position table's slice keeps the whole table's copy alive.
-    const bool keeps_weight = n.kind == OpKind::Linear || n.kind == OpKind::Conv2d || n.kind == OpKind::ScaleShift;
-    const int64_t weight_copy = n.params.empty() ? 0 : numel(n.params[0].shape) * dtype_size(DType::BF16);
-    if (keeps_weight) f.internal_bytes += weight_copy;
-    if (n.kind == OpKind::PosEmbedding) f.output_is_param_view = false, f.internal_bytes += weight_copy - out.bytes();
-    if (n.kind == OpKind::BatchNorm2d) f.internal_bytes = out.shape[1] * 6;  // mean fp32, inverse std bf16
+}
+
+// bf16 zoo graphs: parameters are cast to bf16 at each use. Linear, convolution and the affine
+// part of a layer norm keep their weight's copy until their backward (the normalizations keep
+// none, as measured); a position table's slice keeps the whole table's copy alive.
+void bf16_weight_copies(const OpGraph& g, const Node& n, OpFacts& f) {
+  const bool keeps_weight = n.kind == OpKind::Linear || n.kind == OpKind::Conv2d || n.kind == OpKind::ScaleShift;
+  const int64_t weight_copy = n.params.empty() ? 0 : numel(n.params[0].shape) * dtype_size(DType::BF16);
+  if (keeps_weight) f.internal_bytes += weight_copy;
+  if (n.kind == OpKind::PosEmbedding)
+    f.output_is_param_view = false, f.internal_bytes += weight_copy - g.tensor(n.outputs[0]).bytes();
+  if (n.kind == OpKind::BatchNorm2d)
+    f.internal_bytes = g.tensor(n.outputs[0]).shape[1] * 6;  // mean fp32, inverse std bf16
+}
+
+OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, const std::vector<bool>& rg) {
+  OpFacts f;
+  f.bytes = static_cast<double>(g.tensor(n.outputs[0]).bytes());
+  for (int t : n.inputs) f.bytes += static_cast<double>(g.tensor(t).bytes());
+  f.bwd_bytes = 2 * f.bytes;
+  if (n.kind == OpKind::Aten) {
+    aten_facts(g, st, n, rg, f);
+    return f;
   }
+  zoo_facts(g, st, n, f);
+  if (g.precision == "bf16") bf16_weight_copies(g, n, f);
   return f;
 }
 

@@ -224,16 +224,24 @@ std::string block_signature(const OpGraph& g, int begin, int end) {
   return s;
 }
 
-}  // namespace
+// A measurement of node src (in an earlier block of the same structure) as node n's: tensor ids
+// translated by the node's inputs.
+NodeMeasurement translated(const OpGraph& g, NodeMeasurement m, int src, int n) {
+  const std::vector<int>& from = g.nodes[src].inputs;
+  auto input_of_n = [&](int t) {
+    return g.nodes[n].inputs.at(static_cast<size_t>(std::find(from.begin(), from.end(), t) - from.begin()));
+  };
+  for (int& t : m.kept.saved_inputs) t = input_of_n(t);
+  for (int& alias : m.kept.output_alias_of)
+    if (alias >= 0) alias = input_of_n(alias);
+  return m;
+}
 
-Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
-  if (g.micro_batch_size < 1) throw ConfigError("micro-batch size must be at least 1");
+// Every node measured in isolation; a block with the structure of an earlier one copies its
+// measurements (share_repeated_blocks).
+std::vector<NodeMeasurement> measure_nodes(const OpGraph& g, const ProfilerOptions& opt) {
   const std::vector<bool> rg = g.requires_grad();
   SyntheticData data(g, opt.seed);
-  Profile p = profile_skeleton(g, "measured", opt.device.str());
-  p.torch_version = torch_version_string();
-  const auto depth = g.depths();
-  // Block ranges, for sharing measurements of repeated blocks.
   std::vector<std::pair<int, int>> block_range(g.blocks.size(), {g.size(), 0});
   for (const Node& n : g.nodes) {
     auto& r = block_range[n.block];
@@ -255,29 +263,46 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
                    source_block >= 0 ? ", shared" : "");
     for (int n = begin; n < end; ++n) {
       if (source_block >= 0) {
-        // Same structure: copy the measurement, translating tensor ids by the node offset.
-        const int offset = n - begin;
-        const int src = block_range[source_block].first + offset;
-        NodeMeasurement m = measured[src];
-        for (int& t : m.kept.saved_inputs) {
-          const int k = static_cast<int>(std::find(g.nodes[src].inputs.begin(), g.nodes[src].inputs.end(), t) -
-                                         g.nodes[src].inputs.begin());
-          t = g.nodes[n].inputs.at(k);
-        }
-        for (int& alias : m.kept.output_alias_of) {
-          if (alias < 0) continue;
-          const int k = static_cast<int>(std::find(g.nodes[src].inputs.begin(), g.nodes[src].inputs.end(), alias) -
-                                         g.nodes[src].inputs.begin());
-          alias = g.nodes[n].inputs.at(k);
-        }
-        measured[n] = m;
-        continue;
+        const int src = block_range[source_block].first + (n - begin);
+        measured[n] = translated(g, measured[src], src, n);
+      } else if (g.nodes[n].kind != OpKind::Input) {
+        measured[n] = measure_node(g, n, rg, data, opt);
       }
-      if (g.nodes[n].kind == OpKind::Input) continue;
-      measured[n] = measure_node(g, n, rg, data, opt);
     }
   }
+  return measured;
+}
+
+// Node times from runs of the whole step, when it fits (the isolated ones stay otherwise).
+void use_in_step_timing(Profile& p, const OpGraph& g, const ProfilerOptions& opt) {
+  try {
+    const InStepTiming t = measure_in_step(g, opt);
+    for (NodeProfile& np : p.nodes) {
+      np.fwd_ms = np.recompute_ms = t.fwd_ms[np.id];
+      np.fwd_ms_std = t.fwd_ms_std[np.id];
+      np.bwd_ms = t.bwd_ms[np.id];
+      np.bwd_ms_std = t.bwd_ms_std[np.id];
+    }
+    p.timing = "in-step";
+    p.measured_fwd_bwd_ms = t.plain_fwd_bwd_ms;
+  } catch (const std::exception& e) {
+    // Out of memory: the counting allocator's capacity, the CUDA caching allocator, the host.
+    const bool oom = dynamic_cast<const OutOfMemoryError*>(&e) || dynamic_cast<const c10::OutOfMemoryError*>(&e) ||
+                     dynamic_cast<const std::bad_alloc*>(&e);
+    if (!oom) throw;
+    if (opt.progress) std::fprintf(stderr, "the whole step does not fit: node times are from isolated runs\n");
+  }
+}
+
+}  // namespace
+
+Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
+  if (g.micro_batch_size < 1) throw ConfigError("micro-batch size must be at least 1");
+  Profile p = profile_skeleton(g, "measured", opt.device.str());
+  p.torch_version = torch_version_string();
+  const std::vector<NodeMeasurement> measured = measure_nodes(g, opt);
   // Assemble: node rows, aliases, saved_by (on storage owners), internal buffers.
+  const auto depth = g.depths();
   for (const Node& n : g.nodes) {
     const NodeMeasurement& m = measured[n.id];
     NodeProfile np = node_row(g, n.id, depth);
@@ -297,25 +322,7 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
     }
   }
   p.timing = "isolated";
-  if (opt.in_step_timing) {
-    try {
-      const InStepTiming t = measure_in_step(g, opt);
-      for (NodeProfile& np : p.nodes) {
-        np.fwd_ms = np.recompute_ms = t.fwd_ms[np.id];
-        np.fwd_ms_std = t.fwd_ms_std[np.id];
-        np.bwd_ms = t.bwd_ms[np.id];
-        np.bwd_ms_std = t.bwd_ms_std[np.id];
-      }
-      p.timing = "in-step";
-      p.measured_fwd_bwd_ms = t.plain_fwd_bwd_ms;
-    } catch (const std::exception& e) {
-      // Out of memory: the counting allocator's capacity, the CUDA caching allocator, the host.
-      const bool oom = dynamic_cast<const OutOfMemoryError*>(&e) || dynamic_cast<const c10::OutOfMemoryError*>(&e) ||
-                       dynamic_cast<const std::bad_alloc*>(&e);
-      if (!oom) throw;
-      if (opt.progress) std::fprintf(stderr, "the whole step does not fit: node times are from isolated runs\n");
-    }
-  }
+  if (opt.in_step_timing) use_in_step_timing(p, g, opt);
   const std::vector<Strides> strides = tensor_strides(g);
   for (const Node& n : g.nodes) {
     const NodeMeasurement& m = measured[n.id];

@@ -4,6 +4,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <tuple>
 
 namespace dawnpiper {
@@ -33,106 +34,130 @@ struct MicroBatchState {
   int64_t forwards_at_forward = 0, backwards_at_forward = 0;
 };
 
-}  // namespace
+// One stage's action list replayed in order: checks each action against what came before it
+// and counts passes, in-flight micro-batches, weight versions and backward gaps.
+class StageReplayer {
+ public:
+  StageReplayer(int stage, int stages) : x_(stage), stages_(stages) { st_.stage = stage; }
 
-StageStats simulate_stage(const std::vector<Action>& actions, int stages) {
-  StageStats st;
-  if (actions.empty()) return st;
-  st.stage = actions.front().stage;
-  const int x = st.stage;
-  std::map<int64_t, MicroBatchState> mbs;
-  std::map<int64_t, int> version_refs;  // stashed version -> in-flight micro-batches using it
-  int64_t current_version = 0;
-  int in_flight = 0;
-  std::set<std::pair<int, int>> gaps;
-
-  auto live_versions = [&]() {
-    int n = static_cast<int>(version_refs.size());
-    if (!version_refs.count(current_version)) ++n;
-    return n;
-  };
-
-  for (const Action& a : actions) {
-    if (a.stage != x) malformed(a, "list mixes stages");
+  void apply(const Action& a) {
+    if (a.stage != x_) malformed(a, "list mixes stages");
     const bool per_step =
         a.kind == ActionKind::OptimizerStep || a.kind == ActionKind::ReduceTiedGrads || a.kind == ActionKind::AllReduce;
-    if (!per_step && a.micro_batch < 0) malformed(a, "negative micro-batch");
-    MicroBatchState* mb = per_step ? nullptr : &mbs[a.micro_batch];
+    if (per_step) {
+      if (a.kind == ActionKind::OptimizerStep) ++current_version_, ++st_.optimizer_steps;
+    } else {
+      if (a.micro_batch < 0) malformed(a, "negative micro-batch");
+      MicroBatchState& mb = mbs_[a.micro_batch];
+      if (a.kind == ActionKind::Forward)
+        forward(a, mb);
+      else if (a.kind == ActionKind::Backward)
+        backward(a, mb);
+      else
+        transfer(a, mb);
+    }
+    st_.max_weight_versions = std::max(st_.max_weight_versions, live_versions());
+  }
+
+  // Every micro-batch that appeared ran both passes and sent what its neighbours wait for.
+  StageStats finish() {
+    for (const auto& [index, m] : mbs_) {
+      Action probe{ActionKind::Forward, x_, index};
+      if (!m.forwarded) malformed(probe, "micro-batch never forwarded");
+      if (!m.backwarded) malformed(probe, "micro-batch never backwarded");
+      if (x_ < stages_ - 1 && !m.sent_activation) malformed(probe, "activations never sent");
+      if (x_ > 0 && !m.sent_grad) malformed(probe, "gradient never sent");
+    }
+    st_.gaps.assign(gaps_.begin(), gaps_.end());
+    return st_;
+  }
+
+ private:
+  int live_versions() const {
+    int n = static_cast<int>(version_refs_.size());
+    if (!version_refs_.count(current_version_)) ++n;
+    return n;
+  }
+
+  void forward(const Action& a, MicroBatchState& mb) {
+    if (mb.forwarded) malformed(a, "forwarded twice");
+    if (x_ > 0 && !mb.received_activation) malformed(a, "forward before its RECV_F");
+    mb.forwarded = true;
+    mb.weight_version = current_version_;
+    mb.forwards_at_forward = st_.forwards;
+    mb.backwards_at_forward = st_.backwards;
+    ++version_refs_[current_version_];
+    ++st_.forwards;
+    ++in_flight_;
+    st_.max_in_flight = std::max(st_.max_in_flight, in_flight_);
+  }
+
+  void backward(const Action& a, MicroBatchState& mb) {
+    if (!mb.forwarded) malformed(a, "backward before its forward");
+    if (mb.backwarded) malformed(a, "backwarded twice");
+    if (x_ < stages_ - 1 && !mb.received_grad) malformed(a, "backward before its RECV_B");
+    mb.backwarded = true;
+    // Passes of other micro-batches run since this one's forward.
+    int fwd_between = static_cast<int>(st_.forwards - mb.forwards_at_forward - 1);
+    int bwd_between = static_cast<int>(st_.backwards - mb.backwards_at_forward);
+    gaps_.insert({fwd_between, bwd_between});
+    if (--version_refs_[mb.weight_version] == 0) version_refs_.erase(mb.weight_version);
+    ++st_.backwards;
+    --in_flight_;
+  }
+
+  // Sends, receives and the evictor's actions: each needs its pass before it, once.
+  void transfer(const Action& a, MicroBatchState& mb) {
     switch (a.kind) {
       case ActionKind::RecvActivation:
-        if (x == 0) malformed(a, "the first stage receives no activations");
-        if (mb->received_activation) malformed(a, "received twice");
-        mb->received_activation = true;
-        break;
-      case ActionKind::Forward:
-        if (mb->forwarded) malformed(a, "forwarded twice");
-        if (x > 0 && !mb->received_activation) malformed(a, "forward before its RECV_F");
-        mb->forwarded = true;
-        mb->weight_version = current_version;
-        mb->forwards_at_forward = st.forwards;
-        mb->backwards_at_forward = st.backwards;
-        ++version_refs[current_version];
-        ++st.forwards;
-        ++in_flight;
-        st.max_in_flight = std::max(st.max_in_flight, in_flight);
+        if (x_ == 0) malformed(a, "the first stage receives no activations");
+        if (mb.received_activation) malformed(a, "received twice");
+        mb.received_activation = true;
         break;
       case ActionKind::SendActivation:
-        if (x == stages - 1) malformed(a, "the last stage sends no activations");
-        if (!mb->forwarded) malformed(a, "send before its forward");
-        if (mb->sent_activation) malformed(a, "sent twice");
-        mb->sent_activation = true;
+        if (x_ == stages_ - 1) malformed(a, "the last stage sends no activations");
+        if (!mb.forwarded) malformed(a, "send before its forward");
+        if (mb.sent_activation) malformed(a, "sent twice");
+        mb.sent_activation = true;
         break;
       case ActionKind::RecvGrad:
-        if (x == stages - 1) malformed(a, "the last stage receives no gradients");
-        if (!mb->forwarded) malformed(a, "gradient received before the forward");
-        if (mb->received_grad) malformed(a, "received twice");
-        mb->received_grad = true;
+        if (x_ == stages_ - 1) malformed(a, "the last stage receives no gradients");
+        if (!mb.forwarded) malformed(a, "gradient received before the forward");
+        if (mb.received_grad) malformed(a, "received twice");
+        mb.received_grad = true;
         break;
-      case ActionKind::Backward: {
-        if (!mb->forwarded) malformed(a, "backward before its forward");
-        if (mb->backwarded) malformed(a, "backwarded twice");
-        if (x < stages - 1 && !mb->received_grad) malformed(a, "backward before its RECV_B");
-        mb->backwarded = true;
-        // Passes of other micro-batches run since this one's forward.
-        int fwd_between = static_cast<int>(st.forwards - mb->forwards_at_forward - 1);
-        int bwd_between = static_cast<int>(st.backwards - mb->backwards_at_forward);
-        gaps.insert({fwd_between, bwd_between});
-        if (--version_refs[mb->weight_version] == 0) version_refs.erase(mb->weight_version);
-        ++st.backwards;
-        --in_flight;
-        break;
-      }
       case ActionKind::SendGrad:
-        if (x == 0) malformed(a, "the first stage sends no gradients");
-        if (!mb->backwarded) malformed(a, "send before its backward");
-        if (mb->sent_grad) malformed(a, "sent twice");
-        mb->sent_grad = true;
-        break;
-      case ActionKind::OptimizerStep:
-        ++current_version;
-        ++st.optimizer_steps;
-        break;
-      case ActionKind::ReduceTiedGrads:
-      case ActionKind::AllReduce:
+        if (x_ == 0) malformed(a, "the first stage sends no gradients");
+        if (!mb.backwarded) malformed(a, "send before its backward");
+        if (mb.sent_grad) malformed(a, "sent twice");
+        mb.sent_grad = true;
         break;
       case ActionKind::SwapOut:
       case ActionKind::SwapIn:
       case ActionKind::Recompute:
-        if (!mb->forwarded) malformed(a, "evictor action before the forward");
+        if (!mb.forwarded) malformed(a, "evictor action before the forward");
         break;
+      default:
+        throw std::logic_error("StageReplayer::transfer: " + to_string(a));
     }
-    st.max_weight_versions = std::max(st.max_weight_versions, live_versions());
   }
-  for (const auto& kv : mbs) {
-    const MicroBatchState& m = kv.second;
-    Action probe{ActionKind::Forward, x, kv.first};
-    if (!m.forwarded) malformed(probe, "micro-batch never forwarded");
-    if (!m.backwarded) malformed(probe, "micro-batch never backwarded");
-    if (x < stages - 1 && !m.sent_activation) malformed(probe, "activations never sent");
-    if (x > 0 && !m.sent_grad) malformed(probe, "gradient never sent");
-  }
-  st.gaps.assign(gaps.begin(), gaps.end());
-  return st;
+
+  const int x_, stages_;
+  StageStats st_;
+  std::map<int64_t, MicroBatchState> mbs_;
+  std::map<int64_t, int> version_refs_;  // stashed version -> in-flight micro-batches using it
+  int64_t current_version_ = 0;
+  int in_flight_ = 0;
+  std::set<std::pair<int, int>> gaps_;
+};
+
+}  // namespace
+
+StageStats simulate_stage(const std::vector<Action>& actions, int stages) {
+  if (actions.empty()) return {};
+  StageReplayer replay(actions.front().stage, stages);
+  for (const Action& a : actions) replay.apply(a);
+  return replay.finish();
 }
 
 std::vector<StageStats> simulate_stages(const Schedule& schedule) {
