@@ -1,10 +1,14 @@
 #include "plan/planner.h"
 
 #include <algorithm>
+#include <sched.h>
+
 #include <chrono>
 #include <cmath>
+#include <future>
 #include <limits>
-#include <set>
+#include <map>
+#include <thread>
 
 #include "plan/baselines.h"
 #include "plan/bipar.h"
@@ -64,53 +68,116 @@ int64_t needed_capacity(const Profile& profile, const PlanOptions& options) {
   return hi;
 }
 
-std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound) {
-  std::set<int64_t> misses;  // the probes below may ask again about a size the bisection tried
-  auto plan_at = [&](int64_t batch) -> std::optional<Plan> {
-    if (misses.count(batch)) return std::nullopt;
-    std::optional<Plan> plan = try_plan(profile.at_batch(batch), options);
-    if (!plan) misses.insert(batch);
-    return plan;
-  };
-  std::optional<Plan> best = plan_at(1);
-  if (!best) return std::nullopt;
+// Plans at micro-batch sizes, remembered by size. `speculate` plans several sizes at once, one
+// thread each (plans are independent: each builds its own cost model and evaluator), so the
+// search below can ask for the sizes it may need next while it still needs only one; it then
+// decides exactly as with one thread, and finds the same answer.
+class BatchProbes {
+ public:
+  BatchProbes(const Profile& profile, const PlanOptions& options, int threads)
+      : profile_(profile), options_(options), threads_(std::max(1, threads)) {}
+  int threads() const { return threads_; }
+
+  void speculate(std::vector<int64_t> sizes) {
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    sizes.erase(std::remove_if(sizes.begin(), sizes.end(), [&](int64_t b) { return known_.count(b) > 0; }),
+                sizes.end());
+    if (sizes.size() > static_cast<size_t>(threads_)) sizes.resize(static_cast<size_t>(threads_));
+    if (sizes.size() < 2) return;  // at() plans a single size on this thread
+    std::vector<std::future<std::optional<Plan>>> running;
+    for (int64_t b : sizes)
+      running.push_back(std::async(std::launch::async, [this, b] { return try_plan(profile_.at_batch(b), options_); }));
+    for (size_t i = 0; i < sizes.size(); ++i) known_.emplace(sizes[i], running[i].get());
+  }
+
+  bool fits(int64_t b) { return at(b).has_value(); }
+
+  const std::optional<Plan>& at(int64_t b) {
+    auto found = known_.find(b);
+    if (found == known_.end()) found = known_.emplace(b, try_plan(profile_.at_batch(b), options_)).first;
+    return found->second;
+  }
+
+ private:
+  const Profile& profile_;
+  const PlanOptions& options_;
+  const int threads_;
+  std::map<int64_t, std::optional<Plan>> known_;
+};
+
+// The cores this process may run on (a Slurm or mpirun binding restricts them).
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// The bisection's next midpoints, breadth first: the one it needs now and those it will need
+// after either answer, as many as there are threads.
+std::vector<int64_t> bisection_ahead(int64_t lo, int64_t hi, int count) {
+  std::vector<int64_t> out;
+  std::vector<std::pair<int64_t, int64_t>> level{{lo, hi}};
+  while (!level.empty() && static_cast<int>(out.size()) < count) {
+    std::vector<std::pair<int64_t, int64_t>> next;
+    for (auto [l, h] : level) {
+      if (h - l <= 1) continue;
+      const int64_t mid = l + (h - l) / 2;
+      out.push_back(mid);
+      next.push_back({mid, h});
+      next.push_back({l, mid});
+    }
+    level = std::move(next);
+  }
+  if (static_cast<int>(out.size()) > count) out.resize(static_cast<size_t>(count));
+  return out;
+}
+
+std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound,
+                                  int threads) {
+  BatchProbes probes(profile, options, threads);
+  const int w = probes.threads();
+  if (!probes.fits(1)) return std::nullopt;
   int64_t lo = 1, hi = -1;            // lo fits; hi (when known) does not
   int64_t ceiling = upper_bound + 1;  // the first doubling that did not fit
   for (int64_t b = 2; hi < 0; b *= 2) {
+    std::vector<int64_t> ahead;
+    for (int64_t c = b; static_cast<int>(ahead.size()) < w; c *= 2) {
+      ahead.push_back(std::min(c, upper_bound));
+      if (c >= upper_bound) break;
+    }
+    probes.speculate(ahead);
     int64_t probe = std::min(b, upper_bound);
     if (probe <= lo) break;  // lo == upper_bound
-    std::optional<Plan> p = plan_at(probe);
-    if (p) {
+    if (probes.fits(probe)) {
       lo = probe;
-      best = std::move(p);
       if (probe == upper_bound) break;
     } else {
       hi = ceiling = probe;
     }
   }
   while (hi > 0 && hi - lo > 1) {
+    probes.speculate(bisection_ahead(lo, hi, w));
     int64_t mid = lo + (hi - lo) / 2;
-    std::optional<Plan> p = plan_at(mid);
-    if (p) {
+    if (probes.fits(mid))
       lo = mid;
-      best = std::move(p);
-    } else {
+    else
       hi = mid;
-    }
   }
   // The search is a heuristic and need not be monotone in the micro-batch size (the candidate
   // cuts move with it: gpt2-tiny, async, r, 3 MiB: 5 fits, 6 does not, 7 does). Probe on above
   // the bisection's answer until four sizes in a row do not fit.
   for (int64_t b = lo + 1, misses = 0; b < ceiling && misses < 4; ++b) {
-    std::optional<Plan> p = plan_at(b);
-    if (p) {
+    std::vector<int64_t> ahead;
+    for (int64_t c = b; c < ceiling && static_cast<int>(ahead.size()) < w; ++c) ahead.push_back(c);
+    probes.speculate(ahead);
+    if (probes.fits(b)) {
       lo = b, misses = 0;
-      best = std::move(p);
     } else {
       ++misses;
     }
   }
-  return MaxBatch{lo, std::move(*best)};
+  return MaxBatch{lo, *probes.at(lo)};
 }
 
 std::string describe(const Profile& profile, const PlanOptions& options) {
@@ -242,7 +309,7 @@ Plan make_plan(const Profile& profile, const PlanOptions& options) {
   std::string message = describe(profile, options) + needs_text(profile, options);
   if (has_batch_fits(profile)) {
     std::optional<MaxBatch> fit;
-    if (profile.micro_batch_size > 1) fit = max_batch(profile, options, profile.micro_batch_size - 1);
+    if (profile.micro_batch_size > 1) fit = max_batch(profile, options, profile.micro_batch_size - 1, usable_cores());
     if (fit)
       message += "; the largest micro-batch size that fits " +
                  format_bytes(static_cast<double>(options.capacity_bytes)) + " is " +
@@ -253,13 +320,14 @@ Plan make_plan(const Profile& profile, const PlanOptions& options) {
   throw InfeasibleError(message);
 }
 
-MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound) {
+MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound, int threads) {
   if (upper_bound < 1) throw ConfigError("the micro-batch size bound must be at least 1");
   validate(profile, options);
   if (!has_batch_fits(profile))
     throw ConfigError("the profile has no batch-size fits; profile it at two or more batch " +
                       std::string("sizes to search the micro-batch size"));
-  std::optional<MaxBatch> fit = max_batch(profile, options, upper_bound);
+  if (threads < 0) throw ConfigError("the number of planning threads must not be negative");
+  std::optional<MaxBatch> fit = max_batch(profile, options, upper_bound, threads == 0 ? usable_cores() : threads);
   if (fit) return std::move(*fit);
   Profile one = profile.at_batch(1);
   throw InfeasibleError(describe(one, options) + needs_text(one, options) + "; not even micro-batch size 1 fits");

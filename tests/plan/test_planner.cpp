@@ -342,10 +342,44 @@ TEST_CASE("find_max_batch returns the largest micro-batch size that fits", "[pla
   opt.stages = 3;
   opt.capacity_bytes = 1000;
   CHECK_THROWS_WITH(find_max_batch(p, opt), Catch::Contains("micro-batch size 1"));
+  CHECK_THROWS_AS(find_max_batch(p, opt, 4096, -1), ConfigError);
   Profile no_fits = p;
   for (TensorProfile& t : no_fits.tensors) t.bytes_fit = {};
   for (NodeProfile& n : no_fits.nodes) n.fwd_ms_fit = n.bwd_ms_fit = {};
   CHECK_THROWS_AS(find_max_batch(no_fits, PlanOptions{}), ConfigError);
+}
+
+// Planning the sizes the search may need next on several threads changes how long it takes, not
+// its answer: the same sizes decide, in the same order, even where feasibility is not monotone
+// in the size.
+TEST_CASE("find_max_batch gives the same answer on any number of threads", "[plan][planner]") {
+  Profile p = small_profile(3, 30);
+  int cases = 0;
+  for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+    for (MemoptMode memopt : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+      for (int64_t capacity : {150000000, 400000000}) {
+        PlanOptions opt;
+        opt.stages = 3;
+        opt.schedule = schedule;
+        opt.memopt = memopt;
+        opt.capacity_bytes = capacity;
+        opt.fit_replayed = true;
+        const MaxBatch one = find_max_batch(p, opt, 4096, 1);
+        INFO(schedule << " " << memopt << " " << capacity << " B " << one.micro_batch_size);
+        for (int threads : {2, 3, 7}) {
+          const MaxBatch many = find_max_batch(p, opt, 4096, threads);
+          CHECK(many.micro_batch_size == one.micro_batch_size);
+          CHECK(many.plan.stages.size() == one.plan.stages.size());
+          for (size_t x = 0; x < one.plan.stages.size(); ++x) {
+            CHECK(many.plan.stages[x].begin == one.plan.stages[x].begin);
+            CHECK(many.plan.stages[x].memory.replayed_peak == one.plan.stages[x].memory.replayed_peak);
+          }
+        }
+        ++cases;
+      }
+    }
+  }
+  CHECK(cases == 18);
 }
 
 // The search decides with the memory formula; with fit_replayed (the command line's setting) a
