@@ -106,11 +106,14 @@ class BatchProbes {
   std::map<int64_t, std::optional<Plan>> known_;
 };
 
-// The cores this process may run on (a Slurm or mpirun binding restricts them).
+// The cores this process may run on (a Slurm or mpirun binding restricts them), at most 8:
+// seven threads already look three bisection levels ahead, and each one holds a plan.
 int usable_cores() {
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
+  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0
+                        ? CPU_COUNT(&set)
+                        : static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores, 1, 8);
 }
 
 // The bisection's next midpoints, breadth first: the one it needs now and those it will need

@@ -30,7 +30,7 @@ struct MaxBatch {
 // each B through its batch-size fits (Profile::at_batch): doubling until a B fails, binary
 // search, then on above the answer until four sizes in a row fail (feasibility is not quite
 // monotone in B). `threads` plans the sizes the search may need next at once (0: one per core
-// this process may use); the answer does not depend on it. Throws InfeasibleError when even
+// this process may use, at most 8); the answer does not depend on it. Throws InfeasibleError when even
 // B = 1 does not fit, ConfigError when the profile has no batch-size fits or upper_bound < 1.
 MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound = 4096,
                         int threads = 0);
