@@ -41,11 +41,24 @@ StageMemopt StageEvaluator::fitted(int b, int e, int x, int64_t& replayed) {
   int64_t capacity = optimizer_.capacity();
   StageMemopt m = optimize_at(b, e, x, capacity, replayed);
   if (replay_capacity_ <= 0) return m;
-  for (int round = 0; round < 4 && replayed > replay_capacity_ && optimizer_.mode() != MemoptMode::None; ++round) {
-    capacity -= replayed - replay_capacity_;
-    if (capacity <= 0) break;
-    m = optimize_at(b, e, x, capacity, replayed);
-    if (!m.feasible) break;  // it evicted all it could: the smallest replay reachable
+  if (optimizer_.mode() != MemoptMode::None) {
+    // The optimizer's formula counts a swapped tensor as gone for every micro-batch in flight;
+    // the replay brings it back at its prefetch point. Where the replay overshoots, lower the
+    // optimizer's capacity by the overshoot (a few rounds) ...
+    for (int round = 0; round < 4 && replayed > replay_capacity_; ++round) {
+      capacity -= replayed - replay_capacity_;
+      if (capacity <= 0) break;
+      m = optimize_at(b, e, x, capacity, replayed);
+      if (!m.feasible) break;  // it evicted all it could
+    }
+    // ... and where no round fits, try everything the optimizer can evict (the rounds stop
+    // short of it) and nothing at all (re-run buffers can make evicting cost memory).
+    for (int64_t other : {int64_t{0}, std::numeric_limits<int64_t>::max()}) {
+      if (replayed <= replay_capacity_) break;
+      int64_t peak = 0;
+      StageMemopt alternative = optimize_at(b, e, x, other, peak);
+      if (peak < replayed) m = std::move(alternative), replayed = peak;
+    }
   }
   m.feasible = replayed <= replay_capacity_;
   return m;

@@ -13,6 +13,7 @@
 #include "plan/cost_model.h"
 #include "plan/planner.h"
 #include "plan/stage_evaluator.h"
+#include "plan/stage_memory.h"
 #include "profile/analytic.h"
 #include "synthetic_profile.h"
 #include "util/error.h"
@@ -531,4 +532,53 @@ TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "
     replicated.print_table(table);
     CHECK_THAT(table.str(), Catch::Contains("data parallel 4 x 4 stages"));
   }
+}
+
+// The evaluator's promise with a replay capacity: a stage it calls feasible replays within the
+// capacity, and once a capacity well above the open peak is reached it fits. Feasibility is not
+// guaranteed monotone in the capacity (the optimizer's rounds and the replay's re-run buffers):
+// the test counts the ranges where a larger capacity lost the fit and prints them.
+TEST_CASE("replay-checked feasibility keeps its promise", "[plan][planner]") {
+  std::mt19937_64 rng(23);
+  int checked = 0, flips = 0, lost = 0;
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    SyntheticOptions so;
+    so.nodes = 30;
+    so.skip_probability = 0.3;
+    const Profile p = random_profile(seed, so);
+    PlanOptions o;
+    o.stages = 3;
+    o.micro_batches = 4;
+    o.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
+    const CostModel model(p, o);
+    for (int trial = 0; trial < 4; ++trial) {
+      const int b = std::uniform_int_distribution<int>(0, 20)(rng);
+      const int e = std::uniform_int_distribution<int>(b + 1, 30)(rng);
+      const int x = std::uniform_int_distribution<int>(0, 2)(rng);
+      const int64_t open = replay_stage_memory(model, b, e, x, {}).peak;
+      for (MemoptMode mode : {MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+        INFO("seed " << seed << " [" << b << "," << e << ") x " << x << " " << memopt_mode_name(mode));
+        bool was_feasible = false;
+        for (int step = 1; step <= 24; ++step) {  // capacities rising from 15% to 130% of the open peak
+          const int64_t capacity = static_cast<int64_t>(static_cast<double>(open) * (0.1 + 0.05 * step));
+          StageEvaluator evaluator(model, mode, capacity);
+          evaluator.set_replay_capacity(capacity);
+          const StageEval& ev = evaluator.evaluate(b, e, x);
+          if (ev.feasible) {
+            CHECK(ev.peak <= capacity);
+            CHECK(evaluator.stage_plan(b, e, x).memory.replayed_peak <= capacity);
+          }
+          if (capacity >= open) CHECK(ev.feasible);
+          flips += ev.feasible && !was_feasible;
+          lost += !ev.feasible && was_feasible;
+          was_feasible = ev.feasible;
+          ++checked;
+        }
+      }
+    }
+  }
+  CHECK(checked == 24 * 4 * 2 * 24);
+  CHECK(flips > 100);  // most ranges go from out of reach to fitting within the capacities tried
+  WARN("replay-checked feasibility: " << flips << " ranges start fitting as the capacity grows, " << lost
+                                      << " times a larger capacity lost the fit");
 }
