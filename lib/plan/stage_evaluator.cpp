@@ -44,17 +44,19 @@ StageMemopt StageEvaluator::fitted(int b, int e, int x, int64_t& replayed) {
   if (optimizer_.mode() != MemoptMode::None) {
     // The optimizer's formula counts a swapped tensor as gone for every micro-batch in flight;
     // the replay brings it back at its prefetch point. Where the replay overshoots, lower the
-    // optimizer's capacity by the overshoot (a few rounds) ...
-    for (int round = 0; round < 4 && replayed > replay_capacity_; ++round) {
+    // optimizer's capacity by the overshoot (a few rounds; an optimizer short of its capacity
+    // has evicted all it can, its greedy order run to the end, which no lower capacity changes)
+    for (int round = 0; round < 4 && m.feasible && replayed > replay_capacity_; ++round) {
       capacity -= replayed - replay_capacity_;
       if (capacity <= 0) break;
       m = optimize_at(b, e, x, capacity, replayed);
-      if (!m.feasible) break;  // it evicted all it could
     }
-    // ... and where no round fits, try everything the optimizer can evict (the rounds stop
-    // short of it) and nothing at all (re-run buffers can make evicting cost memory).
+    // ... and where no round fits, try everything the optimizer can evict (unless the rounds
+    // got there) and nothing at all (re-run buffers can make evicting cost memory).
+    const bool evicted_all = !m.feasible;
     for (int64_t other : {int64_t{0}, std::numeric_limits<int64_t>::max()}) {
       if (replayed <= replay_capacity_) break;
+      if (other == 0 && evicted_all) continue;
       int64_t peak = 0;
       StageMemopt alternative = optimize_at(b, e, x, other, peak);
       if (peak < replayed) m = std::move(alternative), replayed = peak;

@@ -45,9 +45,9 @@ class StageEvaluator {
   StagePlan stage_plan(int b, int e, int x);
   // > 0: a stage fits when its replayed peak (plan/stage_memory.h) fits this, not its formula:
   // where the replay overshoots, the optimizer's capacity is lowered by the overshoot (a few
-  // rounds), and where no round fits, evicting everything the optimizer can and evicting nothing
-  // are tried; where the formula overestimates, stage_plan evicts less (the fewest evictions whose replay still
-  // fits). Set before the search.
+  // rounds), and where no round fits, evicting everything the optimizer can and evicting
+  // nothing are tried; where the formula overestimates, stage_plan evicts less (the fewest
+  // evictions whose replay still fits). Set before the search.
   void set_replay_capacity(int64_t bytes) { replay_capacity_ = bytes; }
 
   const CostModel& model() const { return model_; }
