@@ -111,12 +111,42 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
 
   cross_count_.assign(static_cast<size_t>(n) + 1, 0);
   cross_bytes_.assign(static_cast<size_t>(n) + 1, 0);
+  cross_begin_.assign(static_cast<size_t>(n) + 2, 0);
   int64_t c = 0, bytes = 0;
   for (int cut = 0; cut <= n; ++cut) {
     c += count_diff[static_cast<size_t>(cut)];
     bytes += bytes_diff[static_cast<size_t>(cut)];
     cross_count_[static_cast<size_t>(cut)] = c;
     cross_bytes_[static_cast<size_t>(cut)] = bytes;
+    cross_begin_[static_cast<size_t>(cut) + 1] = cross_begin_[static_cast<size_t>(cut)] + c;
+  }
+  // The crossing lists, one slice per cut (the replays ask for them on every stage they try).
+  cross_tensors_.resize(static_cast<size_t>(cross_begin_.back()));
+  std::vector<int64_t> fill(cross_begin_.begin(), cross_begin_.end() - 1);
+  for (int t = 0; t < t_count; ++t) {
+    const TensorProfile& tp = profile.tensors[static_cast<size_t>(t)];
+    if (tp.is_data) continue;
+    for (int cut = tp.producer + 1; cut <= last_consumer_[static_cast<size_t>(t)]; ++cut)
+      cross_tensors_[static_cast<size_t>(fill[static_cast<size_t>(cut)]++)] = t;
+  }
+
+  alias_children_.assign(static_cast<size_t>(t_count), {});
+  copies_of_.assign(static_cast<size_t>(t_count), {});
+  alias_root_.assign(static_cast<size_t>(t_count), 0);
+  for (int t = 0; t < t_count; ++t) {
+    const TensorProfile& tp = profile.tensors[static_cast<size_t>(t)];
+    if (tp.alias_of >= t_count || tp.copy_of >= t_count)
+      bad_profile("tensor " + std::to_string(t) + " refers to tensor " +
+                  std::to_string(std::max(tp.alias_of, tp.copy_of)));
+    if (tp.alias_of >= 0) alias_children_[static_cast<size_t>(tp.alias_of)].push_back(t);
+    if (tp.copy_of >= 0) copies_of_[static_cast<size_t>(tp.copy_of)].push_back(t);
+    if (tp.is_data) data_tensors_.push_back(t);
+    int root = t;
+    for (int steps = 0; profile.tensors[static_cast<size_t>(root)].alias_of >= 0; ++steps) {
+      if (steps > t_count) bad_profile("tensor " + std::to_string(t) + " has a cycle of alias_of");
+      root = profile.tensors[static_cast<size_t>(root)].alias_of;
+    }
+    alias_root_[static_cast<size_t>(t)] = root;
   }
 
   // Which tensors carry gradients: outputs of nodes with parameters or with such inputs, unless
@@ -132,6 +162,24 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
     for (int t : node.outputs) {
       const TensorProfile& tp = profile.tensors[static_cast<size_t>(t)];
       requires_grad_[static_cast<size_t>(t)] = tp.requires_grad >= 0 ? tp.requires_grad == 1 : rg && !tp.internal;
+    }
+  }
+  bytes_.resize(static_cast<size_t>(t_count));
+  internal_.resize(static_cast<size_t>(t_count));
+  owns_storage_.resize(static_cast<size_t>(t_count));
+  for (const TensorProfile& tp : profile.tensors) {
+    bytes_[static_cast<size_t>(tp.id)] = tp.bytes;
+    internal_[static_cast<size_t>(tp.id)] = tp.internal;
+    owns_storage_[static_cast<size_t>(tp.id)] = tp.owns_storage();
+  }
+  graph_output_.assign(static_cast<size_t>(n), -1);
+  has_backward_.assign(static_cast<size_t>(n), 0);
+  for (const NodeProfile& node : profile.nodes) {
+    for (int t : node.outputs) {
+      if (internal_[static_cast<size_t>(t)]) continue;
+      if (graph_output_[static_cast<size_t>(node.id)] < 0) graph_output_[static_cast<size_t>(node.id)] = t;
+      if (requires_grad_[static_cast<size_t>(t)] && node_class(node.id) != NodeClass::Input)
+        has_backward_[static_cast<size_t>(node.id)] = 1;
     }
   }
 }
@@ -185,9 +233,12 @@ double CostModel::balanced_group_peak(int b, int e, int x0, int x1) const {
 
 std::vector<TensorBytes> CostModel::crossing(int cut) const {
   std::vector<TensorBytes> out;
-  for (const TensorProfile& t : profile_->tensors)
-    if (!t.is_data && t.producer < cut && last_consumer_[static_cast<size_t>(t.id)] >= cut)
-      out.push_back({t.id, t.bytes});
+  const int64_t begin = cross_begin_[static_cast<size_t>(cut)], end = cross_begin_[static_cast<size_t>(cut) + 1];
+  out.reserve(static_cast<size_t>(end - begin));
+  for (int64_t i = begin; i < end; ++i) {
+    const int t = cross_tensors_[static_cast<size_t>(i)];
+    out.push_back({t, profile_->tensors[static_cast<size_t>(t)].bytes});
+  }
   return out;
 }
 
@@ -214,7 +265,7 @@ bool CostModel::evictable(int tensor) const {
   return !t.internal && !t.param_view;
 }
 
-int64_t CostModel::tensor_bytes(int tensor) const { return profile_->tensors[static_cast<size_t>(tensor)].bytes; }
+int64_t CostModel::tensor_bytes(int tensor) const { return bytes_[static_cast<size_t>(tensor)]; }
 
 double CostModel::recompute_ms(int node) const {
   // A profile without recompute measurements (0) falls back to the forward time.

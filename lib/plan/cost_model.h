@@ -70,7 +70,7 @@ class CostModel {
   double balanced_group_peak(int b, int e, int x0, int x1) const;
 
   // --- communication at a cut (the boundary before node `cut`) ---
-  // Non-data tensors produced before the cut and consumed at or after it.
+  // Non-data tensors produced before the cut and consumed at or after it, ascending ids.
   int crossing_count(int cut) const { return static_cast<int>(cross_count_[cut]); }
   int64_t crossing_bytes(int cut) const { return cross_bytes_[cut]; }
   std::vector<TensorBytes> crossing(int cut) const;
@@ -95,6 +95,19 @@ class CostModel {
   bool evictable(int tensor) const;
   int64_t tensor_bytes(int tensor) const;
   double recompute_ms(int node) const;
+  // Storage sharing, for the replays: the tensors whose alias_of is `tensor`, those that are
+  // contiguous copies of it (TensorProfile::copy_of), the owner at the end of its alias chain.
+  const std::vector<int>& alias_children(int tensor) const { return alias_children_[static_cast<size_t>(tensor)]; }
+  const std::vector<int>& copies_of(int tensor) const { return copies_of_[static_cast<size_t>(tensor)]; }
+  int alias_root(int tensor) const { return alias_root_[static_cast<size_t>(tensor)]; }
+  const std::vector<int>& alias_roots() const { return alias_root_; }
+  const std::vector<int>& data_tensors() const { return data_tensors_; }   // ascending
+  const std::vector<char>& owns_storage() const { return owns_storage_; }  // per tensor
+  bool is_internal(int tensor) const { return internal_[static_cast<size_t>(tensor)] != 0; }
+  // A node's first output that is not an autograd-internal buffer (-1: none), and whether its
+  // backward runs (some such output carries a gradient; never for Input nodes).
+  int graph_output(int node) const { return graph_output_[static_cast<size_t>(node)]; }
+  bool has_backward(int node) const { return has_backward_[static_cast<size_t>(node)] != 0; }
 
  private:
   const Profile* profile_;
@@ -117,11 +130,19 @@ class CostModel {
   DominanceSum saved_repeats_;       // consecutive savers of one tensor, to count it once
   RangeMax transient_;
   std::vector<int64_t> cross_count_, cross_bytes_;  // per cut 0..n
-  DominanceSum spanning_;                           // (n - producer, n - last consumer) per sent tensor
+  std::vector<int64_t> cross_begin_;                // per cut 0..n+1: its slice of cross_tensors_
+  std::vector<int> cross_tensors_;
+  DominanceSum spanning_;  // (n - producer, n - last consumer) per sent tensor
   std::vector<std::vector<int>> inputs_;
   std::vector<std::vector<int>> saved_by_;  // sorted, distinct
   std::vector<std::vector<int>> saved_at_;
   std::vector<int> last_consumer_;
+  std::vector<std::vector<int>> alias_children_, copies_of_;
+  std::vector<int> alias_root_, data_tensors_;
+  // Dense copies of per-tensor / per-node facts the replays read in their inner loops.
+  std::vector<int64_t> bytes_;
+  std::vector<char> internal_, owns_storage_, has_backward_;
+  std::vector<int> graph_output_;
 };
 
 }  // namespace dawnpiper

@@ -33,7 +33,22 @@ StageMemopt StageEvaluator::optimize_at(int b, int e, int x, int64_t capacity, i
   optimizer_.set_capacity(capacity);
   StageMemopt m = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
   optimizer_.set_capacity(base);
-  replayed = replay_stage_memory(model_, b, e, x, m.decisions).peak;
+  // The capacities tried for one stage often lead to a decision set tried already.
+  if (tried_stage_ != std::array<int, 3>{b, e, x}) {
+    tried_.clear();
+    tried_stage_ = {b, e, x};
+    replayer_.emplace(model_, b, e, x);
+  }
+  std::vector<std::pair<int, TensorAction>> evicted;
+  for (const TensorDecision& d : m.decisions)
+    if (d.action != TensorAction::Keep) evicted.emplace_back(d.tensor, d.action);
+  for (const auto& [set, peak] : tried_)
+    if (set == evicted) {
+      replayed = peak;
+      return m;
+    }
+  replayed = replayer_->replay(m.decisions).peak;
+  tried_.emplace_back(std::move(evicted), replayed);
   return m;
 }
 

@@ -5,14 +5,17 @@
 // Memory: the search and the memory optimizer use the cost model's fast formula (the partition
 // theorem's model); a stage's final plan also carries the replayed prediction
 // (plan/stage_memory.h), which the runtime is measured against.
+#include <array>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "plan/cost_model.h"
 #include "plan/memory_optimizer.h"
 #include "plan/plan.h"
+#include "plan/stage_memory.h"
 
 namespace dawnpiper {
 
@@ -65,6 +68,11 @@ class StageEvaluator {
   MemoryOptimizer optimizer_;
   int64_t replay_capacity_ = 0;
   std::unordered_map<uint64_t, StageEval> cache_;
+  // The decision sets replayed for the stage last asked about (b, e, x), with their peaks, and
+  // its replayer.
+  std::array<int, 3> tried_stage_{-1, -1, -1};
+  std::optional<StageReplayer> replayer_;
+  std::vector<std::pair<std::vector<std::pair<int, TensorAction>>, int64_t>> tried_;
   int64_t evaluations_ = 0;
 };
 

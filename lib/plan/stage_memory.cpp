@@ -1,12 +1,15 @@
 #include "plan/stage_memory.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
+#include <memory>
 #include <set>
+#include <stdexcept>
 
 namespace dawnpiper {
 
-namespace {
+namespace detail {
 
 // One micro-batch's state on the stage between its forward and the end of its backward.
 struct MicroBatch {
@@ -39,19 +42,28 @@ int64_t sum_bytes(const std::vector<TensorBytes>& list) {
 
 class StageReplay {
  public:
-  // Stage x over [b, e): its actions, and either its evictions or the decisions to place.
+  // Stage x over [b, e) running `actions`: what does not depend on the evictions is set up here.
   StageReplay(const CostModel& model, int b, int e, int x, const std::vector<Action>& actions,
-              const std::vector<Eviction>* evictions, const std::vector<TensorDecision>* decisions,
               std::vector<Action>* events);
-  StageMemoryReplay run();
+  // The evictions carrying out `decisions`, placed as stage_program() places them.
+  std::vector<Eviction> place(const std::vector<TensorDecision>& decisions) const {
+    return dawnpiper::place_evictions(model_, b_, e_, decisions, is_received_);
+  }
+  // Walks the actions with these evictions (any number of times, one set each).
+  StageMemoryReplay run(const std::vector<Eviction>& evictions);
 
  private:
   size_t at(int t) const { return static_cast<size_t>(t); }
-  int64_t bytes(int t) const { return p_.tensors[at(t)].bytes; }
+  // A micro-batch's state is indexed by the stage's own numbering of the tensors it touches.
+  size_t loc(int t) const { return static_cast<size_t>(local_[at(t)]); }
+  int64_t bytes(int t) const { return model_.tensor_bytes(t); }
   bool in_range(int node) const { return node >= b_ && node < e_; }
   bool allocates(int t) const { return storage_[at(t)] && key_[at(t)] == t; }
-  std::vector<int> saver_keys(int t) const;
+  // The storages a saver of tensor t holds (a received view's own copy, else t's storage).
+  template <class F>
+  void for_saver_keys(int t, F f) const;
   void place_storages();
+  void number_locals();
   void count_references();
   void place_weights();
   void place_evictions();
@@ -60,21 +72,36 @@ class StageReplay {
   void note(int64_t value, int node);
   void emit(ActionKind kind, int64_t mb, int tensor);
   MicroBatch& state(int64_t mb);
+  void retire(int64_t mb);  // its backward is done: the state's buffers are kept for the next
   void release(MicroBatch& m, int k);
   void evict(MicroBatch& m, int64_t mb, int index);
   void restore_for(MicroBatch& m, int64_t mb, int node, size_t& next_due);
   void send(int64_t held_by_send);
 
+  // Every micro-batch's forward starts from the same state (what it received), and so does
+  // every backward but the first of a step (which creates the parameters' gradients): without
+  // events to record, each is walked once and repeated for the other micro-batches.
+  struct Walk {
+    bool done = false, noted = false;
+    int64_t delta = 0, param_grads = 0;
+    int64_t high = 0;             // the highest point noted, above the start (the first of equals)
+    int node = -1;                // ... and where
+    std::vector<char> grad_done;  // backward: which parameters have their gradient after it
+    MicroBatch after;
+  };
+  template <class Body>
+  void walk_once(Walk& w, MicroBatch& m, bool backward, Body body);
   void forward(int64_t mb, MicroBatch& m);
+  void forward_nodes(int64_t mb, MicroBatch& m);
   void backward(int64_t mb, MicroBatch& m);
+  void backward_nodes(int64_t mb, MicroBatch& m);
   void backward_node(MicroBatch& m, int i);
   void optimizer_step();
 
   const CostModel& model_;
   const Profile& p_;
   const std::vector<Action>& actions_;
-  std::vector<Eviction> placed_here_;       // when given decisions
-  const std::vector<Eviction>* evictions_;  // the program's
+  const std::vector<Eviction>* evictions_ = nullptr;  // of the current run
   std::vector<Action>* events_;
   const int b_, e_, x_, T_;
   const bool async_, last_;
@@ -86,7 +113,9 @@ class StageReplay {
   std::vector<char> is_received_, storage_;
   std::vector<int> key_;
   std::map<int, std::vector<int>> received_of_owner_;  // received views of a sender-side owner
-  std::vector<int> refs_;                              // forward references of each storage
+  std::vector<int> local_;                             // per tensor: its local number, -1 untouched
+  int locals_ = 0;
+  std::vector<int> base_refs_, refs_;  // forward references of each storage: the stage's, with the evictions
   std::vector<int> data_, data_read_later_;
   int loss_ = -1;
 
@@ -96,6 +125,22 @@ class StageReplay {
   std::vector<Placed> placed_;                      // the program's evictions, in its order
   std::vector<std::vector<int>> evict_after_;       // node offset -> evictions
   std::vector<int> evict_after_send_, by_restore_;  // by_restore_: by due node, latest first
+  std::vector<int> due_scratch_, rerun_scratch_, chain_scratch_;
+  bool repeat_walks_ = false;
+  Walk forward_walk_, backward_walk_[2];  // backward: the step's first, the later ones
+  Walk* recording_ = nullptr;
+  int64_t walk_start_ = 0;
+  bool backward_in_step_ = false;
+  // Deriving the second pass of a synchronous step: the first pass's highest points (the first
+  // of equals) before its first send and from there up to the optimizer step. segment_: -1 not
+  // tracked, 0 before the first send, 1 up to the step, 2 from the step on.
+  struct Mark {
+    int64_t value = std::numeric_limits<int64_t>::min();
+    int action = -1, node = -1;
+  };
+  Mark before_send_, before_step_;
+  int segment_ = -1;
+  bool shared_keys_ = false;  // two evictions of one storage (m.out holds the first evicted)
 
   int64_t received_bytes_ = 0, sent_bytes_ = 0, received_grad_bytes_ = 0, permuted_sent_bytes_ = 0;
 
@@ -104,6 +149,7 @@ class StageReplay {
   int64_t live_ = 0;
   int current_action_ = -1;
   std::map<int64_t, MicroBatch> mbs_;
+  std::vector<MicroBatch> spare_;
   int64_t pending_send_ = 0;  // bytes only the transport still references
   int64_t param_grads_ = 0;
   std::vector<char> grad_done_;
@@ -113,12 +159,10 @@ class StageReplay {
 };
 
 StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std::vector<Action>& actions,
-                         const std::vector<Eviction>* evictions, const std::vector<TensorDecision>* decisions,
                          std::vector<Action>* events)
     : model_(model),
       p_(model.profile()),
       actions_(actions),
-      evictions_(evictions),
       events_(events),
       b_(b),
       e_(e),
@@ -128,13 +172,9 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
       last_(e == model.size()),
       requires_grad_(model.requires_grad()) {
   place_storages();
-  if (decisions) {  // placed as stage_program() places them, reusing what the replay knows
-    placed_here_ = dawnpiper::place_evictions(model, b, e, *decisions, is_received_);
-    evictions_ = &placed_here_;
-  }
+  number_locals();
   count_references();
   place_weights();
-  place_evictions();
   measure_messages();
 }
 
@@ -143,52 +183,88 @@ void StageReplay::place_storages() {
   if (e_ < model_.size()) sent_ = model_.crossing(e_);
   is_received_.assign(at(T_), 0);
   for (const TensorBytes& r : received_) is_received_[at(r.tensor)] = 1;
-  key_.assign(at(T_), 0);
-  storage_.assign(at(T_), 0);
-  for (int t = 0; t < T_; ++t) {
-    int k = t;
-    while (!is_received_[at(k)] && p_.tensors[at(k)].alias_of >= 0) k = p_.tensors[at(k)].alias_of;
-    key_[at(t)] = k;
-    // A received operand arrives contiguous: the copy the whole graph makes of it is not made.
-    const int copy_of = p_.tensors[at(t)].copy_of;
-    storage_[at(t)] =
-        (is_received_[at(t)] || p_.tensors[at(t)].owns_storage()) && !(copy_of >= 0 && is_received_[at(copy_of)]);
+  // From the graph's owners, patched where a received tensor (a fresh copy) starts a storage of
+  // its own: its views share it, and the copy the whole graph makes of it is not made.
+  key_ = model_.alias_roots();
+  storage_ = model_.owns_storage();
+  std::vector<int> stack;
+  for (const TensorBytes& r : received_) {
+    storage_[at(r.tensor)] = 1;
+    stack.assign(1, r.tensor);
+    while (!stack.empty()) {
+      const int t = stack.back();
+      stack.pop_back();
+      key_[at(t)] = r.tensor;
+      for (int v : model_.alias_children(t))
+        if (!is_received_[at(v)]) stack.push_back(v);
+    }
   }
+  for (const TensorBytes& r : received_)
+    for (int c : model_.copies_of(r.tensor)) storage_[at(c)] = 0;
   // Received views: the stage's savers of the sender-side owner save the received copy.
   for (const TensorBytes& r : received_) {
-    int o = r.tensor;
-    while (p_.tensors[at(o)].alias_of >= 0) o = p_.tensors[at(o)].alias_of;
+    const int o = model_.alias_root(r.tensor);
     if (o != r.tensor && !is_received_[at(o)]) received_of_owner_[o].push_back(r.tensor);
   }
 }
 
-std::vector<int> StageReplay::saver_keys(int t) const {
-  auto found = received_of_owner_.find(t);
-  if (found != received_of_owner_.end()) return found->second;
-  return {key_[at(t)]};
+template <class F>
+void StageReplay::for_saver_keys(int t, F f) const {
+  if (!received_of_owner_.empty()) {
+    auto found = received_of_owner_.find(t);
+    if (found != received_of_owner_.end()) {
+      for (int k : found->second) f(k);
+      return;
+    }
+  }
+  f(key_[at(t)]);
+}
+
+// Numbers every tensor (and storage) the stage's walk may look at: what its nodes read, make and
+// save, what it receives and sends, the data, the loss, what its evictions move and read.
+void StageReplay::number_locals() {
+  local_.assign(at(T_), -1);
+  auto add = [&](int t) {
+    for (int u : {t, key_[at(t)]})
+      if (local_[at(u)] < 0) local_[at(u)] = locals_++;
+  };
+  for (int n = b_; n < e_; ++n) {
+    for (int t : model_.inputs(n)) add(t);
+    for (int t : p_.nodes[at(n)].outputs) add(t);
+    for (int t : p_.nodes[at(n)].saved) {
+      add(t);
+      for_saver_keys(t, add);
+    }
+  }
+  for (const TensorBytes& r : received_) add(r.tensor);
+  for (const TensorBytes& s : sent_) add(s.tensor);
+  for (int t : model_.data_tensors()) add(t);
+  if (last_) add(p_.nodes.back().outputs[0]);
+  // An eviction's tensor is one of these (place_evictions refuses others), and what a re-run
+  // reads is an input of a stage node.
 }
 
 // Forward references of each storage: readers in the range, savers in the range, the sent
 // tensors (until backward), the received ones (until their gradients are sent), data read later
 // (until the forward ends) and the loss (read by the backward).
 void StageReplay::count_references() {
-  refs_.assign(at(T_), 0);
+  std::vector<int>& refs_ = base_refs_;
+  refs_.assign(static_cast<size_t>(locals_), 0);
   for (int n = b_; n < e_; ++n)
-    for (int t : model_.inputs(n)) ++refs_[at(key_[at(t)])];
+    for (int t : model_.inputs(n)) ++refs_[loc(key_[at(t)])];
   for (int n = b_; n < e_; ++n)
-    for (int t : p_.nodes[at(n)].saved)
-      for (int k : saver_keys(t)) ++refs_[at(k)];
-  for (const TensorBytes& s : sent_) ++refs_[at(key_[at(s.tensor)])];
-  for (const TensorBytes& r : received_) ++refs_[at(r.tensor)];
-  for (const TensorProfile& t : p_.tensors) {
-    if (!t.is_data) continue;
+    for (int t : p_.nodes[at(n)].saved) for_saver_keys(t, [&](int k) { ++refs_[loc(k)]; });
+  for (const TensorBytes& s : sent_) ++refs_[loc(key_[at(s.tensor)])];
+  for (const TensorBytes& r : received_) ++refs_[loc(r.tensor)];
+  for (int id : model_.data_tensors()) {
+    const TensorProfile& t = p_.tensors[at(id)];
     bool read_here = false, read_later = false;
     for (int c : t.consumers) read_here |= in_range(c), read_later |= c >= e_;
     if (!read_here) continue;
     data_.push_back(t.id);
-    if (read_later) data_read_later_.push_back(t.id), ++refs_[at(t.id)];
+    if (read_later) data_read_later_.push_back(t.id), ++refs_[loc(t.id)];
   }
-  if (last_) loss_ = p_.nodes.back().outputs[0], ++refs_[at(loss_)];
+  if (last_) loss_ = p_.nodes.back().outputs[0], ++refs_[loc(loss_)];
 }
 
 // Parameters held, and where in the backward each one's gradient appears.
@@ -226,17 +302,22 @@ void StageReplay::place_weights() {
 }
 
 void StageReplay::place_evictions() {
+  refs_ = base_refs_;
+  placed_.clear();
+  evict_after_send_.clear();
   evict_after_.assign(static_cast<size_t>(e_ - b_), {});
   for (const Eviction& ev : (*evictions_)) {
     Placed pl;
     pl.key = key_[at(ev.tensor)];
+    if (local_[at(pl.key)] < 0)
+      throw std::logic_error("stage replay: an eviction of a tensor the stage does not touch");
     pl.producer = p_.tensors[at(ev.tensor)].producer;
     pl.recompute = ev.action == TensorAction::Recompute;
     pl.due = ev.prefetch_at;
-    std::set<int> leaves;
-    for (int t : ev.leaves) leaves.insert(key_[at(t)]);
-    pl.leaves.assign(leaves.begin(), leaves.end());
-    for (int k : pl.leaves) ++refs_[at(k)];
+    for (int t : ev.leaves) pl.leaves.push_back(key_[at(t)]);
+    std::sort(pl.leaves.begin(), pl.leaves.end());
+    pl.leaves.erase(std::unique(pl.leaves.begin(), pl.leaves.end()), pl.leaves.end());
+    for (int k : pl.leaves) ++refs_[loc(k)];
     const int index = static_cast<int>(placed_.size());
     if (ev.evict_after < 0)
       evict_after_send_.push_back(index);
@@ -244,6 +325,10 @@ void StageReplay::place_evictions() {
       evict_after_[at(ev.evict_after - b_)].push_back(index);
     placed_.push_back(std::move(pl));
   }
+  std::vector<int> keys;
+  for (const Placed& pl : placed_) keys.push_back(pl.key);
+  std::sort(keys.begin(), keys.end());
+  shared_keys_ = std::adjacent_find(keys.begin(), keys.end()) != keys.end();
   // A backward walks the nodes downwards, and each eviction becomes due once the walk reaches
   // its due node.
   by_restore_.resize(placed_.size());
@@ -275,6 +360,11 @@ void StageReplay::measure_messages() {
 
 void StageReplay::note(int64_t value, int node) {
   if (value > r_.peak) r_.peak = value, r_.peak_action = current_action_, r_.peak_node = node;
+  if (recording_ && (!recording_->noted || value - walk_start_ > recording_->high))
+    recording_->noted = true, recording_->high = value - walk_start_, recording_->node = node;
+  if (segment_ < 0 || segment_ > 1) return;
+  Mark& mark = segment_ == 0 ? before_send_ : before_step_;
+  if (value > mark.value) mark = {value, current_action_, node};
 }
 
 void StageReplay::emit(ActionKind kind, int64_t mb, int tensor) {
@@ -285,23 +375,36 @@ MicroBatch& StageReplay::state(int64_t mb) {
   auto found = mbs_.find(mb);
   if (found != mbs_.end()) return found->second;
   MicroBatch& m = mbs_[mb];
+  if (!spare_.empty()) {  // a retired state's buffers, without new allocations
+    m = std::move(spare_.back());
+    spare_.pop_back();
+    m.received_grads = m.input_grads = m.version = 0;
+    m.out.clear();
+  }
   m.refs = refs_;
-  m.alive.assign(at(T_), 0);
-  m.evicted.assign(at(T_), 0);
-  m.has_grad.assign(at(T_), 0);
-  m.permuted.assign(at(T_), 0);
+  m.alive.assign(static_cast<size_t>(locals_), 0);
+  m.evicted.assign(static_cast<size_t>(locals_), 0);
+  m.has_grad.assign(static_cast<size_t>(locals_), 0);
+  m.permuted.assign(static_cast<size_t>(locals_), 0);
   return m;
 }
 
+void StageReplay::retire(int64_t mb) {
+  auto found = mbs_.find(mb);
+  if (found == mbs_.end()) return;
+  spare_.push_back(std::move(found->second));
+  mbs_.erase(found);
+}
+
 void StageReplay::release(MicroBatch& m, int k) {
-  if (--m.refs[at(k)] != 0 || !m.alive[at(k)]) return;
-  m.alive[at(k)] = 0;
-  if (!m.evicted[at(k)]) live_ -= bytes(k);
+  if (--m.refs[loc(k)] != 0 || !m.alive[loc(k)]) return;
+  m.alive[loc(k)] = 0;
+  if (!m.evicted[loc(k)]) live_ -= bytes(k);
 }
 
 void StageReplay::evict(MicroBatch& m, int64_t mb, int index) {
   const Placed& pl = placed_[at(index)];
-  const size_t k = at(pl.key);
+  const size_t k = loc(pl.key);
   if (!m.alive[k] || m.evicted[k]) return;
   m.evicted[k] = 1;
   live_ -= bytes(pl.key);
@@ -312,6 +415,7 @@ void StageReplay::evict(MicroBatch& m, int64_t mb, int index) {
 // Receives allocate the tensors they receive. A send keeps what it sends referenced until MPI
 // completes it: found done by the next send (the receiver may not have taken it earlier).
 void StageReplay::send(int64_t held_by_send) {
+  if (segment_ == 0) segment_ = 1;
   live_ -= pending_send_;
   pending_send_ = held_by_send;
 }
@@ -323,20 +427,46 @@ void StageReplay::send(int64_t held_by_send) {
 // this backward. Every eviction due at an earlier (higher) node was restored there, so only the
 // newly due ones can be evicted still.
 void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due) {
-  std::set<int> rerun_nodes;
+  std::vector<int>& rerun_nodes = rerun_scratch_;  // ascending, distinct
+  rerun_nodes.clear();
+  const size_t first_due = next_due;
   bool any = false;
   for (; next_due < by_restore_.size() && placed_[at(by_restore_[next_due])].due >= i; ++next_due) {
     const Placed& pl = placed_[at(by_restore_[next_due])];
-    if (!m.evicted[at(pl.key)] || !m.alive[at(pl.key)]) continue;
+    if (!m.evicted[loc(pl.key)] || !m.alive[loc(pl.key)]) continue;
     any = true;
     if (pl.recompute)
-      for (int n : (*evictions_)[at(by_restore_[next_due])].rerun) rerun_nodes.insert(n);
+      for (int n : (*evictions_)[at(by_restore_[next_due])].rerun) rerun_nodes.push_back(n);
   }
   if (!any) return;
-  std::set<int> chain_reads;
+  std::sort(rerun_nodes.begin(), rerun_nodes.end());
+  rerun_nodes.erase(std::unique(rerun_nodes.begin(), rerun_nodes.end()), rerun_nodes.end());
+  auto reruns = [&](int node) { return std::binary_search(rerun_nodes.begin(), rerun_nodes.end(), node); };
+  if (rerun_nodes.empty() && !shared_keys_) {
+    // Only swaps are due: they come back in program order, nothing else moves. (Their entries
+    // stay in m.out; a storage back on the device is skipped there.)
+    std::vector<int>& due = due_scratch_;
+    due.clear();
+    for (size_t d = first_due; d < next_due; ++d) {
+      const Placed& pl = placed_[at(by_restore_[d])];
+      if (m.evicted[loc(pl.key)] && m.alive[loc(pl.key)]) due.push_back(by_restore_[d]);
+    }
+    std::sort(due.begin(), due.end());
+    for (int j : due) {
+      m.evicted[loc(placed_[at(j)].key)] = 0;
+      live_ += bytes(placed_[at(j)].key);
+      emit(ActionKind::SwapIn, mb, (*evictions_)[at(j)].tensor);
+    }
+    note(live_, i);
+    return;
+  }
+  std::vector<int>& chain_reads = chain_scratch_;  // storages, ascending, distinct
+  chain_reads.clear();
   for (int n : rerun_nodes)
     for (int in : model_.inputs(n))
-      if (!rerun_nodes.count(p_.tensors[at(in)].producer)) chain_reads.insert(key_[at(in)]);
+      if (!reruns(p_.tensors[at(in)].producer)) chain_reads.push_back(key_[at(in)]);
+  std::sort(chain_reads.begin(), chain_reads.end());
+  chain_reads.erase(std::unique(chain_reads.begin(), chain_reads.end()), chain_reads.end());
   // Swaps come back first (those due, then those the re-run reads early, each in program
   // order, as the evictor starts them); the re-run then allocates every output of its nodes in
   // order (the rebuilt tensors among them), each node's workspace on top, and holds them all
@@ -344,16 +474,16 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
   int64_t swapped_back = 0, rebuilt_back = 0;
   std::vector<int> still_out, early, done;
   auto swap_in = [&](int j) {
-    m.evicted[at(placed_[at(j)].key)] = 0;
+    m.evicted[loc(placed_[at(j)].key)] = 0;
     swapped_back += bytes(placed_[at(j)].key);
     emit(ActionKind::SwapIn, mb, (*evictions_)[at(j)].tensor);
   };
   for (int j : m.out) {
     const Placed& pl = placed_[at(j)];
-    if (!m.evicted[at(pl.key)] || !m.alive[at(pl.key)]) continue;  // released while off the device
+    if (!m.evicted[loc(pl.key)] || !m.alive[loc(pl.key)]) continue;  // released while off the device
     if (pl.recompute) {
-      if (rerun_nodes.count(pl.producer)) {
-        m.evicted[at(pl.key)] = 0;
+      if (reruns(pl.producer)) {
+        m.evicted[loc(pl.key)] = 0;
         rebuilt_back += bytes(pl.key);
         done.push_back(j);
       } else {
@@ -361,7 +491,7 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
       }
     } else if (pl.due >= i) {
       swap_in(j);
-    } else if (chain_reads.count(pl.key)) {
+    } else if (std::binary_search(chain_reads.begin(), chain_reads.end(), pl.key)) {
       early.push_back(j);
     } else {
       still_out.push_back(j);
@@ -385,12 +515,41 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
     for (int k : placed_[at(j)].leaves) release(m, k);
 }
 
+template <class Body>
+void StageReplay::walk_once(Walk& w, MicroBatch& m, bool backward, Body body) {
+  if (!repeat_walks_) return body();
+  if (w.done) {
+    if (w.noted) note(live_ + w.high, w.node);
+    live_ += w.delta;
+    param_grads_ += w.param_grads;
+    if (backward) grad_done_ = w.grad_done;
+    const int64_t version = m.version;
+    m = w.after;
+    m.version = version;
+    return;
+  }
+  recording_ = &w;
+  walk_start_ = live_;
+  const int64_t grads = param_grads_;
+  body();
+  recording_ = nullptr;
+  w.delta = live_ - walk_start_;
+  w.param_grads = param_grads_ - grads;
+  if (backward) w.grad_done = grad_done_;
+  w.after = m;
+  w.done = true;
+}
+
 void StageReplay::forward(int64_t mb, MicroBatch& m) {
   if (async_) {
     m.version = version_;
     if (version_users_[version_]++ == 0) live_ += weights_;  // the stashed copy
   }
-  for (int t : data_) m.alive[at(t)] = 1, live_ += bytes(t);
+  walk_once(forward_walk_, m, /*backward=*/false, [&] { forward_nodes(mb, m); });
+}
+
+void StageReplay::forward_nodes(int64_t mb, MicroBatch& m) {
+  for (int t : data_) m.alive[loc(t)] = 1, live_ += bytes(t);
   note(live_, -1);
   for (int n = b_; n < e_; ++n) {
     const NodeProfile& node = p_.nodes[at(n)];
@@ -402,8 +561,8 @@ void StageReplay::forward(int64_t mb, MicroBatch& m) {
     live_ += out;
     for (int t : node.outputs) {
       if (!allocates(t)) continue;
-      m.alive[at(t)] = 1;
-      if (m.refs[at(t)] == 0) m.alive[at(t)] = 0, live_ -= bytes(t);
+      m.alive[loc(t)] = 1;
+      if (m.refs[loc(t)] == 0) m.alive[loc(t)] = 0, live_ -= bytes(t);
     }
     for (int i : evict_after_[at(n - b_)]) evict(m, mb, i);
     for (int t : model_.inputs(n)) release(m, key_[at(t)]);
@@ -412,14 +571,18 @@ void StageReplay::forward(int64_t mb, MicroBatch& m) {
 }
 
 void StageReplay::backward(int64_t mb, MicroBatch& m) {
+  walk_once(backward_walk_[backward_in_step_ ? 1 : 0], m, /*backward=*/true, [&] { backward_nodes(mb, m); });
+  backward_in_step_ = true;
+  if (async_ && --version_users_[m.version] == 0) {
+    version_users_.erase(m.version);
+    live_ -= weights_;
+  }
+}
+
+void StageReplay::backward_nodes(int64_t mb, MicroBatch& m) {
   size_t next_due = 0;
   for (int i = e_ - 1; i >= b_; --i) {
-    if (model_.node_class(i) == NodeClass::Input) continue;
-    // The node's graph outputs (its internal buffers follow them), some with gradients.
-    bool any_grad = false;
-    for (int t : p_.nodes[at(i)].outputs)
-      if (!p_.tensors[at(t)].internal) any_grad |= requires_grad_[at(t)] != 0;
-    if (!any_grad) continue;
+    if (!model_.has_backward(i)) continue;
     restore_for(m, mb, i, next_due);
     backward_node(m, i);
   }
@@ -427,10 +590,6 @@ void StageReplay::backward(int64_t mb, MicroBatch& m) {
   m.received_grads = 0;
   for (const TensorBytes& s : sent_) release(m, key_[at(s.tensor)]);
   if (last_) release(m, loss_);
-  if (async_ && --version_users_[m.version] == 0) {
-    version_users_.erase(m.version);
-    live_ -= weights_;
-  }
 }
 
 // Node i's backward: the gradients of its inputs and parameters appear, its output's gradient
@@ -438,22 +597,17 @@ void StageReplay::backward(int64_t mb, MicroBatch& m) {
 void StageReplay::backward_node(MicroBatch& m, int i) {
   const NodeProfile& node = p_.nodes[at(i)];
   const NodeClass kind = model_.node_class(i);
-  int out = -1;
-  for (int t : node.outputs)
-    if (!p_.tensors[at(t)].internal) {
-      out = t;
-      break;
-    }
+  const int out = model_.graph_output(i);
   // A view hands its output's gradient on as a view, unless its backward allocates one of the
   // input's size (slices, expands, splits).
-  const bool view = !p_.tensors[at(out)].owns_storage() && kind != NodeClass::ViewAllocatingGradient;
-  const char out_grad = m.has_grad[at(out)];
+  const bool view = !model_.owns_storage()[at(out)] && kind != NodeClass::ViewAllocatingGradient;
+  const char out_grad = m.has_grad[loc(out)];
   int64_t grads = 0, transient = 0;
   bool passed_on = false;    // a view hands its output's gradient to its input
   bool copied_view = false;  // ... unless it must copy it first
   for (int t : model_.inputs(i)) {
     if (!requires_grad_[at(t)]) continue;
-    char& g = m.has_grad[at(t)];
+    char& g = m.has_grad[loc(t)];
     if (g) {  // this node's contribution is summed into the existing gradient
       if (view) continue;
       transient += bytes(t);
@@ -468,11 +622,11 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
     if (is_received_[at(t)]) m.input_grads += bytes(t);  // held until sent back
     if (!view) {
       g = 1, grads += bytes(t);
-    } else if (kind == NodeClass::Reshape && m.permuted[at(out)]) {
+    } else if (kind == NodeClass::Reshape && m.permuted[loc(out)]) {
       g = 1, grads += bytes(t), copied_view = true;  // a permuted gradient is not viewable
     } else {                                         // a view of the output's gradient, with its owner
       g = out_grad ? out_grad : 1;
-      m.permuted[at(t)] = m.permuted[at(out)] || kind == NodeClass::Permute;
+      m.permuted[loc(t)] = m.permuted[loc(out)] || kind == NodeClass::Permute;
     }
   }
   if (view && !passed_on && out_grad == 1) live_ -= bytes(out);  // a view of a parameter, or summed into a gradient
@@ -490,13 +644,13 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
   note(live_ + grads + transient + node.bwd_workspace, i);
   live_ += grads;
   for (int o : node.outputs)  // the graph outputs' gradients have been consumed
-    if (!p_.tensors[at(o)].internal && m.has_grad[at(o)] == 1 && (!view || copied_view) && !is_received_[at(o)])
+    if (!model_.is_internal(o) && m.has_grad[loc(o)] == 1 && (!view || copied_view) && !is_received_[at(o)])
       live_ -= bytes(o);
-  for (int t : node.saved)
-    for (int k : saver_keys(t)) release(m, k);
+  for (int t : node.saved) for_saver_keys(t, [&](int k) { release(m, k); });
 }
 
 void StageReplay::optimizer_step() {
+  if (segment_ >= 0) segment_ = 2;
   const int64_t state_bytes = model_.optimizer_multiplier() * weights_;
   if (!optimizer_state_) live_ += state_bytes, optimizer_state_ = true;
   if (model_.optimizer() == OptimizerKind::Adam) note(live_ + std::min(p_.largest_param_bytes, weights_), -1);
@@ -504,17 +658,37 @@ void StageReplay::optimizer_step() {
   live_ -= param_grads_;
   param_grads_ = 0;
   std::fill(grad_done_.begin(), grad_done_.end(), 0);
+  backward_in_step_ = false;
   ++version_;
 }
 
-StageMemoryReplay StageReplay::run() {
+StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
+  evictions_ = &evictions;
+  place_evictions();
+  // The walk's state, fresh (buffers of earlier runs are kept).
+  while (!mbs_.empty()) retire(mbs_.begin()->first);
+  r_ = StageMemoryReplay{};
+  current_action_ = -1;
+  pending_send_ = param_grads_ = version_ = 0;
+  optimizer_state_ = backward_in_step_ = false;
+  version_users_.clear();
+  for (Walk* w : {&forward_walk_, &backward_walk_[0], &backward_walk_[1]}) w->done = w->noted = false;
+  recording_ = nullptr;
+  before_send_ = before_step_ = Mark{};
+  segment_ = -1;
   live_ = weights_ + model_.constant_bytes(b_, e_);  // constants: computed in the first forward
   note(live_, -1);
   grad_done_.assign(static_cast<size_t>(e_ - b_), 0);
   // Synchronous schedules: the list is one step; the second pass is the steady state (optimizer
-  // state allocated). The async list runs long enough to reach its own.
+  // state allocated). The async list runs long enough to reach its own. Without events to
+  // record, the second pass is not walked: it repeats the first up to the step with the
+  // optimizer state on top, and before its first send also what the last send of the first
+  // still holds; from its step on it is the first pass again.
   const std::vector<Action>& actions = actions_;
-  const size_t passes = async_ ? 1 : 2;
+  const bool derive_second = !async_ && !events_;
+  const size_t passes = async_ || derive_second ? 1 : 2;
+  if (derive_second) segment_ = 0;
+  repeat_walks_ = !events_;
   for (size_t ai = 0; ai < passes * actions.size(); ++ai) {
     const Action& a = actions[ai % actions.size()];
     current_action_ = static_cast<int>(ai % actions.size());
@@ -522,7 +696,7 @@ StageMemoryReplay StageReplay::run() {
       case ActionKind::RecvActivation: {
         MicroBatch& m = state(a.micro_batch);
         live_ += received_bytes_;
-        for (const TensorBytes& t : received_) m.alive[at(t.tensor)] = 1;
+        for (const TensorBytes& t : received_) m.alive[loc(t.tensor)] = 1;
         break;
       }
       case ActionKind::Forward:
@@ -543,14 +717,14 @@ StageMemoryReplay StageReplay::run() {
         MicroBatch& m = state(a.micro_batch);
         int64_t total = 0;
         for (const TensorBytes& t : sent_)
-          if (requires_grad_[at(t.tensor)]) total += t.bytes, m.has_grad[at(t.tensor)] = 2;
+          if (requires_grad_[at(t.tensor)]) total += t.bytes, m.has_grad[loc(t.tensor)] = 2;
         live_ += total;
         m.received_grads = total;
         break;
       }
       case ActionKind::Backward:
         backward(a.micro_batch, state(a.micro_batch));
-        if (b_ == 0) mbs_.erase(a.micro_batch);  // nothing to send back
+        if (b_ == 0) retire(a.micro_batch);  // nothing to send back
         break;
       case ActionKind::SendGrad: {
         MicroBatch& m = state(a.micro_batch);
@@ -559,7 +733,7 @@ StageMemoryReplay StageReplay::run() {
         live_ += received_grad_bytes_ - m.input_grads;
         send(received_grad_bytes_);
         for (const TensorBytes& t : received_) release(m, t.tensor);
-        mbs_.erase(a.micro_batch);
+        retire(a.micro_batch);
         break;
       }
       case ActionKind::OptimizerStep:
@@ -570,16 +744,33 @@ StageMemoryReplay StageReplay::run() {
     }
     note(live_, -1);
   }
+  if (derive_second) {
+    const int64_t state_bytes = model_.optimizer_multiplier() * weights_;
+    for (const auto& [mark, extra] :
+         {std::pair{before_send_, state_bytes + pending_send_}, {before_step_, state_bytes}})
+      if (mark.action >= 0 && mark.value + extra > r_.peak)
+        r_.peak = mark.value + extra, r_.peak_action = mark.action, r_.peak_node = mark.node;
+  }
   return r_;
 }
 
-}  // namespace
+}  // namespace detail
+
+StageReplayer::StageReplayer(const CostModel& model, int b, int e, int x)
+    : replay_(std::make_unique<detail::StageReplay>(model, b, e, x, model.actions(x), nullptr)) {}
+
+StageReplayer::~StageReplayer() = default;
+StageReplayer::StageReplayer(StageReplayer&&) noexcept = default;
+StageReplayer& StageReplayer::operator=(StageReplayer&&) noexcept = default;
+
+StageMemoryReplay StageReplayer::replay(const std::vector<TensorDecision>& decisions) {
+  return replay_->run(replay_->place(decisions));
+}
 
 StageMemoryReplay replay_stage_program(const CostModel& model, const StageProgram& program,
                                        std::vector<Action>* events) {
-  return StageReplay(model, program.begin, program.end, program.stage, program.actions, &program.evictions, nullptr,
-                     events)
-      .run();
+  return detail::StageReplay(model, program.begin, program.end, program.stage, program.actions, events)
+      .run(program.evictions);
 }
 
 StageMemoryReplay replay_whole_step(const Profile& profile, OptimizerKind optimizer) {
@@ -596,7 +787,7 @@ StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int 
                                       const std::vector<TensorDecision>& decisions) {
   // The program stage_program() makes, without copying its actions (the planner asks often);
   // its REDUCE_TIED actions hold no memory, so the schedule's own list replays the same.
-  return StageReplay(model, b, e, x, model.actions(x), nullptr, &decisions, nullptr).run();
+  return StageReplayer(model, b, e, x).replay(decisions);
 }
 
 }  // namespace dawnpiper

@@ -23,6 +23,7 @@
 // The cost model's formula (CostModel::memory) is the fast estimate the search uses; this is the
 // per-stage prediction a plan reports and the runtime is measured against.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "plan/cost_model.h"
@@ -52,5 +53,23 @@ StageMemoryReplay replay_whole_step(const Profile& profile, OptimizerKind optimi
 // The program of stage x over [b, e) with `decisions`, replayed.
 StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int x,
                                       const std::vector<TensorDecision>& decisions);
+
+namespace detail {
+class StageReplay;
+}
+// replay_stage_memory for one stage under many decision sets (the planner's search tries
+// several per stage): what does not depend on the decisions (storages, references, weights,
+// messages) is set up once. The model must outlive it.
+class StageReplayer {
+ public:
+  StageReplayer(const CostModel& model, int b, int e, int x);
+  ~StageReplayer();
+  StageReplayer(StageReplayer&&) noexcept;
+  StageReplayer& operator=(StageReplayer&&) noexcept;
+  StageMemoryReplay replay(const std::vector<TensorDecision>& decisions);
+
+ private:
+  std::unique_ptr<detail::StageReplay> replay_;
+};
 
 }  // namespace dawnpiper

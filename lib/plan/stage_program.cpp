@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <string>
 
 #include "util/error.h"
@@ -11,30 +10,38 @@ namespace dawnpiper {
 
 namespace {
 
-// The tensors sharing each decided tensor's storage (its alias chain's owner, stopping at a
-// received tensor: the stage's copy), from one pass over the tensors.
+// The tensors sharing each decided tensor's storage: the owner of its alias chain (stopping at a
+// received tensor: the stage's copy) and the views of it, down to received ones.
 class Storages {
  public:
-  Storages(const Profile& p, const std::vector<char>& received, const std::vector<TensorDecision>& decisions)
-      : p_(p), received_(received) {
-    const int T = static_cast<int>(p.tensors.size());
-    for (const TensorDecision& d : decisions)
-      if (d.action != TensorAction::Keep && d.tensor >= 0 && d.tensor < T) sharing_[owner(d.tensor)];
-    if (sharing_.empty()) return;
-    for (int t = 0; t < T; ++t) {
-      auto found = sharing_.find(owner(t));
-      if (found != sharing_.end()) found->second.push_back(t);
+  Storages(const CostModel& model, const std::vector<char>& received, const std::vector<TensorDecision>& decisions)
+      : model_(model), received_(received) {
+    const int T = static_cast<int>(received.size());
+    std::vector<int> stack;
+    for (const TensorDecision& d : decisions) {
+      if (d.action == TensorAction::Keep || d.tensor < 0 || d.tensor >= T) continue;
+      auto [slot, added] = sharing_.try_emplace(owner(d.tensor));
+      if (!added) continue;
+      stack.assign(1, slot->first);
+      while (!stack.empty()) {
+        const int t = stack.back();
+        stack.pop_back();
+        slot->second.push_back(t);
+        for (int v : model.alias_children(t))
+          if (!received[static_cast<size_t>(v)]) stack.push_back(v);
+      }
     }
   }
   int owner(int t) const {
-    while (!received_[static_cast<size_t>(t)] && p_.tensors[static_cast<size_t>(t)].alias_of >= 0)
-      t = p_.tensors[static_cast<size_t>(t)].alias_of;
+    const Profile& p = model_.profile();
+    while (!received_[static_cast<size_t>(t)] && p.tensors[static_cast<size_t>(t)].alias_of >= 0)
+      t = p.tensors[static_cast<size_t>(t)].alias_of;
     return t;
   }
   const std::vector<int>& sharing(int t) const { return sharing_.at(owner(t)); }
 
  private:
-  const Profile& p_;
+  const CostModel& model_;
   const std::vector<char>& received_;
   std::map<int, std::vector<int>> sharing_;
 };
@@ -73,9 +80,10 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
     return p.tensors[static_cast<size_t>(t)].is_data || p.tensors[static_cast<size_t>(t)].producer < b ||
            a == static_cast<int>(TensorAction::Keep) || a == static_cast<int>(TensorAction::Swap);
   };
-  const Storages storages(p, received, decisions);
+  const Storages storages(model, received, decisions);
 
   std::vector<Eviction> out;
+  std::vector<int> visited(static_cast<size_t>(std::max(0, e - b)), -1), stack;  // per node: the decision
   for (const TensorDecision& d : decisions) {
     if (d.action == TensorAction::Keep) continue;
     const TensorProfile& t = p.tensors[static_cast<size_t>(d.tensor)];
@@ -105,21 +113,24 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
     if (d.action == TensorAction::Recompute) {
       if (t.is_data || !in_range(t.producer))
         throw ConfigError("plan recomputes " + name(d.tensor) + ", which this stage does not produce");
-      std::set<int> rerun, leaves;
-      std::vector<int> stack{t.producer};
+      const int mark = static_cast<int>(out.size());
+      stack.assign(1, t.producer);
       while (!stack.empty()) {
         const int n = stack.back();
         stack.pop_back();
-        if (!rerun.insert(n).second) continue;
+        if (visited[static_cast<size_t>(n - b)] == mark) continue;
+        visited[static_cast<size_t>(n - b)] = mark;
+        ev.rerun.push_back(n);
         for (int in : model.inputs(n)) {
           if (available(in))
-            leaves.insert(in);
+            ev.leaves.push_back(in);
           else if (in_range(p.tensors[static_cast<size_t>(in)].producer))
             stack.push_back(p.tensors[static_cast<size_t>(in)].producer);
         }
       }
-      ev.rerun.assign(rerun.begin(), rerun.end());
-      ev.leaves.assign(leaves.begin(), leaves.end());
+      std::sort(ev.rerun.begin(), ev.rerun.end());
+      std::sort(ev.leaves.begin(), ev.leaves.end());
+      ev.leaves.erase(std::unique(ev.leaves.begin(), ev.leaves.end()), ev.leaves.end());
     }
     out.push_back(std::move(ev));
   }
