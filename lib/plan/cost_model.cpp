@@ -237,7 +237,7 @@ std::vector<TensorBytes> CostModel::crossing(int cut) const {
   out.reserve(static_cast<size_t>(end - begin));
   for (int64_t i = begin; i < end; ++i) {
     const int t = cross_tensors_[static_cast<size_t>(i)];
-    out.push_back({t, profile_->tensors[static_cast<size_t>(t)].bytes});
+    out.push_back({t, bytes_[static_cast<size_t>(t)]});
   }
   return out;
 }

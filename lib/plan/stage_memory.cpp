@@ -248,23 +248,22 @@ void StageReplay::number_locals() {
 // tensors (until backward), the received ones (until their gradients are sent), data read later
 // (until the forward ends) and the loss (read by the backward).
 void StageReplay::count_references() {
-  std::vector<int>& refs_ = base_refs_;
-  refs_.assign(static_cast<size_t>(locals_), 0);
+  base_refs_.assign(static_cast<size_t>(locals_), 0);
   for (int n = b_; n < e_; ++n)
-    for (int t : model_.inputs(n)) ++refs_[loc(key_[at(t)])];
+    for (int t : model_.inputs(n)) ++base_refs_[loc(key_[at(t)])];
   for (int n = b_; n < e_; ++n)
-    for (int t : p_.nodes[at(n)].saved) for_saver_keys(t, [&](int k) { ++refs_[loc(k)]; });
-  for (const TensorBytes& s : sent_) ++refs_[loc(key_[at(s.tensor)])];
-  for (const TensorBytes& r : received_) ++refs_[loc(r.tensor)];
+    for (int t : p_.nodes[at(n)].saved) for_saver_keys(t, [&](int k) { ++base_refs_[loc(k)]; });
+  for (const TensorBytes& s : sent_) ++base_refs_[loc(key_[at(s.tensor)])];
+  for (const TensorBytes& r : received_) ++base_refs_[loc(r.tensor)];
   for (int id : model_.data_tensors()) {
     const TensorProfile& t = p_.tensors[at(id)];
     bool read_here = false, read_later = false;
     for (int c : t.consumers) read_here |= in_range(c), read_later |= c >= e_;
     if (!read_here) continue;
     data_.push_back(t.id);
-    if (read_later) data_read_later_.push_back(t.id), ++refs_[loc(t.id)];
+    if (read_later) data_read_later_.push_back(t.id), ++base_refs_[loc(t.id)];
   }
-  if (last_) loss_ = p_.nodes.back().outputs[0], ++refs_[loc(loss_)];
+  if (last_) loss_ = p_.nodes.back().outputs[0], ++base_refs_[loc(loss_)];
 }
 
 // Parameters held, and where in the backward each one's gradient appears.
