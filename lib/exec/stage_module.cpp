@@ -2,11 +2,13 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "exec/aten_call.h"
 #include "exec/weights.h"
@@ -20,6 +22,17 @@ uint64_t mix_seed(uint64_t a, uint64_t b) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
+
+namespace {
+// A matmul whose operands are batches of matrices with the same batch dimensions: at::matmul
+// folds them into one bmm, copying an operand whose layout does not fold (graph/layout.h).
+bool batched_operands(const OpGraph& graph, const Node& node) {
+  if (node.inputs.size() != 2) return false;
+  const Shape& a = graph.tensor(node.inputs[0]).shape;
+  const Shape& b = graph.tensor(node.inputs[1]).shape;
+  return a.size() >= 3 && a.size() == b.size() && std::equal(a.begin(), a.end() - 2, b.begin());
+}
+}  // namespace
 
 namespace {
 
@@ -129,6 +142,7 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
   }
   const std::vector<Strides> strides = tensor_strides(graph);
   reshape_copies_.assign(end - begin, 0);
+  internal_slots_.assign(static_cast<size_t>(end - begin), {});
   constant_keys_.assign(end - begin, {});
   kernels_.resize(static_cast<size_t>(end - begin));
   std::vector<char> read(graph.buffers.size(), 0);
@@ -141,6 +155,15 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
     if (node.kind == OpKind::Reshape)
       reshape_copies_[n - begin] =
           !reshape_is_view(graph, strides, node.inputs[0], graph.tensor(node.outputs[0]).shape);
+    auto add_slot = [&](int copy_of) {
+      internal_slots_[static_cast<size_t>(n - begin)].emplace_back(
+          copy_of, static_cast<int>(graph.tensors.size()) + internal_count_++);
+    };
+    if (node.kind == OpKind::Dropout || node.kind == OpKind::CrossEntropy || node.kind == OpKind::MaxPool2d)
+      add_slot(-1);
+    if (node.kind == OpKind::MatMul && batched_operands(graph, node))
+      for (int in : matmul_copied_inputs(graph, strides, n))
+        if (std::count(node.inputs.begin(), node.inputs.end(), in) == 1) add_slot(in);
     constant_keys_[n - begin] = graph.stage_constant(n).key;
   }
   buffers_.resize(graph.buffers.size());
@@ -194,7 +217,21 @@ void StageModule::forward(TensorEnv& env, const RunContext& ctx, const std::func
     run_node(n, env, ctx);
     if (after_node) after_node(n, env);
     for (int t : release_after_[n - begin_]) env[t] = at::Tensor();
+    for (const auto& [copy_of, slot] : internal_slots_[static_cast<size_t>(n - begin_)])
+      if (static_cast<size_t>(slot) < env.size()) env[static_cast<size_t>(slot)] = at::Tensor();
   }
+}
+
+int StageModule::internal_slot(int node, int copy_of) const {
+  if (node < begin_ || node >= end_) return -1;
+  for (const auto& [copied, slot] : internal_slots_[static_cast<size_t>(node - begin_)])
+    if (copied == copy_of) return slot;
+  return -1;
+}
+
+void StageModule::expose(TensorEnv& env, int node, int copy_of, const at::Tensor& buffer) const {
+  const int slot = internal_slot(node, copy_of);
+  if (slot >= 0 && static_cast<size_t>(slot) < env.size()) env[static_cast<size_t>(slot)] = buffer;
 }
 
 // A node's inputs as read from the environment.
@@ -240,14 +277,8 @@ at::Tensor stateless_op(const Node& node, const NodeInputs& in) {
       return at::sub(in(0), in(1));
     case OpKind::Div:
       return at::div(in(0), in(1));
-    case OpKind::MatMul:
-      return at::matmul(in(0), in(1));
     case OpKind::Transpose:
       return in(0).permute(node.attr_ints("dims"));
-    case OpKind::MaxPool2d: {
-      int64_t k = node.attr_int("kernel", 3), s = node.attr_int("stride", 1), p = node.attr_int("padding", 0);
-      return at::max_pool2d(in(0), {k, k}, {s, s}, {p, p});
-    }
     case OpKind::AvgPool2d: {
       int64_t k = node.attr_int("kernel", 3), s = node.attr_int("stride", 1), p = node.attr_int("padding", 0);
       return at::avg_pool2d(in(0), {k, k}, {s, s}, {p, p}, false, /*count_include_pad=*/false);
@@ -277,8 +308,22 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
       run_aten(node, env, ctx);
       return;
     case OpKind::Dropout:
-      out = ctx.eval ? in(0) : dropout(node, in(0), ctx);
+      out = ctx.eval ? in(0) : dropout(node, in(0), ctx, env);
       break;
+    case OpKind::MatMul:
+      out = matmul(node, in, env);
+      break;
+    case OpKind::CrossEntropy:
+      out = cross_entropy(node, in, env);
+      break;
+    case OpKind::MaxPool2d: {
+      // at::max_pool2d's training path, so that the indices its backward saves are held here.
+      int64_t k = node.attr_int("kernel", 3), s = node.attr_int("stride", 1), p = node.attr_int("padding", 0);
+      at::Tensor indices;
+      std::tie(out, indices) = at::max_pool2d_with_indices(in(0), {k, k}, {s, s}, {p, p});
+      expose(env, node.id, -1, indices);
+      break;
+    }
     case OpKind::Reshape:
       out = in(0).reshape(node.attr_ints("shape"));
       if (reshape_copies_[n - begin_] && out.is_alias_of(in(0))) out = out.clone();
@@ -295,7 +340,6 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
     case OpKind::RelPosBias:
     case OpKind::Conv2d:
     case OpKind::BatchNorm2d:
-    case OpKind::CrossEntropy:
       out = parametric_op(node, in);
       break;
     default:
@@ -304,13 +348,39 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
   env[node.outputs[0]] = std::move(out);
 }
 
-at::Tensor StageModule::dropout(const Node& node, const at::Tensor& x, const RunContext& ctx) const {
+at::Tensor StageModule::dropout(const Node& node, const at::Tensor& x, const RunContext& ctx, TensorEnv& env) const {
   const double p = node.attr_real("p", 0.1);
   uint64_t s = mix_seed(mix_seed(mix_seed(seed_, 0x5eed0000ULL + node.id), ctx.step), ctx.micro_batch);
   at::Generator gen = at::detail::createCPUGenerator(s);
   // Drawn on the CPU so every device and every schedule sees the same mask.
-  at::Tensor keep = at::empty(x.sizes(), at::kFloat).bernoulli_(1.0 - p, gen).to(at::kBool);
-  return at::mul(x, keep.to(device_)) * (1.0 / (1.0 - p));
+  at::Tensor keep = at::empty(x.sizes(), at::kFloat).bernoulli_(1.0 - p, gen).to(at::kBool).to(device_);
+  expose(env, node.id, -1, keep);  // what the multiplication saves for its backward
+  return at::mul(x, keep) * (1.0 / (1.0 - p));
+}
+
+at::Tensor StageModule::matmul(const Node& node, const NodeInputs& in, TensorEnv& env) const {
+  // The operand copies at::matmul would make inside, made here: the same bytes, saved by the
+  // same bmm, but held where the evictor can reach them.
+  at::Tensor a = in(0), b = in(1);
+  for (at::Tensor* operand : {&a, &b}) {
+    const int id = node.inputs[operand == &a ? 0 : 1];
+    if (internal_slot(node.id, id) < 0) continue;
+    at::Tensor copy = operand->contiguous();
+    if (copy.is_same(*operand)) continue;  // arrived contiguous (received): no copy
+    expose(env, node.id, id, copy);
+    *operand = copy;
+  }
+  return at::matmul(a, b);
+}
+
+at::Tensor StageModule::cross_entropy(const Node& node, const NodeInputs& in, TensorEnv& env) const {
+  // at::cross_entropy_loss's own steps, so that the log-probabilities both backwards save are
+  // held here.
+  at::Tensor logits = in(0);
+  if (graph_->precision == "bf16") logits = logits.to(at::kFloat);  // the loss in fp32
+  at::Tensor log_probs = at::log_softmax(logits.reshape({-1, logits.size(-1)}), 1);
+  expose(env, node.id, -1, log_probs);
+  return at::nll_loss(log_probs, in(1).reshape({-1}), {}, at::Reduction::Mean, -100);
 }
 
 at::Tensor StageModule::parametric_op(const Node& node, const NodeInputs& in) const {
@@ -347,12 +417,6 @@ at::Tensor StageModule::parametric_op(const Node& node, const NodeInputs& in) co
     case OpKind::BatchNorm2d:
       return at::batch_norm(in(0), weight(0), weight(1), at::Tensor(), at::Tensor(),
                             /*training=*/true, 0.1, node.attr_real("eps", 1e-5), true);
-    case OpKind::CrossEntropy: {
-      at::Tensor logits = in(0);
-      if (bf16) logits = logits.to(at::kFloat);  // the loss in fp32
-      return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), in(1).reshape({-1}), {}, at::Reduction::Mean,
-                                    -100);
-    }
     default:
       throw std::logic_error(std::string("parametric_op: ") + op_kind_name(node.kind) + " has no parameters");
   }

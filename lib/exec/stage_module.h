@@ -55,8 +55,15 @@ class StageModule {
   const std::vector<StageParameter>& parameters() const { return params_; }
   int64_t parameter_count() const;
 
-  // A TensorEnv sized for the graph.
-  TensorEnv make_env() const { return TensorEnv(graph_->tensors.size()); }
+  // A TensorEnv sized for the graph, with a slot past its tensors for each internal buffer the
+  // range exposes.
+  TensorEnv make_env() const { return TensorEnv(graph_->tensors.size() + static_cast<size_t>(internal_count_)); }
+  // Some autograd-internal buffers are made where the module holds them, so that the evictor
+  // can empty and refill their storage (profile/profile.h, exposed_internal): a dropout's mask
+  // (copy_of -1), a batched matmul operand's contiguous copy (copy_of: the operand), the loss's
+  // log-probabilities (-1), a max pooling's indices (-1). run_node puts them into env at this index (when env has it
+  // and the node made one); forward() drops them after after_node. -1: not exposed.
+  int internal_slot(int node, int copy_of) const;
   // Tensors that must be present in the env before forward(): the data inputs the range reads
   // and the activations it reads from earlier stages.
   const std::vector<int>& external_inputs() const { return external_inputs_; }
@@ -82,7 +89,10 @@ class StageModule {
   void run_aten(const Node& node, TensorEnv& env, const RunContext& ctx) const;
   // Ops that read the stage's parameters (and the loss, which reads the precision).
   at::Tensor parametric_op(const Node& node, const NodeInputs& in) const;
-  at::Tensor dropout(const Node& node, const at::Tensor& x, const RunContext& ctx) const;
+  at::Tensor dropout(const Node& node, const at::Tensor& x, const RunContext& ctx, TensorEnv& env) const;
+  at::Tensor matmul(const Node& node, const NodeInputs& in, TensorEnv& env) const;
+  at::Tensor cross_entropy(const Node& node, const NodeInputs& in, TensorEnv& env) const;
+  void expose(TensorEnv& env, int node, int copy_of, const at::Tensor& buffer) const;
   at::Tensor causal_mask(const Node& node, int64_t size) const;
   at::Tensor relative_buckets(const Node& node, int64_t sq, int64_t sk) const;
 
@@ -98,6 +108,9 @@ class StageModule {
   // where its input arrived contiguous (received), so the stage keeps the storages the
   // profile and the planner account for.
   std::vector<char> reshape_copies_;
+  // node offset -> (copy_of, env index) of the internal buffers it exposes (internal_slot).
+  std::vector<std::vector<std::pair<int, int>>> internal_slots_;
+  int internal_count_ = 0;
   std::vector<std::string> constant_keys_;               // node offset -> OpGraph::stage_constant key
   mutable std::map<std::string, at::Tensor> constants_;  // by key
   std::vector<std::unique_ptr<AtenKernel>> kernels_;     // node offset -> imported node's call

@@ -1,6 +1,7 @@
 #include "plan/cost_model.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "util/error.h"
@@ -148,6 +149,18 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
     }
     alias_root_[static_cast<size_t>(t)] = root;
   }
+  // Internal buffers the executor holds, one handle per (producer, copied input): a matmul
+  // reading one tensor twice copies it twice, which the executor does not tell apart.
+  std::map<std::pair<int, int>, int> internal_keys;
+  for (const TensorProfile& tp : profile.tensors)
+    if (tp.internal) ++internal_keys[{tp.producer, tp.copy_of}];
+  evictable_.assign(static_cast<size_t>(t_count), 0);
+  for (int t = 0; t < t_count; ++t) {
+    const TensorProfile& tp = profile.tensors[static_cast<size_t>(t)];
+    evictable_[static_cast<size_t>(t)] =
+        !tp.param_view &&
+        (!tp.internal || (exposed_internal(profile, tp) && internal_keys[{tp.producer, tp.copy_of}] == 1));
+  }
 
   // Which tensors carry gradients: outputs of nodes with parameters or with such inputs, unless
   // the profile says.
@@ -258,12 +271,6 @@ void CostModel::spanning(int lo, int hi, int& count, int64_t& bytes) const {
 int CostModel::producer(int tensor) const { return profile_->tensors[static_cast<size_t>(tensor)].producer; }
 
 bool CostModel::is_data(int tensor) const { return profile_->tensors[static_cast<size_t>(tensor)].is_data; }
-
-bool CostModel::evictable(int tensor) const {
-  // Internal buffers are autograd's own; a view of a parameter shares the parameter's storage.
-  const TensorProfile& t = profile_->tensors[static_cast<size_t>(tensor)];
-  return !t.internal && !t.param_view;
-}
 
 int64_t CostModel::tensor_bytes(int tensor) const { return bytes_[static_cast<size_t>(tensor)]; }
 

@@ -91,8 +91,10 @@ class CostModel {
   int last_consumer(int tensor) const { return last_consumer_[static_cast<size_t>(tensor)]; }
   int producer(int tensor) const;
   bool is_data(int tensor) const;
-  // Whether the runtime can swap or recompute it (autograd-internal buffers it cannot).
-  bool evictable(int tensor) const;
+  // Whether the runtime can swap or recompute it: graph tensors, and the autograd-internal
+  // buffers the executor keeps a handle on (exposed_internal), not views of parameters. A
+  // matmul's operand copy is not made where the operand arrives from an earlier stage.
+  bool evictable(int tensor) const { return evictable_[static_cast<size_t>(tensor)] != 0; }
   int64_t tensor_bytes(int tensor) const;
   double recompute_ms(int node) const;
   // Storage sharing, for the replays: the tensors whose alias_of is `tensor`, those that are
@@ -138,6 +140,7 @@ class CostModel {
   std::vector<std::vector<int>> saved_at_;
   std::vector<int> last_consumer_;
   std::vector<std::vector<int>> alias_children_, copies_of_;
+  std::vector<char> evictable_;
   std::vector<int> alias_root_, data_tensors_;
   // Dense copies of per-tensor / per-node facts the replays read in their inner loops.
   std::vector<int64_t> bytes_;

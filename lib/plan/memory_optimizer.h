@@ -3,12 +3,13 @@
 // uses it: make a stage fit the device at the least added time by swapping saved tensors to host
 // memory or recomputing them in backward.
 //
-// Candidates are the stage's saved tensors, except autograd-internal buffers (dropout masks,
-// normalization statistics) that the runtime cannot evict. A tensor is idle from its last forward use until its
-// first backward use; between the two the stage runs the rest of this forward, the passes of
-// other micro-batches the schedule puts between a forward and its backward (taken from the
-// simulated action list: the shortest such gap), and the backward of later nodes. With
-// swap = bytes / host bandwidth each way, FreeTime = idle - swap_out - swap_in.
+// Candidates are the stage's saved tensors (CostModel::evictable): graph tensors and the
+// autograd-internal buffers the executor holds (dropout masks, matmul operand copies, the loss's
+// log-probabilities, max pooling indices), not normalization statistics. A tensor is idle from its last forward use
+// until its first backward use; between the two the stage runs the rest of this forward, the passes of other
+// micro-batches the schedule puts between a forward and its backward (taken from the simulated action list: the
+// shortest such gap), and the backward of later nodes. With swap = bytes / host bandwidth each way, FreeTime = idle -
+// swap_out - swap_in.
 //   1. (sr) swap tensors with the largest FreeTime > 0 first: fully overlapped, no cost, as long
 //      as the host link has room (each direction carries at most one F+B period per micro-batch);
 //   2. then repeatedly take the cheapest way to save memory: a swap costing its stall

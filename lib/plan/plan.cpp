@@ -81,6 +81,7 @@ Json eviction_json(const Eviction& ev) {
     t["rerun"] = int_list(ev.rerun);
     t["leaves"] = int_list(ev.leaves);
   }
+  if (ev.internal.node >= 0) t["internal"] = Json{{"node", ev.internal.node}, {"copy_of", ev.internal.copy_of}};
   return t;
 }
 
@@ -96,6 +97,10 @@ Eviction eviction_from_json(const Json& t) {
   if (ev.action == TensorAction::Recompute) {
     ev.rerun = int_list_from(t.at("rerun"));
     ev.leaves = int_list_from(t.at("leaves"));
+  }
+  if (t.contains("internal")) {
+    ev.internal.node = t.at("internal").at("node").get<int>();
+    ev.internal.copy_of = t.at("internal").at("copy_of").get<int>();
   }
   return ev;
 }

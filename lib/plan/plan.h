@@ -45,9 +45,18 @@ struct Eviction {
   std::vector<int>
       rerun;  // recompute: the nodes re-run, ascending (the producer, and producers of inputs not on the device)
   std::vector<int> leaves;  // recompute: the tensors the re-run reads, held from the forward until it ran
+  // An autograd-internal buffer (TensorProfile::internal; `tensor` is past the graph's): the node
+  // that makes it and the input it is a contiguous copy of (-1: the node's own buffer, a dropout
+  // mask or a loss's log-probabilities). The executor holds it by these (exposed_internal).
+  struct Internal {
+    int node = -1;
+    int copy_of = -1;
+    bool operator==(const Internal& o) const { return node == o.node && copy_of == o.copy_of; }
+  } internal;
   bool operator==(const Eviction& o) const {
     return tensor == o.tensor && action == o.action && evict_after == o.evict_after &&
-           restore_before == o.restore_before && prefetch_at == o.prefetch_at && rerun == o.rerun && leaves == o.leaves;
+           restore_before == o.restore_before && prefetch_at == o.prefetch_at && rerun == o.rerun &&
+           leaves == o.leaves && internal == o.internal;
   }
 };
 

@@ -87,14 +87,20 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
   for (const TensorDecision& d : decisions) {
     if (d.action == TensorAction::Keep) continue;
     const TensorProfile& t = p.tensors[static_cast<size_t>(d.tensor)];
-    if (t.internal) throw ConfigError("plan evicts " + name(d.tensor) + ", an autograd-internal buffer");
     if (t.param_view) throw ConfigError("plan evicts " + name(d.tensor) + ", a view of a parameter or buffer");
+    if (!model.evictable(d.tensor))
+      throw ConfigError("plan evicts " + name(d.tensor) + ", an autograd-internal buffer the executor cannot reach");
+    // A matmul operand copy the stage does not make: the operand arrives contiguous.
+    if (t.copy_of >= 0 && !p.tensors[static_cast<size_t>(t.copy_of)].is_data &&
+        p.tensors[static_cast<size_t>(t.copy_of)].producer < b)
+      continue;
     // A tensor of an earlier stage that reaches this one only as views of it (received as
     // tensors of their own): nothing here holds its storage.
     if (!t.is_data && t.producer < b && !received[static_cast<size_t>(d.tensor)]) continue;
     Eviction ev;
     ev.tensor = d.tensor;
     ev.action = d.action;
+    if (t.internal) ev.internal = {t.producer, t.copy_of};
     int last_local = in_range(t.producer) ? t.producer : -1;
     bool read_later = false;
     for (int shared : storages.sharing(d.tensor))

@@ -49,6 +49,12 @@ NodeClass node_class(const std::string& kind) {
   return it == classes.end() ? NodeClass::Other : it->second;
 }
 
+bool exposed_internal(const Profile& profile, const TensorProfile& t) {
+  if (!t.internal || t.producer < 0) return false;
+  const std::string& kind = profile.nodes[static_cast<size_t>(t.producer)].kind;
+  return t.copy_of >= 0 ? kind == "matmul" : kind == "dropout" || kind == "cross_entropy" || kind == "maxpool2d";
+}
+
 Profile Profile::at_batch(int64_t batch) const {
   if (batch < 1) throw ConfigError("micro-batch size must be at least 1");
   Profile p = *this;

@@ -30,8 +30,8 @@ struct TensorProfile {
   std::vector<int> saved_by;
   // An autograd-internal buffer (dropout mask, normalization statistics, pooling indices, the
   // loss's log-softmax): no OpGraph tensor, no consumers, saved by its producer only. It counts
-  // as activation memory but the runtime cannot evict it, so it is never a swap/recompute
-  // candidate.
+  // as activation memory; only those the executor holds (exposed_internal) are swap/recompute
+  // candidates.
   bool internal = false;
   // An internal buffer that is a contiguous copy of this input of its producer (a batched
   // matmul's operand whose layout does not fold): a stage that receives that input gets it
@@ -65,6 +65,13 @@ enum class NodeClass : char {
   ViewAllocatingGradient,
 };
 NodeClass node_class(const std::string& kind);
+struct Profile;
+// Whether the executor keeps a handle on internal buffer `t` (exec/stage_module.cpp), so that
+// the evictor can swap or recompute it like a graph tensor: a zoo dropout's mask, a zoo
+// matmul's contiguous operand copy, a zoo loss's log-probabilities, a zoo max pooling's indices.
+// Other internal buffers (normalization statistics, imported operators' buffers) stay on the
+// device.
+bool exposed_internal(const Profile& profile, const TensorProfile& t);
 
 struct NodeProfile {
   int id = -1;

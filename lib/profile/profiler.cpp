@@ -67,7 +67,9 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
   std::sort(ins.begin(), ins.end());
   ins.erase(std::unique(ins.begin(), ins.end()), ins.end());
 
-  TensorEnv env = module.make_env();
+  // No internal-buffer slots (StageModule::internal_slot): what the node keeps is autograd's
+  // alone, and nothing of one iteration outlives it into the next one's measurement.
+  TensorEnv env(g.tensors.size());
   std::vector<at::Tensor> inputs, leaves;
   // An input that is a view in the real graph (transposes, reshapes of them) is rebuilt as the
   // same chain of views over a fresh leaf, so it has the real strides: ops that copy or view

@@ -38,7 +38,6 @@ Evictor::Evictor(const StageModule& module, const std::vector<Eviction>& evictio
   const int tensors = static_cast<int>(graph_.tensors.size());
   auto in_stage = [&](int node) { return node >= b && node < e; };
   std::vector<char> is_leaf(static_cast<size_t>(tensors), 0);
-  entry_of_tensor_.assign(static_cast<size_t>(tensors), -1);
   evict_after_.assign(static_cast<size_t>(e - b), {});
   leaves_of_node_.assign(static_cast<size_t>(e - b), {});
   pickup_after_.assign(static_cast<size_t>(e - b), {});
@@ -46,10 +45,22 @@ Evictor::Evictor(const StageModule& module, const std::vector<Eviction>& evictio
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Eviction& ev = entries_[i];
     const int index = static_cast<int>(i);
-    if (ev.tensor < 0 || ev.tensor >= tensors)  // past the graph's: autograd-internal buffers
+    int slot = ev.tensor;
+    if (ev.internal.node >= 0) {  // an autograd-internal buffer the module holds
+      slot = module.internal_slot(ev.internal.node, ev.internal.copy_of);
+      if (slot < 0)
+        throw ConfigError("plan evicts tensor " + std::to_string(ev.tensor) + ", an internal buffer of node " +
+                          std::to_string(ev.internal.node) + " that " + stage + " does not hold");
+    } else if (ev.tensor < 0 || ev.tensor >= tensors) {  // past the graph's: autograd-internal buffers
       throw ConfigError("plan evicts tensor " + std::to_string(ev.tensor) + ", which " + stage +
                         " cannot evict (not a tensor of the graph)");
-    const std::string& name = graph_.tensor(ev.tensor).name;
+    }
+    const bool internal = ev.internal.node >= 0;
+    const std::string name =
+        internal ? graph_.nodes[ev.internal.node].name + ".internal" : graph_.tensor(ev.tensor).name;
+    slot_.push_back(slot);
+    producer_.push_back(internal ? ev.internal.node : graph_.tensor(ev.tensor).producer);
+    name_.push_back(name);
     if ((ev.evict_after != -1 && !in_stage(ev.evict_after)) || !in_stage(ev.restore_before) ||
         !in_stage(ev.prefetch_at) || ev.action == TensorAction::Keep)
       throw ConfigError("plan evicts " + name + " at nodes outside " + stage + " (a program for another stage?)");
@@ -62,15 +73,14 @@ Evictor::Evictor(const StageModule& module, const std::vector<Eviction>& evictio
       is_leaf[static_cast<size_t>(t)] = 1;
     }
     if (ev.action == TensorAction::Swap && !copier_) copier_ = std::make_unique<SwapCopier>(module.device());
-    entry_of_tensor_[static_cast<size_t>(ev.tensor)] = index;
     if (ev.evict_after < 0)
       sent_entries_.push_back(index);
     else
       evict_after_[static_cast<size_t>(ev.evict_after - b)].push_back(index);
     // Picked up where the tensor appears (the stage keeps a tensor in its env only until its
     // last direct reader; readers of its views come later).
-    const int p = graph_.tensor(ev.tensor).producer;
-    if (in_stage(p) && !graph_.is_data(ev.tensor))
+    const int p = producer_.back();
+    if (internal || (in_stage(p) && !graph_.is_data(ev.tensor)))
       pickup_after_[static_cast<size_t>(p - b)].push_back(index);
     else
       external_pickups_.push_back(index);
@@ -102,9 +112,9 @@ void Evictor::begin_forward(int64_t mb, const RunContext& ctx, const TensorEnv& 
 
 void Evictor::pick_up(MicroBatch& m, int i, const TensorEnv& env) {
   const Eviction& entry = entries_[static_cast<size_t>(i)];
-  const at::Tensor& t = env[static_cast<size_t>(entry.tensor)];
+  const at::Tensor& t = env[static_cast<size_t>(slot_[static_cast<size_t>(i)])];
   if (!t.defined())
-    throw std::logic_error("evictor: tensor " + graph_.tensor(entry.tensor).name + " is not in the forward's env");
+    throw std::logic_error("evictor: tensor " + name_[static_cast<size_t>(i)] + " is not in the forward's env");
   Held& h = m.held[i];
   h.tensor = t.detach();
   h.bytes = static_cast<int64_t>(t.storage().nbytes());
@@ -135,7 +145,7 @@ void Evictor::evict(MicroBatch& m, int i, const at::Tensor& tensor) {
   c10::StorageImpl* storage = storage_of(tensor);
   if (h.evicted || h.bytes == 0) return;
   if (storage->data() == nullptr)  // the planner's storages differ from the stage's: a bug
-    throw std::logic_error("evictor: " + graph_.tensor(entry.tensor).name +
+    throw std::logic_error("evictor: " + name_[static_cast<size_t>(i)] +
                            " shares its storage with a tensor evicted before");
   const Clock::time_point start = Clock::now();
   c10::DataPtr data = storage->set_data_ptr(c10::DataPtr(nullptr, storage->device()));
@@ -199,14 +209,13 @@ void Evictor::recompute(int64_t mb, MicroBatch& m, const std::vector<int>& targe
   for (auto it = m.held.begin(); it != m.held.end(); ++it) {
     const Eviction& entry = entries_[static_cast<size_t>(it->first)];
     Held& h = it->second;
-    if (entry.action != TensorAction::Recompute || !h.evicted || !nodes.count(graph_.tensor(entry.tensor).producer))
-      continue;
-    const at::Tensor& rebuilt = env[static_cast<size_t>(entry.tensor)];
+    const size_t k = static_cast<size_t>(it->first);
+    if (entry.action != TensorAction::Recompute || !h.evicted || !nodes.count(producer_[k])) continue;
+    const at::Tensor& rebuilt = env[static_cast<size_t>(slot_[k])];
     if (!rebuilt.defined() || static_cast<int64_t>(rebuilt.storage().nbytes()) != h.bytes ||
         rebuilt.sizes() != h.tensor.sizes() || rebuilt.strides() != h.tensor.strides() ||
         rebuilt.storage_offset() != h.tensor.storage_offset())
-      throw std::logic_error("evictor: recomputed " + graph_.tensor(entry.tensor).name +
-                             " does not have the evicted tensor's layout");
+      throw std::logic_error("evictor: recomputed " + name_[k] + " does not have the evicted tensor's layout");
     c10::DataPtr data = storage_of(rebuilt)->set_data_ptr(c10::DataPtr(nullptr, rebuilt.device()));
     storage_of(h.tensor)->set_data_ptr_noswap(std::move(data));
     h.evicted = false;

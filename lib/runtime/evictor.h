@@ -17,6 +17,9 @@
 //              assume) from inputs held since the forward, with grad mode on as in the forward so
 //              that the same kernels run, and with the micro-batch's RunContext so that dropout
 //              draws the same mask: the rebuilt bytes are identical.
+// Autograd-internal buffers the module holds (StageModule::internal_slot: dropout masks, matmul
+// operand copies, the loss's log-probabilities, pooling indices) are evicted the same way, found in the env's
+// slots past the graph's tensors; recomputing one re-runs the node that makes it.
 // One instance serves every micro-batch in flight (and every weight version: recomputation
 // uses the weights the caller installed in the module, which PipelineStage sets to the
 // micro-batch's stashed version).
@@ -25,6 +28,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -94,7 +98,10 @@ class Evictor {
   const StageModule& module_;
   const OpGraph& graph_;
   std::vector<Eviction> entries_;
-  std::vector<int> entry_of_tensor_;           // tensor -> entry, -1
+  // Per entry: where its tensor is in the forward's env (an internal buffer's slot past the
+  // graph's tensors, StageModule::internal_slot), the node that makes it, its name for errors.
+  std::vector<int> slot_, producer_;
+  std::vector<std::string> name_;
   std::vector<std::vector<int>> evict_after_;  // node offset -> entries
   std::vector<int> sent_entries_;
   std::vector<std::vector<int>> leaves_of_node_;  // node offset -> leaf tensors it produces

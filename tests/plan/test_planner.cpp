@@ -227,6 +227,16 @@ TEST_CASE("plans round-trip through JSON", "[plan][planner]") {
     }
     CHECK(a.evictions == b.evictions);  // the stage program
   }
+  // An internal buffer's eviction keeps the node that makes it and the input it copies.
+  Plan with_internal = plan;
+  for (StagePlan& s : with_internal.stages)
+    if (!s.evictions.empty()) {
+      Eviction ev = s.evictions.front();
+      ev.internal = {ev.restore_before, 3};
+      s.evictions.push_back(ev);
+      CHECK(plan_from_json(with_internal.to_json()).stages[static_cast<size_t>(s.index)].evictions == s.evictions);
+      break;
+    }
   // An unlimited capacity survives too (INT64_MAX as an exact integer).
   opt.capacity_bytes = INT64_MAX;
   CHECK(plan_from_json(make_plan(p, opt).to_json(-1)).options.capacity_bytes == INT64_MAX);
