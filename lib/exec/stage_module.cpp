@@ -32,9 +32,6 @@ bool batched_operands(const OpGraph& graph, const Node& node) {
   const Shape& b = graph.tensor(node.inputs[1]).shape;
   return a.size() >= 3 && a.size() == b.size() && std::equal(a.begin(), a.end() - 2, b.begin());
 }
-}  // namespace
-
-namespace {
 
 at::Tensor init_param(const ParamSpec& spec, uint64_t seed, WeightLoader* weights) {
   at::NoGradGuard no_grad;
