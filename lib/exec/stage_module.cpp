@@ -358,16 +358,16 @@ at::Tensor StageModule::dropout(const Node& node, const at::Tensor& x, const Run
 at::Tensor StageModule::matmul(const Node& node, const NodeInputs& in, TensorEnv& env) const {
   // The operand copies at::matmul would make inside, made here: the same bytes, saved by the
   // same bmm, but held where the evictor can reach them.
-  at::Tensor a = in(0), b = in(1);
-  for (at::Tensor* operand : {&a, &b}) {
-    const int id = node.inputs[operand == &a ? 0 : 1];
+  at::Tensor operands[2] = {in(0), in(1)};
+  for (size_t i = 0; i < 2; ++i) {
+    const int id = node.inputs[i];
     if (internal_slot(node.id, id) < 0) continue;
-    at::Tensor copy = operand->contiguous();
-    if (copy.is_same(*operand)) continue;  // arrived contiguous (received): no copy
+    at::Tensor copy = operands[i].contiguous();
+    if (copy.is_same(operands[i])) continue;  // arrived contiguous (received): no copy
     expose(env, node.id, id, copy);
-    *operand = copy;
+    operands[i] = copy;
   }
-  return at::matmul(a, b);
+  return at::matmul(operands[0], operands[1]);
 }
 
 at::Tensor StageModule::cross_entropy(const Node& node, const NodeInputs& in, TensorEnv& env) const {

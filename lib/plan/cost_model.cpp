@@ -272,6 +272,11 @@ int CostModel::producer(int tensor) const { return profile_->tensors[static_cast
 
 bool CostModel::is_data(int tensor) const { return profile_->tensors[static_cast<size_t>(tensor)].is_data; }
 
+bool CostModel::copy_not_made(int tensor, int b) const {
+  const int source = profile_->tensors[static_cast<size_t>(tensor)].copy_of;
+  return source >= 0 && !is_data(source) && producer(source) < b;
+}
+
 int64_t CostModel::tensor_bytes(int tensor) const { return bytes_[static_cast<size_t>(tensor)]; }
 
 double CostModel::recompute_ms(int node) const {

@@ -95,6 +95,9 @@ class CostModel {
   // buffers the executor keeps a handle on (exposed_internal), not views of parameters. A
   // matmul's operand copy is not made where the operand arrives from an earlier stage.
   bool evictable(int tensor) const { return evictable_[static_cast<size_t>(tensor)] != 0; }
+  // A contiguous copy (TensorProfile::copy_of) that a stage starting at node b does not make:
+  // its source arrives from an earlier stage, contiguous.
+  bool copy_not_made(int tensor, int b) const;
   int64_t tensor_bytes(int tensor) const;
   double recompute_ms(int node) const;
   // Storage sharing, for the replays: the tensors whose alias_of is `tensor`, those that are

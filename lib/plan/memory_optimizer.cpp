@@ -48,9 +48,7 @@ void MemoryOptimizer::gather(int b, int e, int x) {
         if (c < e) last_fwd = std::max(last_fwd, c);
       const int64_t bytes = model_.tensor_bytes(t);
       if (!model_.evictable(t)) continue;  // stays, counted in the activations
-      const int copied = profile.tensors[static_cast<size_t>(t)].copy_of;
-      if (copied >= 0 && !model_.is_data(copied) && model_.producer(copied) < b)
-        continue;  // arrives contiguous: no copy
+      if (model_.copy_not_made(t, b)) continue;
       if (granularity_ == MemoptGranularity::Tensor) {
         candidates_.push_back({t, bytes, last_fwd, first_bwd, sent_on, in_stage});
         continue;

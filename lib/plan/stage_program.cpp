@@ -90,10 +90,7 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
     if (t.param_view) throw ConfigError("plan evicts " + name(d.tensor) + ", a view of a parameter or buffer");
     if (!model.evictable(d.tensor))
       throw ConfigError("plan evicts " + name(d.tensor) + ", an autograd-internal buffer the executor cannot reach");
-    // A matmul operand copy the stage does not make: the operand arrives contiguous.
-    if (t.copy_of >= 0 && !p.tensors[static_cast<size_t>(t.copy_of)].is_data &&
-        p.tensors[static_cast<size_t>(t.copy_of)].producer < b)
-      continue;
+    if (model.copy_not_made(d.tensor, b)) continue;  // nothing to evict
     // A tensor of an earlier stage that reaches this one only as views of it (received as
     // tensors of their own): nothing here holds its storage.
     if (!t.is_data && t.producer < b && !received[static_cast<size_t>(d.tensor)]) continue;

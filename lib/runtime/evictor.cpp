@@ -45,8 +45,9 @@ Evictor::Evictor(const StageModule& module, const std::vector<Eviction>& evictio
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Eviction& ev = entries_[i];
     const int index = static_cast<int>(i);
+    const bool internal = ev.internal.node >= 0;  // an autograd-internal buffer the module holds
     int slot = ev.tensor;
-    if (ev.internal.node >= 0) {  // an autograd-internal buffer the module holds
+    if (internal) {
       slot = module.internal_slot(ev.internal.node, ev.internal.copy_of);
       if (slot < 0)
         throw ConfigError("plan evicts tensor " + std::to_string(ev.tensor) + ", an internal buffer of node " +
@@ -55,7 +56,6 @@ Evictor::Evictor(const StageModule& module, const std::vector<Eviction>& evictio
       throw ConfigError("plan evicts tensor " + std::to_string(ev.tensor) + ", which " + stage +
                         " cannot evict (not a tensor of the graph)");
     }
-    const bool internal = ev.internal.node >= 0;
     const std::string name =
         internal ? graph_.nodes[ev.internal.node].name + ".internal" : graph_.tensor(ev.tensor).name;
     slot_.push_back(slot);
@@ -111,7 +111,6 @@ void Evictor::begin_forward(int64_t mb, const RunContext& ctx, const TensorEnv& 
 }
 
 void Evictor::pick_up(MicroBatch& m, int i, const TensorEnv& env) {
-  const Eviction& entry = entries_[static_cast<size_t>(i)];
   const at::Tensor& t = env[static_cast<size_t>(slot_[static_cast<size_t>(i)])];
   if (!t.defined())
     throw std::logic_error("evictor: tensor " + name_[static_cast<size_t>(i)] + " is not in the forward's env");
