@@ -13,15 +13,15 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 BiPar::BiPar(StageEvaluator& evaluator, BiParOptions options)
     : evaluator_(evaluator), model_(evaluator.model()), options_(options) {}
 
-Bounds BiPar::solve() {
+Bounds BiPar::solve(double cutoff) {
   const int n = model_.size(), l = model_.stages();
-  if (!may_fit(0, n, 0, l - 1)) {
+  if (!may_fit(0, n, 0, l - 1, /*edge_budget=*/-1)) {
     objective_ = kInf;
     return {};
   }
-  Result r = partition(0, n, 0, l - 1, kInf);
+  Result r = partition(0, n, 0, l - 1, cutoff);
   objective_ = r.time;
-  if (r.time == kInf) return {};
+  if (r.time == kInf || !r.exact || r.time >= cutoff) return {};
   Bounds bounds{0};
   collect(0, n, 0, l - 1, bounds);
   bounds.push_back(n);
@@ -34,13 +34,9 @@ int BiPar::reach(int b, int x) {
   if (found != reach_.end()) return found->second;
   const int64_t capacity = evaluator_.capacity();
   const bool evictable = evaluator_.mode() != MemoptMode::None;
-  // What no memory optimization removes: parameters with their versions, gradients and
-  // optimizer state, the largest workspace (and without optimization, all activations). It
-  // only grows with the range, so the farthest fitting end is found by bisection.
-  auto floor_fits = [&](int e) {
-    int64_t floor = evictable ? model_.memory(b, e, x, 0).total() : model_.peak_without_memopt(b, e, x);
-    return floor <= capacity;
-  };
+  // What no memory optimization removes (CostModel::memory_floor) only grows with the range,
+  // so the farthest fitting end is found by bisection.
+  auto floor_fits = [&](int e) { return model_.memory_floor(b, e, x, evictable) <= capacity; };
   int good = b, bad = model_.size() + 1;
   while (bad - good > 1) {
     int mid = good + (bad - good) / 2;
@@ -53,14 +49,74 @@ int BiPar::reach(int b, int x) {
   return good;
 }
 
-bool BiPar::may_fit(int b, int e, int first, int last) {
+int BiPar::reach_back(int e, int x) {
+  const uint64_t key = (static_cast<uint64_t>(e) << 20) | static_cast<uint64_t>(x);
+  auto found = reach_back_.find(key);
+  if (found != reach_back_.end()) return found->second;
+  const int64_t capacity = evaluator_.capacity();
+  const bool evictable = evaluator_.mode() != MemoptMode::None;
+  int good = e, bad = -1;  // the earliest start whose floor fits, by bisection as in reach
+  while (good - bad > 1) {
+    int mid = bad + (good - bad) / 2;
+    if (model_.memory_floor(mid, e, x, evictable) <= capacity)
+      good = mid;
+    else
+      bad = mid;
+  }
+  reach_back_.emplace(key, good);
+  return good;
+}
+
+bool BiPar::may_fit(int b, int e, int first, int last, int edge_budget) {
+  const int n = model_.size(), l = model_.stages();
   int pos = b;
+  if (first < last && e == n && last == l - 1) {
+    // The last stage starts where the others can reach, or anywhere before (shorter stages fit
+    // their floors too), and must fit itself.
+    for (int x = first; x < last && pos < n - 1; ++x) {
+      const int r = reach(pos, x);
+      if (r == pos) return false;
+      pos = r;
+    }
+    if (!edge_fits(Edge::Last, b + (last - first), std::min(pos, n - 1), edge_budget)) return false;
+  }
+  if (first < last && b == 0 && first == 0) {
+    // Likewise the first stage ends where the others, packed from the end, can start.
+    pos = e;
+    for (int x = last; x > first && pos > 1; --x) {
+      const int r = reach_back(pos, x);
+      if (r == pos) return false;
+      pos = r;
+    }
+    if (!edge_fits(Edge::First, std::max(pos, 1), e - (last - first), edge_budget)) return false;
+  }
+  if (first < last && (b == 0 || e == n)) return true;
   for (int x = first; x <= last && pos < e; ++x) {
-    int r = reach(pos, x);
+    const int r = reach(pos, x);
     if (r == pos) return false;
     pos = r;
   }
   return pos >= e;
+}
+
+bool BiPar::edge_fits(Edge edge, int lo, int hi, int budget) {
+  const int n = model_.size(), l = model_.stages();
+  std::vector<signed char>& known = edge == Edge::First ? first_fits_ : last_fits_;
+  if (known.empty()) known.assign(static_cast<size_t>(n) + 1, -1);
+  // Shortest ranges first; past the first whose floor does not fit, none does.
+  const bool last = edge == Edge::Last;
+  for (int i = 0; i <= hi - lo; ++i) {
+    const int c = last ? hi - i : lo + i;
+    signed char& fits = known[static_cast<size_t>(c)];
+    if (fits < 0) {
+      if (last ? reach(c, l - 1) < n : reach(0, 0) < c) return false;
+      if (budget == 0) return true;  // not known: it may
+      --budget;
+      fits = (last ? evaluator_.evaluate(c, n, l - 1) : evaluator_.evaluate(0, c, 0)).feasible ? 1 : 0;
+    }
+    if (fits == 1) return true;
+  }
+  return false;
 }
 
 void BiPar::collect(int b, int e, int first, int last, Bounds& bounds) {
@@ -131,11 +187,13 @@ class BiPar::CutSearch {
     return last_cut;
   }
 
-  // Tries the cut at `raw` (after the communication adjustment). Returns -1 when skipped,
-  // 1 when the split fits without any memory optimization, 0 otherwise.
-  int try_cut(int raw) {
+  // Tries the cut at `raw` (after the communication adjustment, unless `adjust` is false).
+  // Returns -1 when skipped, 1 when the split fits without any memory optimization, 0
+  // otherwise.
+  int try_cut(int raw, bool adjust = true) {
     if (!seen_.insert(raw).second) return -1;
-    int c = adjust_cut(model_, raw, lo_, hi_, min_cut_, max_cut_, avg_stage_ms_, bp_.options_.comm);
+    const int c =
+        adjust ? adjust_cut(model_, raw, lo_, hi_, min_cut_, max_cut_, avg_stage_ms_, bp_.options_.comm) : raw;
     if (c < 0 || !tried_.insert(c).second) return -1;
     if (lower(c) >= bound()) return -1;
     // A group that cannot fit even when packed greedily is not searched.
@@ -185,6 +243,14 @@ class BiPar::CutSearch {
   // cut; find the nearest such cut by bisection, assuming fit is monotone in the cut.
   void nearest_fitting_cut(int last_cut) {
     const bool first_failed = failed_side_ < 0;
+    if (!first_failed && e_ == model_.size() && first_ + k_ == last_ && last_ == model_.stages() - 1) {
+      edge_cut(Edge::Last, last_cut);
+      return;
+    }
+    if (first_failed && b_ == 0 && first_ == 0 && k_ == 1) {
+      edge_cut(Edge::First, last_cut);
+      return;
+    }
     int a = first_failed ? min_cut_ : last_cut + 1;
     int z = first_failed ? last_cut - 1 : max_cut_;
     if (a > z || !fits(first_failed ? a : z)) return;
@@ -209,6 +275,31 @@ class BiPar::CutSearch {
     // Both ways: fit is not quite monotone (a stage's first node decides what it can
     // recompute), so a cut just before the bisection's answer may fit too.
     if (best_.time < kInf) walk(a);
+  }
+
+  // The group that failed is the first or the last stage alone, and which of its ranges fit
+  // is known exactly (BiPar::edge_fits), with no need to assume monotonicity: try the cuts
+  // where it fits, nearest to where the sweep ended first, each way until the other group
+  // fails (moving on only makes that group longer).
+  void edge_cut(Edge edge, int last_cut) {
+    const int other_side = edge == Edge::First ? 1 : -1;
+    bool open[2] = {true, true};  // below, above
+    for (int d = 0, tried = 0; tried < bp_.options_.refine_limit && (open[0] || open[1]); ++d) {
+      for (int way : {1, 0}) {
+        const int c = way == 1 ? last_cut + 1 + d : last_cut - d;
+        if (!open[way] || c < min_cut_ || c > max_cut_) {
+          open[way] = false;
+          continue;
+        }
+        if (!bp_.edge_fits(edge, c, c)) continue;
+        seen_.erase(c);
+        tried_.erase(c);
+        failed_side_ = 0;
+        try_cut(c, /*adjust=*/false);
+        if (failed_side_ == other_side) open[way] = false;
+        ++tried;
+      }
+    }
   }
 
   BiPar& bp_;

@@ -23,9 +23,16 @@
 //    enough, outside the theorem's conditions), the nearest cut where the failing group fits is
 //    found by bisection and the search continues around it. `refine = false` is Alg. 2 alone;
 //  - a sweep interval longer than `sweep_limit` cuts (large graphs under tight memory) is swept
-//    with a stride, then around its best cut at node granularity.
+//    with a stride, then around its best cut at node granularity;
+//  - edge stages: the first and the last stage's ranges are fixed at one end, so which of them
+//    fit is known exactly, without assuming monotonicity: no plan exists where none fits (this
+//    ends the search at infeasible micro-batch sizes at once), groups holding them are pruned,
+//    and where a sweep found nothing because one of them did not fit, the cuts where it fits
+//    are tried, rather than bisecting for one as if fit were monotone;
+//  - a cutoff for the whole search (solve): the caller's best partition so far.
 // Sub-results are memoized by (range, stages): different outer cuts share inner searches.
 #include <cstdint>
+#include <limits>
 #include <unordered_map>
 
 #include "plan/balance.h"
@@ -47,7 +54,9 @@ class BiPar {
   BiPar(StageEvaluator& evaluator, BiParOptions options = {});
 
   // Stage boundaries of the best partition found; empty when no candidate fits the capacity.
-  Bounds solve();
+  // With a cutoff (the slowest stage of a partition the caller has), only partitions faster
+  // than it are searched for, and none found is empty too.
+  Bounds solve(double cutoff = std::numeric_limits<double>::infinity());
   double objective() const { return objective_; }
   int64_t subproblems() const { return static_cast<int64_t>(memo_.size()); }
 
@@ -79,15 +88,29 @@ class BiPar {
   // memory floor (what no optimization removes) fits the capacity, and whether stages
   // first..last can hold [b, e) packed that way. The floor only grows with the range, so
   // greedy packing decides this relaxed question exactly: false means no partition fits.
+  // Groups that contain the first or the last stage also need that stage to fit exactly
+  // (edge_fits) where the others can leave it room (reach_back: the earliest start of stage x
+  // ending at e whose floor fits); the sweeps' checks evaluate at most `edge_budget` new ranges
+  // for it, solve's check of the whole graph as many as it takes.
   int reach(int b, int x);
-  bool may_fit(int b, int e, int first, int last);
+  int reach_back(int e, int x);
+  bool may_fit(int b, int e, int first, int last, int edge_budget = 16);
+  // Whether the first stage fits the evaluator ending at some node c in [lo, hi] ([0, c)), or
+  // the last stage starting at one ([c, n)): every plan's first and last stage must, so where
+  // none does, nothing fits, whatever the floors say. Ranges are evaluated on demand, the
+  // shortest first, and remembered; at most `budget` new ones (negative: no limit), beyond which
+  // the answer is yes (not known otherwise).
+  enum class Edge { First, Last };
+  bool edge_fits(Edge edge, int lo, int hi, int budget = -1);
   void collect(int b, int e, int first, int last, Bounds& bounds);
 
   StageEvaluator& evaluator_;
   const CostModel& model_;
   BiParOptions options_;
   std::unordered_map<Key, Result, KeyHash> memo_;
-  std::unordered_map<uint64_t, int> reach_;
+  std::unordered_map<uint64_t, int> reach_, reach_back_;
+  // Per node c: -1 unknown, else whether [0, c) fits as the first stage, [c, n) as the last.
+  std::vector<signed char> first_fits_, last_fits_;
   double objective_ = 0;
 };
 

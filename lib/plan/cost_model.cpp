@@ -15,6 +15,33 @@ int64_t simulated_micro_batches(ScheduleKind kind, int stages, int64_t micro_bat
 
 namespace {
 [[noreturn]] void bad_profile(const std::string& what) { throw ConfigError("malformed profile: " + what); }
+
+// Per node, what its forward holds by its own tensors in any stage (CostModel::
+// forward_need_bytes). A stage boundary can only lower it where a tensor is a copy (of a
+// received tensor: not made) or a view (received: its own, smaller storage), so copies count
+// nothing and a view read counts the smaller of itself and its owner.
+std::vector<int64_t> forward_needs(const Profile& profile, const std::vector<std::vector<int>>& inputs,
+                                   const std::vector<int>& alias_root) {
+  std::vector<int64_t> need(profile.nodes.size(), 0);
+  std::map<int, int64_t> read;  // storage owner -> bytes counted
+  for (const NodeProfile& node : profile.nodes) {
+    if (node_class(node.kind) == NodeClass::Input) continue;
+    auto tensor = [&](int t) -> const TensorProfile& { return profile.tensors[static_cast<size_t>(t)]; };
+    read.clear();
+    for (int t : inputs[static_cast<size_t>(node.id)]) {
+      const int root = alias_root[static_cast<size_t>(t)];
+      if (tensor(t).param_view || tensor(root).param_view || tensor(root).copy_of >= 0) continue;
+      const int64_t bytes = std::min(tensor(t).bytes, tensor(root).bytes);
+      read[root] = std::max(read[root], bytes);
+    }
+    int64_t sum = node.fwd_workspace;
+    for (const auto& [root, bytes] : read) sum += bytes;
+    for (int t : node.outputs)
+      if (tensor(t).owns_storage() && tensor(t).copy_of < 0) sum += tensor(t).bytes;
+    need[static_cast<size_t>(node.id)] = sum;
+  }
+  return need;
+}
 }  // namespace
 
 CostModel::CostModel(const Profile& profile, const PlanOptions& options)
@@ -162,6 +189,8 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
         (!tp.internal || (exposed_internal(profile, tp) && internal_keys[{tp.producer, tp.copy_of}] == 1));
   }
 
+  forward_need_ = RangeMax(forward_needs(profile, inputs_, alias_root_));
+
   // Which tensors carry gradients: outputs of nodes with parameters or with such inputs, unless
   // the profile says.
   node_classes_.assign(profile.nodes.size(), NodeClass::Other);
@@ -228,6 +257,11 @@ MemoryBreakdown CostModel::memory(int b, int e, int x, int64_t activation_per_mi
   m.transient = transient_bytes(b, e);
   m.constants = constant_bytes(b, e);
   return m;
+}
+
+int64_t CostModel::memory_floor(int b, int e, int x, bool evictable) const {
+  const MemoryBreakdown m = memory(b, e, x, evictable ? 0 : activation_bytes(b, e));
+  return std::max(m.total(), m.weights + m.optimizer + m.constants + forward_need_bytes(b, e));
 }
 
 double CostModel::balanced_group_peak(int b, int e, int x0, int x1) const {

@@ -62,6 +62,17 @@ class CostModel {
   int64_t constant_bytes(int b, int e) const;
   int64_t activation_bytes(int b, int e) const;  // distinct saved tensors, one micro-batch
   int64_t transient_bytes(int b, int e) const { return transient_.max(b, e); }
+  // The most one node of [b, e) holds while its forward runs, one micro-batch, by its own
+  // tensors alone: what it reads, what it allocates, its workspace (fewer bytes where a stage
+  // boundary would change them: views and copies of received tensors). No eviction removes
+  // this, and it only grows with the range.
+  int64_t forward_need_bytes(int b, int e) const { return forward_need_.max(b, e); }
+  // What stage x over [b, e) holds whatever the memory optimizer decides, a necessary
+  // condition for fitting that only grows with the range: parameters with their versions,
+  // gradients and optimizer state, the largest workspace, constants (and, with nothing
+  // evictable, every activation); at least the weights, optimizer state and constants with the
+  // largest forward_need_bytes on top.
+  int64_t memory_floor(int b, int e, int x, bool evictable) const;
   // The breakdown for stage x holding `activation_per_micro_batch` saved bytes per micro-batch.
   MemoryBreakdown memory(int b, int e, int x, int64_t activation_per_micro_batch) const;
   int64_t peak_without_memopt(int b, int e, int x) const { return memory(b, e, x, activation_bytes(b, e)).total(); }
@@ -134,6 +145,7 @@ class CostModel {
   std::vector<int64_t> saved_sum_;   // prefix sums of each node's distinct saved bytes
   DominanceSum saved_repeats_;       // consecutive savers of one tensor, to count it once
   RangeMax transient_;
+  RangeMax forward_need_;
   std::vector<int64_t> cross_count_, cross_bytes_;  // per cut 0..n
   std::vector<int64_t> cross_begin_;                // per cut 0..n+1: its slice of cross_tensors_
   std::vector<int> cross_tensors_;

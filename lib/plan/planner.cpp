@@ -213,15 +213,15 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
   Bounds bounds;
   evaluator.set_replay_capacity(replay_capacity);
   if (options.planner == PlannerKind::DawnPiper) {
-    bounds = BiPar(evaluator).solve();
-    // Second candidate: cuts at block boundaries refined by Kernighan-Lin moves (vPipe's
-    // search), judged by the same tensor-level evaluator. BiPar's sweeps assume feasibility is
-    // monotone in a stage's range, which the replayed peak is not (more recomputation holds
-    // more re-run buffers), so it can miss splits this local search finds.
-    const Bounds refined =
-        static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
-    if (!refined.empty() && (bounds.empty() || evaluator.objective(refined) < evaluator.objective(bounds)))
-      bounds = refined;
+    // Two candidates. Cuts at block boundaries refined by Kernighan-Lin moves (vPipe's search),
+    // judged by the same tensor-level evaluator: BiPar's sweeps assume feasibility is monotone
+    // in a stage's range, which the replayed peak is not (more recomputation holds more re-run
+    // buffers), so they can miss splits this local search finds. It is cheap, so it goes
+    // first, and BiPar searches only for something faster (its sweeps prune by that time).
+    bounds = static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
+    const Bounds bipar =
+        BiPar(evaluator).solve(bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds));
+    if (!bipar.empty()) bounds = bipar;
     // Without memory optimization (or memory to save) a stage's time is its compute: the exact DP over the memory
     // formula, bounded by the best found so far, is cheap, and it catches the splits BiPar's
     // sweeps miss (encoder-decoder graphs). Its answer must still fit when checked like the rest.

@@ -181,3 +181,26 @@ TEST_CASE("BiPar matches the exact optimum on random small instances", "[plan][b
   CHECK(bipar.within_3pct == bipar.instances);
   CHECK(strict.equal > strict.instances / 2);  // still a sensible search
 }
+
+TEST_CASE("BiPar under a cutoff finds only faster partitions, and finds one where one exists", "[plan][bipar]") {
+  int with_plan = 0;
+  for (int seed = 1; seed <= 200; ++seed) {
+    Instance in = random_instance(static_cast<uint64_t>(seed));
+    CostModel model(in.profile, in.options);
+    StageEvaluator ev(model, in.options.memopt, in.options.capacity_bytes);
+    const Bounds open = BiPar(ev).solve();
+    if (open.empty()) continue;
+    ++with_plan;
+    const double time = ev.objective(open);
+    INFO("seed " << seed << ", slowest stage " << time << " ms");
+    // What solve() found is not faster than itself...
+    const Bounds same = BiPar(ev).solve(time);
+    if (!same.empty()) CHECK(ev.objective(same) < time);
+    // ... and a cutoff above it still leaves a plan at least as fast.
+    const Bounds above = BiPar(ev).solve(time * 1.5);
+    REQUIRE(!above.empty());
+    CHECK(ev.objective(above) < time * 1.5);
+    CHECK(BiPar(ev).solve(time * 1e-3).empty());  // nothing beats the compute lower bound
+  }
+  CHECK(with_plan > 100);
+}

@@ -58,3 +58,43 @@ TEST_CASE("the replay's shortcuts give what walking every pass and micro-batch g
   CHECK(compared == 3 * 3 * 2 * 12);
   CHECK(evicting > compared / 3);  // most comparisons replay swaps or recomputations
 }
+
+TEST_CASE("no eviction takes a stage's replayed peak below its forward floor", "[plan][replay]") {
+  // CostModel::forward_need_bytes: what one node's forward holds by its own tensors, in any
+  // stage; with the weights, optimizer state and constants it is a lower bound of the replay
+  // however much the optimizer evicts (BiPar prunes with it).
+  const DeviceSpec spec = device_spec("a100-40gb");
+  std::mt19937_64 rng(11);
+  int checked = 0;
+  double closest = 1e9;  // peak / floor
+  for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny"}) {
+    const Profile p = analytic_profile_model(ModelSource(preset_config(preset)), {1, 2}, spec).at_batch(3);
+    for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+      PlanOptions o;
+      o.stages = 3;
+      o.micro_batches = 4;
+      o.schedule = schedule;
+      o.optimizer = OptimizerKind::Adam;
+      const CostModel model(p, o);
+      for (int trial = 0; trial < 16; ++trial) {
+        const int b = std::uniform_int_distribution<int>(0, model.size() - 2)(rng);
+        const int e = std::uniform_int_distribution<int>(b + 1, std::min(model.size(), b + 1 + trial * trial))(rng);
+        const int x = b == 0 ? 0 : e == model.size() ? 2 : 1;
+        const MemoryBreakdown m = model.memory(b, e, x, 0);
+        const int64_t floor = m.weights + m.optimizer + m.constants + model.forward_need_bytes(b, e);
+        INFO(preset << " " << schedule_kind_name(schedule) << " [" << b << "," << e << ") stage " << x);
+        for (int64_t capacity : {int64_t{0}, replay_stage_memory(model, b, e, x, {}).peak / 2, INT64_MAX}) {
+          MemoryOptimizer optimizer(model, MemoptMode::SwapRecompute, capacity);
+          const StageMemopt decided = optimizer.optimize(b, e, x, /*with_decisions=*/true);
+          const int64_t peak = replay_stage_memory(model, b, e, x, decided.decisions).peak;
+          CHECK(peak >= floor);
+          closest = std::min(closest, static_cast<double>(peak) / static_cast<double>(floor));
+          ++checked;
+        }
+      }
+    }
+  }
+  CHECK(checked == 4 * 3 * 16 * 3);
+  WARN("forward floor: the replayed peak is at least " << closest << " times it");
+  CHECK(closest < 1.5);  // a bound that binds somewhere, not only a true one
+}
