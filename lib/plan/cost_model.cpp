@@ -23,10 +23,10 @@ namespace {
 std::vector<int64_t> forward_needs(const Profile& profile, const std::vector<std::vector<int>>& inputs,
                                    const std::vector<int>& alias_root) {
   std::vector<int64_t> need(profile.nodes.size(), 0);
+  auto tensor = [&](int t) -> const TensorProfile& { return profile.tensors[static_cast<size_t>(t)]; };
   std::map<int, int64_t> read;  // storage owner -> bytes counted
   for (const NodeProfile& node : profile.nodes) {
     if (node_class(node.kind) == NodeClass::Input) continue;
-    auto tensor = [&](int t) -> const TensorProfile& { return profile.tensors[static_cast<size_t>(t)]; };
     read.clear();
     for (int t : inputs[static_cast<size_t>(node.id)]) {
       const int root = alias_root[static_cast<size_t>(t)];
