@@ -1,6 +1,7 @@
 #include "plan/bipar.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <unordered_set>
 
@@ -28,42 +29,28 @@ Bounds BiPar::solve(double cutoff) {
   return bounds;
 }
 
-int BiPar::reach(int b, int x) {
-  const uint64_t key = (static_cast<uint64_t>(b) << 20) | static_cast<uint64_t>(x);
+int BiPar::reach(int from, int x, Direction way) {
+  const uint64_t key = (static_cast<uint64_t>(from) << 21) | (static_cast<uint64_t>(way == Direction::Back) << 20) |
+                       static_cast<uint64_t>(x);
   auto found = reach_.find(key);
   if (found != reach_.end()) return found->second;
   const int64_t capacity = evaluator_.capacity();
   const bool evictable = evaluator_.mode() != MemoptMode::None;
   // What no memory optimization removes (CostModel::memory_floor) only grows with the range,
-  // so the farthest fitting end is found by bisection.
-  auto floor_fits = [&](int e) { return model_.memory_floor(b, e, x, evictable) <= capacity; };
-  int good = b, bad = model_.size() + 1;
-  while (bad - good > 1) {
-    int mid = good + (bad - good) / 2;
+  // so the farthest fitting end (or start) is found by bisection.
+  auto floor_fits = [&](int other) {
+    return (way == Direction::Back ? model_.memory_floor(other, from, x, evictable)
+                                   : model_.memory_floor(from, other, x, evictable)) <= capacity;
+  };
+  int good = from, bad = way == Direction::Back ? -1 : model_.size() + 1;
+  while (std::abs(bad - good) > 1) {
+    const int mid = good + (bad - good) / 2;
     if (floor_fits(mid))
       good = mid;
     else
       bad = mid;
   }
   reach_.emplace(key, good);
-  return good;
-}
-
-int BiPar::reach_back(int e, int x) {
-  const uint64_t key = (static_cast<uint64_t>(e) << 20) | static_cast<uint64_t>(x);
-  auto found = reach_back_.find(key);
-  if (found != reach_back_.end()) return found->second;
-  const int64_t capacity = evaluator_.capacity();
-  const bool evictable = evaluator_.mode() != MemoptMode::None;
-  int good = e, bad = -1;  // the earliest start whose floor fits, by bisection as in reach
-  while (good - bad > 1) {
-    int mid = bad + (good - bad) / 2;
-    if (model_.memory_floor(mid, e, x, evictable) <= capacity)
-      good = mid;
-    else
-      bad = mid;
-  }
-  reach_back_.emplace(key, good);
   return good;
 }
 
@@ -84,7 +71,7 @@ bool BiPar::may_fit(int b, int e, int first, int last, int edge_budget) {
     // Likewise the first stage ends where the others, packed from the end, can start.
     pos = e;
     for (int x = last; x > first && pos > 1; --x) {
-      const int r = reach_back(pos, x);
+      const int r = reach(pos, x, Direction::Back);
       if (r == pos) return false;
       pos = r;
     }

@@ -84,16 +84,16 @@ class BiPar {
   // cutoff" (exact == false); memoized answers are reused when they settle the question.
   Result partition(int b, int e, int first, int last, double cutoff);
   class CutSearch;  // one split's search (bipar.cpp)
-  // A necessary condition for fitting: the farthest end of stage x starting at node b whose
-  // memory floor (what no optimization removes) fits the capacity, and whether stages
-  // first..last can hold [b, e) packed that way. The floor only grows with the range, so
-  // greedy packing decides this relaxed question exactly: false means no partition fits.
-  // Groups that contain the first or the last stage also need that stage to fit exactly
-  // (edge_fits) where the others can leave it room (reach_back: the earliest start of stage x
-  // ending at e whose floor fits); the sweeps' checks evaluate at most `edge_budget` new ranges
-  // for it, solve's check of the whole graph as many as it takes.
-  int reach(int b, int x);
-  int reach_back(int e, int x);
+  // A necessary condition for fitting: the farthest end of stage x starting at node `from`
+  // whose memory floor (what no optimization removes) fits the capacity (Back: the earliest
+  // start of stage x ending there), and whether stages first..last can hold [b, e) packed that
+  // way. The floor only grows with the range, so greedy packing decides this relaxed question
+  // exactly: false means no partition fits. Groups that contain the first or the last stage
+  // also need that stage to fit exactly (edge_fits) where the others, packed from the other
+  // end, leave it room; the sweeps' checks evaluate at most `edge_budget` new ranges for it,
+  // solve's check of the whole graph as many as it takes.
+  enum class Direction { Forward, Back };
+  int reach(int from, int x, Direction way = Direction::Forward);
   bool may_fit(int b, int e, int first, int last, int edge_budget = 16);
   // Whether the first stage fits the evaluator ending at some node c in [lo, hi] ([0, c)), or
   // the last stage starting at one ([c, n)): every plan's first and last stage must, so where
@@ -108,7 +108,7 @@ class BiPar {
   const CostModel& model_;
   BiParOptions options_;
   std::unordered_map<Key, Result, KeyHash> memo_;
-  std::unordered_map<uint64_t, int> reach_, reach_back_;
+  std::unordered_map<uint64_t, int> reach_;  // by (from, direction, stage)
   // Per node c: -1 unknown, else whether [0, c) fits as the first stage, [c, n) as the last.
   std::vector<signed char> first_fits_, last_fits_;
   double objective_ = 0;
