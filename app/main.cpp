@@ -18,6 +18,7 @@
 
 #include "app/commands.h"
 #include "util/error.h"
+#include "util/mpi_launcher.h"
 
 namespace {
 
@@ -38,6 +39,19 @@ const std::map<std::string, std::pair<Command, const char*>>& commands() {
 void usage() {
   std::cout << "usage: dawnpiper <subcommand> [options]   (dawnpiper <subcommand> --help)\n\nsubcommands:\n";
   for (const auto& kv : commands()) std::printf("  %-14s %s\n", kv.first.c_str(), kv.second.second);
+}
+
+// Only `train` and `replay-stage` use MPI itself; the other subcommands do their work on rank
+// 0. Run alone (no launcher), they skip MPI_Init: an Open MPI singleton start costs ~0.5 s,
+// half of a `plan` of a small model.
+bool needs_mpi(const std::string& subcommand) {
+  return dawnpiper::under_mpi_launcher() || subcommand == "train" || subcommand == "replay-stage";
+}
+
+void finalize_mpi() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Finalize();
 }
 
 // Failing ranks meet here; a communicator of its own, so that no pending collective elsewhere
@@ -80,28 +94,31 @@ bool all_ranks_failed(double seconds) {
     MPI_Abort(MPI_COMM_WORLD, code);
   }
   std::fprintf(stderr, "dawnpiper: error: %s\n", message.c_str());
-  MPI_Finalize();
+  finalize_mpi();
   std::exit(code);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  dawnpiper::MpiWorld world;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world.size);
-  MPI_Comm_dup(MPI_COMM_WORLD, &failure_comm);
-
   std::string name = "train";
   int shift = 1;
+  const bool help = argc > 1 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"));
   if (argc > 1 && argv[1][0] != '-') {
     name = argv[1];
     shift = 2;
-  } else if (argc > 1 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
+  }
+  dawnpiper::MpiWorld world;
+  if (needs_mpi(help ? "" : name)) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world.size);
+    MPI_Comm_dup(MPI_COMM_WORLD, &failure_comm);
+  }
+  if (help) {
     if (world.rank == 0) usage();
-    MPI_Finalize();
+    finalize_mpi();
     return 0;
   }
   auto it = commands().find(name);
@@ -123,6 +140,6 @@ int main(int argc, char** argv) {
     fail(world, std::string("internal error (please report): ") + e.what(), 70);
   }
   std::fflush(stdout);
-  MPI_Finalize();
+  finalize_mpi();
   return code;
 }

@@ -22,7 +22,7 @@ Bounds BiPar::solve(double cutoff) {
   }
   Result r = partition(0, n, 0, l - 1, cutoff);
   objective_ = r.time;
-  if (r.time == kInf || !r.exact || r.time >= cutoff) return {};
+  if (r.time == kInf || r.known != Known::Best || r.time >= cutoff) return {};
   Bounds bounds{0};
   collect(0, n, 0, l - 1, bounds);
   bounds.push_back(n);
@@ -119,8 +119,8 @@ void BiPar::collect(int b, int e, int first, int last, Bounds& bounds) {
 // stages and the rest (s == 2 is AdjacentPartition: both sides are single stages).
 class BiPar::CutSearch {
  public:
-  CutSearch(BiPar& bipar, int b, int e, int first, int last, double cutoff)
-      : bp_(bipar), model_(bipar.model_), b_(b), e_(e), first_(first), last_(last), cutoff_(cutoff) {
+  CutSearch(BiPar& bipar, int b, int e, int first, int last, double cutoff, bool any)
+      : bp_(bipar), model_(bipar.model_), b_(b), e_(e), first_(first), last_(last), cutoff_(cutoff), any_(any) {
     s_ = last - first + 1;
     k_ = s_ / 2;
     min_cut_ = b + k_, max_cut_ = e - (s_ - k_);
@@ -137,6 +137,7 @@ class BiPar::CutSearch {
     const int span = std::abs(mb_ - cb_);
     const int stride = span + 1 > limit ? (span + limit - 1) / limit : 1;
     const int last_cut = sweep(span, stride);
+    if (found_any()) return best_;
     if (stride > 1 && best_.cut >= 0) {
       const int around = best_.cut;
       for (int d = 1; d < stride; ++d)
@@ -151,11 +152,18 @@ class BiPar::CutSearch {
       walk(cb_);
     }
     // Searched under a cutoff that nothing here beat: only "at least the cutoff" is known.
-    if (best_.time >= cutoff_ && cutoff_ < kInf) best_ = {cutoff_, false, -1, false};
+    if (best_.time >= cutoff_ && cutoff_ < kInf) best_ = {cutoff_, false, -1, Known::AtLeast};
+    found_any();
     return best_;
   }
 
  private:
+  // In a search for any fitting partition, whether one is found (then it is the answer).
+  bool found_any() {
+    if (!any_ || best_.time == kInf) return false;
+    best_.known = Known::Some;
+    return true;
+  }
   double lower(int c) const { return split_lower_bound(model_, b_, c, e_, k_, s_); }
   // Nothing at or above this can matter: the best here so far, or what the caller has already.
   double bound() const { return std::min(best_.time, cutoff_); }
@@ -169,7 +177,7 @@ class BiPar::CutSearch {
       if (lower(p) >= bound()) break;  // grows away from rho_cb
       last_cut = p;
       if (try_cut(p) == 1) break;  // no memory optimization needed: the paper's early stop
-      if (p == mb_) break;
+      if (p == mb_ || (any_ && best_.time < kInf)) break;
     }
     return last_cut;
   }
@@ -192,15 +200,15 @@ class BiPar::CutSearch {
       failed_side_ = 1;
       return 0;
     }
-    Result left = bp_.partition(b_, c, first_, first_ + k_ - 1, bound());
-    failed_side_ = left.exact && left.time == kInf ? -1 : 0;
+    Result left = bp_.partition(b_, c, first_, first_ + k_ - 1, bound(), any_);
+    failed_side_ = left.known == Known::Best && left.time == kInf ? -1 : 0;
     if (left.time >= bound()) return 0;  // cannot win; the second group need not be searched
-    Result right = bp_.partition(c, e_, first_ + k_, last_, bound());
-    if (right.exact && right.time == kInf) failed_side_ = 1;
-    if (!right.exact) return 0;
+    Result right = bp_.partition(c, e_, first_ + k_, last_, bound(), any_);
+    if (right.known == Known::Best && right.time == kInf) failed_side_ = 1;
+    if (right.known == Known::AtLeast) return 0;
     double t = std::max(left.time, right.time);
     bool memopt = left.uses_memopt || right.uses_memopt;
-    if (t < best_.time) best_ = {t, memopt, c, true};
+    if (t < best_.time) best_ = {t, memopt, c, Known::Best};
     return t < kInf && !memopt ? 1 : 0;
   }
 
@@ -217,12 +225,13 @@ class BiPar::CutSearch {
     }
   }
 
-  // Whether the group that failed in the sweep fits with the cut at c.
+  // Whether the group that failed in the sweep fits with the cut at c (any partition of it will
+  // do: only the answer is used).
   bool fits(int c) {
-    return failed_side_ < 0
-               ? bp_.may_fit(b_, c, first_, first_ + k_ - 1) &&
-                     bp_.partition(b_, c, first_, first_ + k_ - 1, kInf).time < kInf
-               : bp_.may_fit(c, e_, first_ + k_, last_) && bp_.partition(c, e_, first_ + k_, last_, kInf).time < kInf;
+    return failed_side_ < 0 ? bp_.may_fit(b_, c, first_, first_ + k_ - 1) &&
+                                  bp_.partition(b_, c, first_, first_ + k_ - 1, kInf, /*any=*/true).time < kInf
+                            : bp_.may_fit(c, e_, first_ + k_, last_) &&
+                                  bp_.partition(c, e_, first_ + k_, last_, kInf, /*any=*/true).time < kInf;
   }
 
   // Memory is so tight that no cut between rho_cb and rho_mb fits (the optimizer cannot
@@ -259,6 +268,7 @@ class BiPar::CutSearch {
     seen_.erase(a);
     tried_.erase(a);
     try_cut(a);
+    if (found_any()) return;
     // Both ways: fit is not quite monotone (a stage's first node decides what it can
     // recompute), so a cut just before the bisection's answer may fit too.
     if (best_.time < kInf) walk(a);
@@ -283,6 +293,7 @@ class BiPar::CutSearch {
         tried_.erase(c);
         failed_side_ = 0;
         try_cut(c, /*adjust=*/false);
+        if (found_any()) return;
         if (failed_side_ == other_side) open[way] = false;
         ++tried;
       }
@@ -293,23 +304,29 @@ class BiPar::CutSearch {
   const CostModel& model_;
   const int b_, e_, first_, last_;
   const double cutoff_;
+  const bool any_;
   int s_, k_, min_cut_, max_cut_, cb_, mb_, lo_, hi_;
   double avg_stage_ms_;
-  Result best_{kInf, false, -1, true};
+  Result best_{kInf, false, -1, Known::Best};
   std::unordered_set<int> seen_, tried_;  // raw positions handled; cuts (adjusted) tried
   int failed_side_ = 0;                   // of the last cut tried: -1 the first group did not fit, +1 the second
 };
 
-BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff) {
+BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff, bool any) {
   const Key key{b, e, first, last};
   auto found = memo_.find(key);
-  if (found != memo_.end() && (found->second.exact || found->second.time >= cutoff)) return found->second;
+  if (found != memo_.end()) {
+    const Result& known = found->second;
+    if (known.known == Known::Best || (known.known == Known::AtLeast && known.time >= cutoff) ||
+        (known.known == Known::Some && any))
+      return known;
+  }
   Result r;
   if (first == last) {
     const StageEval& ev = evaluator_.evaluate(b, e, first);
-    r = {ev.time_ms(), ev.uses_memopt, -1, true};
+    r = {ev.time_ms(), ev.uses_memopt, -1, Known::Best};
   } else {
-    r = CutSearch(*this, b, e, first, last, cutoff).run();
+    r = CutSearch(*this, b, e, first, last, cutoff, any).run();
   }
   memo_[key] = r;
   return r;

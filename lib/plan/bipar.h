@@ -30,7 +30,9 @@
 //    and where a sweep found nothing because one of them did not fit, the cuts where it fits
 //    are tried, rather than bisecting for one as if fit were monotone;
 //  - a cutoff for the whole search (solve): the caller's best partition so far.
-// Sub-results are memoized by (range, stages): different outer cuts share inner searches.
+// Sub-results are memoized by (range, stages): different outer cuts share inner searches. The
+// bisection for the nearest fitting cut only asks whether a group fits: those searches stop at
+// the first partition that does (trying cuts in the same order, so the answer is the same).
 #include <cstdint>
 #include <limits>
 #include <unordered_map>
@@ -72,17 +74,23 @@ class BiPar {
       return std::hash<uint64_t>()(h * 0x9E3779B97F4A7C15ULL);
     }
   };
+  // What a result's time says: the best partition's slowest stage (infinite: nothing fits);
+  // a lower bound, searched under a cutoff that nothing beat; or the time of some partition
+  // that fits, from a search that stopped at the first it found.
+  enum class Known : unsigned char { Best, AtLeast, Some };
   struct Result {
     double time;       // slowest stage, infinite when nothing fits
-    bool uses_memopt;  // some stage of the best split swaps or recomputes
-    int cut;           // best split position (-1 for one stage)
-    bool exact;        // false: searched under a cutoff, `time` is only a lower bound
+    bool uses_memopt;  // some stage of the split swaps or recomputes
+    int cut;           // split position (-1 for one stage)
+    Known known;
   };
 
   // Stages first..last over nodes [b, e). A caller that already has `cutoff` needs nothing at
   // or above it, so the search prunes with it (alpha-beta style) and may answer "at least
-  // cutoff" (exact == false); memoized answers are reused when they settle the question.
-  Result partition(int b, int e, int first, int last, double cutoff);
+  // cutoff"; `any`: the caller only asks whether some partition fits, so the search stops at
+  // the first (it tries the cuts in the same order, so the answer is the full search's).
+  // Memoized answers are reused when they settle the question.
+  Result partition(int b, int e, int first, int last, double cutoff, bool any = false);
   class CutSearch;  // one split's search (bipar.cpp)
   // A necessary condition for fitting: the farthest end of stage x starting at node `from`
   // whose memory floor (what no optimization removes) fits the capacity (Back: the earliest

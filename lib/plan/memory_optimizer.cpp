@@ -27,6 +27,19 @@ MemoryOptimizer::MemoryOptimizer(const CostModel& model, MemoptMode mode, int64_
 }
 
 void MemoryOptimizer::gather(int b, int e, int x) {
+  if (gathered_ == std::array<int, 3>{b, e, x}) {  // the same stage at another capacity
+    for (int t : saved_) {
+      tensor_epoch_[static_cast<size_t>(t)] = epoch_;
+      tensor_state_[static_cast<size_t>(t)] = kKeep;
+    }
+    return;
+  }
+  gathered_ = {b, e, x};
+  saved_.clear();
+  for (int node = b; node < e; ++node)
+    for (int t : model_.saved_at(node)) saved_.push_back(t);
+  std::sort(saved_.begin(), saved_.end());
+  saved_.erase(std::unique(saved_.begin(), saved_.end()), saved_.end());
   candidates_.clear();
   unit_members_.clear();
   unit_recompute_ms_.clear();
@@ -343,12 +356,7 @@ StageMemopt MemoryOptimizer::optimize(int b, int e, int x, bool with_decisions) 
     greedy(b, e, x, need, out);
   }
   if (with_decisions) {
-    std::vector<int> tensors;
-    for (int node = b; node < e; ++node)
-      for (int t : model_.saved_at(node)) tensors.push_back(t);
-    std::sort(tensors.begin(), tensors.end());
-    tensors.erase(std::unique(tensors.begin(), tensors.end()), tensors.end());
-    for (int t : tensors) {
+    for (int t : saved_) {
       int state = tensor_state_[static_cast<size_t>(t)];
       TensorAction action = state == kSwap        ? TensorAction::Swap
                             : state == kRecompute ? TensorAction::Recompute

@@ -24,6 +24,7 @@
 // vPipe's block granularity (MemoptGranularity::Block): the unit is a block's internal saved
 // tensors (those only read inside the block); block outputs stay as checkpoints, so recomputing
 // a block costs its forward time and never chains.
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -99,6 +100,10 @@ class MemoryOptimizer {
   int64_t capacity_;
   MemoptGranularity granularity_;
 
+  // What gather() found for stage gathered_ (b, e, x): the same for every capacity. saved_:
+  // the tensors the stage's nodes save, ascending.
+  std::array<int, 3> gathered_{-1, -1, -1};
+  std::vector<int> saved_;
   std::vector<Candidate> candidates_;
   // Epoch-stamped scratch indexed by tensor / node so that each call costs O(stage), not O(n).
   std::vector<int> tensor_epoch_, tensor_state_, node_epoch_, visit_epoch_;

@@ -159,8 +159,14 @@ std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& opt
       hi = ceiling = probe;
     }
   }
+  // Past the bisection, the sizes up to lo + kMisses are probed (below): a thread the
+  // bisection leaves idle plans the first of them above hi.
+  constexpr int64_t kMisses = 4;
   while (hi > 0 && hi - lo > 1) {
-    probes.speculate(bisection_ahead(lo, hi, w));
+    std::vector<int64_t> ahead = bisection_ahead(lo, hi, w);
+    for (int64_t b = hi + 1; static_cast<int>(ahead.size()) < w && b <= lo + kMisses && b < ceiling; ++b)
+      ahead.push_back(b);
+    probes.speculate(ahead);
     int64_t mid = lo + (hi - lo) / 2;
     if (probes.fits(mid))
       lo = mid;
@@ -169,8 +175,8 @@ std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& opt
   }
   // The search is a heuristic and need not be monotone in the micro-batch size (the candidate
   // cuts move with it: gpt2-tiny, async, r, 3 MiB: 5 fits, 6 does not, 7 does). Probe on above
-  // the bisection's answer until four sizes in a row do not fit.
-  for (int64_t b = lo + 1, misses = 0; b < ceiling && misses < 4; ++b) {
+  // the bisection's answer until kMisses sizes in a row do not fit.
+  for (int64_t b = lo + 1, misses = 0; b < ceiling && misses < kMisses; ++b) {
     std::vector<int64_t> ahead;
     for (int64_t c = b; c < ceiling && static_cast<int>(ahead.size()) < w; ++c) ahead.push_back(c);
     probes.speculate(ahead);

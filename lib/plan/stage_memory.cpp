@@ -301,30 +301,33 @@ void StageReplay::place_weights() {
 }
 
 void StageReplay::place_evictions() {
+  // Run after run (the planner replays many decision sets per stage): the buffers are reused.
   refs_ = base_refs_;
-  placed_.clear();
+  placed_.resize(evictions_->size());
   evict_after_send_.clear();
-  evict_after_.assign(static_cast<size_t>(e_ - b_), {});
-  for (const Eviction& ev : (*evictions_)) {
-    Placed pl;
+  evict_after_.resize(static_cast<size_t>(e_ - b_));
+  for (std::vector<int>& after : evict_after_) after.clear();
+  for (size_t index = 0; index < placed_.size(); ++index) {
+    const Eviction& ev = (*evictions_)[index];
+    Placed& pl = placed_[index];
     pl.key = key_[at(ev.tensor)];
     if (local_[at(pl.key)] < 0)
       throw std::logic_error("stage replay: an eviction of a tensor the stage does not touch");
     pl.producer = p_.tensors[at(ev.tensor)].producer;
     pl.recompute = ev.action == TensorAction::Recompute;
     pl.due = ev.prefetch_at;
+    pl.leaves.clear();
     for (int t : ev.leaves) pl.leaves.push_back(key_[at(t)]);
     std::sort(pl.leaves.begin(), pl.leaves.end());
     pl.leaves.erase(std::unique(pl.leaves.begin(), pl.leaves.end()), pl.leaves.end());
     for (int k : pl.leaves) ++refs_[loc(k)];
-    const int index = static_cast<int>(placed_.size());
     if (ev.evict_after < 0)
-      evict_after_send_.push_back(index);
+      evict_after_send_.push_back(static_cast<int>(index));
     else
-      evict_after_[at(ev.evict_after - b_)].push_back(index);
-    placed_.push_back(std::move(pl));
+      evict_after_[at(ev.evict_after - b_)].push_back(static_cast<int>(index));
   }
-  std::vector<int> keys;
+  std::vector<int>& keys = due_scratch_;
+  keys.clear();
   for (const Placed& pl : placed_) keys.push_back(pl.key);
   std::sort(keys.begin(), keys.end());
   shared_keys_ = std::adjacent_find(keys.begin(), keys.end()) != keys.end();

@@ -1,52 +1,11 @@
 #include "plan/stage_program.h"
 
 #include <algorithm>
-#include <map>
 #include <string>
 
 #include "util/error.h"
 
 namespace dawnpiper {
-
-namespace {
-
-// The tensors sharing each decided tensor's storage: the owner of its alias chain (stopping at a
-// received tensor: the stage's copy) and the views of it, down to received ones.
-class Storages {
- public:
-  Storages(const CostModel& model, const std::vector<char>& received, const std::vector<TensorDecision>& decisions)
-      : model_(model), received_(received) {
-    const int T = static_cast<int>(received.size());
-    std::vector<int> stack;
-    for (const TensorDecision& d : decisions) {
-      if (d.action == TensorAction::Keep || d.tensor < 0 || d.tensor >= T) continue;
-      auto [slot, added] = sharing_.try_emplace(owner(d.tensor));
-      if (!added) continue;
-      stack.assign(1, slot->first);
-      while (!stack.empty()) {
-        const int t = stack.back();
-        stack.pop_back();
-        slot->second.push_back(t);
-        for (int v : model.alias_children(t))
-          if (!received[static_cast<size_t>(v)]) stack.push_back(v);
-      }
-    }
-  }
-  int owner(int t) const {
-    const Profile& p = model_.profile();
-    while (!received_[static_cast<size_t>(t)] && p.tensors[static_cast<size_t>(t)].alias_of >= 0)
-      t = p.tensors[static_cast<size_t>(t)].alias_of;
-    return t;
-  }
-  const std::vector<int>& sharing(int t) const { return sharing_.at(owner(t)); }
-
- private:
-  const CostModel& model_;
-  const std::vector<char>& received_;
-  std::map<int, std::vector<int>> sharing_;
-};
-
-}  // namespace
 
 std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
                                       const std::vector<TensorDecision>& decisions) {
@@ -68,19 +27,47 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
   const int T = static_cast<int>(p.tensors.size());
   auto in_range = [&](int node) { return node >= b && node < e; };
   auto name = [&](int t) { return p.tensors[static_cast<size_t>(t)].name; };
-  std::vector<int> action(static_cast<size_t>(T), -1);
-  for (const TensorDecision& d : decisions) {
+  for (const TensorDecision& d : decisions)
     if (d.tensor < 0 || d.tensor >= T)
       throw ConfigError("plan decision for tensor " + std::to_string(d.tensor) + ", which the profile does not have");
-    action[static_cast<size_t>(d.tensor)] = static_cast<int>(d.action);
+  // The decisions by tensor id (the optimizer's already are; the planner calls this for every
+  // decision set it replays, so nothing here is sized by the whole graph).
+  std::vector<TensorDecision> sorted_copy;
+  const std::vector<TensorDecision>* by_id = &decisions;
+  auto id_less = [](const TensorDecision& x, const TensorDecision& y) { return x.tensor < y.tensor; };
+  if (!std::is_sorted(decisions.begin(), decisions.end(), id_less)) {
+    sorted_copy = decisions;
+    std::stable_sort(sorted_copy.begin(), sorted_copy.end(), id_less);
+    by_id = &sorted_copy;
   }
+  auto action_of = [&](int t) {  // -1: no decision (the last one for a tensor decided twice)
+    auto it = std::upper_bound(by_id->begin(), by_id->end(), t,
+                               [](int id, const TensorDecision& d) { return id < d.tensor; });
+    return it == by_id->begin() || (it - 1)->tensor != t ? -1 : static_cast<int>((it - 1)->action);
+  };
   // On the device when a re-run needs it: data, what earlier stages send, kept and swapped tensors.
   auto available = [&](int t) {
-    const int a = action[static_cast<size_t>(t)];
+    const int a = action_of(t);
     return p.tensors[static_cast<size_t>(t)].is_data || p.tensors[static_cast<size_t>(t)].producer < b ||
            a == static_cast<int>(TensorAction::Keep) || a == static_cast<int>(TensorAction::Swap);
   };
-  const Storages storages(model, received, decisions);
+  // The tensors sharing t's storage: the owner of its alias chain (stopping at a received
+  // tensor: the stage's copy) and the views of it, down to received ones.
+  std::vector<int> sharing, aliases;
+  auto share_storage_with = [&](int t) -> const std::vector<int>& {
+    while (!received[static_cast<size_t>(t)] && p.tensors[static_cast<size_t>(t)].alias_of >= 0)
+      t = p.tensors[static_cast<size_t>(t)].alias_of;
+    sharing.clear();
+    aliases.assign(1, t);
+    while (!aliases.empty()) {
+      const int u = aliases.back();
+      aliases.pop_back();
+      sharing.push_back(u);
+      for (int v : model.alias_children(u))
+        if (!received[static_cast<size_t>(v)]) aliases.push_back(v);
+    }
+    return sharing;
+  };
 
   std::vector<Eviction> out;
   std::vector<int> visited(static_cast<size_t>(std::max(0, e - b)), -1), stack;  // per node: the decision
@@ -100,7 +87,7 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
     if (t.internal) ev.internal = {t.producer, t.copy_of};
     int last_local = in_range(t.producer) ? t.producer : -1;
     bool read_later = false;
-    for (int shared : storages.sharing(d.tensor))
+    for (int shared : share_storage_with(d.tensor))
       for (int c : p.tensors[static_cast<size_t>(shared)].consumers) {
         if (in_range(c)) last_local = std::max(last_local, c);
         read_later |= c >= e;

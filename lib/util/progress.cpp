@@ -7,6 +7,7 @@
 #include <string>
 
 #include "util/error.h"
+#include "util/mpi_launcher.h"
 
 namespace dawnpiper {
 
@@ -28,13 +29,6 @@ Progress::Style Progress::style_from_name(const std::string& name) {
   if (name == "lines") return Style::Lines;
   throw ConfigError("--progress '" + name + "': expected auto, bar or lines");
 }
-
-namespace {
-bool under_mpi_launcher() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK") ||
-         std::getenv("SLURM_STEP_ID");
-}
-}  // namespace
 
 Progress::Progress(int64_t first_step, int64_t steps, double samples_per_step, bool quiet, Style style, std::FILE* out)
     : first_(first_step),
