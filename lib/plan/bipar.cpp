@@ -14,15 +14,15 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 BiPar::BiPar(StageEvaluator& evaluator, BiParOptions options)
     : evaluator_(evaluator), model_(evaluator.model()), options_(options) {}
 
-Bounds BiPar::solve(double cutoff) {
+Bounds BiPar::solve(double cutoff, bool any) {
   const int n = model_.size(), l = model_.stages();
   if (!may_fit(0, n, 0, l - 1, /*edge_budget=*/-1)) {
     objective_ = kInf;
     return {};
   }
-  Result r = partition(0, n, 0, l - 1, cutoff);
+  Result r = partition(0, n, 0, l - 1, cutoff, any);
   objective_ = r.time;
-  if (r.time == kInf || r.known != Known::Best || r.time >= cutoff) return {};
+  if (r.time == kInf || r.known == Known::AtLeast || r.time >= cutoff) return {};
   Bounds bounds{0};
   collect(0, n, 0, l - 1, bounds);
   bounds.push_back(n);
@@ -160,7 +160,7 @@ class BiPar::CutSearch {
  private:
   // In a search for any fitting partition, whether one is found (then it is the answer).
   bool found_any() {
-    if (!any_ || best_.time == kInf) return false;
+    if (!any_ || best_.time >= cutoff_ || best_.time == kInf) return false;
     best_.known = Known::Some;
     return true;
   }
@@ -177,7 +177,7 @@ class BiPar::CutSearch {
       if (lower(p) >= bound()) break;  // grows away from rho_cb
       last_cut = p;
       if (try_cut(p) == 1) break;  // no memory optimization needed: the paper's early stop
-      if (p == mb_ || (any_ && best_.time < kInf)) break;
+      if (p == mb_ || (any_ && best_.time < cutoff_)) break;
     }
     return last_cut;
   }
@@ -318,7 +318,7 @@ BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff,
   if (found != memo_.end()) {
     const Result& known = found->second;
     if (known.known == Known::Best || (known.known == Known::AtLeast && known.time >= cutoff) ||
-        (known.known == Known::Some && any))
+        (known.known == Known::Some && any && known.time < cutoff))
       return known;
   }
   Result r;

@@ -57,8 +57,9 @@ class BiPar {
 
   // Stage boundaries of the best partition found; empty when no candidate fits the capacity.
   // With a cutoff (the slowest stage of a partition the caller has), only partitions faster
-  // than it are searched for, and none found is empty too.
-  Bounds solve(double cutoff = std::numeric_limits<double>::infinity());
+  // than it are searched for, and none found is empty too. `any`: the first partition found
+  // that fits (and beats the cutoff), not the best.
+  Bounds solve(double cutoff = std::numeric_limits<double>::infinity(), bool any = false);
   double objective() const { return objective_; }
   int64_t subproblems() const { return static_cast<int64_t>(memo_.size()); }
 

@@ -55,6 +55,7 @@ class MemoryOptimizer {
   StageMemopt optimize(int b, int e, int x, bool with_decisions);
 
   MemoptMode mode() const { return mode_; }
+  MemoptGranularity granularity() const { return granularity_; }
   int64_t capacity() const { return capacity_; }
   void set_capacity(int64_t capacity) { capacity_ = capacity; }
 

@@ -327,6 +327,21 @@ void Plan::print_table(std::ostream& out) const {
   std::snprintf(line, sizeof line, "bottleneck %.3f ms per micro-batch, max peak %s, planned in %.2f ms\n",
                 bottleneck_ms(), format_bytes(static_cast<double>(max_predicted_peak_bytes())).c_str(), planning_ms);
   out << line;
+  // Stages that bring every swapped tensor back only when its backward needs it (the planner's
+  // last resort, where nothing else fits) wait for those copies: say which.
+  std::string late;
+  for (const StagePlan& s : stages) {
+    bool swaps = false, all_late = true;
+    for (const TensorDecision& d : s.decisions) {
+      if (d.action == TensorAction::Keep) continue;
+      swaps = swaps || d.action == TensorAction::Swap;
+      all_late = all_late && d.action == TensorAction::Swap && d.prefetch_at == d.restore_before;
+    }
+    if (swaps && all_late) late += (late.empty() ? "" : ", ") + std::to_string(s.index);
+  }
+  if (!late.empty())
+    out << "stage(s) " << late << " bring every swapped tensor back only when its backward needs it; the memopt "
+        << "column is the wait for those copies\n";
   if (options.data_parallel > 1) {
     double allreduce = 0;
     for (const StagePlan& s : stages) allreduce = std::max(allreduce, s.allreduce_ms);

@@ -224,10 +224,25 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     // in a stage's range, which the replayed peak is not (more recomputation holds more re-run
     // buffers), so they can miss splits this local search finds. It is cheap, so it goes
     // first, and BiPar searches only for something faster (its sweeps prune by that time).
-    bounds = static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
-    const Bounds bipar =
-        BiPar(evaluator).solve(bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds));
-    if (!bipar.empty()) bounds = bipar;
+    auto block_then_bipar = [&](bool any) {
+      bounds =
+          static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
+      const double cutoff = bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds);
+      const Bounds bipar = BiPar(evaluator).solve(cutoff, any);
+      if (!bipar.empty()) bounds = bipar;
+    };
+    block_then_bipar(/*any=*/false);
+    // Where nothing fits, a stage may also swap everything late and stall for the copies
+    // (StageEvaluator::allow_late_swap). Not before: ranges that fit only so are slow, but
+    // their compute does not say so, so nothing prunes them, and the sweeps would search them
+    // all. Here the first plan found will do (any: BiPar stops at it; the block search's still
+    // bounds it), and the search gives up after half of the first search's evaluations (at
+    // least kLateEvaluations): where nothing fits, proving it takes the longest.
+    if ((bounds.empty() || !std::isfinite(evaluator.objective(bounds))) && evaluator.allow_late_swap()) {
+      constexpr int64_t kLateEvaluations = 1000;
+      evaluator.set_evaluation_limit(evaluator.evaluations() + std::max(kLateEvaluations, evaluator.evaluations() / 2));
+      block_then_bipar(/*any=*/true);
+    }
     // Without memory optimization (or memory to save) a stage's time is its compute: the exact DP over the memory
     // formula, bounded by the best found so far, is cheap, and it catches the splits BiPar's
     // sweeps miss (encoder-decoder graphs). Its answer must still fit when checked like the rest.

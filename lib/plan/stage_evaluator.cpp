@@ -13,7 +13,26 @@ StageEvaluator::StageEvaluator(const CostModel& model, MemoptMode mode, int64_t 
 const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
   const uint64_t key = (static_cast<uint64_t>(b) << 40) | (static_cast<uint64_t>(e) << 16) | static_cast<uint64_t>(x);
   auto found = cache_.find(key);
-  if (found != cache_.end()) return found->second;
+  const bool out_of_budget = evaluation_limit_ >= 0 && evaluations_ >= evaluation_limit_;
+  if (found != cache_.end()) {
+    StageEval& ev = found->second;
+    if (out_of_budget || late_untried_.erase(key) == 0) return ev;
+    // It did not fit before the fallback was allowed: only the fallback is new.
+    ++evaluations_;
+    int64_t peak = 0;
+    StageMemopt late = swap_all_late(b, e, x, peak);
+    if (peak < ev.peak) {
+      ev.feasible = peak <= replay_capacity_;
+      ev.uses_memopt = late.swapped > 0;
+      ev.memopt_ms = late.overhead_ms;
+      ev.peak = peak;
+    }
+    return ev;
+  }
+  if (out_of_budget) {
+    static const StageEval not_evaluated;
+    return not_evaluated;
+  }
   ++evaluations_;
   int64_t replayed = 0;
   StageMemopt m =
@@ -52,6 +71,38 @@ StageMemopt StageEvaluator::optimize_at(int b, int e, int x, int64_t capacity, i
   return m;
 }
 
+bool StageEvaluator::allow_late_swap() {
+  if (late_swap_) return true;
+  if (replay_capacity_ <= 0 || optimizer_.mode() != MemoptMode::SwapRecompute ||
+      optimizer_.granularity() != MemoptGranularity::Tensor)
+    return false;
+  late_swap_ = true;
+  // Only the stages that did not fit can change, as the fallback is tried after everything
+  // else: for them, evaluate() tries just the fallback.
+  for (const auto& [key, ev] : cache_)
+    if (!ev.feasible) late_untried_.insert(key);
+  return true;
+}
+
+StageMemopt StageEvaluator::swap_all_late(int b, int e, int x, int64_t& replayed) {
+  int64_t unused = 0;
+  StageMemopt m = optimize_at(b, e, x, 0, unused);
+  double copy_ms = 0;
+  m.swapped = m.recomputed = 0;
+  for (TensorDecision& d : m.decisions) {
+    if (d.action == TensorAction::Keep) continue;
+    d.action = TensorAction::Swap;
+    d.prefetch_at = d.restore_before;
+    copy_ms += model_.host_ms(d.bytes);
+    ++m.swapped;
+  }
+  // Each copy back stalls the backward that waits for it; the copies out overlap the stage's
+  // work as far as the host link carries them in one forward and backward.
+  m.overhead_ms = copy_ms + std::max(0.0, copy_ms - model_.compute_ms(b, e));
+  replayed = replayer_->replay(m.decisions).peak;
+  return m;
+}
+
 StageMemopt StageEvaluator::fitted(int b, int e, int x, int64_t& replayed) {
   int64_t capacity = optimizer_.capacity();
   StageMemopt m = optimize_at(b, e, x, capacity, replayed);
@@ -75,6 +126,11 @@ StageMemopt StageEvaluator::fitted(int b, int e, int x, int64_t& replayed) {
       int64_t peak = 0;
       StageMemopt alternative = optimize_at(b, e, x, other, peak);
       if (peak < replayed) m = std::move(alternative), replayed = peak;
+    }
+    if (late_swap_ && replayed > replay_capacity_) {
+      int64_t peak = 0;
+      StageMemopt late = swap_all_late(b, e, x, peak);
+      if (peak < replayed) m = std::move(late), replayed = peak;
     }
   }
   m.feasible = replayed <= replay_capacity_;

@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "plan/cost_model.h"
@@ -52,6 +53,14 @@ class StageEvaluator {
   // nothing are tried; where the formula overestimates, stage_plan evicts less (the fewest
   // evictions whose replay still fits). Set before the search.
   void set_replay_capacity(int64_t bytes) { replay_capacity_ = bytes; }
+  // DawnPiper's tensor optimizer with a replay capacity: from now on a stage that nothing above
+  // fits is also tried with everything swapped late (swap_all_late), and the stages that did
+  // not fit are asked again. Its copies stall the stage, so the planner allows it only where
+  // the search without it found no plan. Returns whether it applies to this evaluator.
+  bool allow_late_swap();
+  // At most this many evaluations in all (negative: no limit): past it, a stage not evaluated
+  // yet is answered as not fitting, which ends a search that must give up.
+  void set_evaluation_limit(int64_t n) { evaluation_limit_ = n; }
 
   const CostModel& model() const { return model_; }
   MemoptMode mode() const { return optimizer_.mode(); }
@@ -63,10 +72,17 @@ class StageEvaluator {
   StageMemopt optimize_at(int b, int e, int x, int64_t capacity, int64_t& replayed);
   // The optimizer's decisions, and with a replay capacity those that fit it (see above).
   StageMemopt fitted(int b, int e, int x, int64_t& replayed);
+  // Everything the optimizer can evict (its greedy order run to the end) swapped, each tensor
+  // brought back just before the backward that reads it first: no re-run buffers and no early
+  // prefetch, the least the stage can hold with these candidates, at the cost of copies that
+  // nothing hides. Its replayed peak.
+  StageMemopt swap_all_late(int b, int e, int x, int64_t& replayed);
 
   const CostModel& model_;
   MemoryOptimizer optimizer_;
   int64_t replay_capacity_ = 0;
+  bool late_swap_ = false;
+  std::unordered_set<uint64_t> late_untried_;  // cached as not fitting before allow_late_swap
   std::unordered_map<uint64_t, StageEval> cache_;
   // The decision sets replayed for the stage last asked about (b, e, x), with their peaks, and
   // its replayer.
@@ -74,6 +90,7 @@ class StageEvaluator {
   std::optional<StageReplayer> replayer_;
   std::vector<std::pair<std::vector<std::pair<int, TensorAction>>, int64_t>> tried_;
   int64_t evaluations_ = 0;
+  int64_t evaluation_limit_ = -1;
 };
 
 }  // namespace dawnpiper

@@ -30,21 +30,20 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
   for (const TensorDecision& d : decisions)
     if (d.tensor < 0 || d.tensor >= T)
       throw ConfigError("plan decision for tensor " + std::to_string(d.tensor) + ", which the profile does not have");
-  // The decisions by tensor id (the optimizer's already are; the planner calls this for every
-  // decision set it replays, so nothing here is sized by the whole graph).
-  std::vector<TensorDecision> sorted_copy;
-  const std::vector<TensorDecision>* by_id = &decisions;
-  auto id_less = [](const TensorDecision& x, const TensorDecision& y) { return x.tensor < y.tensor; };
-  if (!std::is_sorted(decisions.begin(), decisions.end(), id_less)) {
-    sorted_copy = decisions;
-    std::stable_sort(sorted_copy.begin(), sorted_copy.end(), id_less);
-    by_id = &sorted_copy;
-  }
-  auto action_of = [&](int t) {  // -1: no decision (the last one for a tensor decided twice)
-    auto it = std::upper_bound(by_id->begin(), by_id->end(), t,
-                               [](int id, const TensorDecision& d) { return id < d.tensor; });
-    return it == by_id->begin() || (it - 1)->tensor != t ? -1 : static_cast<int>((it - 1)->action);
-  };
+  // Each tensor's action (-1: no decision; the last one for a tensor decided twice), in a
+  // per-thread table sized by the graph but set and cleared only for these decisions: the
+  // planner calls this for every decision set it replays, and re-runs look actions up often.
+  static thread_local std::vector<signed char> action_by_tensor;
+  if (action_by_tensor.size() < static_cast<size_t>(T)) action_by_tensor.resize(static_cast<size_t>(T), -1);
+  struct Clear {
+    const std::vector<TensorDecision>& decisions;
+    ~Clear() {
+      for (const TensorDecision& d : decisions) action_by_tensor[static_cast<size_t>(d.tensor)] = -1;
+    }
+  } clear{decisions};
+  for (const TensorDecision& d : decisions)
+    action_by_tensor[static_cast<size_t>(d.tensor)] = static_cast<signed char>(d.action);
+  auto action_of = [&](int t) { return static_cast<int>(action_by_tensor[static_cast<size_t>(t)]); };
   // On the device when a re-run needs it: data, what earlier stages send, kept and swapped tensors.
   auto available = [&](int t) {
     const int a = action_of(t);

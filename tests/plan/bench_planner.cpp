@@ -178,7 +178,8 @@ TEST_CASE("BiPar against the exact optimum on the paper's models", "[.bench]") {
         cell(planner_gaps, dp ? dp->bottleneck_ms() : inf, optimum);
       }
       std::printf("| %s | %lld | %s | %s | %s | %.0f | %.0f | %.0f |\n", preset, static_cast<long long>(batch),
-                  schedule, bipar_gaps.c_str(), planner_gaps.c_str(), bipar_ms, planner_ms, exact_ms);
+                  schedule_kind_name(schedule), bipar_gaps.c_str(), planner_gaps.c_str(), bipar_ms, planner_ms,
+                  exact_ms);
       std::fflush(stdout);
     }
   }

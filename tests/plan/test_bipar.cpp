@@ -189,6 +189,10 @@ TEST_CASE("BiPar under a cutoff finds only faster partitions, and finds one wher
     CostModel model(in.profile, in.options);
     StageEvaluator ev(model, in.options.memopt, in.options.capacity_bytes);
     const Bounds open = BiPar(ev).solve();
+    // Asked for any partition, it finds one exactly where the full search does.
+    const Bounds any = BiPar(ev).solve(std::numeric_limits<double>::infinity(), /*any=*/true);
+    CHECK(any.empty() == open.empty());
+    if (!any.empty()) CHECK(std::isfinite(ev.objective(any)));
     if (open.empty()) continue;
     ++with_plan;
     const double time = ev.objective(open);
@@ -200,6 +204,9 @@ TEST_CASE("BiPar under a cutoff finds only faster partitions, and finds one wher
     const Bounds above = BiPar(ev).solve(time * 1.5);
     REQUIRE(!above.empty());
     CHECK(ev.objective(above) < time * 1.5);
+    const Bounds any_above = BiPar(ev).solve(time * 1.5, /*any=*/true);
+    REQUIRE(!any_above.empty());
+    CHECK(ev.objective(any_above) < time * 1.5);
     CHECK(BiPar(ev).solve(time * 1e-3).empty());  // nothing beats the compute lower bound
   }
   CHECK(with_plan > 100);

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "models/model_config.h"
+#include "models/model_source.h"
 #include "plan/cost_model.h"
 #include "plan/planner.h"
 #include "plan/stage_evaluator.h"
@@ -549,8 +550,10 @@ TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "
 // guaranteed monotone in the capacity (the optimizer's rounds and the replay's re-run buffers):
 // the test counts the ranges where a larger capacity lost the fit and prints them.
 TEST_CASE("replay-checked feasibility keeps its promise", "[plan][planner]") {
+  // Also with the late-swap fallback (StageEvaluator::allow_late_swap): every set it adds is
+  // one fixed set (the same at every capacity), so it can only make fit more nearly monotone.
   std::mt19937_64 rng(23);
-  int checked = 0, flips = 0, lost = 0;
+  int checked = 0, flips = 0, lost = 0, lost_late = 0, gained_late = 0;
   for (uint64_t seed = 1; seed <= 24; ++seed) {
     SyntheticOptions so;
     so.nodes = 30;
@@ -568,12 +571,12 @@ TEST_CASE("replay-checked feasibility keeps its promise", "[plan][planner]") {
       const int64_t open = replay_stage_memory(model, b, e, x, {}).peak;
       for (MemoptMode mode : {MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
         INFO("seed " << seed << " [" << b << "," << e << ") x " << x << " " << memopt_mode_name(mode));
-        bool was_feasible = false;
+        bool was_feasible = false, was_feasible_late = false;
         for (int step = 1; step <= 24; ++step) {  // capacities rising from 15% to 130% of the open peak
           const int64_t capacity = static_cast<int64_t>(static_cast<double>(open) * (0.1 + 0.05 * step));
           StageEvaluator evaluator(model, mode, capacity);
           evaluator.set_replay_capacity(capacity);
-          const StageEval& ev = evaluator.evaluate(b, e, x);
+          const StageEval ev = evaluator.evaluate(b, e, x);
           if (ev.feasible) {
             CHECK(ev.peak <= capacity);
             CHECK(evaluator.stage_plan(b, e, x).memory.replayed_peak <= capacity);
@@ -582,6 +585,14 @@ TEST_CASE("replay-checked feasibility keeps its promise", "[plan][planner]") {
           flips += ev.feasible && !was_feasible;
           lost += !ev.feasible && was_feasible;
           was_feasible = ev.feasible;
+          // The fallback applies to swap + recompute only, and keeps what fitted without it.
+          CHECK(evaluator.allow_late_swap() == (mode == MemoptMode::SwapRecompute && capacity > 0));
+          const StageEval late = evaluator.evaluate(b, e, x);
+          if (ev.feasible) CHECK(late.time_ms() == ev.time_ms());
+          if (late.feasible) CHECK(evaluator.stage_plan(b, e, x).memory.replayed_peak <= capacity);
+          gained_late += late.feasible && !ev.feasible;
+          lost_late += !late.feasible && was_feasible_late;
+          was_feasible_late = late.feasible;
           ++checked;
         }
       }
@@ -589,6 +600,54 @@ TEST_CASE("replay-checked feasibility keeps its promise", "[plan][planner]") {
   }
   CHECK(checked == 24 * 4 * 2 * 24);
   CHECK(flips > 100);  // most ranges go from out of reach to fitting within the capacities tried
+  CHECK(gained_late > 0);
+  CHECK(lost_late <= lost);
   WARN("replay-checked feasibility: " << flips << " ranges start fitting as the capacity grows, " << lost
-                                      << " times a larger capacity lost the fit");
+                                      << " times a larger capacity lost the fit; with the late-swap fallback "
+                                      << gained_late << " more fit, " << lost_late << " losses");
+}
+
+// Where no plan fits otherwise, the dawnpiper planner lets stages swap everything late
+// (StageEvaluator::allow_late_swap). At the least capacity with a plan, such a stage is needed,
+// what the plan says of it is what its decisions replay to, and it fits.
+TEST_CASE("where nothing else fits, stages swap everything late and the plan still fits", "[plan][planner]") {
+  const DeviceSpec a100 = device_spec("a100-40gb");
+  int late_plans = 0;
+  for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny"}) {
+    const Profile p = analytic_profile_model(ModelSource(preset_config(preset)), {1, 2}, a100).at_batch(4);
+    for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::Async}) {
+      PlanOptions o;
+      o.stages = 3;
+      o.micro_batches = 3;
+      o.schedule = schedule;
+      o.memopt = MemoptMode::SwapRecompute;
+      o.host_bandwidth = a100.host_bandwidth;
+      o.fit_replayed = true;
+      // The least capacity with a plan, to 1/256.
+      int64_t lo = 0, hi = try_plan(p, o)->max_peak_bytes();
+      while (hi - lo > hi / 256) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        o.capacity_bytes = mid;
+        (try_plan(p, o) ? hi : lo) = mid;
+      }
+      o.capacity_bytes = hi;
+      const Plan plan = *try_plan(p, o);
+      INFO(preset << " " << schedule_kind_name(schedule) << " at " << hi << " bytes");
+      const CostModel model(p, o);
+      bool late = false;
+      for (const StagePlan& s : plan.stages) {
+        CHECK(s.memory.replayed_peak <= hi);
+        CHECK(replay_stage_memory(model, s.begin, s.end, s.index, s.decisions).peak == s.memory.replayed_peak);
+        const bool all_late = std::any_of(s.decisions.begin(), s.decisions.end(),
+                                          [](const TensorDecision& d) { return d.action != TensorAction::Keep; }) &&
+                              std::all_of(s.decisions.begin(), s.decisions.end(), [](const TensorDecision& d) {
+                                return d.action == TensorAction::Keep ||
+                                       (d.action == TensorAction::Swap && d.prefetch_at == d.restore_before);
+                              });
+        late = late || all_late;
+      }
+      late_plans += late;
+    }
+  }
+  CHECK(late_plans >= 3);
 }
