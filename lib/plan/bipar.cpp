@@ -140,9 +140,10 @@ class BiPar::CutSearch {
     if (found_any()) return best_;
     if (stride > 1 && best_.cut >= 0) {
       const int around = best_.cut;
-      for (int d = 1; d < stride; ++d)
+      for (int d = 1; d < stride && !found_any(); ++d)
         for (int p : {around - d, around + d})
-          if (p >= min_cut_ && p <= max_cut_ && lower(p) < bound()) try_cut(p);
+          if (p >= min_cut_ && p <= max_cut_ && lower(p) < bound() && !found_any()) try_cut(p);
+      if (found_any()) return best_;
     }
     if (!bp_.options_.refine) {
       // The paper's Alg. 2 as written: the sweep is all.
@@ -216,7 +217,7 @@ class BiPar::CutSearch {
   // that bound can beat the best.
   void walk(int start) {
     int down = start - 1, up = start + 1;
-    for (int extra = 0; extra < bp_.options_.refine_limit;) {
+    for (int extra = 0; extra < bp_.options_.refine_limit && !found_any();) {
       double ld = down >= min_cut_ ? lower(down) : kInf;
       double lu = up <= max_cut_ ? lower(up) : kInf;
       if (std::min(ld, lu) >= bound()) break;
@@ -328,7 +329,13 @@ BiPar::Result BiPar::partition(int b, int e, int first, int last, double cutoff,
   } else {
     r = CutSearch(*this, b, e, first, last, cutoff, any).run();
   }
-  memo_[key] = r;
+  // A partition found earlier may be part of one the caller already holds (collect follows its
+  // cut): an answer that knows less does not replace it.
+  auto slot = memo_.find(key);  // again: the search may have rehashed the memo
+  if (slot == memo_.end())
+    memo_.emplace(key, r);
+  else if (slot->second.known != Known::Best && !(r.known == Known::AtLeast && slot->second.known == Known::Some))
+    slot->second = r;
   return r;
 }
 
