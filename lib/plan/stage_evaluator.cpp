@@ -21,12 +21,8 @@ const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
     ++evaluations_;
     int64_t peak = 0;
     StageMemopt late = swap_all_late(b, e, x, peak);
-    if (peak < ev.peak) {
-      ev.feasible = peak <= replay_capacity_;
-      ev.uses_memopt = late.swapped > 0;
-      ev.memopt_ms = late.overhead_ms;
-      ev.peak = peak;
-    }
+    late.feasible = peak <= replay_capacity_;
+    if (peak < ev.peak) ev = stage_eval(b, e, late, peak);
     return ev;
   }
   if (out_of_budget) {
@@ -37,27 +33,41 @@ const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
   int64_t replayed = 0;
   StageMemopt m =
       replay_capacity_ > 0 ? fitted(b, e, x, replayed) : optimizer_.optimize(b, e, x, /*with_decisions=*/false);
+  return cache_.emplace(key, stage_eval(b, e, m, replay_capacity_ > 0 ? replayed : m.peak)).first->second;
+}
+
+StageEval StageEvaluator::stage_eval(int b, int e, const StageMemopt& m, int64_t peak) const {
   StageEval ev;
   ev.feasible = m.feasible;
   ev.uses_memopt = m.swapped + m.recomputed > 0;
   ev.compute_ms = model_.compute_ms(b, e);
   ev.memopt_ms = m.overhead_ms;
   ev.allreduce_ms = model_.allreduce_per_micro_batch_ms(b, e);
-  ev.peak = replay_capacity_ > 0 ? replayed : m.peak;
-  return cache_.emplace(key, ev).first->second;
+  ev.peak = peak;
+  return ev;
 }
 
-StageMemopt StageEvaluator::optimize_at(int b, int e, int x, int64_t capacity, int64_t& replayed) {
+StageMemopt StageEvaluator::decisions_at(int b, int e, int x, int64_t capacity) {
   const int64_t base = optimizer_.capacity();
   optimizer_.set_capacity(capacity);
   StageMemopt m = optimizer_.optimize(b, e, x, /*with_decisions=*/true);
   optimizer_.set_capacity(base);
-  // The capacities tried for one stage often lead to a decision set tried already.
+  return m;
+}
+
+StageReplayer& StageEvaluator::replayer_for(int b, int e, int x) {
   if (tried_stage_ != std::array<int, 3>{b, e, x}) {
     tried_.clear();
     tried_stage_ = {b, e, x};
     replayer_.emplace(model_, b, e, x);
   }
+  return *replayer_;
+}
+
+StageMemopt StageEvaluator::optimize_at(int b, int e, int x, int64_t capacity, int64_t& replayed) {
+  StageMemopt m = decisions_at(b, e, x, capacity);
+  StageReplayer& replayer = replayer_for(b, e, x);
+  // The capacities tried for one stage often lead to a decision set tried already.
   std::vector<std::pair<int, TensorAction>> evicted;
   for (const TensorDecision& d : m.decisions)
     if (d.action != TensorAction::Keep) evicted.emplace_back(d.tensor, d.action);
@@ -66,7 +76,7 @@ StageMemopt StageEvaluator::optimize_at(int b, int e, int x, int64_t capacity, i
       replayed = peak;
       return m;
     }
-  replayed = replayer_->replay(m.decisions).peak;
+  replayed = replayer.replay(m.decisions).peak;
   tried_.emplace_back(std::move(evicted), replayed);
   return m;
 }
@@ -85,8 +95,7 @@ bool StageEvaluator::allow_late_swap() {
 }
 
 StageMemopt StageEvaluator::swap_all_late(int b, int e, int x, int64_t& replayed) {
-  int64_t unused = 0;
-  StageMemopt m = optimize_at(b, e, x, 0, unused);
+  StageMemopt m = decisions_at(b, e, x, 0);
   double copy_ms = 0;
   m.swapped = m.recomputed = 0;
   for (TensorDecision& d : m.decisions) {
@@ -99,7 +108,7 @@ StageMemopt StageEvaluator::swap_all_late(int b, int e, int x, int64_t& replayed
   // Each copy back stalls the backward that waits for it; the copies out overlap the stage's
   // work as far as the host link carries them in one forward and backward.
   m.overhead_ms = copy_ms + std::max(0.0, copy_ms - model_.compute_ms(b, e));
-  replayed = replayer_->replay(m.decisions).peak;
+  replayed = replayer_for(b, e, x).replay(m.decisions).peak;
   return m;
 }
 

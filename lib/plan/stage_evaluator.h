@@ -68,6 +68,12 @@ class StageEvaluator {
   int64_t evaluations() const { return evaluations_; }
 
  private:
+  // What the search keeps of a stage's decisions, `peak` the one it is judged by.
+  StageEval stage_eval(int b, int e, const StageMemopt& m, int64_t peak) const;
+  // The optimizer's decisions at `capacity` (instead of its own), not replayed.
+  StageMemopt decisions_at(int b, int e, int x, int64_t capacity);
+  // The replayer of stage (b, e, x), set up anew (forgetting the sets tried) for another stage.
+  StageReplayer& replayer_for(int b, int e, int x);
   // The optimizer's decisions at `capacity` (instead of its own) and their replayed peak.
   StageMemopt optimize_at(int b, int e, int x, int64_t capacity, int64_t& replayed);
   // The optimizer's decisions, and with a replay capacity those that fit it (see above).
