@@ -42,6 +42,7 @@ po::options_description model_override_options() {
       ("image-size", po::value<std::string>(), "image side (multiple of 32)")
       ("classes", po::value<std::string>(), "output classes")
       ("in-features", po::value<std::string>(), "MLP input width")
+      ("output-chunks", po::value<std::string>(), "split the LM head into this many vocabulary ranges, so a stage cut may fall inside it")
       ("dropout", po::value<std::string>(), "dropout probability");
   // clang-format on
   return d;

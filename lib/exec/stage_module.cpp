@@ -393,8 +393,14 @@ at::Tensor StageModule::parametric_op(const Node& node, const NodeInputs& in) co
       return at::embedding(weight(0), in(0));
     case OpKind::PosEmbedding:
       return weight(0).narrow(0, 0, in(0).size(1));
-    case OpKind::Linear:
-      return at::linear(in(0), weight(0), bias(1));
+    case OpKind::Linear: {
+      if (!node.ints.count("rows")) return at::linear(in(0), weight(0), bias(1));
+      // A chunk of a tied projection: its rows are narrowed before any bf16 cast, so only they
+      // are copied.
+      const std::vector<int64_t>& rows = node.attr_ints("rows");
+      at::Tensor w = param(node.id, 0).narrow(0, rows[0], rows[1] - rows[0]);
+      return at::linear(in(0), bf16 ? w.to(at::kBFloat16) : w, bias(1));
+    }
     case OpKind::LayerNorm:
       return at::layer_norm(in(0), {in(0).size(-1)}, weight(0), weight(1), node.attr_real("eps", 1e-5));
     case OpKind::RMSNorm: {

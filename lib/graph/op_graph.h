@@ -17,7 +17,8 @@ enum class OpKind {
   Input,         // data placeholder (token ids, labels, images): loaded, never received
   Embedding,     // params: weight [V, H]; input int64 ids
   PosEmbedding,  // params: weight [S_max, H]; output [S, H] (positions 0..S-1 of input dim 1)
-  Linear,        // params: weight [out, in], optional bias [out]; on the last dim
+  Linear,        // params: weight [out, in], optional bias [out]; on the last dim; attr rows
+                 // {begin, end}: only those rows of the weight (a chunk of a tied projection)
   LayerNorm,     // params: weight, bias [H]; attr eps
   RMSNorm,       // params: weight [H]; attr eps (T5's layer norm: no mean, no bias)
   Gelu,

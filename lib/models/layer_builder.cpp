@@ -45,16 +45,34 @@ int LayerBuilder::linear(const std::string& name, int x, int64_t out, bool bias,
   return g_.add(OpKind::Linear, name, {x}, s, ps);
 }
 
-int LayerBuilder::tied_linear(const std::string& name, int x, int owner_node, int owner_param, bool bias) {
+int LayerBuilder::tied_linear(const std::string& name, int x, int owner_node, int owner_param, bool bias,
+                              int64_t row_begin, int64_t row_end) {
   const ParamSpec& owner = g_.nodes.at(owner_node).params.at(owner_param);
   ParamSpec w = param("weight", owner.shape, owner.init, owner.scale);
   w.tied_node = owner_node;
   w.tied_param = owner_param;
+  const bool all_rows = row_begin == 0 && (row_end < 0 || row_end == owner.shape[0]);
+  if (row_end < 0) row_end = owner.shape[0];
   Shape s = shape(x);
-  s.back() = owner.shape[0];
+  s.back() = row_end - row_begin;
   std::vector<ParamSpec> ps{w};
-  if (bias) ps.push_back(param("bias", {owner.shape[0]}, Init::Zeros));
-  return g_.add(OpKind::Linear, name, {x}, s, ps);
+  if (bias) ps.push_back(param("bias", {s.back()}, Init::Zeros));
+  const int y = g_.add(OpKind::Linear, name, {x}, s, ps);
+  if (!all_rows) g_.last().ints["rows"] = {row_begin, row_end};
+  return y;
+}
+
+int LayerBuilder::output_projection(const std::string& name, int x, int64_t out, int64_t chunks, int tied_owner,
+                                    bool bias) {
+  auto part = [&](const std::string& part_name, int64_t begin, int64_t end) {
+    return tied_owner >= 0 ? tied_linear(part_name, x, tied_owner, 0, bias, begin, end)
+                           : linear(part_name, x, end - begin, bias);
+  };
+  if (chunks <= 1) return part(name, 0, out);
+  std::vector<int> parts;
+  for (int64_t i = 0; i < chunks; ++i)
+    parts.push_back(part(name + ".chunk" + std::to_string(i), out * i / chunks, out * (i + 1) / chunks));
+  return concat(name, std::move(parts), static_cast<int64_t>(shape(x).size()) - 1);
 }
 
 int LayerBuilder::embedding(const std::string& name, int ids, int64_t vocab, int64_t dim) {

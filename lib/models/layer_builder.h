@@ -16,8 +16,14 @@ class LayerBuilder {
   // role: how the data loader fills it (Node::role, data/synthetic.h)
   int input(const std::string& name, Shape shape, DType dtype, const std::string& role = "");
   int linear(const std::string& name, int x, int64_t out, bool bias = true, double std = 0.02);
-  // A linear whose weight is another node's parameter (output projection tied to an embedding).
-  int tied_linear(const std::string& name, int x, int owner_node, int owner_param, bool bias);
+  // A linear whose weight is another node's parameter (output projection tied to an embedding),
+  // or rows [row_begin, row_end) of it (row_end < 0: all rows).
+  int tied_linear(const std::string& name, int x, int owner_node, int owner_param, bool bias, int64_t row_begin = 0,
+                  int64_t row_end = -1);
+  // The output projection onto `out` classes: one linear, or with chunks > 1 that many over
+  // consecutive row ranges of the weight ("name.chunk<i>") and their concat ("name"), so that a
+  // cut may fall inside it. tied_owner >= 0: the weight is that node's parameter 0.
+  int output_projection(const std::string& name, int x, int64_t out, int64_t chunks, int tied_owner, bool bias);
   int embedding(const std::string& name, int ids, int64_t vocab, int64_t dim);
   int tied_embedding(const std::string& name, int ids, int owner_node);
   int pos_embedding(const std::string& name, int ids, int64_t max_positions, int64_t dim);

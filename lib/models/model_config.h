@@ -26,6 +26,11 @@ struct ModelConfig {
   int64_t classes = 0;        // amoebanet, mlp
   double dropout = 0.1;
   double mlm_fraction = 0.15;  // bert: share of positions with a label
+  // gpt2, bert, t5: the output projection as this many linears over consecutive vocabulary
+  // ranges, concatenated before the loss, so that a cut may fall inside it (a small model's LM
+  // head is a quarter or more of its step: whole, it sets the bottleneck of 4 stages). 1: one
+  // linear, the graph the presets always had.
+  int64_t output_chunks = 1;
 };
 
 // Known preset names, in a stable order.
@@ -33,7 +38,7 @@ std::vector<std::string> preset_names();
 // Throws ConfigError naming the known presets.
 ModelConfig preset_config(const std::string& preset);
 // Applies "key=value" style overrides (layers, decoder-layers, hidden, heads, ffn, vocab,
-// seq-len, image-size, classes, in-features, dropout). Unknown keys or non-numbers: ConfigError.
+// seq-len, image-size, classes, in-features, output-chunks, dropout). Unknown keys or non-numbers: ConfigError.
 void apply_override(ModelConfig& config, const std::string& key, const std::string& value);
 // Throws ConfigError for inconsistent settings (hidden not divisible by heads, seq-len above the
 // position table, image size that the reduction cells cannot halve evenly, ...).

@@ -138,7 +138,7 @@ void build_gpt2(const ModelConfig& c, int64_t B, OpGraph& g) {
   }
   g.add_block("head");
   x = b.layernorm("ln_f", x);
-  int logits = b.tied_linear("lm_head", x, wte_node, 0, false);
+  int logits = b.output_projection("lm_head", x, c.vocab, c.output_chunks, wte_node, false);
   int labels = b.input("labels", {B, c.seq_len}, DType::I64, "tokens_next");
   b.cross_entropy("loss", logits, labels);
 }
@@ -168,7 +168,7 @@ void build_bert(const ModelConfig& c, int64_t B, OpGraph& g) {
   g.add_block("head");
   int h = b.gelu_unfused("mlm.gelu", b.linear("mlm.transform", x, c.hidden));
   h = b.layernorm_unfused("mlm.ln", h);
-  int logits = b.tied_linear("mlm.decoder", h, word_node, 0, true);
+  int logits = b.output_projection("mlm.decoder", h, c.vocab, c.output_chunks, word_node, true);
   int labels = b.input("labels", {B, c.seq_len}, DType::I64, "mlm_labels");  // -100 where not masked
   b.cross_entropy("loss", logits, labels);
 }
@@ -224,7 +224,7 @@ void build_t5(const ModelConfig& c, int64_t B, OpGraph& g) {
   }
   g.add_block("head");
   x = maybe_dropout(b, "decoder.final_drop", b.rmsnorm("decoder.final_ln", x), c.dropout);
-  int logits = b.linear("lm_head", x, c.vocab, false);
+  int logits = b.output_projection("lm_head", x, c.vocab, c.output_chunks, -1, false);
   int labels = b.input("labels", {B, c.seq_len}, DType::I64, "tokens");
   b.cross_entropy("loss", logits, labels);
 }
@@ -414,6 +414,8 @@ void apply_override(ModelConfig& c, const std::string& key, const std::string& v
     c.classes = n;
   else if (key == "in-features")
     c.in_features = n;
+  else if (key == "output-chunks")
+    c.output_chunks = n;
   else
     throw ConfigError("unknown model override '" + key + "'");
   if (key == "seq-len" && c.max_positions > 0 && c.max_positions < n) c.max_positions = n;
@@ -421,13 +423,17 @@ void apply_override(ModelConfig& c, const std::string& key, const std::string& v
 
 void check_config(const ModelConfig& c) {
   const std::string who = "model " + c.preset + ": ";
-  if (c.family == "gpt2" || c.family == "bert" || c.family == "t5") {
+  const bool language_model = c.family == "gpt2" || c.family == "bert" || c.family == "t5";
+  if (language_model) {
     if (c.heads < 1 || c.hidden % c.heads != 0)
       throw ConfigError(who + "hidden (" + std::to_string(c.hidden) + ") must be divisible by heads (" +
                         std::to_string(c.heads) + ")");
     if (c.max_positions > 0 && c.seq_len > c.max_positions)
       throw ConfigError(who + "seq-len " + std::to_string(c.seq_len) + " exceeds the position table (" +
                         std::to_string(c.max_positions) + ")");
+    if (c.output_chunks > c.vocab)
+      throw ConfigError(who + "output-chunks (" + std::to_string(c.output_chunks) + ") exceeds the vocabulary (" +
+                        std::to_string(c.vocab) + ")");
   } else if (c.family == "amoebanet") {
     if (c.hidden < 4) throw ConfigError(who + "filters (hidden) must be at least 4");
     // stem conv + 4 reductions halve the image 5 times; each reduction needs an even input.
@@ -436,6 +442,9 @@ void check_config(const ModelConfig& c) {
   } else if (c.family != "mlp") {
     throw ConfigError("unknown model family '" + c.family + "'");
   }
+  if (!language_model && c.output_chunks != 1)
+    throw ConfigError(who + "output-chunks splits a language model's output projection (gpt2, bert, t5), not " +
+                      c.family + "'s classifier");
 }
 
 void check_precision(const std::string& precision) {

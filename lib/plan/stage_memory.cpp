@@ -121,6 +121,9 @@ class StageReplay {
 
   int64_t weights_ = 0;
   std::vector<int64_t> grad_at_, hold_from_, hold_to_;  // per node offset
+  // A tied weight's later users in the backward (an LM head's chunks): each makes a whole
+  // weight's gradient (a slice's backward fills zeros around its rows) before it is summed in.
+  std::vector<int64_t> tied_sum_at_;
 
   std::vector<Placed> placed_;                      // the program's evictions, in its order
   std::vector<std::vector<int>> evict_after_;       // node offset -> evictions
@@ -270,6 +273,7 @@ void StageReplay::count_references() {
 void StageReplay::place_weights() {
   const size_t n_nodes = static_cast<size_t>(e_ - b_);
   grad_at_.assign(n_nodes, 0);
+  tied_sum_at_.assign(n_nodes, 0);
   std::set<int> tied_outside;
   std::map<int, std::vector<int>> tied_users;  // owner -> users in the stage, last first
   for (int n = e_ - 1; n >= b_; --n) {
@@ -277,8 +281,13 @@ void StageReplay::place_weights() {
     weights_ += node.param_bytes;
     grad_at_[at(n - b_)] += node.param_bytes;
     if (node.tied_owner < 0) continue;
-    tied_users[node.tied_owner].push_back(n);
-    if (in_range(node.tied_owner)) {  // one gradient, first created by the later user
+    std::vector<int>& users = tied_users[node.tied_owner];
+    users.push_back(n);
+    if (users.size() > 1) {  // an LM head's chunks: one weight, one gradient, summed into
+      tied_sum_at_[at(n - b_)] += node.tied_bytes;
+      continue;
+    }
+    if (in_range(node.tied_owner)) {  // one gradient, first created by the latest user
       grad_at_[at(n - b_)] += node.tied_bytes;
       grad_at_[at(node.tied_owner - b_)] -= node.tied_bytes;
     } else if (tied_outside.insert(node.tied_owner).second) {  // a copy held here
@@ -643,6 +652,7 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
     grads += held;
     live_ -= summed;
   }
+  transient += tied_sum_at_[at(i - b_)];
   note(live_ + grads + transient + node.bwd_workspace, i);
   live_ += grads;
   for (int o : node.outputs)  // the graph outputs' gradients have been consumed

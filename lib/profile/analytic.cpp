@@ -355,7 +355,10 @@ void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, 
 // none, as measured); a position table's slice keeps the whole table's copy alive.
 void bf16_weight_copies(const OpGraph& g, const Node& n, OpFacts& f) {
   const bool keeps_weight = n.kind == OpKind::Linear || n.kind == OpKind::Conv2d || n.kind == OpKind::ScaleShift;
-  const int64_t weight_copy = n.params.empty() ? 0 : numel(n.params[0].shape) * dtype_size(DType::BF16);
+  int64_t weight_elements = n.params.empty() ? 0 : numel(n.params[0].shape);
+  if (n.ints.count("rows"))  // a chunk of a tied projection copies its rows only
+    weight_elements = weight_elements / n.params[0].shape[0] * (n.attr_ints("rows")[1] - n.attr_ints("rows")[0]);
+  const int64_t weight_copy = weight_elements * dtype_size(DType::BF16);
   if (keeps_weight) f.internal_bytes += weight_copy;
   if (n.kind == OpKind::PosEmbedding)
     f.output_is_param_view = false, f.internal_bytes += weight_copy - g.tensor(n.outputs[0]).bytes();

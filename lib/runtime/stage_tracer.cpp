@@ -1,8 +1,18 @@
 #include "runtime/stage_tracer.h"
 
+#include <ctime>
+
 #include "memory/device_memory.h"
 
 namespace dawnpiper {
+
+namespace {
+double process_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+}  // namespace
 
 StageTracer::StageTracer(int stage, c10::Device device, const Transport& transport, Clock::time_point origin,
                          bool keep_records)
@@ -15,6 +25,7 @@ void StageTracer::begin(int64_t step) {
   sent0_ = transport_.bytes_sent();
   received0_ = transport_.bytes_received();
   start_s_ = std::chrono::duration<double>(Clock::now() - origin_).count();
+  start_cpu_s_ = process_cpu_s();
 }
 
 void StageTracer::end(const Action& action, int64_t step) {
@@ -24,6 +35,7 @@ void StageTracer::end(const Action& action, int64_t step) {
   ActionRecord r;
   r.end_s = std::chrono::duration<double>(Clock::now() - origin_).count();
   r.start_s = start_s_;
+  r.cpu_s = process_cpu_s() - start_cpu_s_;
   r.stage = stage_;
   r.kind = static_cast<int64_t>(action.kind);
   r.micro_batch = action.micro_batch;

@@ -47,7 +47,7 @@ class StageTracer {
   bool keep_;
   std::vector<ActionRecord> records_;
   int64_t peak_ = 0;
-  double start_s_ = 0, last_end_s_ = 0;
+  double start_s_ = 0, start_cpu_s_ = 0, last_end_s_ = 0;
   int64_t step_ = 0;
   int64_t sent0_ = 0, received0_ = 0;
 };

@@ -18,7 +18,8 @@ using namespace h5;
 
 namespace {
 
-// Each table's columns. "replica" was added within schema 2: older traces lack it (0).
+// Each table's columns. "replica" and "cpu_s" were added within schema 2: older traces lack
+// them (0).
 const std::vector<Column<ActionRecord>>& action_columns() {
   using A = ActionRecord;
   static const std::vector<Column<A>> columns{
@@ -34,6 +35,7 @@ const std::vector<Column<ActionRecord>>& action_columns() {
       member("memopt_bytes", &A::memopt_bytes),
       member("start_s", &A::start_s),
       member("end_s", &A::end_s),
+      member("cpu_s", &A::cpu_s, true),
       column_of<A>(
           "kind", [](const A& r) { return std::string(action_kind_code(r.action_kind())); },
           [](A& r, const std::string& code) { r.kind = static_cast<int64_t>(action_kind_from_code(code)); })};
@@ -162,6 +164,7 @@ std::vector<StageSummary> summarize(const Trace& t) {
       continue;
     }
     (is_compute(r.action_kind()) ? s.busy_s : s.comm_s) += d;
+    if (is_compute(r.action_kind())) s.busy_cpu_s += r.cpu_s;
     s.peak_bytes = std::max(s.peak_bytes, r.peak_bytes);
     s.bytes_sent += r.bytes_sent;
     if (r.action_kind() == ActionKind::Forward) ++s.forwards, s.mean_forward_ms += 1e3 * d;
@@ -223,6 +226,20 @@ void print_summary(const Trace& t, std::ostream& out) {
             ? ""
             : (", bound " + std::to_string(static_cast<int>(std::lround(100 * (1 - bubble_bound(t))))) + "%").c_str());
     out << line;
+    // On a CPU whose ranks share cores, busy wall time includes the others' turns on a core.
+    double cpu_most = 0, cpu_least = std::numeric_limits<double>::infinity();
+    for (const StageSummary& s : stages)
+      cpu_most = std::max(cpu_most, s.busy_cpu_s), cpu_least = std::min(cpu_least, s.busy_cpu_s);
+    if (t.device == "cpu" && cpu_least > 0) {
+      std::snprintf(line, sizeof line, "busy CPU time per stage:");
+      out << line;
+      for (const StageSummary& s : stages) {
+        std::snprintf(line, sizeof line, " %.3f s", s.busy_cpu_s);
+        out << line;
+      }
+      std::snprintf(line, sizeof line, "; spread %.1f%%\n", 100 * (cpu_most / cpu_least - 1));
+      out << line;
+    }
   }
   if (t.replicas > 1) {
     out << t.replicas

@@ -19,6 +19,10 @@ struct ActionRecord {
   int64_t micro_batch = -1;
   int64_t step = 0;
   double start_s = 0, end_s = 0;  // since the common start
+  // The process's CPU time during the action (0 in traces older than this column). Where ranks
+  // share cores, a compute action's wall time includes the time another rank ran on its core;
+  // its CPU time is the stage's own work.
+  double cpu_s = 0;
   int64_t bytes_sent = 0, bytes_received = 0;
   int64_t live_bytes = 0;  // when the action ended
   int64_t peak_bytes = 0;  // during the action (0 for evictor records)
@@ -59,6 +63,7 @@ Trace read_trace(const std::string& path);
 struct StageSummary {
   int64_t stage = 0;
   double busy_s = 0;         // compute actions: F, B, U, RECOMPUTE, SWAP_*
+  double busy_cpu_s = 0;     // the CPU time of those (traces with the cpu_s column)
   double comm_s = 0;         // sends and receives (receives include waiting for the sender)
   double idle_fraction = 0;  // 1 - busy / wall (the bubble, plus communication not overlapped)
   int64_t peak_bytes = 0;

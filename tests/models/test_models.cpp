@@ -85,6 +85,47 @@ TEST_CASE("overrides change the graph and bad ones are rejected", "[models]") {
   CHECK_THROWS_AS(build_model(preset_config("mlp-tiny"), 0), ConfigError);
 }
 
+TEST_CASE("a chunked output projection has the whole projection's parameters and output", "[models]") {
+  for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny"}) {
+    INFO(preset);
+    ModelConfig c = preset_config(preset);
+    const OpGraph whole = build_model(c, 2);
+    apply_override(c, "output-chunks", "3");
+    const OpGraph chunked = build_model(c, 2);
+    // Three linears and a concat where one linear was.
+    CHECK(chunked.size() == whole.size() + 3);
+    CHECK(chunked.parameter_count() == whole.parameter_count());
+    CHECK(chunked.fingerprint() != whole.fingerprint());
+    const Node& concat = chunked.nodes[chunked.tensor(chunked.nodes[chunked.loss_node()].inputs[0]).producer];
+    REQUIRE(concat.kind == OpKind::Concat);
+    CHECK(chunked.tensor(concat.outputs[0]).shape == whole.tensor(whole.nodes[whole.loss_node()].inputs[0]).shape);
+    int64_t vocab = 0;
+    for (int t : concat.inputs) {
+      const Node& part = chunked.nodes[chunked.tensor(t).producer];
+      CHECK(part.kind == OpKind::Linear);
+      const int64_t rows = chunked.tensor(t).shape.back();
+      CHECK((rows == c.vocab / 3 || rows == c.vocab / 3 + 1));
+      if (part.params[0].tied()) {  // rows [vocab, vocab + rows) of the embedding
+        CHECK(part.attr_ints("rows") == std::vector<int64_t>{vocab, vocab + rows});
+      } else {
+        CHECK(part.params[0].shape[0] == rows);
+      }
+      vocab += rows;
+    }
+    CHECK(vocab == c.vocab);
+  }
+  // One chunk is the graph the preset always had (profiles and plans made for it still match).
+  ModelConfig one = preset_config("gpt2-tiny");
+  apply_override(one, "output-chunks", "1");
+  CHECK(build_model(one, 2).fingerprint() == build_model(preset_config("gpt2-tiny"), 2).fingerprint());
+  ModelConfig too_many = preset_config("gpt2-tiny");
+  apply_override(too_many, "output-chunks", "513");
+  CHECK_THROWS_AS(check_config(too_many), ConfigError);
+  ModelConfig classifier = preset_config("mlp-tiny");
+  apply_override(classifier, "output-chunks", "2");
+  CHECK_THROWS_WITH(check_config(classifier), Catch::Contains("language model"));
+}
+
 TEST_CASE("t5 decoder layers read the encoder output: long edges cross every decoder cut", "[models]") {
   OpGraph g = build_model(preset_config("t5-tiny"), 1);
   int enc_out = -1;

@@ -17,6 +17,7 @@ ActionRecord record(int stage, ActionKind kind, int64_t mb, double start, double
   r.micro_batch = mb;
   r.start_s = start;
   r.end_s = end;
+  r.cpu_s = 0.75 * (end - start);  // a core shared with another rank a quarter of the time
   r.peak_bytes = peak;
   r.live_bytes = peak / 2;
   if (kind == ActionKind::SendActivation) r.bytes_sent = 1000;
@@ -69,6 +70,7 @@ TEST_CASE("traces round-trip through HDF5", "[trace]") {
     CHECK(u.actions[i].micro_batch == t.actions[i].micro_batch);
     CHECK(u.actions[i].start_s == t.actions[i].start_s);
     CHECK(u.actions[i].end_s == t.actions[i].end_s);
+    CHECK(u.actions[i].cpu_s == t.actions[i].cpu_s);
     CHECK(u.actions[i].bytes_sent == t.actions[i].bytes_sent);
     CHECK(u.actions[i].peak_bytes == t.actions[i].peak_bytes);
   }
@@ -88,10 +90,18 @@ TEST_CASE("the summary separates compute from communication and waiting", "[trac
   CHECK(s[0].peak_bytes == 150);
   CHECK(s[0].bytes_sent == 1000);
   CHECK(s[1].busy_s == Approx(2.5));  // F, B and the optimizer step
+  CHECK(s[0].busy_cpu_s == Approx(1.5));
+  CHECK(s[1].busy_cpu_s == Approx(1.875));
   CHECK(s[1].mean_forward_ms == Approx(1000));
   CHECK(bubble_bound(t) == Approx(0.5));  // (2 - 1) / (1 + 2 - 1)
   CHECK(throughput(t) == Approx(1.0));    // 4 samples in 4 s
   std::ostringstream out;
   print_summary(t, out);
   CHECK(out.str().find("bubble bound") != std::string::npos);
+  CHECK(out.str().find("busy CPU time per stage: 1.500 s 1.875 s; spread 25.0%") != std::string::npos);
+  Trace gpu = t;  // a GPU's actions return before their kernels finish: no CPU time line
+  gpu.device = "cuda:0";
+  std::ostringstream gpu_out;
+  print_summary(gpu, gpu_out);
+  CHECK(gpu_out.str().find("busy CPU time") == std::string::npos);
 }

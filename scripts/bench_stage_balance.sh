@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# How even a plan's stages are when measured. For each row: profile the preset with the settings
+# `train` uses (micro-batch 4, one warm-up, three iterations), plan 4 stages of 1f1b with 8
+# micro-batches, then run every stage alone (`replay-stage`, stand-in inputs, one intra-op
+# thread): each stage's forward+backward per micro-batch, predicted and measured, and the
+# spread (max/min - 1) of both. Alone, so that stages do not share this machine's cores (four
+# ranks on two cores time-share, and a busy time then measures the sharing as much as the plan).
+#   usage: scripts/bench_stage_balance.sh [BIN] > table.md
+#   rows:  ROWS="preset:chunks ..." overrides the default set (chunks: --output-chunks)
+set -euo pipefail
+bin=${1:-build/dawnpiper}
+stages=${STAGES:-4}
+rows=${ROWS:-"gpt2-mini:1 gpt2-mini:8 bert-mini:1 bert-mini:8"}
+export OMP_NUM_THREADS=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+spread() { printf '%s\n' "$@" | awk 'NR == 1 || $1 > hi {hi = $1} NR == 1 || $1 < lo {lo = $1} END {printf "%.1f%%", 100 * (hi / lo - 1)}'; }
+
+echo "| model | output chunks | cuts | predicted ms per stage | measured ms per stage | predicted spread | measured spread |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
+for row in $rows; do
+  IFS=: read -r preset chunks <<<"$row"
+  model=(--model "$preset" --output-chunks "$chunks")
+  "$bin" profile "${model[@]}" --micro-batch-size 4 --warmup 1 --iterations 3 --out "$work/p.h5" --quiet >/dev/null
+  "$bin" plan --profile-in "$work/p.h5" --stages "$stages" --schedule 1f1b --micro-batches 8 \
+    --out "$work/plan.json" --quiet >/dev/null
+  predicted=() measured=() cuts=()
+  for ((x = 0; x < stages; ++x)); do
+    out=$("$bin" replay-stage "${model[@]}" --plan "$work/plan.json" --stage "$x" --steps 4)
+    line=$(grep 'forward+backward per micro-batch' <<<"$out")
+    measured+=("$(sed -E 's/.*measured ([0-9.]+) ms.*/\1/' <<<"$line")")
+    predicted+=("$(sed -E 's/.*predicted ([0-9.]+) ms.*/\1/' <<<"$line")")
+    [ "$x" -gt 0 ] && cuts+=("$(grep -o 'nodes \[[0-9]*' <<<"$out" | grep -o '[0-9]*$')")
+  done
+  join() { local IFS=/; echo "$*"; }
+  echo "| $preset | $chunks | ${cuts[*]} | $(join "${predicted[@]}") | $(join "${measured[@]}") |" \
+    "$(spread "${predicted[@]}") | $(spread "${measured[@]}") |"
+done
