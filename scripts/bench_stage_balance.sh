@@ -5,12 +5,16 @@
 # thread): each stage's forward+backward per micro-batch, predicted and measured, and the
 # spread (max/min - 1) of both. Alone, so that stages do not share this machine's cores (four
 # ranks on two cores time-share, and a busy time then measures the sharing as much as the plan).
+# The stages are measured ROUNDS times in turn and each keeps its fastest round: one round's
+# stage times move by up to 10% on this machine, which a spread would double.
 #   usage: scripts/bench_stage_balance.sh [BIN] > table.md
-#   rows:  ROWS="preset:chunks ..." overrides the default set (chunks: --output-chunks)
+#   rows:  ROWS="preset:chunks ..." overrides the default set (chunks: --output-chunks);
+#          ROUNDS (default 3), STAGES (default 4)
 set -euo pipefail
 bin=${1:-build/dawnpiper}
 stages=${STAGES:-4}
 rows=${ROWS:-"gpt2-mini:1 gpt2-mini:8 bert-mini:1 bert-mini:8"}
+rounds=${ROUNDS:-3}
 export OMP_NUM_THREADS=1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -26,12 +30,19 @@ for row in $rows; do
   "$bin" plan --profile-in "$work/p.h5" --stages "$stages" --schedule 1f1b --micro-batches 8 \
     --out "$work/plan.json" --quiet >/dev/null
   predicted=() measured=() cuts=()
-  for ((x = 0; x < stages; ++x)); do
-    out=$("$bin" replay-stage "${model[@]}" --plan "$work/plan.json" --stage "$x" --steps 4)
-    line=$(grep 'forward+backward per micro-batch' <<<"$out")
-    measured+=("$(sed -E 's/.*measured ([0-9.]+) ms.*/\1/' <<<"$line")")
-    predicted+=("$(sed -E 's/.*predicted ([0-9.]+) ms.*/\1/' <<<"$line")")
-    [ "$x" -gt 0 ] && cuts+=("$(grep -o 'nodes \[[0-9]*' <<<"$out" | grep -o '[0-9]*$')")
+  for ((r = 0; r < rounds; ++r)); do
+    for ((x = 0; x < stages; ++x)); do
+      out=$("$bin" replay-stage "${model[@]}" --plan "$work/plan.json" --stage "$x" --steps 4)
+      line=$(grep 'forward+backward per micro-batch' <<<"$out")
+      ms=$(sed -E 's/.*measured ([0-9.]+) ms.*/\1/' <<<"$line")
+      if [ "$r" -eq 0 ]; then
+        measured+=("$ms")
+        predicted+=("$(sed -E 's/.*predicted ([0-9.]+) ms.*/\1/' <<<"$line")")
+        [ "$x" -gt 0 ] && cuts+=("$(grep -o 'nodes \[[0-9]*' <<<"$out" | grep -o '[0-9]*$')")
+      elif awk -v a="$ms" -v b="${measured[$x]}" 'BEGIN {exit !(a < b)}'; then
+        measured[$x]=$ms
+      fi
+    done
   done
   join() { local IFS=/; echo "$*"; }
   echo "| $preset | $chunks | ${cuts[*]} | $(join "${predicted[@]}") | $(join "${measured[@]}") |" \

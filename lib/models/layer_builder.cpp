@@ -53,6 +53,9 @@ int LayerBuilder::tied_linear(const std::string& name, int x, int owner_node, in
   w.tied_param = owner_param;
   const bool all_rows = row_begin == 0 && (row_end < 0 || row_end == owner.shape[0]);
   if (row_end < 0) row_end = owner.shape[0];
+  if (row_begin < 0 || row_begin >= row_end || row_end > owner.shape[0])
+    throw std::logic_error("tied_linear " + name + ": rows [" + std::to_string(row_begin) + ", " +
+                           std::to_string(row_end) + ") outside the weight's " + std::to_string(owner.shape[0]));
   Shape s = shape(x);
   s.back() = row_end - row_begin;
   std::vector<ParamSpec> ps{w};

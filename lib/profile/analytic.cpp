@@ -233,6 +233,15 @@ void contraction_facts(const OpGraph& g, const std::vector<Strides>& st, const N
       const double k = static_cast<double>(in_shape(0).back());
       f.flops = 2.0 * static_cast<double>(numel(in_shape(0))) / k * k * static_cast<double>(out.shape.back());
       f.bytes += static_cast<double>(g.parameter_bytes(n.id));
+      if (n.ints.count("rows")) {  // a chunk of a tied projection
+        const ParamSpec& w = n.params[0];
+        const double whole = static_cast<double>(w.bytes());
+        const double rows = whole / static_cast<double>(w.shape[0]) * static_cast<double>(out.shape.back());
+        // Reads its rows; its backward writes their gradient, fills the whole weight's with
+        // zeros around it, and sums that into the weight's gradient (read, read, write).
+        f.bytes += rows;
+        f.bwd_bytes += 2 * rows + 4 * whole;
+      }
       break;
     }
     case OpKind::MatMul: {

@@ -108,6 +108,15 @@ TEST_CASE("a chunked output projection trains like the whole one, cut between it
       }
     }
   }
+  // bf16: each chunk casts only its rows of the tied weight; the loss is the whole head's.
+  ModelConfig c = preset_config("gpt2-tiny");
+  TrainConfig rc;
+  rc.steps = 2;
+  rc.micro_batches = 2;
+  const std::vector<StepResult> whole = ReferenceTrainer(build_model(c, 2, "bf16"), rc).run();
+  apply_override(c, "output-chunks", "3");
+  const std::vector<StepResult> chunked = ReferenceTrainer(build_model(c, 2, "bf16"), rc).run();
+  for (size_t s = 0; s < whole.size(); ++s) CHECK(chunked[s].loss == Approx(whole[s].loss).epsilon(1e-3));
 }
 
 TEST_CASE("the asynchronous pipeline is deterministic and differs from synchronous training", "[runtime]") {
