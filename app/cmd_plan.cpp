@@ -8,10 +8,14 @@
 
 #include "app/commands.h"
 #include "cli/options.h"
+#include "memory/counting_allocator.h"
+#include "memory/device_memory.h"  // parse_device
+#include "plan/calibrate.h"
 #include "plan/planner.h"
 #include "profile/analytic.h"
 #include "profile/profile_io.h"
 #include "profile/profiler.h"
+#include "runtime/stage_alone.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/units.h"
@@ -38,6 +42,11 @@ po::options_description plan_options() {
       ("max-batch", po::bool_switch(), "find the largest micro-batch size with a feasible plan")
       ("data-parallel", po::value<int>()->default_value(1), "pipeline replicas: their gradient allreduce (over --link-bandwidth) "
                                                             "is part of each stage's time; reports the predicted step")
+      ("calibrate-rounds", po::value<int>()->default_value(0), "plan, run every stage alone here, scale its nodes' times by "
+                                                               "measured / predicted and plan again, this many times; keep the "
+                                                               "plan whose slowest stage measured fastest (needs the model "
+                                                               "options the profile was made with)")
+      ("calibrate-steps", po::value<int64_t>()->default_value(3), "steps per stage and round (the first a warm-up)")
       ("out", po::value<std::string>(), "write the plan as JSON");
   // clang-format on
   po::options_description options;
@@ -89,6 +98,33 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
   return profile;
 }
 
+// Plans from the profile, then corrects it by running every stage alone (plan/calibrate.h).
+Plan calibrated(const po::variables_map& vm, const Profile& profile, const PlanOptions& o, int rounds) {
+  const int64_t steps = vm["calibrate-steps"].as<int64_t>();
+  if (steps < 1) throw ConfigError("--calibrate-steps must be at least 1");
+  const OpGraph graph = model_source_from(vm).graph(profile.micro_batch_size);
+  if (graph.size() != profile.size() || (!profile.graph_hash.empty() && graph.fingerprint() != profile.graph_hash))
+    throw ConfigError("--calibrate-rounds runs the model, and " + graph.preset +
+                      " with these options is not the graph the profile was made for (give the model options the "
+                      "profile was made with)");
+  CountingAllocator::install();
+  const c10::Device device = parse_device(vm["device"].as<std::string>());
+  const CalibratedPlan c =
+      calibrate_plan(profile, o, rounds, stage_alone_timer(graph, device, steps, vm["seed"].as<uint64_t>()));
+  for (size_t r = 0; r < c.rounds.size() && !vm["quiet"].as<bool>(); ++r) {
+    const CalibrationRound& round = c.rounds[r];
+    std::printf("calibration round %zu: cuts", r);
+    for (int cut : round.cuts) std::printf(" %d", cut);
+    std::printf(", ms per stage predicted");
+    for (double ms : round.predicted) std::printf(" %.1f", ms);
+    std::printf(", measured");
+    for (double ms : round.measured) std::printf(" %.1f", ms);
+    std::printf(" (slowest %.1f, spread %.1f%%)%s\n", round.measured_bottleneck(), 100 * round.measured_spread(),
+                static_cast<int>(r) == c.chosen ? ", kept" : "");
+  }
+  return c.plan;
+}
+
 }  // namespace
 
 int cmd_plan(int argc, char** argv, const MpiWorld& world) {
@@ -101,7 +137,17 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
   PlanOptions o;
   const Profile profile = profile_and_options(vm, o);
   Plan plan;
-  if (vm["max-batch"].as<bool>()) {
+  const int calibrate = vm["calibrate-rounds"].as<int>();
+  if (calibrate < 0) throw ConfigError("--calibrate-rounds must be at least 0");
+  if (calibrate > 0 && vm["max-batch"].as<bool>())
+    throw ConfigError("--calibrate-rounds plans one micro-batch size, not --max-batch");
+  if (calibrate > 0 && !vm.count("profile-in"))  // an analytic profile is another device's times
+    throw ConfigError("--calibrate-rounds needs --profile-in (a profile measured on the device it runs the stages on)");
+  if (calibrate == 0 && !vm["calibrate-steps"].defaulted())
+    throw ConfigError("--calibrate-steps applies with --calibrate-rounds");
+  if (calibrate > 0) {
+    plan = calibrated(vm, profile, o, calibrate);
+  } else if (vm["max-batch"].as<bool>()) {
     MaxBatch best = find_max_batch(profile, o);
     std::printf("largest micro-batch size: %lld\n", static_cast<long long>(best.micro_batch_size));
     plan = best.plan;

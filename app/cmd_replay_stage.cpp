@@ -11,8 +11,7 @@
 #include "memory/device_memory.h"
 #include "plan/plan.h"
 #include "runtime/pipeline.h"
-#include "runtime/pipeline_stage.h"
-#include "runtime/stage_tracer.h"
+#include "runtime/stage_alone.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/units.h"
@@ -37,22 +36,22 @@ po::options_description replay_options() {
 }
 
 // Measured against predicted, over the steady state (every step after the first).
-void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineConfig& pc, const StageTracer& tracer) {
-  double fwd = 0, bwd = 0, step_s = 0, recompute = 0, swap = 0;
-  int64_t fwds = 0, bwds = 0;
+void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineConfig& pc, const StageAloneRun& run) {
+  double step_s = 0, recompute = 0, swap = 0;
+  int64_t bwds = 0;
   const int64_t from = pc.steps > 1 ? 1 : 0;
-  for (const ActionRecord& r : tracer.records()) {
+  for (const ActionRecord& r : run.records) {
     if (r.step < from) continue;
     const double d = r.end_s - r.start_s;
     if (!is_evictor(r.action_kind())) step_s += d;
-    if (r.action_kind() == ActionKind::Forward) fwd += d, ++fwds;
-    if (r.action_kind() == ActionKind::Backward) bwd += d, ++bwds;
+    if (r.action_kind() == ActionKind::Backward) ++bwds;
     // The evictor's work happens inside forwards and backwards (their times include it).
     if (r.action_kind() == ActionKind::Recompute) recompute += d;
     if (r.action_kind() == ActionKind::SwapOut || r.action_kind() == ActionKind::SwapIn) swap += d;
   }
   const StagePlan& sp = plan.stages[x];
-  const double measured_ms = 1e3 * (fwd / std::max<int64_t>(fwds, 1) + bwd / std::max<int64_t>(bwds, 1));
+  const ForwardBackwardMs ms = forward_backward_ms(run.records, from);
+  const double measured_ms = ms.total();
   std::printf("stage %d of %d (%s, nodes [%d, %d), %s schedule, %" PRId64 " micro-batches of %" PRId64 "), %" PRId64
               " steps on %s with stand-in inputs\n",
               x, static_cast<int>(plan.stages.size()), graph.preset.c_str(), sp.begin, sp.end,
@@ -60,7 +59,7 @@ void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineC
               pc.device.str().c_str());
   std::printf(
       "forward+backward per micro-batch: measured %.3f ms (forward %.3f, backward %.3f), predicted %.3f ms (%+.1f%%)\n",
-      measured_ms, 1e3 * fwd / std::max<int64_t>(fwds, 1), 1e3 * bwd / std::max<int64_t>(bwds, 1), sp.compute_ms,
+      measured_ms, ms.forward, ms.backward, sp.compute_ms,
       sp.compute_ms > 0 ? 100 * (measured_ms / sp.compute_ms - 1) : 0.0);
   const double per_micro_batch = 1e3 / static_cast<double>(std::max<int64_t>(bwds, 1));
   std::printf("memory optimization per micro-batch: recompute %.3f ms, swap %.3f ms (%s), predicted overhead %.3f ms\n",
@@ -69,11 +68,10 @@ void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineC
               sp.memopt_ms);
   std::printf("time per step (steps %" PRId64 "..%" PRId64 "): %.3f ms\n", from, pc.steps - 1,
               1e3 * step_s / static_cast<double>(pc.steps - from));
-  std::printf("peak memory: measured %s, predicted %s (%+.1f%%)\n", format_bytes(double(tracer.peak_bytes())).c_str(),
-              format_bytes(double(sp.memory.predicted_peak())).c_str(),
-              sp.memory.predicted_peak() > 0
-                  ? 100 * (double(tracer.peak_bytes()) / double(sp.memory.predicted_peak()) - 1)
-                  : 0.0);
+  std::printf(
+      "peak memory: measured %s, predicted %s (%+.1f%%)\n", format_bytes(double(run.peak_bytes)).c_str(),
+      format_bytes(double(sp.memory.predicted_peak())).c_str(),
+      sp.memory.predicted_peak() > 0 ? 100 * (double(run.peak_bytes) / double(sp.memory.predicted_peak()) - 1) : 0.0);
 }
 
 }  // namespace
@@ -125,21 +123,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   CountingAllocator::install();
   if (vm.count("device-memory"))
     DeviceMemory::set_capacity(device, parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory"));
-  StandInTransport transport(device);
-  // Positions, masks and ids it receives are computed for real (stand-ins could index out of range).
-  if (x > 0) transport.set_exact(exact_integer_inputs(graph, pc.ranges[static_cast<size_t>(x)].first, pc.seed));
-  PipelineStage stage(graph, stage_config(pc, x), transport);
-  StageTracer tracer(x, device, transport, StageTracer::Clock::now(), /*keep_records=*/true);
-  if (stage.evictor())
-    stage.evictor()->set_listener(
-        [&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes, StageTracer::Clock::time_point start,
-                  StageTracer::Clock::time_point end) { tracer.record_nested(kind, mb, tensor, bytes, start, end); });
-  int64_t step = 0;  // of the latest action with a micro-batch (an update belongs to it)
-  for (const Action& a : stage_actions(graph, pc, x)) {
-    if (a.micro_batch >= 0) step = a.micro_batch / pc.micro_batches;
-    tracer.run(a, step, [&] { stage.execute(a); });
-  }
-  print_replay(plan, x, graph, pc, tracer);
+  print_replay(plan, x, graph, pc, run_stage_alone(graph, pc, x));
   return 0;
 }
 

@@ -56,6 +56,17 @@ expect_ok "plan from profile" "bottleneck" plan --profile-in "$work/p.h5" --stag
 grep -q '"version": 2' "$work/plan.json" && passed=$((passed + 1)) || { echo "FAIL: plan JSON lacks its version"; failed=$((failed + 1)); }
 expect_ok "plan max batch" "largest micro-batch size" plan --model bert-large --device-spec a100-40gb --stages 4 --max-batch --memopt none
 expect_fail "plan infeasible" "no feasible plan" plan --model gpt2-large --device-spec a100-40gb --stages 2 --memory 1GiB --micro-batch-size 8
+# Calibrated planning runs each stage of the profiled model (mlp-tiny) alone: it needs that model.
+expect_ok "plan calibrated" "calibration round 1: cuts" plan --profile-in "$work/p.h5" --model mlp-tiny --stages 2 \
+  --schedule 1f1b --memopt none --calibrate-rounds 2 --calibrate-steps 2 --out "$work/calibrated.json"
+grep -q '"version": 2' "$work/calibrated.json" && passed=$((passed + 1)) ||
+  { echo "FAIL: calibrated plan not written"; failed=$((failed + 1)); }
+expect_fail "plan calibrated analytic" "--calibrate-rounds needs --profile-in" plan --model mlp-tiny \
+  --device-spec a100-40gb --stages 2 --calibrate-rounds 1
+expect_fail "plan calibrated, other model" "not the graph the profile was made for" plan --profile-in "$work/p.h5" \
+  --model gpt2-tiny --stages 2 --calibrate-rounds 1
+expect_fail "plan calibrated max batch" "--calibrate-rounds plans one micro-batch size" plan --profile-in "$work/p.h5" \
+  --model mlp-tiny --stages 2 --calibrate-rounds 1 --max-batch
 expect_fail "plan without profile" "give --profile-in" plan --stages 2
 expect_fail "plan unknown planner" "planner" plan --profile-in "$work/p.h5" --planner magic --stages 2
 expect_fail "plan not a profile" "not a readable HDF5 profile" plan --profile-in "$work/bad.ini" --stages 2

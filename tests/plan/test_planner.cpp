@@ -11,6 +11,7 @@
 
 #include "models/model_config.h"
 #include "models/model_source.h"
+#include "plan/calibrate.h"
 #include "plan/cost_model.h"
 #include "plan/planner.h"
 #include "plan/stage_evaluator.h"
@@ -654,4 +655,66 @@ TEST_CASE("where nothing else fits, stages swap everything late and the plan sti
     }
   }
   CHECK(late_plans >= 3);
+}
+
+// Calibrated planning (plan/calibrate.h) against a machine whose stages do not take what the
+// profile says: here the nodes of the last fifth run at 0.6 times their profiled time, the
+// others at 1.15 times (a head-only stage in cache, longer ones not). The uncalibrated plan
+// cuts by the profile; measuring and scaling moves the cuts until the measured stages even out.
+TEST_CASE("calibrated planning evens out the measured stages", "[plan][calibrate]") {
+  const Profile p = transformer_like_profile(8);
+  PlanOptions o;
+  o.stages = 4;
+  o.schedule = ScheduleKind::OneFOneB;
+  o.micro_batches = 8;
+  o.memopt = MemoptMode::None;
+  auto truth = [&p](int n) { return n >= p.size() * 4 / 5 ? 0.6 : 1.15; };
+  int measurements = 0;
+  const StageTimer machine = [&](const Plan& plan) {
+    ++measurements;
+    std::vector<double> ms;
+    for (const StagePlan& s : plan.stages) {
+      double t = 0;
+      for (int n = s.begin; n < s.end; ++n)
+        t += truth(n) * (p.nodes[static_cast<size_t>(n)].fwd_ms + p.nodes[static_cast<size_t>(n)].bwd_ms);
+      ms.push_back(t);
+    }
+    return ms;
+  };
+  const CalibratedPlan c = calibrate_plan(p, o, 4, machine);
+  REQUIRE(c.rounds.size() == 4);
+  CHECK(measurements == 4);
+  const CalibrationRound& first = c.rounds.front();
+  const CalibrationRound& kept = c.rounds[static_cast<size_t>(c.chosen)];
+  for (const CalibrationRound& r : c.rounds) CHECK(kept.measured_bottleneck() <= r.measured_bottleneck());
+  CHECK(kept.measured_bottleneck() < 0.97 * first.measured_bottleneck());
+  CHECK(kept.measured_spread() < first.measured_spread());
+  // The kept plan is the one measured: its cuts and what the machine says of it.
+  std::vector<int> cuts;
+  for (size_t x = 1; x < c.plan.stages.size(); ++x) cuts.push_back(c.plan.stages[x].begin);
+  CHECK(cuts == kept.cuts);
+  CHECK(machine(c.plan) == kept.measured);
+  WARN("measured bottleneck " << first.measured_bottleneck() << " -> " << kept.measured_bottleneck() << " ms, spread "
+                              << 100 * first.measured_spread() << "% -> " << 100 * kept.measured_spread() << "%");
+
+  // Scaling: a stage measured at twice its prediction doubles its nodes' times and fits.
+  Profile scaled = p;
+  const Plan plan = make_plan(p, o);
+  std::vector<double> measured;
+  for (const StagePlan& s : plan.stages) measured.push_back(s.compute_ms * (s.begin == 0 ? 2.0 : 1.0));
+  scale_stage_times(scaled, plan, measured);
+  for (int n = 0; n < p.size(); ++n) {
+    const double f = n < plan.stages[0].end ? 2.0 : 1.0;
+    CHECK(scaled.nodes[static_cast<size_t>(n)].fwd_ms == Approx(f * p.nodes[static_cast<size_t>(n)].fwd_ms));
+    CHECK(scaled.nodes[static_cast<size_t>(n)].bwd_ms_fit.per_sample ==
+          Approx(f * p.nodes[static_cast<size_t>(n)].bwd_ms_fit.per_sample));
+  }
+  // A measured forward and backward include the evictor's work: a stage whose re-runs take as
+  // long as its compute, measured at twice its compute, took what was predicted.
+  Plan evicting = plan;
+  evicting.stages[0].memopt_ms = evicting.stages[0].compute_ms;
+  Profile unchanged = p;
+  scale_stage_times(unchanged, evicting, measured);
+  for (int n = 0; n < p.size(); ++n)
+    CHECK(unchanged.nodes[static_cast<size_t>(n)].fwd_ms == Approx(p.nodes[static_cast<size_t>(n)].fwd_ms));
 }
