@@ -108,16 +108,12 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   if (graph.size() != plan.nodes)
     throw ConfigError("the plan is for " + std::to_string(plan.nodes) + " nodes, " + graph.preset + " has " +
                       std::to_string(graph.size()) + " (give the model options the plan was made with)");
-  PipelineConfig pc;
-  pc.schedule = plan.options.schedule;
-  for (const StagePlan& s : plan.stages) pc.ranges.push_back({s.begin, s.end});
-  check_ranges(graph, pc.ranges);
-  pc.micro_batches = vm["micro-batches"].defaulted() ? plan.options.micro_batches : vm["micro-batches"].as<int64_t>();
+  PipelineConfig pc = pipeline_config_of(plan, graph);
+  if (!vm["micro-batches"].defaulted()) pc.micro_batches = vm["micro-batches"].as<int64_t>();
   pc.steps = steps;
   pc.seed = vm["seed"].as<uint64_t>();
-  pc.optimizer.kind = vm.count("optimizer") ? vm["optimizer"].as<OptimizerKind>() : plan.options.optimizer;
+  if (vm.count("optimizer")) pc.optimizer.kind = vm["optimizer"].as<OptimizerKind>();
   pc.optimizer.lr = vm["lr"].as<double>();
-  for (const StagePlan& s : plan.stages) pc.evictions.push_back(s.evictions);
   pc.device = device;
 
   CountingAllocator::install();

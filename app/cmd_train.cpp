@@ -381,13 +381,8 @@ Plan agreed_plan(const po::variables_map& vm, const std::optional<GivenPlan>& gi
 
 PipelineConfig pipeline_config(const Plan& plan, const po::variables_map& vm, const OpGraph& graph,
                                const Layout& layout, const RunSettings& s, c10::Device device, int64_t first_step) {
-  PipelineConfig pc;
+  PipelineConfig pc = pipeline_config_of(plan, graph);
   pc.schedule = vm["schedule"].as<ScheduleKind>();
-  for (const StagePlan& stage : plan.stages) {
-    pc.ranges.push_back({stage.begin, stage.end});
-    pc.evictions.push_back(stage.evictions);
-  }
-  check_ranges(graph, pc.ranges);
   pc.micro_batches = s.config.micro_batches;
   pc.steps = s.config.steps;
   pc.seed = s.config.seed;

@@ -5,6 +5,12 @@
 
 namespace dawnpiper {
 
+namespace {
+// What a stage's measured forward and backward take by the plan: its compute and the evictor's
+// re-runs and copies inside them.
+double predicted_ms(const StagePlan& s) { return s.compute_ms + s.memopt_ms; }
+}  // namespace
+
 double CalibrationRound::measured_bottleneck() const {
   return measured.empty() ? 0 : *std::max_element(measured.begin(), measured.end());
 }
@@ -19,8 +25,7 @@ void scale_stage_times(Profile& profile, const Plan& plan, const std::vector<dou
   if (measured_ms.size() != plan.stages.size()) throw std::logic_error("scale_stage_times: one time per stage");
   for (size_t x = 0; x < plan.stages.size(); ++x) {
     const StagePlan& s = plan.stages[x];
-    // A measured forward and backward include the evictor's re-runs and copies.
-    const double predicted = s.compute_ms + s.memopt_ms;
+    const double predicted = predicted_ms(s);
     if (predicted <= 0 || measured_ms[x] <= 0) continue;
     const double f = measured_ms[x] / predicted;
     for (int n = s.begin; n < s.end; ++n) {
@@ -41,7 +46,7 @@ CalibratedPlan calibrate_plan(const Profile& profile, const PlanOptions& options
     CalibrationRound round;
     for (size_t x = 0; x < plan.stages.size(); ++x) {
       if (x > 0) round.cuts.push_back(plan.stages[x].begin);
-      round.predicted.push_back(plan.stages[x].compute_ms + plan.stages[x].memopt_ms);
+      round.predicted.push_back(predicted_ms(plan.stages[x]));
     }
     round.measured = measure(plan);
     if (r == 0 || round.measured_bottleneck() < out.rounds[static_cast<size_t>(out.chosen)].measured_bottleneck())

@@ -16,6 +16,19 @@
 
 namespace dawnpiper {
 
+PipelineConfig pipeline_config_of(const Plan& plan, const OpGraph& graph) {
+  PipelineConfig pc;
+  pc.schedule = plan.options.schedule;
+  for (const StagePlan& s : plan.stages) {
+    pc.ranges.push_back({s.begin, s.end});
+    pc.evictions.push_back(s.evictions);
+  }
+  check_ranges(graph, pc.ranges);
+  pc.micro_batches = plan.options.micro_batches;
+  pc.optimizer.kind = plan.options.optimizer;
+  return pc;
+}
+
 void check_ranges(const OpGraph& g, const std::vector<std::pair<int, int>>& ranges) {
   int expected = 0;
   for (const auto& [b, e] : ranges) {

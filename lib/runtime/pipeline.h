@@ -48,6 +48,10 @@ std::vector<std::string> tied_across_stages(const OpGraph& graph, const Pipeline
 // Throws ConfigError unless the ranges tile the graph's nodes in order, non-empty.
 void check_ranges(const OpGraph& graph, const std::vector<std::pair<int, int>>& ranges);
 
+// What a plan fixes of a run: schedule, stage ranges (checked against `graph`) and their
+// evictions, micro-batches per step, optimizer kind. The caller sets the rest.
+PipelineConfig pipeline_config_of(const Plan& plan, const OpGraph& graph);
+
 // The action lists of one stage for the whole run: for gpipe and 1f1b one schedule per step,
 // its micro-batch ids offset by step * micro_batches; for async one stream of micro-batches per
 // stretch between drains (drain_every). Steps before first_step are left out (a resumed async

@@ -42,13 +42,9 @@ ForwardBackwardMs forward_backward_ms(const std::vector<ActionRecord>& records, 
 
 StageTimer stage_alone_timer(const OpGraph& graph, c10::Device device, int64_t steps, uint64_t seed) {
   return [&graph, device, steps, seed](const Plan& plan) {
-    PipelineConfig pc;
-    pc.schedule = plan.options.schedule;
-    for (const StagePlan& s : plan.stages) pc.ranges.push_back({s.begin, s.end}), pc.evictions.push_back(s.evictions);
-    pc.micro_batches = plan.options.micro_batches;
+    PipelineConfig pc = pipeline_config_of(plan, graph);
     pc.steps = steps;
     pc.seed = seed;
-    pc.optimizer.kind = plan.options.optimizer;
     pc.device = device;
     // Forwards, then backwards through the stages, each keeping its faster run: a machine's
     // speed drifts (10% here) within the seconds one pass takes.

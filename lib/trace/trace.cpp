@@ -188,6 +188,15 @@ double bubble_bound(const Trace& t) {
   return static_cast<double>(t.stages - 1) / static_cast<double>(t.micro_batches + t.stages - 1);
 }
 
+namespace {
+// max / min - 1 of one per-stage figure (0 where a stage has none).
+double spread(const std::vector<StageSummary>& stages, double StageSummary::*figure) {
+  double most = 0, least = std::numeric_limits<double>::infinity();
+  for (const StageSummary& s : stages) most = std::max(most, s.*figure), least = std::min(least, s.*figure);
+  return least > 0 ? most / least - 1 : 0;
+}
+}  // namespace
+
 void print_summary(const Trace& t, std::ostream& out) {
   char line[256];
   std::snprintf(
@@ -215,29 +224,27 @@ void print_summary(const Trace& t, std::ostream& out) {
   }
   const std::vector<StageSummary> stages = summarize(t);
   if (stages.size() > 1) {  // how balanced the plan came out, measured (the paper reports 7.7%)
-    double most = 0, least = std::numeric_limits<double>::infinity(), mean_efficiency = 0;
-    for (const StageSummary& s : stages)
-      most = std::max(most, s.busy_s), least = std::min(least, s.busy_s), mean_efficiency += 1 - s.idle_fraction;
+    double mean_efficiency = 0;
+    for (const StageSummary& s : stages) mean_efficiency += 1 - s.idle_fraction;
     mean_efficiency /= static_cast<double>(stages.size());
     std::snprintf(
         line, sizeof line, "busy time spread (max/min - 1) %.1f%%; mean efficiency %.1f%%%s\n",
-        least > 0 ? 100 * (most / least - 1) : 0.0, 100 * mean_efficiency,
+        100 * spread(stages, &StageSummary::busy_s), 100 * mean_efficiency,
         t.schedule == "async"
             ? ""
             : (", bound " + std::to_string(static_cast<int>(std::lround(100 * (1 - bubble_bound(t))))) + "%").c_str());
     out << line;
     // On a CPU whose ranks share cores, busy wall time includes the others' turns on a core.
-    double cpu_most = 0, cpu_least = std::numeric_limits<double>::infinity();
-    for (const StageSummary& s : stages)
-      cpu_most = std::max(cpu_most, s.busy_cpu_s), cpu_least = std::min(cpu_least, s.busy_cpu_s);
-    if (t.device == "cpu" && cpu_least > 0) {
+    const bool cpu_times =
+        std::all_of(stages.begin(), stages.end(), [](const StageSummary& s) { return s.busy_cpu_s > 0; });
+    if (t.device == "cpu" && cpu_times) {
       std::snprintf(line, sizeof line, "busy CPU time per stage:");
       out << line;
       for (const StageSummary& s : stages) {
         std::snprintf(line, sizeof line, " %.3f s", s.busy_cpu_s);
         out << line;
       }
-      std::snprintf(line, sizeof line, "; spread %.1f%%\n", 100 * (cpu_most / cpu_least - 1));
+      std::snprintf(line, sizeof line, "; spread %.1f%%\n", 100 * spread(stages, &StageSummary::busy_cpu_s));
       out << line;
     }
   }

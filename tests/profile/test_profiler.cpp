@@ -2,6 +2,8 @@
 // counting allocator's measured peak, batch-size fits, repeated-block sharing, HDF5 round trip.
 #include "torch_test.h"
 
+#include "chunked_preset.h"
+
 #include <hdf5.h>
 
 #include <cstdio>
@@ -72,10 +74,7 @@ TEST_CASE("replaying the profile predicts the measured step peak within 5%", "[p
     for (OptimizerKind optimizer : {OptimizerKind::Sgd, OptimizerKind::Adam}) {
       INFO(preset << " " << optimizer);
       const bool mini = preset.find("mini") != std::string::npos;
-      const size_t slash = preset.find('/');
-      ModelConfig c = preset_config(preset.substr(0, slash));
-      if (slash != std::string::npos) apply_override(c, "output-chunks", preset.substr(slash + 1));
-      OpGraph g = build_model(c, mini ? 2 : 4);
+      OpGraph g = build_model(test::chunked_preset(preset), mini ? 2 : 4);
       Profile p = profile_graph(g, quick());
       StepMeasurement m = measure_step(g, optimizer, quick(), 1);
       const StageMemoryReplay r = replay_whole_step(p, optimizer);

@@ -2,6 +2,8 @@
 // training computes: parameters after k steps equal those of the same run keeping everything.
 #include "torch_test.h"
 
+#include "chunked_preset.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -252,10 +254,7 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
   CountingAllocator& counter = CountingAllocator::install();
   // "preset/k": its output projection in k chunks, so that cuts fall between them too.
   for (std::string preset : {"gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny", "gpt2-tiny/4", "bert-tiny/3"}) {
-    const size_t slash = preset.find('/');
-    ModelConfig config = preset_config(preset.substr(0, slash));
-    if (slash != std::string::npos) apply_override(config, "output-chunks", preset.substr(slash + 1));
-    OpGraph g = build_model(config, 4);
+    OpGraph g = build_model(test::chunked_preset(preset), 4);
     const Profile profile = quick_profile(g);
     std::mt19937 rng(11);
     // Fixed cuts (not the planner's, which follow the profiled timings): every block boundary,
