@@ -65,6 +65,8 @@ expect_fail "plan calibrated analytic" "--calibrate-rounds needs --profile-in" p
   --device-spec a100-40gb --stages 2 --calibrate-rounds 1
 expect_fail "plan calibrated, other model" "not the graph the profile was made for" plan --profile-in "$work/p.h5" \
   --model gpt2-tiny --stages 2 --calibrate-rounds 1
+expect_fail "calibrate steps alone" "--calibrate-steps applies with --calibrate-rounds" plan --profile-in "$work/p.h5" \
+  --stages 2 --calibrate-steps 2
 expect_fail "plan calibrated max batch" "--calibrate-rounds plans one micro-batch size" plan --profile-in "$work/p.h5" \
   --model mlp-tiny --stages 2 --calibrate-rounds 1 --max-batch
 expect_fail "plan without profile" "give --profile-in" plan --stages 2
