@@ -6,8 +6,10 @@
 # until one finishes without running out of memory.
 #   usage: scripts/bench_max_batch_cpu.sh [build/dawnpiper] [model:cap ...] > table.md
 #   e.g.   scripts/bench_max_batch_cpu.sh build/dawnpiper gpt2-tiny:3MiB gpt2-mini:24MiB
+#   MODEL_ARGS="--loss-chunk-tokens 64" adds model overrides to every profile and run.
 set -euo pipefail
 bin="${1:-build/dawnpiper}"
+read -r -a model_args <<<"${MODEL_ARGS:-}"
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(gpt2-tiny:3MiB bert-tiny:3MiB)
@@ -25,7 +27,7 @@ measured() {
   if [ -z "$predicted" ]; then echo "0 0"; return; fi
   for ((b = predicted; b >= 1; --b)); do
     "$bin" plan "${plan[@]}" --micro-batch-size "$b" --out "$work/plan.json" >/dev/null 2>&1 || continue
-    if mpirun --oversubscribe -np $stages "$bin" train --model "$model" --micro-batch-size "$b" \
+    if mpirun --oversubscribe -np $stages "$bin" train --model "$model" "${model_args[@]}" --micro-batch-size "$b" \
          --plan-in "$work/plan.json" --device-memory "$cap" --steps 2 --quiet >/dev/null 2>"$work/err"; then
       echo "$predicted $b"; return
     fi
@@ -57,9 +59,9 @@ table() {  # title schedule rows...
 }
 
 for t in "${targets[@]}"; do
-  "$bin" profile --model "${t%%:*}" --out "$work/${t%%:*}.h5" --quiet >/dev/null
+  "$bin" profile --model "${t%%:*}" "${model_args[@]}" --out "$work/${t%%:*}.h5" --quiet >/dev/null
 done
-echo "Command: scripts/bench_max_batch_cpu.sh $bin ${targets[*]}"
+echo "Command: ${MODEL_ARGS:+MODEL_ARGS=\"$MODEL_ARGS\" }scripts/bench_max_batch_cpu.sh $bin ${targets[*]}"
 echo
 table "Synchronous" gpipe "gpipe none" "vpipe none" "dawnpiper none" "gpipe r" "vpipe sr" "dawnpiper r" "dawnpiper sr"
 table "Asynchronous" async "pipedream none" "vpipe none" "dawnpiper none" "vpipe sr" "dawnpiper r" "dawnpiper sr"

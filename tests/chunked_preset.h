@@ -1,5 +1,7 @@
 #pragma once
-// "preset/k" in test tables: the preset with its output projection in k chunks (--output-chunks).
+// Presets with their LM head changed, in test tables: "preset/k" puts its output projection in k
+// chunks (--output-chunks k), "preset@t" fuses it with the loss, t positions at a time
+// (--loss-chunk-tokens t).
 #include <string>
 
 #include "models/model_config.h"
@@ -7,9 +9,10 @@
 namespace dawnpiper::test {
 
 inline ModelConfig chunked_preset(const std::string& spec) {
-  const size_t slash = spec.find('/');
-  ModelConfig c = preset_config(spec.substr(0, slash));
-  if (slash != std::string::npos) apply_override(c, "output-chunks", spec.substr(slash + 1));
+  const size_t mark = spec.find_first_of("/@");
+  ModelConfig c = preset_config(spec.substr(0, mark));
+  if (mark != std::string::npos)
+    apply_override(c, spec[mark] == '/' ? "output-chunks" : "loss-chunk-tokens", spec.substr(mark + 1));
   return c;
 }
 

@@ -43,6 +43,7 @@ po::options_description model_override_options() {
       ("classes", po::value<std::string>(), "output classes")
       ("in-features", po::value<std::string>(), "MLP input width")
       ("output-chunks", po::value<std::string>(), "split the LM head into this many vocabulary ranges, so a stage cut may fall inside it")
+      ("loss-chunk-tokens", po::value<std::string>(), "fuse the LM head with its loss, computing the logits of this many positions at a time (never all of them)")
       ("dropout", po::value<std::string>(), "dropout probability");
   // clang-format on
   return d;

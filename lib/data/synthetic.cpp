@@ -48,6 +48,7 @@ SyntheticData::SyntheticData(const OpGraph& graph, uint64_t seed) : DataSource(g
     }
   const Node& loss = graph.nodes[graph.loss_node()];
   if (loss.kind == OpKind::CrossEntropy) classes_ = graph.tensor(loss.inputs[0]).shape.back();
+  if (loss.kind == OpKind::LinearCrossEntropy) classes_ = loss.params[0].shape[0];
 }
 
 void SyntheticData::load(TensorEnv& env, const std::vector<int>& wanted, int64_t first_sample,

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "exec/aten_call.h"
+#include "exec/linear_cross_entropy.h"
 #include "exec/weights.h"
 #include "graph/layout.h"
 
@@ -337,6 +338,7 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
     case OpKind::RelPosBias:
     case OpKind::Conv2d:
     case OpKind::BatchNorm2d:
+    case OpKind::LinearCrossEntropy:
       out = parametric_op(node, in);
       break;
     default:
@@ -401,6 +403,8 @@ at::Tensor StageModule::parametric_op(const Node& node, const NodeInputs& in) co
       at::Tensor w = param(node.id, 0).narrow(0, rows[0], rows[1] - rows[0]);
       return at::linear(in(0), bf16 ? w.to(at::kBFloat16) : w, bias(1));
     }
+    case OpKind::LinearCrossEntropy:
+      return linear_cross_entropy(in(0), weight(0), bias(1), in(1), node.attr_int("chunk_tokens", 0));
     case OpKind::LayerNorm:
       return at::layer_norm(in(0), {in(0).size(-1)}, weight(0), weight(1), node.attr_real("eps", 1e-5));
     case OpKind::RMSNorm: {

@@ -10,13 +10,16 @@
 namespace dawnpiper {
 
 namespace {
+// clang-format off
 const char* const kKindNames[] = {
     "input",       "embedding",      "pos_embedding", "linear",       "layernorm",     "rmsnorm",   "gelu",
     "relu",        "tanh",           "dropout",       "reshape",      "transpose",     "matmul",    "scale",
     "causal_mask", "softmax",        "add",           "conv2d",       "batchnorm2d",   "maxpool2d", "avgpool2d",
     "concat",      "global_avgpool", "mul",           "sub",          "div",           "erf",       "sqrt",
-    "mean",        "affine",         "scale_shift",   "rel_pos_bias", "cross_entropy", "aten",
+    "mean",        "affine",         "scale_shift",   "rel_pos_bias", "cross_entropy", "linear_cross_entropy",
+    "aten",
 };
+// clang-format on
 constexpr int kKindCount = sizeof(kKindNames) / sizeof(kKindNames[0]);
 static_assert(kKindCount == static_cast<int>(OpKind::Aten) + 1, "kind names out of sync");
 
@@ -112,13 +115,12 @@ int OpGraph::add(OpKind kind, const std::string& name, std::vector<int> inputs, 
 void OpGraph::validate() const {
   const bool scalar_loss = !nodes.empty() && nodes.back().kind == OpKind::Aten && nodes.back().outputs.size() == 1 &&
                            tensor(nodes.back().outputs[0]).shape.empty();
-  if (nodes.empty() || (nodes.back().kind != OpKind::CrossEntropy && !scalar_loss))
+  if (nodes.empty() || (!is_loss_kind(nodes.back().kind) && !scalar_loss))
     throw std::logic_error(preset + ": the last node must be the loss");
   std::set<std::string> names;
   for (const Node& n : nodes) {
     if (!names.insert(n.name).second) throw std::logic_error("duplicate node name " + n.name);
-    if (n.kind == OpKind::CrossEntropy && n.id != loss_node())
-      throw std::logic_error("more than one loss node: " + n.name);
+    if (is_loss_kind(n.kind) && n.id != loss_node()) throw std::logic_error("more than one loss node: " + n.name);
     // Imported calls may create tensors from nothing (arange, zeros).
     if ((n.kind == OpKind::Input && !n.inputs.empty()) ||
         (n.kind != OpKind::Input && n.kind != OpKind::Aten && n.inputs.empty()))

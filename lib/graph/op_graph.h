@@ -50,11 +50,18 @@ enum class OpKind {
   RelPosBias,    // params: table [buckets, heads]; T5 relative position bias -> [1, heads, Sq, Sk];
                  // attrs buckets, max_distance, bidirectional; input: any tensor (for S)
   CrossEntropy,  // inputs logits [.., C], labels [..] (int64, -100 ignored) -> scalar mean
-  Aten,          // an imported ATen operator call (Node::call): any op torch.export emits, run
-                 // through the c10 dispatcher; may have several outputs
+  // An LM head and its loss in one node: inputs hidden [.., H], labels [..]; params weight
+  // [C, H] (maybe tied), optional bias [C]; attr chunk_tokens. Computes the logits of
+  // chunk_tokens positions at a time and recomputes them in backward, so the [.., C] logits are
+  // never held whole -> scalar mean, as CrossEntropy.
+  LinearCrossEntropy,
+  Aten,  // an imported ATen operator call (Node::call): any op torch.export emits, run
+         // through the c10 dispatcher; may have several outputs
 };
 
 const char* op_kind_name(OpKind kind);
+// The zoo's loss kinds (CrossEntropy, LinearCrossEntropy): the graph's last node, once.
+inline bool is_loss_kind(OpKind kind) { return kind == OpKind::CrossEntropy || kind == OpKind::LinearCrossEntropy; }
 OpKind op_kind_from_name(const std::string& name);  // throws ConfigError if unknown
 
 enum class DType { F32, I64, BF16, F16, F64, I32, I16, I8, U8, Bool };

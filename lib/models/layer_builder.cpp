@@ -253,4 +253,21 @@ int LayerBuilder::cross_entropy(const std::string& name, int logits, int labels)
   return g_.add(OpKind::CrossEntropy, name, {logits, labels}, {});
 }
 
+int LayerBuilder::linear_cross_entropy(const std::string& name, int x, int labels, int64_t classes, int tied_owner,
+                                       bool bias, int64_t chunk_tokens) {
+  if (chunk_tokens < 1) throw std::logic_error("linear_cross_entropy " + name + ": chunk_tokens must be positive");
+  ParamSpec w = param("weight", {classes, shape(x).back()}, Init::Normal, 0.02);
+  if (tied_owner >= 0) {
+    const ParamSpec& owner = g_.nodes.at(tied_owner).params.at(0);
+    w = param("weight", owner.shape, owner.init, owner.scale);
+    w.tied_node = tied_owner;
+    w.tied_param = 0;
+  }
+  std::vector<ParamSpec> ps{w};
+  if (bias) ps.push_back(param("bias", {classes}, Init::Zeros));
+  const int y = g_.add(OpKind::LinearCrossEntropy, name, {x, labels}, {}, ps);
+  g_.last().ints["chunk_tokens"] = {chunk_tokens};
+  return y;
+}
+
 }  // namespace dawnpiper

@@ -54,6 +54,11 @@ class LayerBuilder {
   int rel_pos_bias(const std::string& name, int x, int64_t heads, int64_t buckets, int64_t max_distance,
                    bool bidirectional, int64_t sq, int64_t sk);
   int cross_entropy(const std::string& name, int logits, int labels);
+  // An output projection onto `classes` and its cross-entropy against `labels` as one node
+  // (OpKind::LinearCrossEntropy) that holds the logits of chunk_tokens positions at a time.
+  // tied_owner >= 0: the weight is that node's parameter 0.
+  int linear_cross_entropy(const std::string& name, int x, int labels, int64_t classes, int tied_owner, bool bias,
+                           int64_t chunk_tokens);
 
  private:
   OpGraph& g_;

@@ -31,6 +31,11 @@ struct ModelConfig {
   // head is a quarter or more of its step: whole, it sets the bottleneck of 4 stages). 1: one
   // linear, the graph the presets always had.
   int64_t output_chunks = 1;
+  // gpt2, bert, t5: > 0 builds the output projection and the loss as one node that computes the
+  // logits of this many token positions at a time and recomputes them in backward
+  // (OpKind::LinearCrossEntropy): a micro-batch's [tokens, vocab] logits, often a stage's
+  // largest tensor, are never held whole. 0: a projection, then the loss.
+  int64_t loss_chunk_tokens = 0;
 };
 
 // Known preset names, in a stable order.
@@ -38,7 +43,8 @@ std::vector<std::string> preset_names();
 // Throws ConfigError naming the known presets.
 ModelConfig preset_config(const std::string& preset);
 // Applies "key=value" style overrides (layers, decoder-layers, hidden, heads, ffn, vocab,
-// seq-len, image-size, classes, in-features, output-chunks, dropout). Unknown keys or non-numbers: ConfigError.
+// seq-len, image-size, classes, in-features, output-chunks, loss-chunk-tokens, dropout). Unknown keys or non-numbers:
+// ConfigError.
 void apply_override(ModelConfig& config, const std::string& key, const std::string& value);
 // Throws ConfigError for inconsistent settings (hidden not divisible by heads, seq-len above the
 // position table, image size that the reduction cells cannot halve evenly, ...).

@@ -116,6 +116,24 @@ int maybe_dropout(LayerBuilder& b, const std::string& name, int x, double p) {
   return p > 0 ? b.dropout(name, x, p) : x;
 }
 
+// The LM head onto the vocabulary and the loss against the labels (an Input of `labels_role`):
+// a projection (maybe in chunks, ModelConfig::output_chunks), the labels, a cross-entropy; or
+// the labels and one LinearCrossEntropy node named like the head, so that its parameters keep
+// the head's names (ModelConfig::loss_chunk_tokens).
+void lm_head_and_loss(LayerBuilder& b, const ModelConfig& c, const std::string& head, int x, int tied_owner, bool bias,
+                      const std::string& labels_role) {
+  Shape positions = b.shape(x);
+  positions.pop_back();
+  if (c.loss_chunk_tokens > 0) {
+    int labels = b.input("labels", positions, DType::I64, labels_role);
+    b.linear_cross_entropy(head, x, labels, c.vocab, tied_owner, bias, c.loss_chunk_tokens);
+    return;
+  }
+  int logits = b.output_projection(head, x, c.vocab, c.output_chunks, tied_owner, bias);
+  int labels = b.input("labels", positions, DType::I64, labels_role);
+  b.cross_entropy("loss", logits, labels);
+}
+
 void build_gpt2(const ModelConfig& c, int64_t B, OpGraph& g) {
   LayerBuilder b(g);
   const Attention att{c.heads, c.hidden / c.heads, c.dropout, true};
@@ -138,9 +156,7 @@ void build_gpt2(const ModelConfig& c, int64_t B, OpGraph& g) {
   }
   g.add_block("head");
   x = b.layernorm("ln_f", x);
-  int logits = b.output_projection("lm_head", x, c.vocab, c.output_chunks, wte_node, false);
-  int labels = b.input("labels", {B, c.seq_len}, DType::I64, "tokens_next");
-  b.cross_entropy("loss", logits, labels);
+  lm_head_and_loss(b, c, "lm_head", x, wte_node, false, "tokens_next");
 }
 
 // BERT-style encoder with an MLM head, as in the original PyTorch port (post-LN, unfused
@@ -168,9 +184,7 @@ void build_bert(const ModelConfig& c, int64_t B, OpGraph& g) {
   g.add_block("head");
   int h = b.gelu_unfused("mlm.gelu", b.linear("mlm.transform", x, c.hidden));
   h = b.layernorm_unfused("mlm.ln", h);
-  int logits = b.output_projection("mlm.decoder", h, c.vocab, c.output_chunks, word_node, true);
-  int labels = b.input("labels", {B, c.seq_len}, DType::I64, "mlm_labels");  // -100 where not masked
-  b.cross_entropy("loss", logits, labels);
+  lm_head_and_loss(b, c, "mlm.decoder", h, word_node, true, "mlm_labels");  // labels -100 where not masked
 }
 
 // T5 encoder-decoder (pre-RMSNorm, ReLU FFN, no biases, relative position bias computed in the
@@ -224,9 +238,7 @@ void build_t5(const ModelConfig& c, int64_t B, OpGraph& g) {
   }
   g.add_block("head");
   x = maybe_dropout(b, "decoder.final_drop", b.rmsnorm("decoder.final_ln", x), c.dropout);
-  int logits = b.output_projection("lm_head", x, c.vocab, c.output_chunks, -1, false);
-  int labels = b.input("labels", {B, c.seq_len}, DType::I64, "tokens");
-  b.cross_entropy("loss", logits, labels);
+  lm_head_and_loss(b, c, "lm_head", x, -1, false, "tokens");
 }
 
 // ---------------------------------------------------------------- amoebanet
@@ -416,6 +428,8 @@ void apply_override(ModelConfig& c, const std::string& key, const std::string& v
     c.in_features = n;
   else if (key == "output-chunks")
     c.output_chunks = n;
+  else if (key == "loss-chunk-tokens")
+    c.loss_chunk_tokens = n;
   else
     throw ConfigError("unknown model override '" + key + "'");
   if (key == "seq-len" && c.max_positions > 0 && c.max_positions < n) c.max_positions = n;
@@ -445,6 +459,12 @@ void check_config(const ModelConfig& c) {
   if (!language_model && c.output_chunks != 1)
     throw ConfigError(who + "output-chunks splits a language model's output projection (gpt2, bert, t5), not " +
                       c.family + "'s classifier");
+  if (!language_model && c.loss_chunk_tokens != 0)
+    throw ConfigError(who + "loss-chunk-tokens fuses a language model's output projection with its loss (gpt2, bert, " +
+                      "t5), not " + c.family + "'s classifier");
+  if (c.loss_chunk_tokens != 0 && c.output_chunks != 1)
+    throw ConfigError(who + "output-chunks and loss-chunk-tokens exclude each other: the first splits the output " +
+                      "projection into nodes a cut may fall between, the second fuses it with the loss into one");
 }
 
 void check_precision(const std::string& precision) {

@@ -82,6 +82,7 @@ struct OpFacts {
   // known is false for operators without a formula (then what autograd keeps is measured).
   std::vector<int> output_alias;
   bool known = true;
+  int64_t fwd_workspace = 0, bwd_workspace = 0;  // transient bytes (zero where none is modelled)
 };
 
 // The input position of Aten argument j, or -1 when it is not a graph tensor.
@@ -344,6 +345,35 @@ void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, 
       f.internal_bytes = numel(g.tensor(n.inputs[0]).shape) * 4 + 4;
       f.kernels = 2;
       break;
+    case OpKind::LinearCrossEntropy: {
+      // exec/linear_cross_entropy.cpp: per chunk of positions, a projection, the fp32 logits'
+      // log-sum-exp (one more buffer of their size) and the target's logit; backward recomputes
+      // the logits, turns them into the gradient in place and runs the two products.
+      const Shape& hidden = g.tensor(n.inputs[0]).shape;
+      const double positions = static_cast<double>(numel(hidden) / hidden.back());
+      f.saved_inputs = {0, 1};                                     // hidden states, labels
+      f.internal_bytes = static_cast<int64_t>(positions) * 4 + 4;  // a log-sum-exp per position, the count
+      const double classes = static_cast<double>(n.params[0].shape[0]);
+      const double dim = static_cast<double>(hidden.back());
+      const int64_t chunk = std::min<int64_t>(n.attr_int("chunk_tokens", 1), static_cast<int64_t>(positions));
+      const int64_t chunks = (static_cast<int64_t>(positions) + chunk - 1) / chunk;
+      const int64_t logits = chunk * static_cast<int64_t>(classes) * 4;
+      // forward: the fp32 logits and log-sum-exp's buffer (a bf16 projection's own logits are
+      // freed before it); backward: the logits, and in bf16 the gradient's narrow copy
+      const int64_t activation = dtype_size(g.tensor(n.inputs[0]).dtype);
+      f.fwd_workspace = 2 * logits;
+      f.bwd_workspace = logits + (activation == 4 ? 0 : chunk * static_cast<int64_t>(classes) * activation);
+      f.flops = 2.0 * positions * dim * classes;
+      f.bwd_flops = 3 * f.flops;  // the recomputed projection and the two gradient products
+      double weight = 0;          // read once per chunk
+      for (const ParamSpec& p : n.params) weight += static_cast<double>(p.bytes());
+      f.bytes = static_cast<double>(g.tensor(n.inputs[0]).bytes()) + chunks * weight + 3.0 * positions * classes * 4;
+      f.bwd_bytes = 2.0 * static_cast<double>(g.tensor(n.inputs[0]).bytes()) + 3 * chunks * weight +
+                    5.0 * positions * classes * 4;
+      f.kernels = 6 * static_cast<int>(chunks);
+      f.bwd_kernels = 8 * static_cast<int>(chunks);
+      break;
+    }
     case OpKind::Scale:  // gradients need shapes only
     case OpKind::Add:
     case OpKind::Sub:
@@ -363,7 +393,8 @@ void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, 
 // part of a layer norm keep their weight's copy until their backward (the normalizations keep
 // none, as measured); a position table's slice keeps the whole table's copy alive.
 void bf16_weight_copies(const OpGraph& g, const Node& n, OpFacts& f) {
-  const bool keeps_weight = n.kind == OpKind::Linear || n.kind == OpKind::Conv2d || n.kind == OpKind::ScaleShift;
+  const bool keeps_weight = n.kind == OpKind::Linear || n.kind == OpKind::Conv2d || n.kind == OpKind::ScaleShift ||
+                            n.kind == OpKind::LinearCrossEntropy;
   int64_t weight_elements = n.params.empty() ? 0 : numel(n.params[0].shape);
   if (n.ints.count("rows"))  // a chunk of a tied projection copies its rows only
     weight_elements = weight_elements / n.params[0].shape[0] * (n.attr_ints("rows")[1] - n.attr_ints("rows")[0]);
@@ -414,6 +445,8 @@ Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec, const Measure
     np.fwd_ms = 1e3 * seconds(f.flops, f.bytes, f.kernels);
     np.bwd_ms = n.kind == OpKind::Input ? 0 : 1e3 * seconds(f.bwd_flops, f.bwd_bytes, f.bwd_kernels);
     np.recompute_ms = np.fwd_ms;
+    np.fwd_workspace = f.fwd_workspace;
+    np.bwd_workspace = f.bwd_workspace;
     auto found = measured.find(n.id);
     if (found != measured.end()) {
       np.fwd_workspace = found->second.fwd_workspace;
@@ -479,6 +512,10 @@ Profile analytic_profile_model(const ModelSource& model, const std::vector<int64
   for (size_t n = 0; n < p.nodes.size(); ++n) {
     p.nodes[n].fwd_ms_fit = line(ps.front().nodes[n].fwd_ms, ps.back().nodes[n].fwd_ms);
     p.nodes[n].bwd_ms_fit = line(ps.front().nodes[n].bwd_ms, ps.back().nodes[n].bwd_ms);
+    p.nodes[n].fwd_workspace_fit = line(static_cast<double>(ps.front().nodes[n].fwd_workspace),
+                                        static_cast<double>(ps.back().nodes[n].fwd_workspace));
+    p.nodes[n].bwd_workspace_fit = line(static_cast<double>(ps.front().nodes[n].bwd_workspace),
+                                        static_cast<double>(ps.back().nodes[n].bwd_workspace));
   }
   return p;
 }

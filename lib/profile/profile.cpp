@@ -1,5 +1,6 @@
 #include "profile/profile.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -65,8 +66,12 @@ Profile Profile::at_batch(int64_t batch) const {
     n.fwd_ms = ms_at(n.fwd_ms_fit, batch);
     n.bwd_ms = ms_at(n.bwd_ms_fit, batch);
     n.recompute_ms = n.fwd_ms * recompute_ratio;
-    n.fwd_workspace = bytes_at(n.fwd_workspace_fit, batch);
-    n.bwd_workspace = bytes_at(n.bwd_workspace_fit, batch);
+    const double workspace_batch = n.workspace_full_at > 0 ? std::min<double>(batch, n.workspace_full_at) : batch;
+    auto workspace = [&](const LinearFit& fit) {
+      return static_cast<int64_t>(std::llround(std::max(0.0, fit.base + fit.per_sample * workspace_batch)));
+    };
+    n.fwd_workspace = workspace(n.fwd_workspace_fit);
+    n.bwd_workspace = workspace(n.bwd_workspace_fit);
   }
   p.measured_step_ms = 0;
   p.measured_fwd_bwd_ms = 0;

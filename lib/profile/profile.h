@@ -101,6 +101,10 @@ struct NodeProfile {
   // inputs and parameters).
   int64_t fwd_workspace = 0;
   int64_t bwd_workspace = 0;
+  // The micro-batch size (maybe fractional) from which the workspace stops growing: a fused LM
+  // loss (OpGraph's LinearCrossEntropy) holds one chunk of positions at a time. at_batch
+  // evaluates the workspace fits at no larger a size. 0: it grows with the batch.
+  double workspace_full_at = 0;
   std::vector<int> outputs;  // tensor ids
   std::vector<int> saved;    // tensor ids this node's backward reads
   // Re-running the node's forward to rebuild its output (for recompute); usually == fwd_ms.

@@ -55,6 +55,12 @@ NodeProfile node_row(const OpGraph& g, int node, const std::vector<int>& depths)
   const StageConstant c = g.stage_constant(n.id);
   np.constant_key = c.key;
   np.constant_bytes = c.bytes;
+  if (n.kind == OpKind::LinearCrossEntropy) {
+    const Shape& hidden = g.tensor(n.inputs[0]).shape;
+    const double positions_per_sample = static_cast<double>(numel(hidden) / hidden.back()) /
+                                        static_cast<double>(std::max<int64_t>(1, g.micro_batch_size));
+    np.workspace_full_at = static_cast<double>(n.attr_int("chunk_tokens", 1)) / positions_per_sample;
+  }
   np.outputs = n.outputs;
   return np;
 }

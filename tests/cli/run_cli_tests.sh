@@ -21,6 +21,11 @@ expect_fail "unknown model" "unknown model 'gpt5'" graph --model gpt5
 expect_fail "unknown option" "unrecognised option '--colour'" train --colour red
 expect_fail "heads do not divide hidden" "must be divisible by heads" train --model gpt2-tiny --heads 5
 expect_fail "non-numeric override" "is not a number" graph --model gpt2-tiny --layers many
+expect_fail "fused loss with chunks" "exclude each other" graph --model gpt2-tiny --loss-chunk-tokens 64 \
+  --output-chunks 2
+expect_fail "fused loss on a classifier" "language model" graph --model mlp-tiny --loss-chunk-tokens 64
+expect_fail "fused loss of no positions" "must be a positive integer" graph --model gpt2-tiny --loss-chunk-tokens 0
+expect_ok "fused loss trains" "done: 2 steps" train --model gpt2-tiny --loss-chunk-tokens 48 --steps 2
 expect_fail "unreadable config" "cannot read config file" train --config "$work/missing.ini"
 printf 'model = gpt2-tiny\nbogus = 1\n' >"$work/bad.ini"
 expect_fail "unknown key in config" "bogus" train --config "$work/bad.ini"

@@ -126,6 +126,44 @@ TEST_CASE("a chunked output projection has the whole projection's parameters and
   CHECK_THROWS_WITH(check_config(classifier), Catch::Contains("language model"));
 }
 
+TEST_CASE("a fused LM loss is one node with the head's parameters, names and labels", "[models]") {
+  for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny"}) {
+    INFO(preset);
+    ModelConfig c = preset_config(preset);
+    const OpGraph whole = build_model(c, 2);
+    apply_override(c, "loss-chunk-tokens", "24");
+    const OpGraph fused = build_model(c, 2);
+    CHECK(fused.size() == whole.size() - 1);  // the projection and the loss are one node
+    CHECK(fused.parameter_count() == whole.parameter_count());
+    CHECK(fused.fingerprint() != whole.fingerprint());
+    const Node& loss = fused.nodes[fused.loss_node()];
+    REQUIRE(loss.kind == OpKind::LinearCrossEntropy);
+    CHECK(loss.attr_int("chunk_tokens", 0) == 24);
+    CHECK(fused.tensor(loss.outputs[0]).shape.empty());
+    // It reads the head's input and the labels, and owns (or ties) the head's parameters.
+    const Node& head = whole.nodes[whole.tensor(whole.nodes[whole.loss_node()].inputs[0]).producer];
+    CHECK(loss.name == head.name);
+    CHECK(fused.tensor(loss.inputs[0]).shape == whole.tensor(head.inputs[0]).shape);
+    CHECK(fused.nodes[fused.tensor(loss.inputs[1]).producer].role ==
+          whole.nodes[whole.tensor(whole.nodes[whole.loss_node()].inputs[1]).producer].role);
+    REQUIRE(loss.params.size() == head.params.size());
+    for (size_t i = 0; i < head.params.size(); ++i) {
+      CHECK(loss.params[i].name == head.params[i].name);
+      CHECK(loss.params[i].shape == head.params[i].shape);
+      CHECK(loss.params[i].tied_node == head.params[i].tied_node);
+    }
+  }
+  ModelConfig both = preset_config("gpt2-tiny");
+  apply_override(both, "loss-chunk-tokens", "24");
+  apply_override(both, "output-chunks", "2");
+  CHECK_THROWS_WITH(check_config(both), Catch::Contains("exclude each other"));
+  ModelConfig classifier = preset_config("amoebanet-tiny");
+  apply_override(classifier, "loss-chunk-tokens", "24");
+  CHECK_THROWS_WITH(check_config(classifier), Catch::Contains("language model"));
+  ModelConfig zero = preset_config("gpt2-tiny");
+  CHECK_THROWS_AS(apply_override(zero, "loss-chunk-tokens", "0"), ConfigError);
+}
+
 TEST_CASE("t5 decoder layers read the encoder output: long edges cross every decoder cut", "[models]") {
   OpGraph g = build_model(preset_config("t5-tiny"), 1);
   int enc_out = -1;

@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "chunked_preset.h"
 #include "memory/counting_allocator.h"
 #include "models/model_config.h"
 #include "profile/analytic.h"
@@ -19,9 +20,11 @@ TEST_CASE("analytic saved tensors and bytes equal the measured ones", "[profile]
   quick.warmup = 1;  // the first run fills the executor's caches (causal masks, T5 buckets)
   quick.iterations = 1;
   const DeviceSpec spec = device_spec("a100-40gb");
-  for (const std::string& preset : preset_names()) {
-    if (preset.find("-tiny") == std::string::npos) continue;
-    OpGraph g = build_model(preset_config(preset), 2);
+  std::vector<std::string> presets{"gpt2-tiny@24", "bert-tiny@24"};  // with a fused LM loss too
+  for (const std::string& preset : preset_names())
+    if (preset.find("-tiny") != std::string::npos) presets.push_back(preset);
+  for (const std::string& preset : presets) {
+    OpGraph g = build_model(test::chunked_preset(preset), 2);
     Profile measured = profile_graph(g, quick);
     Profile analytic = analytic_profile(g, spec);
     int mismatches = 0;
@@ -58,6 +61,38 @@ TEST_CASE("analytic saved tensors and bytes equal the measured ones", "[profile]
                             rm = replay_whole_step(measured, OptimizerKind::Sgd);
     CHECK(ra.first_forward_end == rm.first_forward_end);
   }
+}
+
+// The fused LM loss's workspace is a chunk of logits: as measured, and no larger past the batch
+// size whose positions fill a chunk (Profile::at_batch holds it there).
+TEST_CASE("a fused LM loss's workspace: analytic against measured, and across batch sizes", "[profile][analytic]") {
+  CountingAllocator::install();
+  at::set_num_threads(1);
+  ProfilerOptions quick;
+  quick.warmup = 1;
+  quick.iterations = 1;
+  const DeviceSpec spec = device_spec("a100-40gb");
+  for (const char* preset : {"gpt2-tiny@24", "bert-tiny@24", "t5-tiny@24"}) {
+    INFO(preset);
+    const OpGraph g = build_model(test::chunked_preset(preset), 2);  // 64 positions: chunks 24, 24, 16
+    const NodeProfile measured = profile_graph(g, quick).nodes[static_cast<size_t>(g.loss_node())];
+    const NodeProfile analytic = analytic_profile(g, spec).nodes[static_cast<size_t>(g.loss_node())];
+    WARN(preset << " workspace forward measured " << measured.fwd_workspace << " analytic " << analytic.fwd_workspace
+                << ", backward measured " << measured.bwd_workspace << " analytic " << analytic.bwd_workspace);
+    CHECK(std::abs(double(analytic.fwd_workspace) / double(measured.fwd_workspace) - 1) < 0.1);
+    CHECK(std::abs(double(analytic.bwd_workspace) / double(measured.bwd_workspace) - 1) < 0.1);
+  }
+  // 100 positions a chunk, 32 a sample: full from micro-batch 3.125 on. Profiled at 1 and 2 (one
+  // chunk each, growing), evaluated at 8: the workspace of a full chunk.
+  const ModelConfig c = test::chunked_preset("gpt2-tiny@100");
+  const Profile fitted = analytic_profile_model(c, {1, 2}, spec);
+  const size_t loss = fitted.nodes.size() - 1;
+  CHECK(fitted.nodes[loss].workspace_full_at == Approx(3.125));
+  const Profile direct8 = analytic_profile(build_model(c, 8), spec),
+                direct1 = analytic_profile(build_model(c, 1), spec);
+  CHECK(direct8.nodes[loss].fwd_workspace > direct1.nodes[loss].fwd_workspace);
+  CHECK(fitted.at_batch(8).nodes[loss].fwd_workspace == direct8.nodes[loss].fwd_workspace);
+  CHECK(fitted.at_batch(8).nodes[loss].bwd_workspace == direct8.nodes[loss].bwd_workspace);
 }
 
 TEST_CASE("device specs: presets, files and bad input", "[profile][analytic]") {

@@ -252,8 +252,10 @@ TEST_CASE("swapped bytes leave the device allocator and come back unchanged", "[
 TEST_CASE("one stage program: the replay predicts the evictor's actions and measured peak", "[runtime][evictor]") {
   at::set_num_threads(1);
   CountingAllocator& counter = CountingAllocator::install();
-  // "preset/k": its output projection in k chunks, so that cuts fall between them too.
-  for (std::string preset : {"gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny", "gpt2-tiny/4", "bert-tiny/3"}) {
+  // "preset/k": its output projection in k chunks, so that cuts fall between them too;
+  // "preset@t": the projection fused with the loss (t positions at a time).
+  for (std::string preset :
+       {"gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny", "gpt2-tiny/4", "bert-tiny/3", "gpt2-tiny@48"}) {
     OpGraph g = build_model(test::chunked_preset(preset), 4);
     const Profile profile = quick_profile(g);
     std::mt19937 rng(11);

@@ -1,0 +1,87 @@
+#include "exec/linear_cross_entropy.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace dawnpiper {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kIgnored = -100;  // at::cross_entropy's default ignore_index
+
+// Calls f(first, count) for consecutive row ranges of at most `chunk` rows.
+template <class F>
+void for_chunks(int64_t rows, int64_t chunk, F&& f) {
+  for (int64_t first = 0; first < rows; first += chunk) f(first, std::min(chunk, rows - first));
+}
+
+// One chunk's logits in fp32 (a bf16 projection is widened, as the zoo's loss does). An empty
+// bias stands for none: autograd functions take no undefined tensors.
+at::Tensor chunk_logits(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias) {
+  at::Tensor logits = bias.numel() > 0 ? at::linear(hidden, weight, bias) : at::linear(hidden, weight);
+  return logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+}
+
+struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& bias, const at::Tensor& labels, int64_t chunk) {
+    const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
+    const at::Tensor y = labels.reshape({-1});
+    at::Tensor lse = at::empty({h.size(0)}, hidden.options().dtype(at::kFloat));
+    at::Tensor total = at::zeros({}, lse.options());
+    for_chunks(h.size(0), chunk, [&](int64_t first, int64_t n) {
+      const at::Tensor logits = chunk_logits(h.narrow(0, first, n), weight, bias);
+      at::Tensor chunk_lse = lse.narrow(0, first, n);
+      at::logsumexp_out(chunk_lse, logits, {1});
+      const at::Tensor labels_here = y.narrow(0, first, n);
+      const at::Tensor target = logits.gather(1, labels_here.clamp_min(0).unsqueeze(1)).squeeze(1);
+      total.add_(((chunk_lse - target) * labels_here.ne(kIgnored)).sum());
+    });
+    at::Tensor count = y.ne(kIgnored).sum().to(at::kFloat);
+    ctx->save_for_backward({hidden, weight, bias, labels, lse, count});
+    ctx->saved_data["chunk"] = chunk;
+    return total.div_(count);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &hidden = saved[0], &weight = saved[1], &bias = saved[2], &labels = saved[3], &lse = saved[4];
+    const at::Tensor scale = grad_outputs[0].to(at::kFloat) / saved[5];  // d loss / d (one position's loss)
+    const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
+    const at::Tensor y = labels.reshape({-1});
+    at::Tensor grad_h = at::empty_like(h);
+    at::Tensor grad_w = at::zeros_like(weight);
+    at::Tensor grad_b = bias.numel() > 0 ? at::zeros_like(bias) : at::Tensor();
+    for_chunks(h.size(0), ctx->saved_data["chunk"].toInt(), [&](int64_t first, int64_t n) {
+      const at::Tensor rows = h.narrow(0, first, n);
+      // softmax - one_hot(label), scaled; zero on unlabelled positions
+      at::Tensor g = chunk_logits(rows, weight, bias);
+      g.sub_(lse.narrow(0, first, n).unsqueeze(1)).exp_();
+      const at::Tensor labels_here = y.narrow(0, first, n);
+      g.scatter_add_(1, labels_here.clamp_min(0).unsqueeze(1), at::full({n, 1}, -1.0, g.options()));
+      g.mul_((labels_here.ne(kIgnored).to(at::kFloat) * scale).unsqueeze(1));
+      if (g.scalar_type() != h.scalar_type()) g = g.to(h.scalar_type());
+      at::Tensor grad_rows = grad_h.narrow(0, first, n);
+      at::mm_out(grad_rows, g, weight);
+      grad_w.addmm_(g.t(), rows);
+      if (grad_b.defined()) grad_b.add_(g.sum(0));
+    });
+    return {grad_h.view(hidden.sizes()), grad_w, grad_b, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
+                                const at::Tensor& labels, int64_t chunk_tokens) {
+  if (chunk_tokens < 1) throw std::invalid_argument("linear_cross_entropy: chunk_tokens must be positive");
+  return LinearCrossEntropyFunction::apply(hidden, weight, bias.defined() ? bias : at::empty({0}, weight.options()),
+                                           labels, chunk_tokens);
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,99 @@
+// The fused LM head and loss (exec/linear_cross_entropy): PyTorch's projection + cross-entropy,
+// its loss and gradients, with a chunk's logits as its only large buffer.
+#include "torch_test.h"
+
+#include <torch/csrc/autograd/autograd.h>
+
+#include "exec/linear_cross_entropy.h"
+#include "memory/counting_allocator.h"
+#include "memory/device_memory.h"
+
+using namespace dawnpiper;
+
+namespace {
+
+struct Case {
+  at::Tensor hidden, weight, bias, labels;
+};
+
+// hidden [2, 9, 16], 37 classes, labels with ignored (-100) positions.
+Case make_case(at::ScalarType dtype, bool with_bias) {
+  at::manual_seed(5);
+  Case c;
+  c.hidden = at::randn({2, 9, 16}).to(dtype).requires_grad_(true);
+  c.weight = at::randn({37, 16}).mul_(0.3).to(dtype).requires_grad_(true);
+  if (with_bias) c.bias = at::randn({37}).to(dtype).requires_grad_(true);
+  c.labels = at::randint(0, 37, {2, 9}, at::kLong);
+  c.labels.index_put_({0, at::indexing::Slice(0, 4)}, -100);
+  c.labels.index_put_({1, 8}, -100);
+  return c;
+}
+
+std::vector<at::Tensor> grads_of(const at::Tensor& loss, const Case& c) {
+  std::vector<at::Tensor> inputs{c.hidden, c.weight};
+  if (c.bias.defined()) inputs.push_back(c.bias);
+  return torch::autograd::grad({loss}, inputs);
+}
+
+}  // namespace
+
+TEST_CASE("the fused LM loss gives a projection + cross-entropy's loss and gradients", "[exec]") {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (bool with_bias : {false, true})
+      for (int64_t chunk : {1, 5, 18, 100}) {  // one position, uneven chunks, exact, all in one
+        INFO("dtype " << c10::toString(dtype) << " bias " << with_bias << " chunk " << chunk);
+        const Case c = make_case(dtype, with_bias);
+        // the reference: logits in the activations' dtype, the loss in fp32 (as the zoo's loss)
+        const at::Tensor logits = with_bias ? at::linear(c.hidden, c.weight, c.bias) : at::linear(c.hidden, c.weight);
+        const at::Tensor reference =
+            at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, 37}), c.labels.reshape({-1}));
+        const at::Tensor fused = linear_cross_entropy(c.hidden, c.weight, c.bias, c.labels, chunk);
+        CHECK(fused.dim() == 0);
+        CHECK(fused.scalar_type() == at::kFloat);
+        CHECK(fused.item<double>() == Approx(reference.item<double>()).epsilon(dtype == at::kFloat ? 1e-6 : 1e-3));
+        const std::vector<at::Tensor> want = grads_of(reference, c), got = grads_of(fused, c);
+        REQUIRE(got.size() == want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+          INFO("gradient " << i);
+          CHECK(got[i].sizes() == want[i].sizes());
+          CHECK(got[i].scalar_type() == want[i].scalar_type());
+          const double scale = want[i].abs().max().item<double>();
+          const double error = (got[i].to(at::kFloat) - want[i].to(at::kFloat)).abs().max().item<double>();
+          CHECK(error <= (dtype == at::kFloat ? 1e-5 : 2e-2) * scale);
+        }
+      }
+}
+
+TEST_CASE("the fused LM loss ignores unlabelled positions and refuses an empty chunk", "[exec]") {
+  Case c = make_case(at::kFloat, false);
+  c.labels.fill_(-100);
+  CHECK(std::isnan(linear_cross_entropy(c.hidden, c.weight, c.bias, c.labels, 4).item<double>()));
+  CHECK_THROWS(linear_cross_entropy(c.hidden, c.weight, c.bias, c.labels, 0));
+}
+
+// What makes it worth having: forward and backward hold a chunk's logits, not all of them.
+TEST_CASE("the fused LM loss holds one chunk of logits at a time", "[exec][memory]") {
+  CountingAllocator::install();
+  const at::Device cpu(at::kCPU);
+  const int64_t positions = 512, classes = 2000, dim = 32, chunk = 64;
+  at::manual_seed(1);
+  const at::Tensor hidden = at::randn({positions, dim}).requires_grad_(true);
+  const at::Tensor weight = at::randn({classes, dim}).mul_(0.1).requires_grad_(true);
+  const at::Tensor labels = at::randint(0, classes, {positions}, at::kLong);
+  auto extra_peak = [&](const std::function<at::Tensor()>& loss_of) {
+    const int64_t live = DeviceMemory::live_bytes(cpu);
+    DeviceMemory::reset_peak(cpu);
+    {
+      at::Tensor loss = loss_of();
+      torch::autograd::grad({loss}, {hidden, weight});
+    }
+    return DeviceMemory::peak_bytes(cpu) - live;
+  };
+  const int64_t grads = (positions + classes) * dim * 4;
+  const int64_t fused = extra_peak([&] { return linear_cross_entropy(hidden, weight, at::Tensor(), labels, chunk); });
+  const int64_t whole = extra_peak([&] { return at::cross_entropy_loss(at::linear(hidden, weight), labels); });
+  const int64_t logits = positions * classes * 4, chunk_logits = chunk * classes * 4;
+  WARN("fused peak " << fused << ", projection + cross-entropy " << whole << ", logits " << logits);
+  CHECK(whole > grads + 2 * logits);                     // logits and log-probabilities held
+  CHECK(fused <= grads + 2 * chunk_logits + 64 * 1024);  // a chunk's logits, twice, and small things
+}
