@@ -156,6 +156,10 @@ def hf_source(args):
             with autocast(args.precision):
                 return self.model(input_ids=input_ids, labels=labels).loss
 
+    wrapper = CausalOrMasked(model)
+    if args.loss_chunk_tokens:
+        wrapper = fused_lm_loss(model, task, args.loss_chunk_tokens, args.precision)
+
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, vocab, (args.batch_size, seq), generator=gen)
     if task == "masked-lm":
@@ -176,7 +180,63 @@ def hf_source(args):
         "model_class": type(model).__name__,
         "hf_config": config.to_dict(),
     }
-    return CausalOrMasked(model), "model.", {"input_ids": ids, "labels": labels}, roles, description
+    if args.loss_chunk_tokens:
+        description["loss_chunk_tokens"] = args.loss_chunk_tokens
+    return wrapper, "model.", {"input_ids": ids, "labels": labels}, roles, description
+
+
+def fused_lm_loss(model, task, chunk_tokens, precision):
+    """The model with its output projection replaced by a pass-through that keeps the same
+    parameters under the same names, and the loss computed from the hidden states by
+    dawnpiper::linear_cross_entropy (scripts/dawnpiper_ops.py): the logits are never held whole.
+    The loss is the model's own: causal LMs predict the next token (labels shifted inside, as
+    Hugging Face does), masked LMs the labelled positions, seq2seq models the labels from the
+    decoder's input (the labels shifted right)."""
+    import torch
+
+    import dawnpiper_ops  # noqa: F401 - registers the operator
+
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise UserError(f"--loss-chunk-tokens: {type(model).__name__}'s output projection is a "
+                        f"{type(head).__name__}, not a Linear")
+    if task == "seq2seq" and not hasattr(model, "prepare_decoder_input_ids_from_labels"):
+        raise UserError(f"--loss-chunk-tokens: {type(model).__name__} does not say how its decoder input is made")
+    path = next(name for name, m in model.named_modules() if m is head)
+    parent_path, _, attribute = path.rpartition(".")
+
+    class PassThrough(torch.nn.Module):
+        """Where the head was: its weight and bias (same objects, same names), no computation."""
+
+        def __init__(self, linear):
+            super().__init__()
+            self.weight = linear.weight
+            self.bias = linear.bias
+
+        def forward(self, x):
+            return x
+
+    projection = PassThrough(head)
+    setattr(model.get_submodule(parent_path) if parent_path else model, attribute, projection)
+
+    class FusedLoss(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, labels):
+            with autocast(precision):
+                if task == "seq2seq":
+                    decoder_input_ids = self.model.prepare_decoder_input_ids_from_labels(labels=labels)
+                    hidden = self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits
+                else:
+                    hidden = self.model(input_ids=input_ids).logits
+                if task == "causal-lm":
+                    hidden, labels = hidden[:, :-1, :], labels[:, 1:]
+                return torch.ops.dawnpiper.linear_cross_entropy(hidden, projection.weight, projection.bias, labels,
+                                                                chunk_tokens)
+
+    return FusedLoss(model)
 
 
 def module_source(args):
@@ -767,8 +827,14 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="model file to write (safetensors with the graph in its metadata)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                         help="bf16: mixed precision as torch.autocast does it (bf16 compute, fp32 master weights)")
+    parser.add_argument("--loss-chunk-tokens", type=int, default=0,
+                        help="HF sources: fuse the LM head with its loss, computing the logits of this many positions "
+                             "at a time (dawnpiper_ops.linear_cross_entropy; in --module models, call it yourself)")
     parser.add_argument("--verbose", action="store_true", help="show what torch.export logs")
     args = parser.parse_args(argv)
+    if args.loss_chunk_tokens < 0 or (args.loss_chunk_tokens and args.module):
+        raise UserError("--loss-chunk-tokens takes a positive number of positions, for --hf / --hf-config / --pretrained "
+                        "sources (a --module model calls dawnpiper_ops.linear_cross_entropy itself)")
     global VERBOSE
     VERBOSE = args.verbose
     if args.batch_size < 2:

@@ -403,8 +403,14 @@ at::Tensor StageModule::parametric_op(const Node& node, const NodeInputs& in) co
       at::Tensor w = param(node.id, 0).narrow(0, rows[0], rows[1] - rows[0]);
       return at::linear(in(0), bf16 ? w.to(at::kBFloat16) : w, bias(1));
     }
-    case OpKind::LinearCrossEntropy:
-      return linear_cross_entropy(in(0), weight(0), bias(1), in(1), node.attr_int("chunk_tokens", 0));
+    case OpKind::LinearCrossEntropy: {
+      // The projection in the hidden states' dtype (bf16 zoo graphs and imported autocast ones
+      // alike, as scripts/dawnpiper_ops.py does).
+      auto as_hidden = [&](int i) {
+        return node.params.size() > static_cast<size_t>(i) ? param(node.id, i).to(in(0).scalar_type()) : at::Tensor();
+      };
+      return linear_cross_entropy(in(0), as_hidden(0), as_hidden(1), in(1), node.attr_int("chunk_tokens", 0));
+    }
     case OpKind::LayerNorm:
       return at::layer_norm(in(0), {in(0).size(-1)}, weight(0), weight(1), node.attr_real("eps", 1e-5));
     case OpKind::RMSNorm: {

@@ -145,6 +145,23 @@ struct Builder {
     return a;
   }
 
+  // scripts/dawnpiper_ops.py's fused LM loss becomes the zoo's node of that kind: inputs hidden
+  // states and labels, parameters weight (often tied) and bias, attr chunk_tokens.
+  void as_linear_cross_entropy(Node& n) {
+    using K = AtenArg::Kind;
+    const std::vector<AtenArg>& a = n.call.args;
+    const bool well_formed = a.size() == 5 && a[0].kind == K::Tensor && a[1].kind == K::Param && a[1].i == 0 &&
+                             (a[2].kind == K::None || (a[2].kind == K::Param && a[2].i == 1)) &&
+                             a[3].kind == K::Tensor && a[4].kind == K::Int && a[4].i > 0;
+    if (!well_formed)
+      bad("node " + n.name + ": dawnpiper::linear_cross_entropy takes (hidden, weight, bias or None, labels, " +
+          "chunk_tokens > 0)");
+    n.kind = OpKind::LinearCrossEntropy;
+    n.inputs = {n.inputs[static_cast<size_t>(a[0].i)], n.inputs[static_cast<size_t>(a[3].i)]};
+    n.ints["chunk_tokens"] = {a[4].i};
+    n.call = AtenCall{{}, {}, {}, {}, {}, n.call.module};
+  }
+
   int add_tensor(const std::string& name, int producer, const Json& meta) {
     TensorInfo t;
     t.id = static_cast<int>(g.tensors.size());
@@ -208,6 +225,7 @@ struct Builder {
         n.call.view_of_arg.push_back(o.value("view_of_arg", -1));
       }
       if (n.outputs.empty()) bad("node " + fx_name + " produces nothing the graph reads");
+      if (n.call.op == "dawnpiper::linear_cross_entropy") as_linear_cross_entropy(n);
       for (int t : n.inputs) {
         auto& cons = g.tensors[static_cast<size_t>(t)].consumers;
         if (cons.empty() || cons.back() != n.id) cons.push_back(n.id);

@@ -85,16 +85,21 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
     ev.action = d.action;
     if (t.internal) ev.internal = {t.producer, t.copy_of};
     int last_local = in_range(t.producer) ? t.producer : -1;
+    // Read later: sent on, so emptied only after the send. Later stages load data themselves,
+    // but a view of data made here is sent like any activation.
     bool read_later = false;
     for (int shared : share_storage_with(d.tensor))
       for (int c : p.tensors[static_cast<size_t>(shared)].consumers) {
         if (in_range(c)) last_local = std::max(last_local, c);
-        read_later |= c >= e;
+        read_later |= c >= e && !p.tensors[static_cast<size_t>(shared)].is_data;
       }
+    // A data tensor this stage does not load, read here only through views an earlier stage
+    // made and sent (an imported model's reshaped input ids): nothing here holds its storage.
+    if (last_local < 0 && t.is_data) continue;
     if (last_local < 0)
       throw ConfigError("plan evicts " + name(d.tensor) + ", which stage nodes [" + std::to_string(b) + ", " +
                         std::to_string(e) + ") neither produce nor read");
-    ev.evict_after = read_later && !t.is_data ? -1 : last_local;
+    ev.evict_after = read_later ? -1 : last_local;
     ev.restore_before = in_range(d.restore_before) ? d.restore_before : last_local;
     ev.prefetch_at = d.action == TensorAction::Swap && in_range(d.prefetch_at)
                          ? std::max(d.prefetch_at, ev.restore_before)

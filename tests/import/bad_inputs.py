@@ -5,7 +5,8 @@
   missing.safetensors / misshaped.safetensors   --init-from checkpoints lacking a weight / with
                     one of the wrong shape
   short.bin         a token file too short for one batch
-and a module whose forward branches on data (for the exporter).
+and a module whose forward branches on data (for the exporter), with two good functions beside it
+(one a user's LM calling the fused LM loss).
 usage: bad_inputs.py GOOD.dpm OUTDIR   (run with scripts/python)
 """
 import json
@@ -47,6 +48,24 @@ def build():
 def good():
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     return net, {"x": torch.randn(4, 8)}, lambda out, batch: out.pow(2).mean()
+
+
+class TiedLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16)
+        self.mix = torch.nn.Linear(16, 16)
+
+    def forward(self, ids, labels):
+        import dawnpiper_ops  # noqa: F401 - the fused LM loss, from the exporter's directory
+
+        h = torch.tanh(self.mix(self.embed(ids)))
+        return torch.ops.dawnpiper.linear_cross_entropy(h, self.embed.weight, None, labels, 8)
+
+
+def fused():
+    ids = torch.randint(0, 64, (4, 6))
+    return TiedLM(), {"ids": ids, "labels": ids.roll(-1, 1)}, lambda out, batch: out
 '''
 
 

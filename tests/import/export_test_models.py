@@ -28,6 +28,12 @@ def main():
     for name, (arch, config) in MODELS.items():
         export_model.main(["--hf", arch, "--config", config, "--seq-len", "16", "--batch-size", "3",
                            "--out", os.path.join(out, name + ".dpm"), "--reference", os.path.join(out, name + ".ref")])
+    # The LM head fused with its loss (20 positions at a time: 45 or 48 positions, 3 chunks).
+    for name in ("gpt2", "bert", "t5"):
+        arch, config = MODELS[name]
+        export_model.main(["--hf", arch, "--config", config, "--seq-len", "16", "--batch-size", "3",
+                           "--loss-chunk-tokens", "20", "--out", os.path.join(out, name + "_fused.dpm"),
+                           "--reference", os.path.join(out, name + "_fused.ref")])
     gpt2 = MODELS["gpt2"][1]
     export_model.main(["--hf", "gpt2", "--config", gpt2, "--seq-len", "16", "--batch-size", "3", "--precision", "bf16",
                        "--out", os.path.join(out, "gpt2_bf16.dpm"), "--reference", os.path.join(out, "gpt2_bf16.ref")])

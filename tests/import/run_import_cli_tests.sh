@@ -141,6 +141,19 @@ if [ $code -eq 2 ] && grep -q "cannot capture module 'gate': data-dependent cont
 # A user's own module:function exports and trains.
 (cd "$work/bad" && "$python" "$root/scripts/export_model.py" --module branchy:good --out "$work/mlp.dpm" >/dev/null 2>"$work/err")
 expect_ok "train a user's module" "done: 3 steps" train --model-file "$work/mlp.dpm" --steps 3 --micro-batch-size 4
+# A user's LM calling dawnpiper_ops.linear_cross_entropy exports and trains as a pipeline; the
+# exporter's own fusion is for Hugging Face sources only.
+(cd "$work/bad" && "$python" "$root/scripts/export_model.py" --module branchy:fused --out "$work/fused.dpm" >/dev/null 2>"$work/err")
+expect_ok "train a user's fused LM loss" "done: 3 steps" train --model-file "$work/fused.dpm" --steps 3 --micro-batch-size 4
+expect_ok "graph of a user's fused LM loss" "linear_cross_entropy" graph --model-file "$work/fused.dpm"
+$mpi 2 "$bin" train --model-file "$models/gpt2_fused.dpm" --micro-batch-size 2 --steps 3 >"$work/out" 2>"$work/err"
+check "train an imported fused LM loss on 2 ranks" grep -q "done: 3 steps" "$work/out"
+(cd "$work/bad" && "$python" "$root/scripts/export_model.py" --module branchy:good --loss-chunk-tokens 8 \
+  --out "$work/bad/refused.dpm") >"$work/out" 2>"$work/err"
+code=$?
+if [ $code -eq 2 ] && grep -q "a --module model calls dawnpiper_ops.linear_cross_entropy itself" "$work/err" &&
+   [ ! -e "$work/bad/refused.dpm" ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: exporter fusion of a --module model (exit $code)"; cat "$work/err"; fi
 leftovers=$(find "$work" -name '*.tmp.*' -o -name '.export-*' -o -name '.prepare-*' | wc -l)
 check "no temporary files left behind" test "$leftovers" -eq 0
 
