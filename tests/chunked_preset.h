@@ -1,18 +1,24 @@
 #pragma once
-// Presets with their LM head changed, in test tables: "preset/k" puts its output projection in k
-// chunks (--output-chunks k), "preset@t" fuses it with the loss, t positions at a time
-// (--loss-chunk-tokens t).
+// Presets changed, in test tables: "preset/k" puts its output projection in k chunks
+// (--output-chunks k), "preset@t" fuses it with the loss, t positions at a time
+// (--loss-chunk-tokens t); a "+attn" suffix makes each attention one fused call
+// (--attention fused).
 #include <string>
 
 #include "models/model_config.h"
 
 namespace dawnpiper::test {
 
-inline ModelConfig chunked_preset(const std::string& spec) {
+inline ModelConfig chunked_preset(std::string spec) {
+  const std::string fused = "+attn";
+  const bool fused_attention =
+      spec.size() > fused.size() && spec.compare(spec.size() - fused.size(), fused.size(), fused) == 0;
+  if (fused_attention) spec.resize(spec.size() - fused.size());
   const size_t mark = spec.find_first_of("/@");
   ModelConfig c = preset_config(spec.substr(0, mark));
   if (mark != std::string::npos)
     apply_override(c, spec[mark] == '/' ? "output-chunks" : "loss-chunk-tokens", spec.substr(mark + 1));
+  if (fused_attention) apply_override(c, "attention", "fused");
   return c;
 }
 

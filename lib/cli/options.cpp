@@ -43,6 +43,7 @@ po::options_description model_override_options() {
       ("classes", po::value<std::string>(), "output classes")
       ("in-features", po::value<std::string>(), "MLP input width")
       ("output-chunks", po::value<std::string>(), "split the LM head into this many vocabulary ranges, so a stage cut may fall inside it")
+      ("attention", po::value<std::string>(), "ops (default) | fused: each attention as one scaled_dot_product_attention call, which keeps no scores for backward where the device has a fused kernel")
       ("loss-chunk-tokens", po::value<std::string>(), "fuse the LM head with its loss, computing the logits of this many positions at a time (never all of them)")
       ("dropout", po::value<std::string>(), "dropout probability");
   // clang-format on

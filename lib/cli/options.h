@@ -19,7 +19,7 @@ namespace po = boost::program_options;
 // --device-memory --quiet
 po::options_description common_options();
 // --layers --decoder-layers --hidden --heads --ffn --vocab --seq-len --image-size --classes
-// --in-features --output-chunks --loss-chunk-tokens --dropout
+// --in-features --output-chunks --loss-chunk-tokens --attention --dropout
 po::options_description model_override_options();
 
 // Parses argv (after the subcommand) against `options` plus --help, then the --config file if

@@ -156,17 +156,21 @@ AtenKernel::AtenKernel(const Node& node) {
       throw ConfigError("node " + node.name + ": argument " + schema.arguments()[i].name() + " of " + c.qualified() +
                         " must be a tensor");
   }
-  seeded_ = op_->hasTag(at::Tag::nondeterministic_seeded);
+  for (size_t i = 0; i < schema.arguments().size(); ++i)
+    if (schema.arguments()[i].name() == "dropout_p") dropout_arg_ = static_cast<int>(i);
+  seeded_ = op_->hasTag(at::Tag::nondeterministic_seeded) || dropout_arg_ >= 0;
 }
 
 std::vector<at::Tensor> AtenKernel::call(const Node& node, const std::function<at::Tensor(const AtenArg&)>& tensor,
-                                         at::Device device) const {
+                                         at::Device device, bool no_dropout) const {
   const c10::FunctionSchema& schema = op_->schema();
   const Converter convert{tensor, device};
   torch::jit::Stack stack;
   stack.reserve(node.call.args.size());
   for (size_t i = 0; i < node.call.args.size(); ++i)
-    stack.push_back(convert.value(node.call.args[i], schema.arguments()[i].type()));
+    stack.push_back(no_dropout && static_cast<int>(i) == dropout_arg_
+                        ? c10::IValue(0.0)
+                        : convert.value(node.call.args[i], schema.arguments()[i].type()));
   op_->callBoxed(stack);
   std::vector<at::Tensor> results;
   for (const c10::IValue& v : stack) flatten(v, results);

@@ -18,17 +18,20 @@ class AtenKernel {
   // naming the node and the operator when this LibTorch does not know it or the arguments do
   // not fit.
   explicit AtenKernel(const Node& node);
-  // Random ops (dropout, ...): the caller seeds the device's generator before each call, so a
-  // recomputation and every schedule draw the same numbers.
+  // Random ops (dropout, ...; attention with a dropout_p argument, which carries no tag): the
+  // caller seeds the device's generator before each call, so a recomputation and every
+  // schedule draw the same numbers.
   bool seeded() const { return seeded_; }
   // Calls the operator. `tensor` resolves Tensor, Param and Buffer arguments; Device arguments
-  // become `device`. Returns the node's outputs (Node::outputs order).
+  // become `device`; no_dropout sets a dropout_p argument to 0 (evaluation). Returns the node's
+  // outputs (Node::outputs order).
   std::vector<at::Tensor> call(const Node& node, const std::function<at::Tensor(const AtenArg&)>& tensor,
-                               at::Device device) const;
+                               at::Device device, bool no_dropout = false) const;
 
  private:
   std::optional<c10::OperatorHandle> op_;
   bool seeded_ = false;
+  int dropout_arg_ = -1;  // the schema's dropout_p argument, if any
 };
 
 }  // namespace dawnpiper

@@ -461,7 +461,7 @@ void StageModule::run_aten(const Node& node, TensorEnv& env, const RunContext& c
             return buffers_[static_cast<size_t>(a.i)];
         }
       },
-      device_);
+      device_, /*no_dropout=*/ctx.eval);
   for (size_t k = 0; k < node.outputs.size(); ++k) env[static_cast<size_t>(node.outputs[k])] = std::move(outs[k]);
 }
 

@@ -270,4 +270,23 @@ int LayerBuilder::linear_cross_entropy(const std::string& name, int x, int label
   return y;
 }
 
+int LayerBuilder::scaled_dot_product_attention(const std::string& name, int q, int k, int v, int mask, double dropout,
+                                               bool causal, double scale) {
+  auto tensor = [](int64_t i) { return AtenArg{AtenArg::Kind::Tensor, i, 0, {}, {}}; };
+  std::vector<int> inputs{q, k, v};
+  AtenCall call;
+  call.op = "aten::scaled_dot_product_attention";
+  call.args = {tensor(0), tensor(1), tensor(2), AtenArg{}};
+  if (mask >= 0) call.args[3] = tensor(3), inputs.push_back(mask);
+  call.args.push_back(AtenArg{AtenArg::Kind::Real, 0, dropout, {}, {}});
+  call.args.push_back(AtenArg{AtenArg::Kind::Bool, causal ? 1 : 0, 0, {}, {}});
+  call.args.push_back(AtenArg{AtenArg::Kind::Real, 0, scale, {}, {}});
+  call.args.push_back(AtenArg{AtenArg::Kind::Bool, 0, 0, {}, {}});  // enable_gqa
+  call.result_index = {0};
+  call.view_of_arg = {-1};
+  const int y = g_.add(OpKind::Aten, name, std::move(inputs), shape(q), {});
+  g_.last().call = std::move(call);
+  return y;
+}
+
 }  // namespace dawnpiper

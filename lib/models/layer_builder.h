@@ -54,6 +54,10 @@ class LayerBuilder {
   int rel_pos_bias(const std::string& name, int x, int64_t heads, int64_t buckets, int64_t max_distance,
                    bool bidirectional, int64_t sq, int64_t sk);
   int cross_entropy(const std::string& name, int logits, int labels);
+  // Attention over heads, q/k/v [B, heads, S, head_dim], as one aten::scaled_dot_product_attention
+  // call (an OpKind::Aten node); mask: an additive bias or -1; causal only without a mask.
+  int scaled_dot_product_attention(const std::string& name, int q, int k, int v, int mask, double dropout, bool causal,
+                                   double scale);
   // An output projection onto `classes` and its cross-entropy against `labels` as one node
   // (OpKind::LinearCrossEntropy) that holds the logits of chunk_tokens positions at a time.
   // tied_owner >= 0: the weight is that node's parameter 0.

@@ -36,6 +36,10 @@ struct ModelConfig {
   // (OpKind::LinearCrossEntropy): a micro-batch's [tokens, vocab] logits, often a stage's
   // largest tensor, are never held whole. 0: a projection, then the loss.
   int64_t loss_chunk_tokens = 0;
+  // gpt2, bert, t5: attention as one aten::scaled_dot_product_attention call (a fused kernel
+  // where the device has one: the scores and probabilities are not kept for backward) instead
+  // of the op-by-op scores, mask, softmax, dropout and products.
+  bool fused_attention = false;
 };
 
 // Known preset names, in a stable order.
@@ -43,8 +47,8 @@ std::vector<std::string> preset_names();
 // Throws ConfigError naming the known presets.
 ModelConfig preset_config(const std::string& preset);
 // Applies "key=value" style overrides (layers, decoder-layers, hidden, heads, ffn, vocab,
-// seq-len, image-size, classes, in-features, output-chunks, loss-chunk-tokens, dropout). Unknown keys or non-numbers:
-// ConfigError.
+// seq-len, image-size, classes, in-features, output-chunks, loss-chunk-tokens, dropout; attention = ops|fused). Unknown
+// keys or non-numbers: ConfigError.
 void apply_override(ModelConfig& config, const std::string& key, const std::string& value);
 // Throws ConfigError for inconsistent settings (hidden not divisible by heads, seq-len above the
 // position table, image size that the reduction cells cannot halve evenly, ...).

@@ -84,6 +84,7 @@ struct Attention {
   int64_t heads, head_dim;
   double dropout;
   bool scaled;  // divide scores by sqrt(head_dim) (gpt2, bert); t5 does not
+  bool fused;   // one aten::scaled_dot_product_attention call (ModelConfig::fused_attention)
 };
 
 // Multi-head attention at op granularity. q from x_q, k and v from x_kv. `bias` (optional,
@@ -99,6 +100,16 @@ int attention(LayerBuilder& b, const std::string& p, int x_q, int x_kv, const At
   q = b.transpose(p + ".q_heads", b.reshape(p + ".q_view", q, {B, Sq, a.heads, a.head_dim}), {0, 2, 1, 3});
   k = b.transpose(p + ".k_heads", b.reshape(p + ".k_view", k, {B, Sk, a.heads, a.head_dim}), {0, 2, 1, 3});
   v = b.transpose(p + ".v_heads", b.reshape(p + ".v_view", v, {B, Sk, a.heads, a.head_dim}), {0, 2, 1, 3});
+  if (a.fused) {
+    // One call: the mask (an additive bias, with the causal triangle folded in where both
+    // apply: the call takes either a mask or is_causal) and the scaling are its arguments.
+    if (bias >= 0 && causal) bias = b.causal_mask(p + ".causal", bias);
+    const double scale = a.scaled ? 1.0 / std::sqrt(static_cast<double>(a.head_dim)) : 1.0;
+    int ctx = b.scaled_dot_product_attention(p + ".sdpa", q, k, v, bias, a.dropout, causal && bias < 0, scale);
+    ctx = b.transpose(p + ".merge", ctx, {0, 2, 1, 3});
+    ctx = b.reshape(p + ".merge_view", ctx, {B, Sq, H});
+    return b.linear(p + ".out", ctx, H, proj_bias);
+  }
   int kt = b.transpose(p + ".k_t", k, {0, 1, 3, 2});
   int s = b.matmul(p + ".scores", q, kt);
   if (a.scaled) s = b.scale(p + ".scale", s, 1.0 / std::sqrt(static_cast<double>(a.head_dim)));
@@ -136,7 +147,7 @@ void lm_head_and_loss(LayerBuilder& b, const ModelConfig& c, const std::string& 
 
 void build_gpt2(const ModelConfig& c, int64_t B, OpGraph& g) {
   LayerBuilder b(g);
-  const Attention att{c.heads, c.hidden / c.heads, c.dropout, true};
+  const Attention att{c.heads, c.hidden / c.heads, c.dropout, true, c.fused_attention};
   g.add_block("embed");
   int tokens = b.input("tokens", {B, c.seq_len}, DType::I64, "tokens");
   int wte = b.embedding("wte", tokens, c.vocab, c.hidden);
@@ -163,7 +174,7 @@ void build_gpt2(const ModelConfig& c, int64_t B, OpGraph& g) {
 // LayerNorm and erf-GELU: every intermediate is an op of its own, as torch.fx sees it).
 void build_bert(const ModelConfig& c, int64_t B, OpGraph& g) {
   LayerBuilder b(g);
-  const Attention att{c.heads, c.hidden / c.heads, c.dropout, true};
+  const Attention att{c.heads, c.hidden / c.heads, c.dropout, true, c.fused_attention};
   g.add_block("embed");
   int tokens = b.input("tokens", {B, c.seq_len}, DType::I64, "mlm_tokens");
   int word = b.embedding("word_embeddings", tokens, c.vocab, c.hidden);
@@ -192,7 +203,7 @@ void build_bert(const ModelConfig& c, int64_t B, OpGraph& g) {
 // with the v1.0 (t5-large) dimensions that gives ~771M parameters.
 void build_t5(const ModelConfig& c, int64_t B, OpGraph& g) {
   LayerBuilder b(g);
-  const Attention att{c.heads, c.hidden / c.heads, c.dropout, false};
+  const Attention att{c.heads, c.hidden / c.heads, c.dropout, false, c.fused_attention};
   const int64_t buckets = 32, max_distance = 128;
   g.add_block("encoder.embed");
   int tokens = b.input("tokens", {B, c.seq_len}, DType::I64, "tokens");
@@ -389,6 +400,12 @@ ModelConfig preset_config(const std::string& preset) {
 }
 
 void apply_override(ModelConfig& c, const std::string& key, const std::string& value) {
+  if (key == "attention") {
+    if (value != "ops" && value != "fused")
+      throw ConfigError("model override attention='" + value + "': expected ops or fused");
+    c.fused_attention = value == "fused";
+    return;
+  }
   double v = 0;
   size_t used = 0;
   try {
@@ -462,6 +479,9 @@ void check_config(const ModelConfig& c) {
   if (!language_model && c.loss_chunk_tokens != 0)
     throw ConfigError(who + "loss-chunk-tokens fuses a language model's output projection with its loss (gpt2, bert, " +
                       "t5), not " + c.family + "'s classifier");
+  if (!language_model && c.fused_attention)
+    throw ConfigError(who + "attention=fused changes a transformer's attention (gpt2, bert, t5), not " + c.family +
+                      "'s layers");
   if (c.loss_chunk_tokens != 0 && c.output_chunks != 1)
     throw ConfigError(who + "output-chunks and loss-chunk-tokens exclude each other: the first splits the output " +
                       "projection into nodes a cut may fall between, the second fuses it with the loss into one");

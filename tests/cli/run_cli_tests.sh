@@ -26,6 +26,9 @@ expect_fail "fused loss with chunks" "exclude each other" graph --model gpt2-tin
 expect_fail "fused loss on a classifier" "language model" graph --model mlp-tiny --loss-chunk-tokens 64
 expect_fail "fused loss of no positions" "must be a positive integer" graph --model gpt2-tiny --loss-chunk-tokens 0
 expect_ok "fused loss trains" "done: 2 steps" train --model gpt2-tiny --loss-chunk-tokens 48 --steps 2
+expect_fail "unknown attention" "expected ops or fused" graph --model gpt2-tiny --attention flash
+expect_fail "fused attention on a CNN" "transformer" graph --model amoebanet-tiny --attention fused
+expect_ok "fused attention trains" "done: 2 steps" train --model t5-tiny --attention fused --steps 2
 expect_fail "unreadable config" "cannot read config file" train --config "$work/missing.ini"
 printf 'model = gpt2-tiny\nbogus = 1\n' >"$work/bad.ini"
 expect_fail "unknown key in config" "bogus" train --config "$work/bad.ini"

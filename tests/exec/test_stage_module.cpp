@@ -1,6 +1,8 @@
 // The op-graph executor: shapes, deterministic initialization, split == whole.
 #include "torch_test.h"
 
+#include <map>
+
 #include "data/synthetic.h"
 #include "exec/stage_module.h"
 #include "models/model_config.h"
@@ -98,4 +100,51 @@ TEST_CASE("dropout masks depend on (step, micro-batch) only", "[exec]") {
   double c = run_whole(g, 9, 5).item<double>();
   CHECK(a == b);
   CHECK(a != c);
+}
+
+// --attention fused: each attention one aten::scaled_dot_product_attention call. With the same
+// weights (copied by name: the graphs' node ids differ) and dropout 0 it computes the op-by-op
+// attention's loss and gradients: gpt2 (causal), bert (padding mask), t5 (trained position bias,
+// causal with a bias in the decoder, unscaled).
+TEST_CASE("fused attention computes the op-by-op attention's loss and gradients", "[exec]") {
+  at::set_num_threads(1);
+  for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny"}) {
+    INFO(preset);
+    ModelConfig c = preset_config(preset);
+    apply_override(c, "dropout", "0");
+    const OpGraph ops = build_model(c, 2);
+    apply_override(c, "attention", "fused");
+    const OpGraph fused = build_model(c, 2);
+    int calls = 0;
+    for (const Node& n : fused.nodes) calls += n.kind == OpKind::Aten;
+    CHECK(calls == c.layers + c.decoder_layers * 2);  // one per self- and cross-attention
+    CHECK(fused.size() < ops.size());
+    StageModule a(ops, 0, ops.size(), 3), b(fused, 0, fused.size(), 3);
+    std::map<std::string, at::Tensor> weights;
+    for (const StageParameter& p : a.parameters()) weights[p.name] = p.tensor;
+    for (StageParameter& p : b.parameters()) p.tensor.detach().copy_(weights.at(p.name));
+    auto loss_of = [](const OpGraph& g, StageModule& m) {
+      SyntheticData data(g, 3);
+      TensorEnv env = m.make_env();
+      data.load(env, g.data_inputs(0, g.size()), 0, m.device());
+      m.forward(env, RunContext{});
+      at::Tensor loss = env[g.nodes[g.loss_node()].outputs[0]];
+      env.clear();
+      loss.backward();
+      return loss.item<double>();
+    };
+    CHECK(loss_of(fused, b) == Approx(loss_of(ops, a)).epsilon(1e-5));
+    for (const StageParameter& p : b.parameters()) {
+      INFO(p.name);
+      const at::Tensor want = weights.at(p.name).grad();
+      REQUIRE(want.defined());
+      // relative, with a floor for gradients that are zero but for rounding (key biases)
+      const double scale = want.abs().max().item<double>();
+      CHECK((p.tensor.grad() - want).abs().max().item<double>() <= 1e-4 * scale + 1e-8);
+    }
+  }
+  ModelConfig mlp = preset_config("mlp-tiny");
+  apply_override(mlp, "attention", "fused");
+  CHECK_THROWS_WITH(check_config(mlp), Catch::Contains("transformer"));
+  CHECK_THROWS_WITH(apply_override(mlp, "attention", "flash"), Catch::Contains("expected ops or fused"));
 }

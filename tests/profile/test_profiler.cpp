@@ -69,10 +69,11 @@ TEST_CASE("replaying the profile predicts the measured step peak within 5%", "[p
   CountingAllocator::install();
   at::set_num_threads(1);
   // "preset/k": its output projection in k chunks (a tied weight read by k nodes, one gradient);
-  // "preset@t": fused with the loss, t positions at a time (a chunk's logits as workspace).
-  for (std::string preset :
-       {"mlp-tiny", "gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny", "mlp-mini", "gpt2-mini", "bert-mini",
-        "t5-mini", "amoebanet-mini", "gpt2-mini/8", "bert-mini/8", "t5-tiny@48", "gpt2-mini@96", "bert-mini@96"}) {
+  // "preset@t": fused with the loss, t positions at a time (a chunk's logits as workspace);
+  // "+attn": attention as one scaled_dot_product_attention call each.
+  for (std::string preset : {"mlp-tiny", "gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny", "mlp-mini", "gpt2-mini",
+                             "bert-mini", "t5-mini", "amoebanet-mini", "gpt2-mini/8", "bert-mini/8", "t5-tiny@48",
+                             "gpt2-mini@96", "bert-mini@96", "t5-tiny+attn", "gpt2-mini@96+attn", "bert-mini+attn"}) {
     for (OptimizerKind optimizer : {OptimizerKind::Sgd, OptimizerKind::Adam}) {
       INFO(preset << " " << optimizer);
       const bool mini = preset.find("mini") != std::string::npos;
