@@ -158,7 +158,7 @@ AtenKernel::AtenKernel(const Node& node) {
   }
   for (size_t i = 0; i < schema.arguments().size(); ++i)
     if (schema.arguments()[i].name() == "dropout_p") dropout_arg_ = static_cast<int>(i);
-  seeded_ = op_->hasTag(at::Tag::nondeterministic_seeded) || dropout_arg_ >= 0;
+  seeded_ = op_->hasTag(at::Tag::nondeterministic_seeded);  // scaled_dot_product_attention has it
 }
 
 std::vector<at::Tensor> AtenKernel::call(const Node& node, const std::function<at::Tensor(const AtenArg&)>& tensor,

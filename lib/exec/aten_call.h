@@ -18,8 +18,8 @@ class AtenKernel {
   // naming the node and the operator when this LibTorch does not know it or the arguments do
   // not fit.
   explicit AtenKernel(const Node& node);
-  // Random ops (dropout, ...; attention with a dropout_p argument, which carries no tag): the
-  // caller seeds the device's generator before each call, so a recomputation and every
+  // Random ops (tagged nondeterministic_seeded: dropout, attention with its dropout_p, ...):
+  // the caller seeds the device's generator before each call, so a recomputation and every
   // schedule draw the same numbers.
   bool seeded() const { return seeded_; }
   // Calls the operator. `tensor` resolves Tensor, Param and Buffer arguments; Device arguments

@@ -143,6 +143,27 @@ TEST_CASE("fused attention computes the op-by-op attention's loss and gradients"
       CHECK((p.tensor.grad() - want).abs().max().item<double>() <= 1e-4 * scale + 1e-8);
     }
   }
+  // Evaluation runs the call without its dropout: the dropout-0 model's loss, at any step.
+  ModelConfig c = preset_config("gpt2-tiny");  // dropout 0.1
+  apply_override(c, "attention", "fused");
+  const OpGraph with_dropout = build_model(c, 2);
+  apply_override(c, "dropout", "0");
+  const OpGraph without = build_model(c, 2);
+  StageModule a(with_dropout, 0, with_dropout.size(), 3), b(without, 0, without.size(), 3);
+  std::map<std::string, at::Tensor> weights;
+  for (const StageParameter& p : a.parameters()) weights[p.name] = p.tensor;
+  for (StageParameter& p : b.parameters()) p.tensor.detach().copy_(weights.at(p.name));
+  auto eval_loss = [](const OpGraph& g, const StageModule& m, int64_t step) {
+    SyntheticData data(g, 3);
+    TensorEnv env = m.make_env();
+    data.load(env, g.data_inputs(0, g.size()), 0, m.device());
+    RunContext ctx{step, 0};
+    ctx.eval = true;
+    m.forward(env, ctx);
+    return env[g.nodes[g.loss_node()].outputs[0]].item<double>();
+  };
+  CHECK(eval_loss(with_dropout, a, 1) == eval_loss(with_dropout, a, 2));
+  CHECK(eval_loss(with_dropout, a, 1) == Approx(eval_loss(without, b, 1)).epsilon(1e-6));
   ModelConfig mlp = preset_config("mlp-tiny");
   apply_override(mlp, "attention", "fused");
   CHECK_THROWS_WITH(check_config(mlp), Catch::Contains("transformer"));

@@ -107,10 +107,11 @@ TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedu
   at::set_num_threads(1);
   // gpt2-tiny and t5-tiny have dropout (recomputation must redraw the same masks); t5 has
   // relative position biases and RMS norms, bert a separate classifier head, amoebanet max
-  // pooling (whose indices are evicted too).
-  for (const char* preset : {"gpt2-tiny", "t5-tiny", "bert-tiny", "amoebanet-tiny"}) {
-    const bool cnn = std::string(preset) == "amoebanet-tiny";
-    OpGraph g = build_model(preset_config(preset), 2);
+  // pooling (whose indices are evicted too); gpt2-tiny+attn draws its attention dropout inside
+  // one scaled_dot_product_attention call, seeded like a dropout node.
+  for (const std::string preset : {"gpt2-tiny", "t5-tiny", "bert-tiny", "amoebanet-tiny", "gpt2-tiny+attn"}) {
+    const bool cnn = preset == "amoebanet-tiny", fused_attention = preset == "gpt2-tiny+attn";
+    OpGraph g = build_model(test::chunked_preset(preset), 2);
     const Profile profile = quick_profile(g);
     for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
       PlanOptions po;
@@ -135,8 +136,10 @@ TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedu
         for (const std::vector<Eviction>& stage : evicting.evictions)
           for (const Eviction& ev : stage)
             if (ev.internal.node >= 0) internal_kinds.insert(profile.nodes[static_cast<size_t>(ev.internal.node)].kind);
-        CHECK(internal_kinds == (cnn ? std::set<std::string>{"cross_entropy", "maxpool2d"}
-                                     : std::set<std::string>{"cross_entropy", "dropout", "matmul"}));
+        CHECK(internal_kinds ==
+              (cnn ? std::set<std::string>{"cross_entropy", "maxpool2d"}
+                   : (fused_attention ? std::set<std::string>{"cross_entropy", "dropout"}
+                                      : std::set<std::string>{"cross_entropy", "dropout", "matmul"})));
         check_same_training(run_pipeline_in_process(g, evicting), kept);
       }
     }
