@@ -53,22 +53,20 @@ def _backward(ctx, grad):
     y = labels.reshape(-1)
     w = weight.to(h.dtype)
     b = bias.to(h.dtype) if bias is not None else None
-    scale = grad.float() / (y != IGNORED).sum()
+    scale = grad.float() / (y != IGNORED).sum().clamp(min=1)  # none labelled: zero gradients
     grad_h = torch.empty_like(h)
-    grad_w = torch.zeros_like(w)
-    grad_b = torch.zeros_like(b) if b is not None else None
+    # summed over the chunks in the parameters' own dtype (fp32 masters: rounded once)
+    grad_w = torch.zeros_like(weight)
+    grad_b = torch.zeros_like(bias) if bias is not None else None
     for first, n in _chunks(h.shape[0], ctx.chunk_tokens):
         rows, labels_here = h[first:first + n], y[first:first + n]
         g = torch.softmax(F.linear(rows, w, b).float(), dim=-1)  # softmax - one_hot, scaled
         g[torch.arange(n, device=g.device), labels_here.clamp(min=0)] -= 1
         g *= ((labels_here != IGNORED).float() * scale).unsqueeze(1)
-        g = g.to(h.dtype)
-        grad_h[first:first + n] = g @ w
-        grad_w += g.t() @ rows
+        grad_h[first:first + n] = g.to(h.dtype) @ w
+        grad_w += g.t().to(grad_w.dtype) @ rows.to(grad_w.dtype)
         if grad_b is not None:
-            grad_b += g.sum(0)
-    grad_w = grad_w.to(weight.dtype)
-    grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
+            grad_b += g.sum(0).to(grad_b.dtype)
     return grad_h.view(hidden.shape), grad_w, grad_b, None, None
 
 

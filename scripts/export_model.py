@@ -157,9 +157,6 @@ def hf_source(args):
                 return self.model(input_ids=input_ids, labels=labels).loss
 
     wrapper = CausalOrMasked(model)
-    if args.loss_chunk_tokens:
-        wrapper = fused_lm_loss(model, task, args.loss_chunk_tokens, args.precision)
-
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, vocab, (args.batch_size, seq), generator=gen)
     if task == "masked-lm":
@@ -171,6 +168,21 @@ def hf_source(args):
         # Causal LMs shift labels inside (labels = input ids); seq2seq learns to copy its input.
         roles = {"input_ids": {"role": "tokens"}, "labels": {"role": "tokens"}}
         labels = ids.clone()
+    if args.loss_chunk_tokens:
+        model.eval()  # compared without dropout
+        with torch.no_grad():
+            expected = float(wrapper(ids, labels))
+        wrapper = fused_lm_loss(model, task, args.loss_chunk_tokens, args.precision)
+        with torch.no_grad():
+            got = float(wrapper(ids, labels))
+        model.train()
+        # A model that changes its logits after the head (soft-capping, scaling) or its loss
+        # would export silently wrong: refuse it.
+        if not abs(got - expected) <= (1e-2 if args.precision == "bf16" else 1e-4) * abs(expected) + 1e-6:
+            raise UserError(f"--loss-chunk-tokens: the fused loss of {type(model).__name__} is {got:.6g}, its own "
+                            f"loss {expected:.6g}: it does more after its output projection than a linear; export "
+                            "it without --loss-chunk-tokens")
+
     for r in roles.values():
         r["vocab"] = vocab
     description = {
@@ -231,8 +243,8 @@ def fused_lm_loss(model, task, chunk_tokens, precision):
                     hidden = self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits
                 else:
                     hidden = self.model(input_ids=input_ids).logits
-                if task == "causal-lm":
-                    hidden, labels = hidden[:, :-1, :], labels[:, 1:]
+                if task == "causal-lm":  # the next token; the last position has none (as HF pads it)
+                    labels = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
                 return torch.ops.dawnpiper.linear_cross_entropy(hidden, projection.weight, projection.bias, labels,
                                                                 chunk_tokens)
 

@@ -32,10 +32,11 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
                             const at::Tensor& bias, const at::Tensor& labels, int64_t chunk) {
     const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
     const at::Tensor y = labels.reshape({-1});
+    const at::Tensor w = weight.to(h.scalar_type()), b = bias.to(h.scalar_type());  // bf16: a copy for the call
     at::Tensor lse = at::empty({h.size(0)}, hidden.options().dtype(at::kFloat));
     at::Tensor total = at::zeros({}, lse.options());
     for_chunks(h.size(0), chunk, [&](int64_t first, int64_t n) {
-      const at::Tensor logits = chunk_logits(h.narrow(0, first, n), weight, bias);
+      const at::Tensor logits = chunk_logits(h.narrow(0, first, n), w, b);
       at::Tensor chunk_lse = lse.narrow(0, first, n);
       at::logsumexp_out(chunk_lse, logits, {1});
       const at::Tensor labels_here = y.narrow(0, first, n);
@@ -48,28 +49,32 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     return total.div_(count);
   }
 
+  // The weight's and bias's gradients are summed over the chunks in their own dtype (fp32
+  // master weights: one rounding, as one projection's backward has), the hidden states' in
+  // theirs.
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &hidden = saved[0], &weight = saved[1], &bias = saved[2], &labels = saved[3], &lse = saved[4];
-    const at::Tensor scale = grad_outputs[0].to(at::kFloat) / saved[5];  // d loss / d (one position's loss)
+    // d loss / d (one position's loss); no labelled position: zero gradients, not 0 * inf
+    const at::Tensor scale = grad_outputs[0].to(at::kFloat) / saved[5].clamp_min(1);
     const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
     const at::Tensor y = labels.reshape({-1});
+    const at::Tensor w = weight.to(h.scalar_type()), b = bias.to(h.scalar_type());
     at::Tensor grad_h = at::empty_like(h);
     at::Tensor grad_w = at::zeros_like(weight);
     at::Tensor grad_b = bias.numel() > 0 ? at::zeros_like(bias) : at::Tensor();
     for_chunks(h.size(0), ctx->saved_data["chunk"].toInt(), [&](int64_t first, int64_t n) {
       const at::Tensor rows = h.narrow(0, first, n);
       // softmax - one_hot(label), scaled; zero on unlabelled positions
-      at::Tensor g = chunk_logits(rows, weight, bias);
+      at::Tensor g = chunk_logits(rows, w, b);
       g.sub_(lse.narrow(0, first, n).unsqueeze(1)).exp_();
       const at::Tensor labels_here = y.narrow(0, first, n);
       g.scatter_add_(1, labels_here.clamp_min(0).unsqueeze(1), at::full({n, 1}, -1.0, g.options()));
       g.mul_((labels_here.ne(kIgnored).to(at::kFloat) * scale).unsqueeze(1));
-      if (g.scalar_type() != h.scalar_type()) g = g.to(h.scalar_type());
       at::Tensor grad_rows = grad_h.narrow(0, first, n);
-      at::mm_out(grad_rows, g, weight);
-      grad_w.addmm_(g.t(), rows);
-      if (grad_b.defined()) grad_b.add_(g.sum(0));
+      at::mm_out(grad_rows, g.to(h.scalar_type()), w);  // g is fp32; to() copies only for bf16
+      grad_w.addmm_(g.t().to(grad_w.scalar_type()), rows.to(grad_w.scalar_type()));
+      if (grad_b.defined()) grad_b.add_(g.sum(0).to(grad_b.scalar_type()));
     });
     return {grad_h.view(hidden.sizes()), grad_w, grad_b, at::Tensor(), at::Tensor()};
   }

@@ -11,8 +11,9 @@
 namespace dawnpiper {
 
 // hidden [.., H]; weight [C, H]; bias [C] or undefined; labels [..] int64 (as hidden without
-// its last dimension). The logits are computed in hidden's dtype, the loss in fp32. Returns the
-// scalar mean over labelled positions (NaN where none is labelled, as at::cross_entropy).
+// its last dimension). The logits are computed in hidden's dtype (a bf16 copy of fp32 weights
+// lives for the call only), the loss in fp32. Returns the scalar mean over labelled positions
+// (NaN where none is labelled, as at::cross_entropy; the gradients are then zero).
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                                 const at::Tensor& labels, int64_t chunk_tokens);
 

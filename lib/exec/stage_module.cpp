@@ -404,12 +404,11 @@ at::Tensor StageModule::parametric_op(const Node& node, const NodeInputs& in) co
       return at::linear(in(0), bf16 ? w.to(at::kBFloat16) : w, bias(1));
     }
     case OpKind::LinearCrossEntropy: {
-      // The projection in the hidden states' dtype (bf16 zoo graphs and imported autocast ones
-      // alike, as scripts/dawnpiper_ops.py does).
-      auto as_hidden = [&](int i) {
-        return node.params.size() > static_cast<size_t>(i) ? param(node.id, i).to(in(0).scalar_type()) : at::Tensor();
-      };
-      return linear_cross_entropy(in(0), as_hidden(0), as_hidden(1), in(1), node.attr_int("chunk_tokens", 0));
+      // The parameters as they are: the node computes in the hidden states' dtype itself (bf16
+      // zoo graphs and imported autocast ones alike, as scripts/dawnpiper_ops.py does) and
+      // sums their gradients in theirs.
+      const at::Tensor b = node.params.size() > 1 ? param(node.id, 1) : at::Tensor();
+      return linear_cross_entropy(in(0), param(node.id, 0), b, in(1), node.attr_int("chunk_tokens", 0));
     }
     case OpKind::LayerNorm:
       return at::layer_norm(in(0), {in(0).size(-1)}, weight(0), weight(1), node.attr_real("eps", 1e-5));

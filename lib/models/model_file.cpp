@@ -156,6 +156,15 @@ struct Builder {
     if (!well_formed)
       bad("node " + n.name + ": dawnpiper::linear_cross_entropy takes (hidden, weight, bias or None, labels, " +
           "chunk_tokens > 0)");
+    const TensorInfo& hidden = g.tensor(n.inputs[static_cast<size_t>(a[0].i)]);
+    const TensorInfo& labels = g.tensor(n.inputs[static_cast<size_t>(a[3].i)]);
+    Shape positions = hidden.shape;
+    if (!positions.empty()) positions.pop_back();
+    if (!is_floating(hidden.dtype) || labels.dtype != DType::I64 || labels.shape != positions ||
+        n.params[0].shape.size() != 2 || hidden.shape.empty() || n.params[0].shape[1] != hidden.shape.back() ||
+        (n.params.size() > 1 && n.params[1].shape != Shape{n.params[0].shape[0]}))
+      bad("node " + n.name + ": dawnpiper::linear_cross_entropy needs float hidden states [.., H], int64 labels of " +
+          "their positions, a weight [C, H] and a bias [C]");
     n.kind = OpKind::LinearCrossEntropy;
     n.inputs = {n.inputs[static_cast<size_t>(a[0].i)], n.inputs[static_cast<size_t>(a[3].i)]};
     n.ints["chunk_tokens"] = {a[4].i};

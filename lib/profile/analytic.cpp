@@ -165,6 +165,13 @@ void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n,
         f.internal_bytes += numel(m.shape) * 4;
       else
         save(mask);
+      // A bias that needs a gradient (T5's position bias): the memory-efficient kernel's
+      // backward writes it at the full [B, heads, Sq, Sk] (Sk padded to 16) before summing it
+      // down to the bias's shape.
+      if (rg[static_cast<size_t>(n.inputs[static_cast<size_t>(mask)])]) {
+        const int64_t sk = (k[k.size() - 2] + 15) / 16 * 16;
+        f.bwd_workspace = static_cast<int64_t>(rows) * sk * dtype_size(m.dtype);
+      }
     }
     f.flops = 4.0 * rows * static_cast<double>(k[k.size() - 2]) * static_cast<double>(q.back());
     f.bwd_flops = 2.5 * f.flops;
@@ -359,14 +366,21 @@ void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, 
       const int64_t chunks = (static_cast<int64_t>(positions) + chunk - 1) / chunk;
       const int64_t logits = chunk * static_cast<int64_t>(classes) * 4;
       // forward: the fp32 logits and log-sum-exp's buffer (a bf16 projection's own logits are
-      // freed before it); backward: the logits, and in bf16 the gradient's narrow copy
+      // freed before it); backward: the logits. Narrower activations than the parameters (bf16
+      // with fp32 master weights): the parameters' copy for the call, and in backward the
+      // gradient's narrow copy and the chunk's rows widened for the weight's gradient.
       const int64_t activation = dtype_size(g.tensor(n.inputs[0]).dtype);
-      f.fwd_workspace = 2 * logits;
-      f.bwd_workspace = logits + (activation == 4 ? 0 : chunk * static_cast<int64_t>(classes) * activation);
+      int64_t params = 0, param_elements = 0;
+      for (const ParamSpec& p : n.params) params += p.bytes(), param_elements += numel(p.shape);
+      const bool narrow = activation < dtype_size(n.params[0].dtype);
+      const int64_t copies = narrow ? param_elements * activation : 0;
+      f.fwd_workspace = 2 * logits + copies;
+      f.bwd_workspace = logits + (narrow ? copies + chunk * static_cast<int64_t>(classes) * activation +
+                                               chunk * static_cast<int64_t>(dim) * 4
+                                         : 0);
       f.flops = 2.0 * positions * dim * classes;
-      f.bwd_flops = 3 * f.flops;  // the recomputed projection and the two gradient products
-      double weight = 0;          // read once per chunk
-      for (const ParamSpec& p : n.params) weight += static_cast<double>(p.bytes());
+      f.bwd_flops = 3 * f.flops;                          // the recomputed projection and the two gradient products
+      const double weight = static_cast<double>(params);  // read once per chunk
       f.bytes = static_cast<double>(g.tensor(n.inputs[0]).bytes()) + chunks * weight + 3.0 * positions * classes * 4;
       f.bwd_bytes = 2.0 * static_cast<double>(g.tensor(n.inputs[0]).bytes()) + 3 * chunks * weight +
                     5.0 * positions * classes * 4;
@@ -393,8 +407,7 @@ void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, 
 // part of a layer norm keep their weight's copy until their backward (the normalizations keep
 // none, as measured); a position table's slice keeps the whole table's copy alive.
 void bf16_weight_copies(const OpGraph& g, const Node& n, OpFacts& f) {
-  const bool keeps_weight = n.kind == OpKind::Linear || n.kind == OpKind::Conv2d || n.kind == OpKind::ScaleShift ||
-                            n.kind == OpKind::LinearCrossEntropy;
+  const bool keeps_weight = n.kind == OpKind::Linear || n.kind == OpKind::Conv2d || n.kind == OpKind::ScaleShift;
   int64_t weight_elements = n.params.empty() ? 0 : numel(n.params[0].shape);
   if (n.ints.count("rows"))  // a chunk of a tied projection copies its rows only
     weight_elements = weight_elements / n.params[0].shape[0] * (n.attr_ints("rows")[1] - n.attr_ints("rows")[0]);
@@ -512,10 +525,15 @@ Profile analytic_profile_model(const ModelSource& model, const std::vector<int64
   for (size_t n = 0; n < p.nodes.size(); ++n) {
     p.nodes[n].fwd_ms_fit = line(ps.front().nodes[n].fwd_ms, ps.back().nodes[n].fwd_ms);
     p.nodes[n].bwd_ms_fit = line(ps.front().nodes[n].bwd_ms, ps.back().nodes[n].bwd_ms);
-    p.nodes[n].fwd_workspace_fit = line(static_cast<double>(ps.front().nodes[n].fwd_workspace),
-                                        static_cast<double>(ps.back().nodes[n].fwd_workspace));
-    p.nodes[n].bwd_workspace_fit = line(static_cast<double>(ps.front().nodes[n].bwd_workspace),
-                                        static_cast<double>(ps.back().nodes[n].bwd_workspace));
+    const double full_at = p.nodes[n].workspace_full_at;
+    p.nodes[n].fwd_workspace_fit = fit_workspace(
+        {x0, x1},
+        {static_cast<double>(ps.front().nodes[n].fwd_workspace), static_cast<double>(ps.back().nodes[n].fwd_workspace)},
+        full_at);
+    p.nodes[n].bwd_workspace_fit = fit_workspace(
+        {x0, x1},
+        {static_cast<double>(ps.front().nodes[n].bwd_workspace), static_cast<double>(ps.back().nodes[n].bwd_workspace)},
+        full_at);
   }
   return p;
 }

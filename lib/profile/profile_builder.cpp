@@ -149,6 +149,12 @@ LinearFit fit_line(const std::vector<double>& x, const std::vector<double>& y) {
   return {my - slope * mx, slope};
 }
 
+LinearFit fit_workspace(std::vector<double> x, const std::vector<double>& y, double full_at) {
+  if (full_at > 0)
+    for (double& v : x) v = std::min(v, full_at);
+  return fit_line(x, y);
+}
+
 LinearFit fit_bytes(const ByteSamples& s) {
   if (s.x.size() == 1) return {0, s.y[0] / s.x[0]};
   return fit_line(s.x, s.y);

@@ -50,6 +50,10 @@ std::vector<ByteSamples> batch_byte_samples(Profile& base, const std::vector<Pro
                                             const std::vector<int64_t>& sizes);
 // Least-squares line; a single point gives a flat line.
 LinearFit fit_line(const std::vector<double>& x, const std::vector<double>& y);
+// A workspace's fit: the same line over the profiled sizes held at full_at (a fused loss's
+// NodeProfile::workspace_full_at, 0: none), as Profile::at_batch reads it, so sizes on both
+// sides of it fit the growing part and the flat part is its end.
+LinearFit fit_workspace(std::vector<double> x, const std::vector<double>& y, double full_at);
 // The line through a tensor's samples; one sample: proportional to the batch size.
 LinearFit fit_bytes(const ByteSamples& samples);
 // Places parameter gradients (tied weights at their last user), the largest parameter, the

@@ -378,8 +378,8 @@ Profile profile_model(const ModelSource& model, std::vector<int64_t> batch_sizes
     auto bw = column([&](const Profile& q) { return static_cast<double>(q.nodes[n].bwd_workspace); });
     np.fwd_ms_fit = fit_line(x, f);
     np.bwd_ms_fit = fit_line(x, b);
-    np.fwd_workspace_fit = fit_line(x, fw);
-    np.bwd_workspace_fit = fit_line(x, bw);
+    np.fwd_workspace_fit = fit_workspace(x, fw, np.workspace_full_at);
+    np.bwd_workspace_fit = fit_workspace(x, bw, np.workspace_full_at);
   }
   // Times: single small nodes are dominated by timer noise, so the error that matters to the
   // planner is that of summed times (a stage is a sum of nodes): the whole model's here.

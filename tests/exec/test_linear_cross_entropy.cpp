@@ -64,11 +64,34 @@ TEST_CASE("the fused LM loss gives a projection + cross-entropy's loss and gradi
       }
 }
 
+// No labelled position (a masked-LM micro-batch without a mask): the loss is NaN, as
+// at::cross_entropy's, but the gradients are zeros, not 0 * inf, so the weights stay finite.
 TEST_CASE("the fused LM loss ignores unlabelled positions and refuses an empty chunk", "[exec]") {
-  Case c = make_case(at::kFloat, false);
+  Case c = make_case(at::kFloat, true);
   c.labels.fill_(-100);
-  CHECK(std::isnan(linear_cross_entropy(c.hidden, c.weight, c.bias, c.labels, 4).item<double>()));
+  const at::Tensor loss = linear_cross_entropy(c.hidden, c.weight, c.bias, c.labels, 4);
+  CHECK(std::isnan(loss.item<double>()));
+  for (const at::Tensor& g : grads_of(loss, c)) CHECK(g.eq(0).all().item<bool>());
   CHECK_THROWS(linear_cross_entropy(c.hidden, c.weight, c.bias, c.labels, 0));
+}
+
+// bf16 activations with fp32 master weights, as the executor runs a bf16 graph: the weight's and
+// bias's gradients come back fp32, summed over the chunks in fp32.
+TEST_CASE("the fused LM loss sums fp32 weights' gradients in fp32 under bf16 activations", "[exec]") {
+  const Case c = make_case(at::kFloat, true);
+  const at::Tensor hidden = c.hidden.detach().to(at::kBFloat16).requires_grad_(true);
+  const at::Tensor logits = at::linear(hidden, c.weight.to(at::kBFloat16), c.bias.to(at::kBFloat16));
+  const at::Tensor reference = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, 37}), c.labels.reshape({-1}));
+  const at::Tensor fused = linear_cross_entropy(hidden, c.weight, c.bias, c.labels, 1);  // 18 chunks
+  CHECK(fused.item<double>() == Approx(reference.item<double>()).epsilon(1e-3));
+  const auto want = torch::autograd::grad({reference}, {hidden, c.weight, c.bias});
+  const auto got = torch::autograd::grad({fused}, {hidden, c.weight, c.bias});
+  for (size_t i = 0; i < 3; ++i) {
+    INFO("gradient " << i);
+    CHECK(got[i].scalar_type() == want[i].scalar_type());
+    const double error = (got[i].to(at::kFloat) - want[i].to(at::kFloat)).abs().max().item<double>();
+    CHECK(error <= 1e-2 * want[i].abs().max().item<double>());
+  }
 }
 
 // What makes it worth having: forward and backward hold a chunk's logits, not all of them.
