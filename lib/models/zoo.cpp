@@ -235,9 +235,13 @@ void build_t5(const ModelConfig& c, int64_t B, OpGraph& g) {
     std::string p = "decoder.layer" + std::to_string(l);
     g.add_block(p);
     int h = b.rmsnorm(p + ".ln1", x);
-    if (dec_bias < 0)
+    if (dec_bias < 0) {
       dec_bias = b.rel_pos_bias(p + ".rel_bias", h, c.heads, buckets, max_distance, false, c.seq_len, c.seq_len);
-    int a = maybe_dropout(b, p + ".self_drop", attention(b, p + ".self", h, h, att, true, dec_bias, false), c.dropout);
+      // Fused attention takes the causal triangle in its mask: masked once, shared by the layers.
+      if (c.fused_attention) dec_bias = b.causal_mask(p + ".causal_bias", dec_bias);
+    }
+    int a = maybe_dropout(b, p + ".self_drop",
+                          attention(b, p + ".self", h, h, att, !c.fused_attention, dec_bias, false), c.dropout);
     x = b.add(p + ".self_residual", {x, a});
     h = b.rmsnorm(p + ".ln2", x);
     a = maybe_dropout(b, p + ".cross_drop", attention(b, p + ".cross", h, enc, att, false, -1, false), c.dropout);
