@@ -169,19 +169,32 @@ def hf_source(args):
         roles = {"input_ids": {"role": "tokens"}, "labels": {"role": "tokens"}}
         labels = ids.clone()
     if args.loss_chunk_tokens:
-        model.eval()  # compared without dropout
-        with torch.no_grad():
-            expected = float(wrapper(ids, labels))
-        wrapper = fused_lm_loss(model, task, args.loss_chunk_tokens, args.precision)
-        with torch.no_grad():
-            got = float(wrapper(ids, labels))
-        model.train()
         # A model that changes its logits after the head (soft-capping, scaling) or its loss
-        # would export silently wrong: refuse it.
-        if not abs(got - expected) <= (1e-2 if args.precision == "bf16" else 1e-4) * abs(expected) + 1e-6:
-            raise UserError(f"--loss-chunk-tokens: the fused loss of {type(model).__name__} is {got:.6g}, its own "
-                            f"loss {expected:.6g}: it does more after its output projection than a linear; export "
-                            "it without --loss-chunk-tokens")
+        # would export silently wrong: compare the two losses without dropout, also with the
+        # head's weight scaled up 32x (a power of two: restored exactly), since soft-capping
+        # barely shows on the small logits of fresh weights.
+        head_weight = model.get_output_embeddings().weight
+
+        def losses(loss_of):
+            out = []
+            with torch.no_grad():
+                for scale in (1.0, 32.0):
+                    head_weight.mul_(scale)
+                    out.append(float(loss_of(ids, labels)))
+                    head_weight.div_(scale)
+            return out
+
+        model.eval()
+        expected = losses(wrapper)
+        wrapper = fused_lm_loss(model, task, args.loss_chunk_tokens, args.precision)
+        got = losses(wrapper)
+        model.train()
+        tolerance = 1e-2 if args.precision == "bf16" else 1e-4
+        for g, e in zip(got, expected):
+            if not abs(g - e) <= tolerance * abs(e) + 1e-6:
+                raise UserError(f"--loss-chunk-tokens: the fused loss of {type(model).__name__} is {g:.6g}, its own "
+                                f"loss {e:.6g}: it does more after its output projection than a linear; export it "
+                                "without --loss-chunk-tokens")
 
     for r in roles.values():
         r["vocab"] = vocab
