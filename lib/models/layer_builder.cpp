@@ -45,12 +45,18 @@ int LayerBuilder::linear(const std::string& name, int x, int64_t out, bool bias,
   return g_.add(OpKind::Linear, name, {x}, s, ps);
 }
 
-int LayerBuilder::tied_linear(const std::string& name, int x, int owner_node, int owner_param, bool bias,
-                              int64_t row_begin, int64_t row_end) {
+ParamSpec LayerBuilder::tied_weight(int owner_node, int owner_param) const {
   const ParamSpec& owner = g_.nodes.at(owner_node).params.at(owner_param);
   ParamSpec w = param("weight", owner.shape, owner.init, owner.scale);
   w.tied_node = owner_node;
   w.tied_param = owner_param;
+  return w;
+}
+
+int LayerBuilder::tied_linear(const std::string& name, int x, int owner_node, int owner_param, bool bias,
+                              int64_t row_begin, int64_t row_end) {
+  const ParamSpec& owner = g_.nodes.at(owner_node).params.at(owner_param);
+  const ParamSpec w = tied_weight(owner_node, owner_param);
   const bool all_rows = row_begin == 0 && (row_end < 0 || row_end == owner.shape[0]);
   if (row_end < 0) row_end = owner.shape[0];
   if (row_begin < 0 || row_begin >= row_end || row_end > owner.shape[0])
@@ -256,14 +262,8 @@ int LayerBuilder::cross_entropy(const std::string& name, int logits, int labels)
 int LayerBuilder::linear_cross_entropy(const std::string& name, int x, int labels, int64_t classes, int tied_owner,
                                        bool bias, int64_t chunk_tokens) {
   if (chunk_tokens < 1) throw std::logic_error("linear_cross_entropy " + name + ": chunk_tokens must be positive");
-  ParamSpec w = param("weight", {classes, shape(x).back()}, Init::Normal, 0.02);
-  if (tied_owner >= 0) {
-    const ParamSpec& owner = g_.nodes.at(tied_owner).params.at(0);
-    w = param("weight", owner.shape, owner.init, owner.scale);
-    w.tied_node = tied_owner;
-    w.tied_param = 0;
-  }
-  std::vector<ParamSpec> ps{w};
+  std::vector<ParamSpec> ps{tied_owner >= 0 ? tied_weight(tied_owner, 0)
+                                            : param("weight", {classes, shape(x).back()}, Init::Normal, 0.02)};
   if (bias) ps.push_back(param("bias", {classes}, Init::Zeros));
   const int y = g_.add(OpKind::LinearCrossEntropy, name, {x, labels}, {}, ps);
   g_.last().ints["chunk_tokens"] = {chunk_tokens};

@@ -65,6 +65,9 @@ class LayerBuilder {
                            int64_t chunk_tokens);
 
  private:
+  // A weight that is another node's parameter (weight tying), named "weight".
+  ParamSpec tied_weight(int owner_node, int owner_param) const;
+
   OpGraph& g_;
 };
 

@@ -100,24 +100,23 @@ int attention(LayerBuilder& b, const std::string& p, int x_q, int x_kv, const At
   q = b.transpose(p + ".q_heads", b.reshape(p + ".q_view", q, {B, Sq, a.heads, a.head_dim}), {0, 2, 1, 3});
   k = b.transpose(p + ".k_heads", b.reshape(p + ".k_view", k, {B, Sk, a.heads, a.head_dim}), {0, 2, 1, 3});
   v = b.transpose(p + ".v_heads", b.reshape(p + ".v_view", v, {B, Sk, a.heads, a.head_dim}), {0, 2, 1, 3});
+  const double scale = a.scaled ? 1.0 / std::sqrt(static_cast<double>(a.head_dim)) : 1.0;
+  int ctx = -1;
   if (a.fused) {
     // One call: the mask (an additive bias, with the causal triangle folded in where both
     // apply: the call takes either a mask or is_causal) and the scaling are its arguments.
     if (bias >= 0 && causal) bias = b.causal_mask(p + ".causal", bias);
-    const double scale = a.scaled ? 1.0 / std::sqrt(static_cast<double>(a.head_dim)) : 1.0;
-    int ctx = b.scaled_dot_product_attention(p + ".sdpa", q, k, v, bias, a.dropout, causal && bias < 0, scale);
-    ctx = b.transpose(p + ".merge", ctx, {0, 2, 1, 3});
-    ctx = b.reshape(p + ".merge_view", ctx, {B, Sq, H});
-    return b.linear(p + ".out", ctx, H, proj_bias);
+    ctx = b.scaled_dot_product_attention(p + ".sdpa", q, k, v, bias, a.dropout, causal && bias < 0, scale);
+  } else {
+    int kt = b.transpose(p + ".k_t", k, {0, 1, 3, 2});
+    int s = b.matmul(p + ".scores", q, kt);
+    if (a.scaled) s = b.scale(p + ".scale", s, scale);
+    if (bias >= 0) s = b.add(p + ".bias", {s, bias});
+    if (causal) s = b.causal_mask(p + ".causal", s);
+    int probs = b.softmax(p + ".softmax", s);
+    if (a.dropout > 0) probs = b.dropout(p + ".attn_drop", probs, a.dropout);
+    ctx = b.matmul(p + ".context", probs, v);
   }
-  int kt = b.transpose(p + ".k_t", k, {0, 1, 3, 2});
-  int s = b.matmul(p + ".scores", q, kt);
-  if (a.scaled) s = b.scale(p + ".scale", s, 1.0 / std::sqrt(static_cast<double>(a.head_dim)));
-  if (bias >= 0) s = b.add(p + ".bias", {s, bias});
-  if (causal) s = b.causal_mask(p + ".causal", s);
-  int probs = b.softmax(p + ".softmax", s);
-  if (a.dropout > 0) probs = b.dropout(p + ".attn_drop", probs, a.dropout);
-  int ctx = b.matmul(p + ".context", probs, v);
   ctx = b.transpose(p + ".merge", ctx, {0, 2, 1, 3});
   ctx = b.reshape(p + ".merge_view", ctx, {B, Sq, H});
   return b.linear(p + ".out", ctx, H, proj_bias);

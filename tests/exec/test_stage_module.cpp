@@ -19,6 +19,15 @@ at::Tensor run_whole(const OpGraph& g, uint64_t seed, int64_t step, TensorEnv* k
   if (keep) *keep = env;
   return env[g.nodes[g.loss_node()].outputs[0]];
 }
+
+// Gives `to` the weights of `from` by parameter name (graphs of other node ids draw other
+// initial weights); returns `from`'s by name.
+std::map<std::string, at::Tensor> copy_weights(StageModule& from, StageModule& to) {
+  std::map<std::string, at::Tensor> weights;
+  for (const StageParameter& p : from.parameters()) weights[p.name] = p.tensor;
+  for (StageParameter& p : to.parameters()) p.tensor.detach().copy_(weights.at(p.name));
+  return weights;
+}
 }  // namespace
 
 TEST_CASE("forward produces the graph's shapes on every tiny preset", "[exec]") {
@@ -120,9 +129,7 @@ TEST_CASE("fused attention computes the op-by-op attention's loss and gradients"
     CHECK(calls == c.layers + c.decoder_layers * 2);  // one per self- and cross-attention
     CHECK(fused.size() < ops.size());
     StageModule a(ops, 0, ops.size(), 3), b(fused, 0, fused.size(), 3);
-    std::map<std::string, at::Tensor> weights;
-    for (const StageParameter& p : a.parameters()) weights[p.name] = p.tensor;
-    for (StageParameter& p : b.parameters()) p.tensor.detach().copy_(weights.at(p.name));
+    const std::map<std::string, at::Tensor> weights = copy_weights(a, b);
     auto loss_of = [](const OpGraph& g, StageModule& m) {
       SyntheticData data(g, 3);
       TensorEnv env = m.make_env();
@@ -150,9 +157,7 @@ TEST_CASE("fused attention computes the op-by-op attention's loss and gradients"
   apply_override(c, "dropout", "0");
   const OpGraph without = build_model(c, 2);
   StageModule a(with_dropout, 0, with_dropout.size(), 3), b(without, 0, without.size(), 3);
-  std::map<std::string, at::Tensor> weights;
-  for (const StageParameter& p : a.parameters()) weights[p.name] = p.tensor;
-  for (StageParameter& p : b.parameters()) p.tensor.detach().copy_(weights.at(p.name));
+  copy_weights(a, b);
   auto eval_loss = [](const OpGraph& g, const StageModule& m, int64_t step) {
     SyntheticData data(g, 3);
     TensorEnv env = m.make_env();
