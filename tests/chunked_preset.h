@@ -2,7 +2,8 @@
 // Presets changed, in test tables: "preset/k" puts its output projection in k chunks
 // (--output-chunks k), "preset@t" fuses it with the loss, t positions at a time
 // (--loss-chunk-tokens t); a "+attn" suffix makes each attention one fused call
-// (--attention fused).
+// (--attention fused). Further overrides follow as " key=value" words (" seq-len=64").
+#include <sstream>
 #include <string>
 
 #include "models/model_config.h"
@@ -10,6 +11,8 @@
 namespace dawnpiper::test {
 
 inline ModelConfig chunked_preset(std::string spec) {
+  std::istringstream words(spec);
+  words >> spec;
   const std::string fused = "+attn";
   const bool fused_attention =
       spec.size() > fused.size() && spec.compare(spec.size() - fused.size(), fused.size(), fused) == 0;
@@ -19,6 +22,10 @@ inline ModelConfig chunked_preset(std::string spec) {
   if (mark != std::string::npos)
     apply_override(c, spec[mark] == '/' ? "output-chunks" : "loss-chunk-tokens", spec.substr(mark + 1));
   if (fused_attention) apply_override(c, "attention", "fused");
+  for (std::string word; words >> word;) {
+    const size_t eq = word.find('=');
+    apply_override(c, word.substr(0, eq), word.substr(eq + 1));
+  }
   return c;
 }
 

@@ -12,6 +12,7 @@
 
 #include "exec/aten_call.h"
 #include "exec/linear_cross_entropy.h"
+#include "exec/softmax.h"
 #include "exec/weights.h"
 #include "graph/layout.h"
 
@@ -255,7 +256,7 @@ at::Tensor stateless_op(const Node& node, const NodeInputs& in) {
     case OpKind::Sqrt:
       return at::sqrt(in(0));
     case OpKind::Softmax:
-      return at::softmax(in(0), -1);
+      return softmax_last_dim(in(0));
     case OpKind::Mean:
       return in(0).mean(-1, true);
     case OpKind::Scale:

@@ -63,6 +63,7 @@ class StageReplay {
   template <class F>
   void for_saver_keys(int t, F f) const;
   void place_storages();
+  void find_in_place_gradients();
   void number_locals();
   void count_references();
   void place_weights();
@@ -121,6 +122,7 @@ class StageReplay {
 
   int64_t weights_ = 0;
   std::vector<int64_t> grad_at_, hold_from_, hold_to_;  // per node offset
+  std::vector<char> in_place_grad_;                     // per node offset: NodeClass::InPlaceGradient applies
   // A tied weight's later users in the backward (an LM head's chunks): each makes a whole
   // weight's gradient (a slice's backward fills zeros around its rows) before it is summed in.
   std::vector<int64_t> tied_sum_at_;
@@ -175,6 +177,7 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
       last_(e == model.size()),
       requires_grad_(model.requires_grad()) {
   place_storages();
+  find_in_place_gradients();
   number_locals();
   count_references();
   place_weights();
@@ -208,6 +211,22 @@ void StageReplay::place_storages() {
   for (const TensorBytes& r : received_) {
     const int o = model_.alias_root(r.tensor);
     if (o != r.tensor && !is_received_[at(o)]) received_of_owner_[o].push_back(r.tensor);
+  }
+}
+
+// A node that writes its input's gradient over its output's does so unless a view node of the
+// stage reads its output: the gradient handed back is then a view, which exec/softmax.cpp does
+// not overwrite. (A gradient the stage received is held by the stage: has_grad 2, checked later.)
+void StageReplay::find_in_place_gradients() {
+  in_place_grad_.assign(static_cast<size_t>(e_ - b_), 0);
+  for (int i = b_; i < e_; ++i) in_place_grad_[at(i - b_)] = model_.node_class(i) == NodeClass::InPlaceGradient;
+  for (int j = b_; j < e_; ++j) {
+    const int out = model_.graph_output(j);
+    if (out < 0 || model_.owns_storage()[at(out)]) continue;
+    for (int t : model_.inputs(j)) {
+      const int producer = p_.tensors[at(t)].producer;
+      if (producer >= b_ && producer < e_) in_place_grad_[at(producer - b_)] = 0;
+    }
   }
 }
 
@@ -653,7 +672,11 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
     live_ -= summed;
   }
   transient += tied_sum_at_[at(i - b_)];
-  note(live_ + grads + transient + node.bwd_workspace, i);
+  // Written over the output's gradient, which the stage made: no new storage for the input's.
+  int64_t reused = 0;
+  if (in_place_grad_[at(i - b_)] && out_grad == 1 && requires_grad_[at(model_.inputs(i)[0])])
+    reused = bytes(model_.inputs(i)[0]);
+  note(live_ + grads + transient + node.bwd_workspace - reused, i);
   live_ += grads;
   for (int o : node.outputs)  // the graph outputs' gradients have been consumed
     if (!model_.is_internal(o) && m.has_grad[loc(o)] == 1 && (!view || copied_view) && !is_received_[at(o)])

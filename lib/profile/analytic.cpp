@@ -320,8 +320,13 @@ void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, 
     case OpKind::Relu:
     case OpKind::Tanh:
     case OpKind::Sqrt:
-    case OpKind::Softmax:
       f.saves_output = true;
+      break;
+    case OpKind::Softmax:  // exec/softmax.cpp: backward in three passes, with fp32 row sums
+      f.saves_output = true;
+      f.bwd_bytes = 3.5 * f.bytes;
+      f.bwd_kernels = 3;
+      f.bwd_workspace = rows * 4;
       break;
     case OpKind::LayerNorm:
       f.saved_inputs = {0};

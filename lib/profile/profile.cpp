@@ -24,6 +24,7 @@ std::string op_of(const std::string& kind) {
 
 NodeClass node_class(const std::string& kind) {
   static const std::map<std::string, NodeClass> classes{{"input", NodeClass::Input},
+                                                        {"softmax", NodeClass::InPlaceGradient},
                                                         {"transpose", NodeClass::Permute},
                                                         {"aten::transpose", NodeClass::Permute},
                                                         {"aten::permute", NodeClass::Permute},

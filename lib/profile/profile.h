@@ -63,6 +63,9 @@ enum class NodeClass : char {
   // A view whose backward allocates a gradient of the input's size (a slice scatters into zeros,
   // an expand sums, a split concatenates) rather than viewing the output's gradient.
   ViewAllocatingGradient,
+  // Writes its input's gradient over its output's gradient when the stage made that one and no
+  // view of it exists (the zoo's softmax: exec/softmax.h).
+  InPlaceGradient,
 };
 NodeClass node_class(const std::string& kind);
 struct Profile;

@@ -259,7 +259,7 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
   // "preset@t": the projection fused with the loss (t positions at a time); "+attn": fused
   // attention calls (T5's decoder: a causal-masked position bias).
   for (std::string preset : {"gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny", "gpt2-tiny/4", "bert-tiny/3",
-                             "gpt2-tiny@48", "t5-tiny+attn"}) {
+                             "gpt2-tiny@48", "t5-tiny+attn", "gpt2-tiny@64 seq-len=64 dropout=0"}) {
     OpGraph g = build_model(test::chunked_preset(preset), 4);
     const Profile profile = quick_profile(g);
     std::mt19937 rng(11);

@@ -1,0 +1,81 @@
+// The executor's softmax (exec/softmax): at::softmax's values and gradients, with its input's
+// gradient written over its output's where nothing else holds that one.
+#include "torch_test.h"
+
+#include <functional>
+
+#include <torch/csrc/autograd/autograd.h>
+
+#include "exec/softmax.h"
+#include "memory/counting_allocator.h"
+
+using namespace dawnpiper;
+
+namespace {
+
+using Softmax = std::function<at::Tensor(const at::Tensor&)>;
+const Softmax ours = [](const at::Tensor& x) { return softmax_last_dim(x); };
+const Softmax aten = [](const at::Tensor& x) { return at::softmax(x, -1); };
+
+// The loss and x's gradient through `softmax` followed by `after` (a product with fresh
+// gradients, or a matmul, whose backward hands on a reshaped view).
+std::pair<at::Tensor, at::Tensor> run(const Softmax& softmax, const at::Tensor& x0,
+                                      const std::function<at::Tensor(const at::Tensor&)>& after) {
+  at::Tensor x = x0.detach().clone().requires_grad_(true);
+  at::Tensor loss = after(softmax(x)).to(at::kFloat).sum();
+  loss.backward();
+  return {loss.detach(), x.grad()};
+}
+
+}  // namespace
+
+TEST_CASE("the executor's softmax gives at::softmax's values and gradients", "[exec]") {
+  at::manual_seed(3);
+  const at::Tensor w = at::randn({2, 3, 8, 8});
+  const at::Tensor v = at::randn({2, 3, 8, 5});
+  const std::vector<std::function<at::Tensor(const at::Tensor&)>> afters{
+      [&](const at::Tensor& y) { return y * w.to(y.scalar_type()); },
+      [&](const at::Tensor& y) { return at::matmul(y, v.to(y.scalar_type())).square(); }};
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (size_t a = 0; a < afters.size(); ++a) {
+      INFO("dtype " << dtype << " after " << a);
+      const at::Tensor x = at::randn({2, 3, 8, 8}).mul_(3).to(dtype);
+      auto [loss, grad] = run(ours, x, afters[a]);
+      auto [want_loss, want_grad] = run(aten, x, afters[a]);
+      const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+      CHECK(at::allclose(loss, want_loss, tol, tol));
+      CHECK(at::allclose(grad.to(at::kFloat), want_grad.to(at::kFloat), tol, tol));
+    }
+}
+
+TEST_CASE("the executor's softmax leaves a gradient someone else holds unchanged", "[exec]") {
+  at::manual_seed(4);
+  at::Tensor x = at::randn({4, 6}).requires_grad_(true);
+  const at::Tensor y = softmax_last_dim(x);
+  const at::Tensor g = at::randn({4, 6});
+  const at::Tensor kept = g.clone();
+  torch::autograd::backward({y}, {g});
+  CHECK(at::equal(g, kept));
+  const at::Tensor p = at::softmax(x.detach(), -1);
+  CHECK(at::allclose(x.grad(), p * (g - (g * p).sum(-1, true)), 1e-6, 1e-6));
+}
+
+TEST_CASE("the executor's softmax writes its input's gradient over its output's", "[exec]") {
+  at::set_num_threads(1);
+  CountingAllocator::install();
+  at::manual_seed(5);
+  const at::Tensor x0 = at::randn({8, 4, 64, 64});
+  const int64_t bytes = x0.numel() * 4;
+  // What the backward allocates: the product's gradient (fresh), then the softmax's.
+  auto backward_peak = [&](const Softmax& softmax) {
+    at::Tensor x = x0.clone().requires_grad_(true);
+    at::Tensor loss = (softmax(x) * 2).sum();
+    PeakScope scope;
+    loss.backward();
+    return scope.above_start();
+  };
+  const int64_t in_place = backward_peak(ours), allocating = backward_peak(aten);
+  WARN("backward peak: ours " << in_place << ", at::softmax " << allocating << ", one gradient " << bytes);
+  CHECK(in_place < bytes + bytes / 16);  // the product's gradient and fp32 row sums
+  CHECK(allocating >= 2 * bytes);
+}
