@@ -12,7 +12,7 @@
 
 #include "exec/aten_call.h"
 #include "exec/linear_cross_entropy.h"
-#include "exec/softmax.h"
+#include "exec/lean_ops.h"
 #include "exec/weights.h"
 #include "graph/layout.h"
 
@@ -413,10 +413,8 @@ at::Tensor StageModule::parametric_op(const Node& node, const NodeInputs& in) co
     }
     case OpKind::LayerNorm:
       return at::layer_norm(in(0), {in(0).size(-1)}, weight(0), weight(1), node.attr_real("eps", 1e-5));
-    case OpKind::RMSNorm: {
-      const at::Tensor& x = in(0);
-      return x * at::rsqrt(x.pow(2).mean(-1, true) + node.attr_real("eps", 1e-6)) * weight(0);
-    }
+    case OpKind::RMSNorm:  // the fp32 master weight: cast inside, for the call only
+      return rms_norm(in(0), param(node.id, 0), node.attr_real("eps", 1e-6));
     case OpKind::ScaleShift:
       return at::addcmul(weight(1), in(0), weight(0));
     case OpKind::RelPosBias: {

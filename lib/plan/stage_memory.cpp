@@ -215,7 +215,7 @@ void StageReplay::place_storages() {
 }
 
 // A node that writes its input's gradient over its output's does so unless a view node of the
-// stage reads its output: the gradient handed back is then a view, which exec/softmax.cpp does
+// stage reads its output: the gradient handed back is then a view, which exec/lean_ops.cpp does
 // not overwrite. (A gradient the stage received is held by the stage: has_grad 2, checked later.)
 void StageReplay::find_in_place_gradients() {
   in_place_grad_.assign(static_cast<size_t>(e_ - b_), 0);

@@ -322,7 +322,7 @@ void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, 
     case OpKind::Sqrt:
       f.saves_output = true;
       break;
-    case OpKind::Softmax:  // exec/softmax.cpp: backward in three passes, with fp32 row sums
+    case OpKind::Softmax:  // exec/lean_ops.cpp: backward in three passes, with fp32 row sums
       f.saves_output = true;
       f.bwd_bytes = 3.5 * f.bytes;
       f.bwd_kernels = 3;
@@ -332,11 +332,16 @@ void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, 
       f.saved_inputs = {0};
       f.internal_bytes = rows * 8;
       break;
-    case OpKind::RMSNorm:
+    case OpKind::RMSNorm:  // exec/lean_ops.cpp: x and an fp32 factor per row
       f.saved_inputs = {0};
-      f.internal_bytes = out.bytes() + rows * 4;
-      f.kernels = 5;
-      f.bwd_kernels = 8;
+      f.internal_bytes = rows * 4;
+      // forward: the rows' norms, the product, the weight in place; backward: g * x * r, its two
+      // reductions (one after multiplying by w in place), the input's gradient and two passes
+      f.bytes *= 2.5;
+      f.bwd_bytes = 16 * static_cast<double>(out.bytes());
+      f.kernels = 6;
+      f.bwd_kernels = 9;
+      f.bwd_workspace = rows * 8;
       break;
     case OpKind::Dropout:
       f.internal_bytes = numel(out.shape);  // bool mask

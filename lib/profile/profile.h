@@ -64,7 +64,7 @@ enum class NodeClass : char {
   // an expand sums, a split concatenates) rather than viewing the output's gradient.
   ViewAllocatingGradient,
   // Writes its input's gradient over its output's gradient when the stage made that one and no
-  // view of it exists (the zoo's softmax: exec/softmax.h).
+  // view of it exists (the zoo's softmax: exec/lean_ops.h).
   InPlaceGradient,
 };
 NodeClass node_class(const std::string& kind);

@@ -1,13 +1,15 @@
-// The executor's softmax (exec/softmax): at::softmax's values and gradients, with its input's
-// gradient written over its output's where nothing else holds that one.
+// The executor's lean ops (exec/lean_ops): the softmax gives at::softmax's values and
+// gradients, with its input's gradient written over its output's where nothing else holds
+// that one; the RMSNorm gives the composition's and keeps its input and a factor per row.
 #include "torch_test.h"
 
 #include <functional>
 
 #include <torch/csrc/autograd/autograd.h>
 
-#include "exec/softmax.h"
+#include "exec/lean_ops.h"
 #include "memory/counting_allocator.h"
+#include "memory/device_memory.h"
 
 using namespace dawnpiper;
 
@@ -78,4 +80,56 @@ TEST_CASE("the executor's softmax writes its input's gradient over its output's"
   WARN("backward peak: ours " << in_place << ", at::softmax " << allocating << ", one gradient " << bytes);
   CHECK(in_place < bytes + bytes / 16);  // the product's gradient and fp32 row sums
   CHECK(allocating >= 2 * bytes);
+}
+
+namespace {
+
+// The composition the executor ran before: autograd keeps the normalized x as well.
+at::Tensor composed_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * weight.to(x.scalar_type());
+}
+
+}  // namespace
+
+TEST_CASE("the executor's RMSNorm gives the composition's values and gradients", "[exec]") {
+  at::manual_seed(6);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    INFO("dtype " << dtype);
+    const at::Tensor x0 = at::randn({3, 5, 16}).mul_(2).to(dtype);
+    const at::Tensor w0 = at::randn({16});
+    const at::Tensor g = at::randn({3, 5, 16}).to(dtype);
+    auto run = [&](bool ours) {
+      at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      const at::Tensor y = ours ? rms_norm(x, w, 1e-6) : composed_rms_norm(x, w, 1e-6);
+      torch::autograd::backward({y}, {g});
+      return std::vector<at::Tensor>{y.detach().to(at::kFloat), x.grad().to(at::kFloat), w.grad()};
+    };
+    const std::vector<at::Tensor> got = run(true), want = run(false);
+    const double tol = dtype == at::kFloat ? 1e-5 : 3e-2;
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("output " << i);
+      CHECK(got[i].scalar_type() == want[i].scalar_type());
+      CHECK(at::allclose(got[i], want[i], tol, tol));
+    }
+  }
+}
+
+TEST_CASE("the executor's RMSNorm keeps its input and a factor per row", "[exec]") {
+  at::set_num_threads(1);
+  CountingAllocator::install();
+  at::manual_seed(7);
+  const at::Tensor x0 = at::randn({8, 64, 256});
+  const at::Tensor w0 = at::randn({256});
+  const int64_t bytes = x0.numel() * 4, rows = x0.numel() / 256;
+  // Bytes the forward leaves allocated beyond its output (what autograd keeps besides x).
+  auto kept = [&](bool ours) {
+    at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    const int64_t before = DeviceMemory::live_bytes(c10::Device(c10::kCPU));
+    at::Tensor y = ours ? rms_norm(x, w, 1e-6) : composed_rms_norm(x, w, 1e-6);
+    return DeviceMemory::live_bytes(c10::Device(c10::kCPU)) - before - bytes;
+  };
+  const int64_t ours = kept(true), composed = kept(false);
+  WARN("kept beyond the output: ours " << ours << ", composed " << composed << ", one activation " << bytes);
+  CHECK(ours == rows * 4);
+  CHECK(composed >= bytes);
 }

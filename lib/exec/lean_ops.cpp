@@ -1,0 +1,89 @@
+#include "exec/lean_ops.h"
+
+#include <numeric>
+#include <vector>
+
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace dawnpiper {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Whether nothing but the caller's handle reads `t`'s memory, so it may be overwritten: its own
+// storage, or a view of a base that only the view holds (at::matmul's backward hands on its
+// product reshaped).
+bool sole_owner(const at::Tensor& t) {
+  if (t.use_count() != 1 || !t.is_non_overlapping_and_dense()) return false;
+  if (!t.is_view()) return t.storage().use_count() == 1;
+  return t._base().use_count() == 1 && t.storage().use_count() == 2;
+}
+
+struct SoftmaxFunction : torch::autograd::Function<SoftmaxFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+    at::Tensor y = at::softmax(x, -1);
+    ctx->save_for_backward({y});
+    return y;
+  }
+
+  // dx = y * (dy - sum(dy * y)), as y * dy - y * sum(y * dy) in three passes that need no
+  // buffer of dy's size beyond the one they write. The row sums are fp32 (bf16 runs too).
+  // grad_outputs by reference: autograd's engine hands this node its only handle on a gradient
+  // made inside the stage (taking it by value would add one).
+  static variable_list backward(AutogradContext* ctx, variable_list& grad_outputs) {
+    const at::Tensor y = ctx->get_saved_variables()[0];
+    at::Tensor g = std::move(grad_outputs[0]);
+    g = sole_owner(g) ? g.mul_(y) : g * y;
+    const at::Tensor sums = g.sum(-1, /*keepdim=*/true, at::kFloat);
+    g.addcmul_(y, sums, -1);
+    return {g};
+  }
+};
+
+// Rows as a column [.., 1] in x's dtype, for broadcasting over the last dimension.
+at::Tensor per_row(const at::Tensor& rows, const at::Tensor& x) { return rows.to(x.scalar_type()); }
+
+struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    // r = 1 / sqrt(mean(x^2) + eps) per row, in fp32, from the rows' norms (no square of x)
+    const double width = static_cast<double>(x.size(-1));
+    const at::Tensor norm = at::linalg_vector_norm(x, 2, {-1}, /*keepdim=*/true, at::kFloat);
+    const at::Tensor r = norm.square_().div_(width).add_(eps).rsqrt_();
+    ctx->save_for_backward({x, weight, r});
+    return (x * per_row(r, x)).mul_(weight.to(x.scalar_type()));
+  }
+
+  // With dn = g * w: dx = r * dn - x * r^3 * mean(dn * x); dw = sum over rows of g * x * r.
+  // g * x * r is the one temporary of x's size: summed over the rows, then times w summed
+  // over each row (r * sum(dn * x), times r^2 / width). ATen's reductions, not BLAS products: their sums
+  // do not depend on where the buffers lie, so a pipeline's stages reproduce one process.
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1], &r = saved[2];
+    const at::Tensor& g = grad_outputs[0];
+    const at::Tensor w = weight.to(x.scalar_type());
+    std::vector<int64_t> rows(static_cast<size_t>(x.dim() - 1));
+    std::iota(rows.begin(), rows.end(), 0);
+    at::Tensor grad_w, scale;  // scale: r^3 * mean(dn * x) per row
+    {
+      at::Tensor t = (g * x).mul_(per_row(r, x));
+      grad_w = t.sum(rows, /*keepdim=*/false, weight.scalar_type());
+      scale = t.mul_(w).sum(-1, /*keepdim=*/true, at::kFloat).mul_(r.square()).div_(static_cast<double>(x.size(-1)));
+    }
+    at::Tensor grad_x = (g * w).mul_(per_row(r, x));
+    grad_x.addcmul_(x, per_row(scale, x), -1);
+    return {grad_x, grad_w, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor softmax_last_dim(const at::Tensor& x) { return SoftmaxFunction::apply(x); }
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return RMSNormFunction::apply(x, weight, eps);
+}
+
+}  // namespace dawnpiper
