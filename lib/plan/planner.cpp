@@ -1,6 +1,7 @@
 #include "plan/planner.h"
 
 #include <algorithm>
+#include <functional>
 #include <sched.h>
 
 #include <chrono>
@@ -224,24 +225,36 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     // in a stage's range, which the replayed peak is not (more recomputation holds more re-run
     // buffers), so they can miss splits this local search finds. It is cheap, so it goes
     // first, and BiPar searches only for something faster (its sweeps prune by that time).
-    auto block_then_bipar = [&](bool any) {
+    // `budget(found)`: the evaluations BiPar may still make, given whether the block search found
+    // a plan.
+    auto block_then_bipar = [&](bool any, const std::function<int64_t(bool)>& budget) {
       bounds =
           static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
+      evaluator.set_evaluation_limit(evaluator.evaluations() + budget(!bounds.empty()));
       const double cutoff = bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds);
       const Bounds bipar = BiPar(evaluator).solve(cutoff, any);
       if (!bipar.empty()) bounds = bipar;
     };
-    block_then_bipar(/*any=*/false);
+    // Where the block search finds no plan, BiPar may have to prove there is none before the
+    // late swaps below are tried, which is the costliest case: it stops after kFirstEvaluations
+    // (t5-large, async, 8 stages, 312 samples: 37,200 evaluations, 7.7 s, none found). With the
+    // late swaps the sizes found in the paper's tables stayed or grew (docs/benchmarks.md).
+    constexpr int64_t kFirstEvaluations = 10000;
+    block_then_bipar(/*any=*/false, [](bool found) { return found ? INT64_MAX / 2 : kFirstEvaluations; });
     // Where nothing fits, a stage may also swap everything late and stall for the copies
     // (StageEvaluator::allow_late_swap). Not before: ranges that fit only so are slow, but
     // their compute does not say so, so nothing prunes them, and the sweeps would search them
     // all. Here the first plan found will do (any: BiPar stops at it; the block search's still
-    // bounds it), and the search gives up after half of the first search's evaluations (at
-    // least kLateEvaluations): where nothing fits, proving it takes the longest.
+    // bounds it). Where the block search found none, BiPar gives up after half of the first
+    // search's evaluations (at least kLateEvaluations): where nothing fits, proving it takes the
+    // longest. Where it found one, BiPar only looks for a faster plan among ones that stall
+    // anyway, for kLateEvaluations (t5-large, async, 8 stages, 312 samples: 18,400 evaluations
+    // and 4.5 s found none).
     if ((bounds.empty() || !std::isfinite(evaluator.objective(bounds))) && evaluator.allow_late_swap()) {
       constexpr int64_t kLateEvaluations = 1000;
-      evaluator.set_evaluation_limit(evaluator.evaluations() + std::max(kLateEvaluations, evaluator.evaluations() / 2));
-      block_then_bipar(/*any=*/true);
+      const int64_t first = evaluator.evaluations();
+      block_then_bipar(/*any=*/true,
+                       [&](bool found) { return found ? kLateEvaluations : std::max(kLateEvaluations, first / 2); });
     }
     // Without memory optimization (or memory to save) a stage's time is its compute: the exact DP over the memory
     // formula, bounded by the best found so far, is cheap, and it catches the splits BiPar's
