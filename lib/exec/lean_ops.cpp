@@ -1,6 +1,7 @@
 #include "exec/lean_ops.h"
 
 #include <numeric>
+#include <stdexcept>
 #include <vector>
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -14,9 +15,11 @@ using torch::autograd::variable_list;
 
 // Whether nothing but the caller's handle reads `t`'s memory, so it may be overwritten: its own
 // storage, or a view of a base that only the view holds (at::matmul's backward hands on its
-// product reshaped).
+// product reshaped). LibTorch 2.11 hands a custom function's backward the engine's only handle
+// on a gradient; 1.13 kept a copy, so nothing is overwritten there (and the replay does not
+// count on it: DAWNPIPER_IN_PLACE_GRADIENTS, CMakeLists.txt).
 bool sole_owner(const at::Tensor& t) {
-  if (t.use_count() != 1 || !t.is_non_overlapping_and_dense()) return false;
+  if (t.use_count() != 1 || !t.has_storage() || t._is_zerotensor() || !t.is_non_overlapping_and_dense()) return false;
   if (!t.is_view()) return t.storage().use_count() == 1;
   return t._base().use_count() == 1 && t.storage().use_count() == 2;
 }
@@ -28,15 +31,18 @@ struct SoftmaxFunction : torch::autograd::Function<SoftmaxFunction> {
     return y;
   }
 
-  // dx = y * (dy - sum(dy * y)), as y * dy - y * sum(y * dy) in three passes that need no
-  // buffer of dy's size beyond the one they write. The row sums are fp32 (bf16 runs too).
+  // fp32: dx = y * (dy - sum(dy * y)), as y * dy - y * sum(y * dy) in three passes that need no
+  // buffer of dy's size beyond the one they write. Narrower types take ATen's kernel, out of
+  // place: rounding y * dy to bf16 before the row sum is subtracted would make the error scale
+  // with dy rather than with the result (attention gradients share an offset per row).
   // grad_outputs by reference: autograd's engine hands this node its only handle on a gradient
   // made inside the stage (taking it by value would add one).
   static variable_list backward(AutogradContext* ctx, variable_list& grad_outputs) {
     const at::Tensor y = ctx->get_saved_variables()[0];
     at::Tensor g = std::move(grad_outputs[0]);
+    if (y.scalar_type() != at::kFloat) return {at::_softmax_backward_data(g, y, -1, y.scalar_type())};
     g = sole_owner(g) ? g.mul_(y) : g * y;
-    const at::Tensor sums = g.sum(-1, /*keepdim=*/true, at::kFloat);
+    const at::Tensor sums = g.sum(-1, /*keepdim=*/true);
     g.addcmul_(y, sums, -1);
     return {g};
   }
@@ -83,6 +89,7 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
 at::Tensor softmax_last_dim(const at::Tensor& x) { return SoftmaxFunction::apply(x); }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (x.dim() < 2) throw std::invalid_argument("rms_norm: the input needs rows (two or more dimensions)");
   return RMSNormFunction::apply(x, weight, eps);
 }
 

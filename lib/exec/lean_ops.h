@@ -4,11 +4,11 @@
 
 namespace dawnpiper {
 
-// OpKind::Softmax over the last dimension. Its backward writes the input's gradient over the
-// output's gradient when nothing else holds that one (a gradient autograd made inside the
-// stage and handed on to this node alone), so an attention's backward holds the probabilities
-// and one gradient of their size instead of two: the replay (plan/stage_memory.cpp,
-// NodeClass::InPlaceGradient) counts it the same way.
+// OpKind::Softmax over the last dimension. In fp32 its backward writes the input's gradient
+// over the output's gradient when nothing else holds that one (a gradient autograd made inside
+// the stage and handed on to this node alone), so an attention's backward holds the
+// probabilities and one gradient of their size instead of two: the replay
+// (plan/stage_memory.cpp, NodeClass::InPlaceGradient) counts it the same way.
 at::Tensor softmax_last_dim(const at::Tensor& x);
 
 // OpKind::RMSNorm: x * rsqrt(mean(x^2, -1) + eps) * weight, computed in x's dtype. Keeps x and

@@ -225,22 +225,26 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     // in a stage's range, which the replayed peak is not (more recomputation holds more re-run
     // buffers), so they can miss splits this local search finds. It is cheap, so it goes
     // first, and BiPar searches only for something faster (its sweeps prune by that time).
-    // `budget(found)`: the evaluations BiPar may still make, given whether the block search found
-    // a plan.
+    // `budget(found)`: the evaluations BiPar may make (-1: no limit), given whether the block
+    // search found a plan. The limit holds for BiPar only.
     auto block_then_bipar = [&](bool any, const std::function<int64_t(bool)>& budget) {
       bounds =
           static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
-      evaluator.set_evaluation_limit(evaluator.evaluations() + budget(!bounds.empty()));
+      const int64_t n = budget(!bounds.empty());
+      evaluator.set_evaluation_limit(n < 0 ? -1 : evaluator.evaluations() + n);
       const double cutoff = bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds);
       const Bounds bipar = BiPar(evaluator).solve(cutoff, any);
+      evaluator.set_evaluation_limit(-1);
       if (!bipar.empty()) bounds = bipar;
     };
-    // Where the block search finds no plan, BiPar may have to prove there is none before the
-    // late swaps below are tried, which is the costliest case: it stops after kFirstEvaluations
-    // (t5-large, async, 8 stages, 312 samples: 37,200 evaluations, 7.7 s, none found). With the
-    // late swaps the sizes found in the paper's tables stayed or grew (docs/benchmarks.md).
+    // Where the block search finds no plan and the late swaps below can follow, BiPar may have
+    // to prove there is none first, which is the costliest case: it stops after
+    // kFirstEvaluations (t5-large, async, 8 stages, 312 samples: 37,200 evaluations, 7.7 s, none
+    // found) and the late swaps are tried. No size in the paper's tables fell so
+    // (docs/benchmarks.md, fourteenth session).
     constexpr int64_t kFirstEvaluations = 10000;
-    block_then_bipar(/*any=*/false, [](bool found) { return found ? INT64_MAX / 2 : kFirstEvaluations; });
+    const bool late_may_follow = evaluator.can_late_swap();
+    block_then_bipar(/*any=*/false, [&](bool found) { return found || !late_may_follow ? -1 : kFirstEvaluations; });
     // Where nothing fits, a stage may also swap everything late and stall for the copies
     // (StageEvaluator::allow_late_swap). Not before: ranges that fit only so are slow, but
     // their compute does not say so, so nothing prunes them, and the sweeps would search them

@@ -81,11 +81,14 @@ StageMemopt StageEvaluator::optimize_at(int b, int e, int x, int64_t capacity, i
   return m;
 }
 
+bool StageEvaluator::can_late_swap() const {
+  return replay_capacity_ > 0 && optimizer_.mode() == MemoptMode::SwapRecompute &&
+         optimizer_.granularity() == MemoptGranularity::Tensor;
+}
+
 bool StageEvaluator::allow_late_swap() {
   if (late_swap_) return true;
-  if (replay_capacity_ <= 0 || optimizer_.mode() != MemoptMode::SwapRecompute ||
-      optimizer_.granularity() != MemoptGranularity::Tensor)
-    return false;
+  if (!can_late_swap()) return false;
   late_swap_ = true;
   // Only the stages that did not fit can change, as the fallback is tried after everything
   // else: for them, evaluate() tries just the fallback.

@@ -58,6 +58,7 @@ class StageEvaluator {
   // not fit are asked again. Its copies stall the stage, so the planner allows it only where
   // the search without it found no plan. Returns whether it applies to this evaluator.
   bool allow_late_swap();
+  bool can_late_swap() const;  // whether allow_late_swap would turn the fallback on
   // At most this many evaluations in all (negative: no limit): past it, a stage not evaluated
   // yet is answered as not fitting, which ends a search that must give up.
   void set_evaluation_limit(int64_t n) { evaluation_limit_ = n; }

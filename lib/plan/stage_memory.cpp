@@ -214,11 +214,14 @@ void StageReplay::place_storages() {
   }
 }
 
-// A node that writes its input's gradient over its output's does so unless a view node of the
-// stage reads its output: the gradient handed back is then a view, which exec/lean_ops.cpp does
-// not overwrite. (A gradient the stage received is held by the stage: has_grad 2, checked later.)
+// A node that writes its input's gradient over its output's (exec/lean_ops.cpp: fp32 only).
+// Not counted where a view node of the stage reads its output: the gradient handed back is then
+// a view, which the executor overwrites only when nothing else holds its base (an
+// overestimate, never an underestimate). A gradient the stage received is held by the stage:
+// has_grad 2, checked in backward_node.
 void StageReplay::find_in_place_gradients() {
   in_place_grad_.assign(static_cast<size_t>(e_ - b_), 0);
+  if (p_.precision != "fp32") return;
   for (int i = b_; i < e_; ++i) in_place_grad_[at(i - b_)] = model_.node_class(i) == NodeClass::InPlaceGradient;
   for (int j = b_; j < e_; ++j) {
     const int out = model_.graph_output(j);

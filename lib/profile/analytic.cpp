@@ -322,11 +322,13 @@ void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, 
     case OpKind::Sqrt:
       f.saves_output = true;
       break;
-    case OpKind::Softmax:  // exec/lean_ops.cpp: backward in three passes, with fp32 row sums
+    case OpKind::Softmax:  // exec/lean_ops.cpp: fp32 backward in three passes, with row sums
       f.saves_output = true;
-      f.bwd_bytes = 3.5 * f.bytes;
-      f.bwd_kernels = 3;
-      f.bwd_workspace = rows * 4;
+      if (g.precision == "fp32") {
+        f.bwd_bytes = 3.5 * f.bytes;
+        f.bwd_kernels = 3;
+        f.bwd_workspace = rows * 4;
+      }
       break;
     case OpKind::LayerNorm:
       f.saved_inputs = {0};

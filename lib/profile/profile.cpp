@@ -24,7 +24,9 @@ std::string op_of(const std::string& kind) {
 
 NodeClass node_class(const std::string& kind) {
   static const std::map<std::string, NodeClass> classes{{"input", NodeClass::Input},
+#ifdef DAWNPIPER_IN_PLACE_GRADIENTS
                                                         {"softmax", NodeClass::InPlaceGradient},
+#endif
                                                         {"transpose", NodeClass::Permute},
                                                         {"aten::transpose", NodeClass::Permute},
                                                         {"aten::permute", NodeClass::Permute},
