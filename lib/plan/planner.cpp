@@ -242,7 +242,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     // kFirstEvaluations (t5-large, async, 8 stages, 312 samples: 37,200 evaluations, 7.7 s, none
     // found) and the late swaps are tried. No size in the paper's tables fell so
     // (docs/benchmarks.md, fourteenth session).
-    constexpr int64_t kFirstEvaluations = 10000;
+    constexpr int64_t kFirstEvaluations = 5000;
     const bool late_may_follow = evaluator.can_late_swap();
     block_then_bipar(/*any=*/false, [&](bool found) { return found || !late_may_follow ? -1 : kFirstEvaluations; });
     // Where nothing fits, a stage may also swap everything late and stall for the copies
