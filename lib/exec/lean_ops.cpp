@@ -63,8 +63,7 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
 
   // With dn = g * w: dx = r * dn - x * r^3 * mean(dn * x); dw = sum over rows of g * x * r.
   // g * x * r is the one temporary of x's size: summed over the rows, then times w summed
-  // over each row (r * sum(dn * x), times r^2 / width). ATen's reductions, not BLAS products: their sums
-  // do not depend on where the buffers lie, so a pipeline's stages reproduce one process.
+  // over each row (r * sum(dn * x), times r^2 / width).
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &r = saved[2];

@@ -1,7 +1,6 @@
 #include "plan/planner.h"
 
 #include <algorithm>
-#include <functional>
 #include <sched.h>
 
 #include <chrono>
@@ -225,12 +224,12 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     // in a stage's range, which the replayed peak is not (more recomputation holds more re-run
     // buffers), so they can miss splits this local search finds. It is cheap, so it goes
     // first, and BiPar searches only for something faster (its sweeps prune by that time).
-    // `budget(found)`: the evaluations BiPar may make (-1: no limit), given whether the block
-    // search found a plan. The limit holds for BiPar only.
-    auto block_then_bipar = [&](bool any, const std::function<int64_t(bool)>& budget) {
+    // BiPar may make `if_found` / `if_none` evaluations (-1: no limit), as the block search
+    // found a plan or not. The limit holds for BiPar only.
+    auto block_then_bipar = [&](bool any, int64_t if_found, int64_t if_none) {
       bounds =
           static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
-      const int64_t n = budget(!bounds.empty());
+      const int64_t n = bounds.empty() ? if_none : if_found;
       evaluator.set_evaluation_limit(n < 0 ? -1 : evaluator.evaluations() + n);
       const double cutoff = bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds);
       const Bounds bipar = BiPar(evaluator).solve(cutoff, any);
@@ -243,8 +242,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     // found) and the late swaps are tried. No size in the paper's tables fell so
     // (docs/benchmarks.md, fourteenth session).
     constexpr int64_t kFirstEvaluations = 5000;
-    const bool late_may_follow = evaluator.can_late_swap();
-    block_then_bipar(/*any=*/false, [&](bool found) { return found || !late_may_follow ? -1 : kFirstEvaluations; });
+    block_then_bipar(/*any=*/false, -1, evaluator.can_late_swap() ? kFirstEvaluations : -1);
     // Where nothing fits, a stage may also swap everything late and stall for the copies
     // (StageEvaluator::allow_late_swap). Not before: ranges that fit only so are slow, but
     // their compute does not say so, so nothing prunes them, and the sweeps would search them
@@ -256,9 +254,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     // and 4.5 s found none).
     if ((bounds.empty() || !std::isfinite(evaluator.objective(bounds))) && evaluator.allow_late_swap()) {
       constexpr int64_t kLateEvaluations = 1000;
-      const int64_t first = evaluator.evaluations();
-      block_then_bipar(/*any=*/true,
-                       [&](bool found) { return found ? kLateEvaluations : std::max(kLateEvaluations, first / 2); });
+      block_then_bipar(/*any=*/true, kLateEvaluations, std::max(kLateEvaluations, evaluator.evaluations() / 2));
     }
     // Without memory optimization (or memory to save) a stage's time is its compute: the exact DP over the memory
     // formula, bounded by the best found so far, is cheap, and it catches the splits BiPar's
