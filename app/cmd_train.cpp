@@ -36,6 +36,7 @@
 #include "trace/trace.h"
 #include "runtime/checkpoint.h"
 #include "runtime/device_placement.h"
+#include "runtime/mpi_wait.h"
 #include "runtime/stage_tracer.h"
 #include "runtime/weights_export.h"
 
@@ -203,9 +204,9 @@ Layout data_pipeline_layout(const po::variables_map& vm, const MpiWorld& world, 
 
 void broadcast(std::string& text) {
   int64_t n = static_cast<int64_t>(text.size());
-  MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  broadcast_quietly(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);  // the other ranks wait while rank 0 plans
   text.resize(static_cast<size_t>(n));
-  MPI_Bcast(text.data(), static_cast<int>(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+  broadcast_quietly(text.data(), static_cast<int>(n), MPI_CHAR, 0, MPI_COMM_WORLD);
 }
 
 po::options_description train_options() {

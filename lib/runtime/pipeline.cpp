@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "runtime/checkpoint.h"
+#include "runtime/mpi_wait.h"
 #include "runtime/pipeline_stage.h"
 #include "runtime/replica_averager.h"
 #include "runtime/stage_tracer.h"
@@ -265,7 +266,7 @@ void reduce_tied(const TieComms& tie_comms, std::vector<StageParameter>& params)
         if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
         // Summed in host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
         at::Tensor grad = p.tensor.mutable_grad().to(at::kCPU).contiguous();
-        MPI_Allreduce(MPI_IN_PLACE, grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, sub);
+        allreduce_quietly(grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, sub);
         p.tensor.mutable_grad() = grad.to(p.tensor.device());
       }
 }
@@ -322,7 +323,7 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
     stage.set_tied_reducer([&](std::vector<StageParameter>& params) { reduce_tied(tie_comms, params); });
   LossRelay losses(c, options, control_comm, rank, static_cast<int>(c.ranges.size()) - 1);
   stage.set_loss_callback([&](int64_t step, double loss) { losses.send(step, loss); });
-  MPI_Barrier(comm);  // the common origin of every rank's trace times
+  barrier_quietly(comm);  // the common origin of every rank's trace times
   StageTracer tracer(rank, stage.module().device(), transport, StageTracer::Clock::now(), options.trace);
   tracing = &tracer;
   if (stage.evictor())

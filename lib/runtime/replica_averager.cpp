@@ -5,6 +5,7 @@
 #include <set>
 
 #include "runtime/device_placement.h"
+#include "runtime/mpi_wait.h"
 #include "runtime/nccl_transport.h"
 #include "util/error.h"
 
@@ -28,7 +29,7 @@ class MpiAverager final : public ReplicaAverager {
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
       // In host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
       at::Tensor grad = p.tensor.mutable_grad().to(at::kCPU, at::kFloat).contiguous();
-      MPI_Allreduce(MPI_IN_PLACE, grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, comm_);
+      allreduce_quietly(grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, comm_);
       grad.div_(static_cast<double>(size_));
       p.tensor.mutable_grad() = grad.to(p.tensor.device(), p.tensor.scalar_type());
       bytes += grad.numel() * grad.element_size();

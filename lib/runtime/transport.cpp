@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "exec/dtypes.h"
+#include "runtime/mpi_wait.h"
 #include "util/error.h"
 
 namespace dawnpiper {
@@ -107,7 +108,7 @@ std::vector<at::Tensor> MpiTransport::recv(int from_stage, MessageKind kind, int
     at::Tensor t = at::empty(s->shape, at::TensorOptions(scalar_type(s->dtype)));
     const int64_t n = s->bytes();
     MPI_Status status;
-    MPI_Recv(t.data_ptr(), static_cast<int>(n), MPI_BYTE, from_stage, tag(kind, micro_batch), comm_, &status);
+    recv_quietly(t.data_ptr(), static_cast<int>(n), MPI_BYTE, from_stage, tag(kind, micro_batch), comm_, &status);
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
     if (count != n)
@@ -119,7 +120,7 @@ std::vector<at::Tensor> MpiTransport::recv(int from_stage, MessageKind kind, int
 }
 
 void MpiTransport::flush() {
-  for (Pending& p : pending_) MPI_Wait(&p.request, MPI_STATUS_IGNORE);
+  for (Pending& p : pending_) wait_quietly(p.request);
   pending_.clear();
 }
 

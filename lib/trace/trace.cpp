@@ -164,7 +164,7 @@ std::vector<StageSummary> summarize(const Trace& t) {
       continue;
     }
     (is_compute(r.action_kind()) ? s.busy_s : s.comm_s) += d;
-    if (is_compute(r.action_kind())) s.busy_cpu_s += r.cpu_s;
+    (is_compute(r.action_kind()) ? s.busy_cpu_s : s.comm_cpu_s) += r.cpu_s;
     s.peak_bytes = std::max(s.peak_bytes, r.peak_bytes);
     s.bytes_sent += r.bytes_sent;
     if (r.action_kind() == ActionKind::Forward) ++s.forwards, s.mean_forward_ms += 1e3 * d;
@@ -245,6 +245,12 @@ void print_summary(const Trace& t, std::ostream& out) {
         out << line;
       }
       std::snprintf(line, sizeof line, "; spread %.1f%%\n", 100 * spread(stages, &StageSummary::busy_cpu_s));
+      out << line;
+      // What waiting for messages cost the cores (a rank that spins takes its core-mate's time).
+      double comm = 0, comm_cpu = 0;
+      for (const StageSummary& s : stages) comm += s.comm_s, comm_cpu += s.comm_cpu_s;
+      std::snprintf(line, sizeof line, "communication CPU time %.3f s of %.3f s spent sending and receiving (%.1f%%)\n",
+                    comm_cpu, comm, comm > 0 ? 100 * comm_cpu / comm : 0.0);
       out << line;
     }
   }

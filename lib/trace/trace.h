@@ -65,6 +65,7 @@ struct StageSummary {
   double busy_s = 0;         // compute actions: F, B, U, RECOMPUTE, SWAP_*
   double busy_cpu_s = 0;     // the CPU time of those (traces with the cpu_s column)
   double comm_s = 0;         // sends and receives (receives include waiting for the sender)
+  double comm_cpu_s = 0;     // the CPU time of those: near 0 where waiting does not spin
   double idle_fraction = 0;  // 1 - busy / wall (the bubble, plus communication not overlapped)
   int64_t peak_bytes = 0;
   int64_t bytes_sent = 0;

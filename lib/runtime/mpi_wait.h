@@ -1,0 +1,32 @@
+#pragma once
+// Waiting on MPI without holding a core. Open MPI's blocking calls poll in a busy loop (with
+// more ranks than cores, a sched_yield loop), so a rank waiting for its neighbour takes the CPU
+// time that a rank sharing its core, or its own intra-op threads, would compute with. These
+// test the request and sleep between tests, the pause doubling from a few microseconds up to
+// kMaxPause: a message that is about to arrive is seen at once, a long wait costs almost no CPU,
+// and the latency added is at most one pause (docs/benchmarks.md, "Waiting without spinning").
+#include <mpi.h>
+
+#include <chrono>
+
+namespace dawnpiper {
+
+inline constexpr std::chrono::microseconds kMaxPause{200};
+
+// MPI_Wait, sleeping between tests.
+void wait_quietly(MPI_Request& request, MPI_Status* status = MPI_STATUS_IGNORE);
+
+// MPI_Recv as MPI_Irecv and wait_quietly.
+void recv_quietly(void* buffer, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
+                  MPI_Status* status);
+
+// MPI_Allreduce in place as MPI_Iallreduce and wait_quietly.
+void allreduce_quietly(void* buffer, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm);
+
+// MPI_Bcast as MPI_Ibcast and wait_quietly: the ranks that wait while rank 0 profiles and plans.
+void broadcast_quietly(void* buffer, int count, MPI_Datatype type, int root, MPI_Comm comm);
+
+// MPI_Barrier as MPI_Ibarrier and wait_quietly.
+void barrier_quietly(MPI_Comm comm);
+
+}  // namespace dawnpiper
