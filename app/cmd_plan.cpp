@@ -47,6 +47,9 @@ po::options_description plan_options() {
                                                                "plan whose slowest stage measured fastest (needs the model "
                                                                "options the profile was made with)")
       ("calibrate-steps", po::value<int64_t>()->default_value(3), "steps per stage and round (the first a warm-up)")
+      ("calibrate-trace", po::value<std::vector<std::string>>()->composing(),
+       "scale each traced stage's node times to what the run measured (`train --trace` of a run planned from this "
+       "profile; several: in the order they were run)")
       ("out", po::value<std::string>(), "write the plan as JSON");
   // clang-format on
   po::options_description options;
@@ -135,7 +138,12 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
   if (world.rank != 0) return 0;
   if (vm.count("out")) check_writable(vm["out"].as<std::string>());
   PlanOptions o;
-  const Profile profile = profile_and_options(vm, o);
+  Profile profile = profile_and_options(vm, o);
+  if (vm.count("calibrate-trace")) {
+    if (!vm.count("profile-in"))  // an analytic profile is another device's times
+      throw ConfigError("--calibrate-trace needs --profile-in (the profile the traced run was planned from)");
+    calibrate_from_traces(profile, vm["calibrate-trace"].as<std::vector<std::string>>());
+  }
   Plan plan;
   const int calibrate = vm["calibrate-rounds"].as<int>();
   if (calibrate < 0) throw ConfigError("--calibrate-rounds must be at least 0");

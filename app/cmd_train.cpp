@@ -21,6 +21,7 @@
 #include "cli/options.h"
 #include "memory/counting_allocator.h"
 #include "memory/device_memory.h"
+#include "plan/calibrate.h"
 #include "plan/memory_optimizer.h"
 #include "plan/planner.h"
 #include "profile/profile_cache.h"
@@ -86,6 +87,12 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
     profile = profile.at_batch(graph.micro_batch_size);
   } else {
     profile = measured_profile(vm, graph, device);
+  }
+  if (vm.count("calibrate-trace")) {
+    const auto& traces = vm["calibrate-trace"].as<std::vector<std::string>>();
+    calibrate_from_traces(profile, traces);
+    if (!vm["quiet"].as<bool>())
+      std::printf("profile: node times scaled to what %zu traced run(s) measured\n", traces.size());
   }
   PlanOptions o;
   o.stages = stages;
@@ -221,6 +228,9 @@ po::options_description train_options() {
       ("memopt", po::value<MemoptMode>()->default_value(MemoptMode::None, "none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions")
       ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
       ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
+      ("calibrate-trace", po::value<std::vector<std::string>>()->composing(),
+       "plan from the profile with each traced stage's node times scaled to what that run measured (`--trace` "
+       "of an earlier run of this setup with the same profile; several: in the order they were run)")
       ("profile-cache", po::value<std::string>()->default_value(""),
        "where measured profiles are kept and reused: a directory, or off (default: $DAWNPIPER_CACHE, else "
        "$XDG_CACHE_HOME/dawnpiper or ~/.cache/dawnpiper)")
@@ -570,6 +580,10 @@ int train_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& 
 // The plan given with --plan-in (read on rank 0, broadcast), its settings adopted into vm.
 std::optional<GivenPlan> given_plan(po::variables_map& vm, const MpiWorld& world) {
   if (!vm.count("plan-in")) return std::nullopt;
+  if (vm.count("calibrate-trace"))
+    throw ConfigError(
+        "--calibrate-trace corrects the profile a plan is made from; --plan-in gives the plan (make it "
+        "with `dawnpiper plan --calibrate-trace`)");
   GivenPlan given;
   if (world.rank == 0) given.json = read_text_file(vm["plan-in"].as<std::string>());
   broadcast(given.json);

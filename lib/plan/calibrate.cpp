@@ -1,7 +1,12 @@
 #include "plan/calibrate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
+#include <string>
+
+#include "trace/trace.h"
+#include "util/error.h"
 
 namespace dawnpiper {
 
@@ -21,19 +26,43 @@ double CalibrationRound::measured_spread() const {
   return least > 0 ? measured_bottleneck() / least - 1 : 0;
 }
 
+namespace {
+void scale_nodes(Profile& profile, int begin, int end, double f) {
+  for (int n = begin; n < end; ++n) {
+    NodeProfile& node = profile.nodes[static_cast<size_t>(n)];
+    node.fwd_ms *= f, node.bwd_ms *= f, node.recompute_ms *= f;
+    for (LinearFit* fit : {&node.fwd_ms_fit, &node.bwd_ms_fit}) fit->base *= f, fit->per_sample *= f;
+  }
+}
+}  // namespace
+
 void scale_stage_times(Profile& profile, const Plan& plan, const std::vector<double>& measured_ms) {
   if (measured_ms.size() != plan.stages.size()) throw std::logic_error("scale_stage_times: one time per stage");
   for (size_t x = 0; x < plan.stages.size(); ++x) {
     const StagePlan& s = plan.stages[x];
     const double predicted = predicted_ms(s);
-    if (predicted <= 0 || measured_ms[x] <= 0) continue;
-    const double f = measured_ms[x] / predicted;
-    for (int n = s.begin; n < s.end; ++n) {
-      NodeProfile& node = profile.nodes[static_cast<size_t>(n)];
-      node.fwd_ms *= f, node.bwd_ms *= f, node.recompute_ms *= f;
-      for (LinearFit* fit : {&node.fwd_ms_fit, &node.bwd_ms_fit}) fit->base *= f, fit->per_sample *= f;
-    }
+    if (predicted > 0 && measured_ms[x] > 0) scale_nodes(profile, s.begin, s.end, measured_ms[x] / predicted);
   }
+}
+
+void scale_to_measured(Profile& profile, const std::vector<std::vector<MeasuredStage>>& runs) {
+  std::vector<double> log_factor(static_cast<size_t>(profile.size()), 0);
+  std::vector<int> measured(static_cast<size_t>(profile.size()), 0);
+  for (const std::vector<MeasuredStage>& stages : runs)
+    for (const MeasuredStage& s : stages) {
+      if (s.begin < 0 || s.end > profile.size() || s.begin >= s.end)
+        throw ConfigError("a traced stage has nodes [" + std::to_string(s.begin) + ", " + std::to_string(s.end) +
+                          "), outside this profile's " + std::to_string(profile.size()) + " nodes");
+      double profiled = 0;
+      for (int n = s.begin; n < s.end; ++n)
+        profiled += profile.nodes[static_cast<size_t>(n)].fwd_ms + profile.nodes[static_cast<size_t>(n)].bwd_ms;
+      if (profiled <= 0 || s.compute_ms <= 0) continue;
+      for (int n = s.begin; n < s.end; ++n)
+        log_factor[static_cast<size_t>(n)] += std::log(s.compute_ms / profiled), ++measured[static_cast<size_t>(n)];
+    }
+  for (int n = 0; n < profile.size(); ++n)
+    if (measured[static_cast<size_t>(n)] > 0)
+      scale_nodes(profile, n, n + 1, std::exp(log_factor[static_cast<size_t>(n)] / measured[static_cast<size_t>(n)]));
 }
 
 CalibratedPlan calibrate_plan(const Profile& profile, const PlanOptions& options, int rounds,
@@ -55,6 +84,29 @@ CalibratedPlan calibrate_plan(const Profile& profile, const PlanOptions& options
     out.rounds.push_back(std::move(round));
   }
   return out;
+}
+
+void calibrate_from_traces(Profile& profile, const std::vector<std::string>& trace_paths) {
+  std::vector<std::vector<MeasuredStage>> runs;
+  for (const std::string& path : trace_paths) {
+    const Trace t = read_trace(path);
+    const std::string where = "--calibrate-trace " + path + ": ";
+    if (t.preset != profile.preset) throw ConfigError(where + "a trace of " + t.preset + ", not of " + profile.preset);
+    if (t.micro_batch_size != profile.micro_batch_size)
+      throw ConfigError(where + "micro-batches of " + std::to_string(t.micro_batch_size) +
+                        " samples, this plan's are " + std::to_string(profile.micro_batch_size));
+    std::vector<MeasuredStage> stages;
+    int64_t last_end = 0;
+    for (const StageCompute& c : measured_stage_compute(t, t.device == "cpu")) {
+      stages.push_back({static_cast<int>(c.node_begin), static_cast<int>(c.node_end), c.ms});
+      last_end = std::max(last_end, c.node_end);
+    }
+    if (last_end != profile.size())
+      throw ConfigError(where + "a graph of " + std::to_string(last_end) + " nodes, this profile's has " +
+                        std::to_string(profile.size()) + " (give the model options the traced run had)");
+    runs.push_back(std::move(stages));
+  }
+  scale_to_measured(profile, runs);
 }
 
 }  // namespace dawnpiper

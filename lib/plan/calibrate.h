@@ -7,6 +7,7 @@
 // measured / predicted ratio and plans again; the plan kept is the one whose measured slowest
 // stage was fastest. LibTorch-free.
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "plan/planner.h"
@@ -38,5 +39,23 @@ CalibratedPlan calibrate_plan(const Profile& profile, const PlanOptions& options
 // nodes by the stage's measured / predicted forward and backward (compute and memory
 // optimization: the measurement includes the evictor's work).
 void scale_stage_times(Profile& profile, const Plan& plan, const std::vector<double>& measured_ms);
+
+// A stage as a traced run measured it: its nodes [begin, end) and its forward plus backward per
+// micro-batch without the evictor's work (trace/trace.h, measured_stage_compute).
+struct MeasuredStage {
+  int begin = 0, end = 0;
+  double compute_ms = 0;
+};
+// Scales the node times so that each traced stage's forward and backward add up to what was
+// measured: a node's factor is the geometric mean, over the runs, of measured / profiled time of
+// the stage that held it (one run: each stage exactly as measured; several runs with other cuts:
+// each node as its stages measured it on average, in any order). Throws ConfigError for stages
+// outside the profile's nodes.
+void scale_to_measured(Profile& profile, const std::vector<std::vector<MeasuredStage>>& runs);
+
+// scale_to_measured by the traces' runs (`train --trace` files of runs planned from this
+// profile, or from this profile as traces corrected it). On CPU traces the actions' CPU time
+// is the measure. Throws ConfigError for a trace of another model, micro-batch size or graph.
+void calibrate_from_traces(Profile& profile, const std::vector<std::string>& trace_paths);
 
 }  // namespace dawnpiper

@@ -17,8 +17,7 @@ void wait_quietly(MPI_Request& request, MPI_Status* status) {
   }
 }
 
-void recv_quietly(void* buffer, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
-                  MPI_Status* status) {
+void recv_quietly(void* buffer, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm, MPI_Status* status) {
   MPI_Request request;
   MPI_Irecv(buffer, count, type, source, tag, comm, &request);
   wait_quietly(request, status);

@@ -17,8 +17,7 @@ inline constexpr std::chrono::microseconds kMaxPause{200};
 void wait_quietly(MPI_Request& request, MPI_Status* status = MPI_STATUS_IGNORE);
 
 // MPI_Recv as MPI_Irecv and wait_quietly.
-void recv_quietly(void* buffer, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
-                  MPI_Status* status);
+void recv_quietly(void* buffer, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm, MPI_Status* status);
 
 // MPI_Allreduce in place as MPI_Iallreduce and wait_quietly.
 void allreduce_quietly(void* buffer, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm);

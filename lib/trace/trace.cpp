@@ -178,6 +178,36 @@ std::vector<StageSummary> summarize(const Trace& t) {
   return out;
 }
 
+std::vector<StageCompute> measured_stage_compute(const Trace& t, bool cpu) {
+  std::vector<StageCompute> out(static_cast<size_t>(t.stages));
+  for (const StageRecord& r : t.stage_records)
+    if (r.replica == 0 && r.stage >= 0 && r.stage < t.stages)
+      out[static_cast<size_t>(r.stage)] = {r.stage, r.node_begin, r.node_end, 0};
+  // The first step pays for first touches of memory; later ones are what a long run sees.
+  const bool skip_first = std::any_of(t.actions.begin(), t.actions.end(), [&](const ActionRecord& r) {
+    return r.step > t.first_step && r.action_kind() == ActionKind::Backward;
+  });
+  std::vector<double> ms(out.size(), 0);
+  std::vector<int64_t> micro_batches(out.size(), 0);
+  for (const ActionRecord& r : t.actions) {
+    if (r.replica != 0 || r.stage < 0 || r.stage >= t.stages || (skip_first && r.step == t.first_step)) continue;
+    const ActionKind kind = r.action_kind();
+    if (kind != ActionKind::Forward && kind != ActionKind::Backward && !is_evictor(kind)) continue;
+    if (cpu && !is_evictor(kind) && r.cpu_s <= 0)
+      throw ConfigError("the trace has no CPU times (written before they were recorded); trace the run again");
+    // Evictor records are nested inside a forward or backward: their wall time comes off.
+    const double s = is_evictor(kind) ? -(r.end_s - r.start_s) : cpu ? r.cpu_s : r.end_s - r.start_s;
+    ms[static_cast<size_t>(r.stage)] += 1e3 * s;
+    if (kind == ActionKind::Backward) ++micro_batches[static_cast<size_t>(r.stage)];
+  }
+  for (size_t x = 0; x < out.size(); ++x) {
+    if (micro_batches[x] == 0 || out[x].node_end <= out[x].node_begin)
+      throw ConfigError("the trace has no backward of stage " + std::to_string(x) + " to measure");
+    out[x].ms = std::max(0.0, ms[x]) / static_cast<double>(micro_batches[x]);
+  }
+  return out;
+}
+
 double throughput(const Trace& t) {
   const double samples =
       static_cast<double>((t.steps - t.first_step) * t.micro_batches * t.micro_batch_size * t.replicas);

@@ -86,6 +86,18 @@ double throughput(const Trace& trace);
 double bubble_bound(const Trace& trace);
 void print_summary(const Trace& trace, std::ostream& out);
 
+// What a traced run measured of each stage's work (replica 0): its nodes, and its forward plus
+// backward per micro-batch in ms without the evictor's copies and re-runs inside them, over the
+// steps after the first where there are any. cpu: the actions' CPU time instead of their wall
+// time (a CPU trace whose ranks share cores: the stage's own work, not its core-mate's turns).
+struct StageCompute {
+  int64_t stage = 0, node_begin = 0, node_end = 0;
+  double ms = 0;
+};
+// Throws ConfigError for a trace without every stage's forwards and backwards (or without CPU
+// times where cpu is asked for).
+std::vector<StageCompute> measured_stage_compute(const Trace& trace, bool cpu);
+
 bool is_compute(ActionKind kind);
 // SWAP_OUT, SWAP_IN, RECOMPUTE: records nested inside a forward or backward.
 bool is_evictor(ActionKind kind);

@@ -131,6 +131,17 @@ expect_ok "inspect shows the communication CPU time" "communication CPU time" in
 share=$(grep -o 'receiving ([0-9.]*%)' "$work/out" | grep -o '[0-9.]*')
 awk -v s="${share:-100}" 'BEGIN {exit !(s < 30)}' && passed=$((passed + 1)) ||
   { echo "FAIL: waiting for messages took ${share:-?}% CPU"; cat "$work/out"; failed=$((failed + 1)); }
+# Planning from a traced run: train again with the stages' node times scaled to what it measured.
+expect_ok "train calibrated by a trace" "done:" train "${common[@]}" --schedule 1f1b --in-process --stages 3 \
+  --calibrate-trace "$work/trace.h5" --calibrate-trace "$work/trace.h5"
+expect_fail "calibrate by another model's trace" "a trace of gpt2-tiny, not of mlp-tiny" plan --profile-in "$work/p.h5" \
+  --stages 2 --calibrate-trace "$work/trace.h5"
+expect_fail "calibrate by a trace without a profile" "--calibrate-trace needs --profile-in" plan --model gpt2-tiny \
+  --device-spec a100-40gb --calibrate-trace "$work/trace.h5"
+expect_fail "calibrate a given plan" "--plan-in gives the plan" train --model gpt2-tiny --stages 2 --in-process \
+  --plan-in "$work/plan2.json" --calibrate-trace "$work/trace.h5"
+expect_fail "calibrate by a profile" "not a DawnPiper trace" train --model mlp-tiny --stages 2 --in-process \
+  --calibrate-trace "$work/p.h5"
 expect_fail "inspect a profile" "not a DawnPiper trace" inspect "$work/p.h5"
 expect_fail "inspect without file" "give the trace file" inspect
 if /usr/bin/python3 -c 'import h5py, matplotlib' 2>/dev/null; then

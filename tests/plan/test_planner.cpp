@@ -718,3 +718,66 @@ TEST_CASE("calibrated planning evens out the measured stages", "[plan][calibrate
   for (int n = 0; n < p.size(); ++n)
     CHECK(unchanged.nodes[static_cast<size_t>(n)].fwd_ms == Approx(p.nodes[static_cast<size_t>(n)].fwd_ms));
 }
+
+// Planning from traced runs (plan/calibrate.h, scale_to_measured): the same machine as above,
+// measured once through the uncalibrated plan's stages. One run scales each stage's nodes to
+// what it measured; runs with other cuts average per node; a stage outside the profile is refused.
+TEST_CASE("a traced run corrects the profile it was planned from", "[plan][calibrate]") {
+  const Profile p = transformer_like_profile(8);
+  PlanOptions o;
+  o.stages = 4;
+  o.schedule = ScheduleKind::OneFOneB;
+  o.micro_batches = 8;
+  o.memopt = MemoptMode::None;
+  auto truth = [&p](int n) { return n >= p.size() * 4 / 5 ? 0.6 : 1.15; };
+  auto node_ms = [](const Profile& q, int n) {
+    return q.nodes[static_cast<size_t>(n)].fwd_ms + q.nodes[static_cast<size_t>(n)].bwd_ms;
+  };
+  auto run = [&](const Plan& plan) {  // what a trace of the plan measures
+    std::vector<MeasuredStage> stages;
+    for (const StagePlan& s : plan.stages) {
+      double t = 0;
+      for (int n = s.begin; n < s.end; ++n) t += truth(n) * node_ms(p, n);
+      stages.push_back({s.begin, s.end, t});
+    }
+    return stages;
+  };
+  auto measured = [&](const std::vector<MeasuredStage>& stages) {
+    std::vector<double> ms;
+    for (const MeasuredStage& s : stages) ms.push_back(s.compute_ms);
+    return ms;
+  };
+  auto spread = [](const std::vector<double>& ms) {
+    return *std::max_element(ms.begin(), ms.end()) / *std::min_element(ms.begin(), ms.end()) - 1;
+  };
+  const Plan first = make_plan(p, o);
+  const std::vector<MeasuredStage> traced = run(first);
+  Profile corrected = p;
+  scale_to_measured(corrected, {traced});
+  for (const MeasuredStage& s : traced) {  // each stage now adds up to what was measured
+    double t = 0;
+    for (int n = s.begin; n < s.end; ++n) t += node_ms(corrected, n);
+    CHECK(t == Approx(s.compute_ms));
+  }
+  const Plan second = make_plan(corrected, o);
+  const std::vector<double> before = measured(traced), after = measured(run(second));
+  CHECK(*std::max_element(after.begin(), after.end()) < 0.97 * *std::max_element(before.begin(), before.end()));
+  CHECK(spread(after) < spread(before));
+  WARN("traced bottleneck " << *std::max_element(before.begin(), before.end()) << " -> "
+                            << *std::max_element(after.begin(), after.end()) << " ms, spread " << 100 * spread(before)
+                            << "% -> " << 100 * spread(after) << "%");
+  // Two runs: a node's factor is the geometric mean of its stages' measured / profiled ratios.
+  auto profiled = [&](int b, int e) {
+    double t = 0;
+    for (int n = b; n < e; ++n) t += node_ms(p, n);
+    return t;
+  };
+  const std::vector<MeasuredStage> a{{0, 10, 2 * profiled(0, 10)}, {10, p.size(), 0}};  // 0: unmeasured
+  const std::vector<MeasuredStage> b{{0, 5, 0.5 * profiled(0, 5)}};
+  Profile averaged = p;
+  scale_to_measured(averaged, {a, b});
+  CHECK(node_ms(averaged, 2) == Approx(node_ms(p, 2)));      // 2 and 0.5: 1
+  CHECK(node_ms(averaged, 7) == Approx(2 * node_ms(p, 7)));  // measured once, at 2
+  CHECK(node_ms(averaged, 20) == Approx(node_ms(p, 20)));    // not measured
+  CHECK_THROWS_AS(scale_to_measured(averaged, {{{0, p.size() + 1, 1.0}}}), ConfigError);
+}

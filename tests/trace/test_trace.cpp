@@ -105,3 +105,41 @@ TEST_CASE("the summary separates compute from communication and waiting", "[trac
   print_summary(gpu, gpu_out);
   CHECK(gpu_out.str().find("busy CPU time") == std::string::npos);
 }
+
+// What a traced run measured of each stage, for planning from it (plan/calibrate.h).
+TEST_CASE("a trace measures each stage's forward and backward per micro-batch", "[trace][calibrate]") {
+  Trace t = two_stages();
+  t.stage_records[0].node_begin = 0, t.stage_records[0].node_end = 5;
+  t.stage_records[1].node_begin = 5, t.stage_records[1].node_end = 9;
+  // One step: its forwards and backwards, wall time (GPU) or CPU time (CPU traces).
+  std::vector<StageCompute> wall = measured_stage_compute(t, false);
+  REQUIRE(wall.size() == 2);
+  CHECK(wall[0].node_begin == 0);
+  CHECK(wall[1].node_end == 9);
+  CHECK(wall[0].ms == Approx(2000));  // F 1 s + B 1 s, one micro-batch; the receive's wait is not work
+  CHECK(wall[1].ms == Approx(2000));  // the optimizer step is not per micro-batch work
+  CHECK(measured_stage_compute(t, true)[0].ms == Approx(1500));
+  // A later step leaves the first (first touches of memory) out; evictor records nested in a
+  // backward come off it.
+  Trace two = t;
+  two.steps = 2;
+  for (const ActionRecord& r : t.actions) {
+    ActionRecord later = r;
+    later.step = 1, later.start_s += 10, later.end_s += 10;
+    if (later.action_kind() == ActionKind::Backward && later.stage == 1) later.end_s += 2;  // 3 s, 0.5 s of it a re-run
+    two.actions.push_back(later);
+  }
+  ActionRecord rerun = record(1, ActionKind::Recompute, 0, 12, 12.5, 0);
+  rerun.step = 1;
+  two.actions.push_back(rerun);
+  const std::vector<StageCompute> later = measured_stage_compute(two, false);
+  CHECK(later[0].ms == Approx(2000));
+  CHECK(later[1].ms == Approx(1000 + 3000 - 500));
+  // Without a stage's backward there is nothing to measure.
+  Trace missing = t;
+  missing.actions.erase(missing.actions.begin() + 3);  // stage 0's backward
+  CHECK_THROWS_AS(measured_stage_compute(missing, false), ConfigError);
+  Trace old = t;  // a trace from before CPU times were recorded
+  for (ActionRecord& r : old.actions) r.cpu_s = 0;
+  CHECK_THROWS_AS(measured_stage_compute(old, true), ConfigError);
+}
