@@ -369,10 +369,14 @@ Plan agreed_plan(const po::variables_map& vm, const std::optional<GivenPlan>& gi
     plan_json = given->json;
   } else {
     // A resumed run keeps the split its checkpoint was written with.
-    if (rank == 0)
-      plan_json = s.resume && std::ifstream(saved_plan).good()
-                      ? read_text_file(saved_plan)
-                      : plan_on_rank0(vm, graph, layout.stages, layout.replicas, s.capacity, device);
+    if (rank == 0) {
+      const bool keep_saved = s.resume && std::ifstream(saved_plan).good();
+      if (keep_saved && vm.count("calibrate-trace"))
+        throw ConfigError("--calibrate-trace plans anew, and a resumed run keeps its checkpoint's plan (" + saved_plan +
+                          ")");
+      plan_json = keep_saved ? read_text_file(saved_plan)
+                             : plan_on_rank0(vm, graph, layout.stages, layout.replicas, s.capacity, device);
+    }
     broadcast(plan_json);
   }
   if (rank == 0 && s.checkpoint_every > 0) {
@@ -621,6 +625,8 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   // optimization need the runtime.
   const bool runtime_features = !settings.trace_path.empty() || settings.checkpoint_every > 0 || settings.resume ||
                                 vm["memopt"].as<MemoptMode>() != MemoptMode::None || plan || device.is_cuda();
+  if (vm.count("calibrate-trace") && layout.stages == 1)
+    throw ConfigError("--calibrate-trace corrects the stages of a pipeline; this run has one stage");
   if (layout.stages == 1 && layout.replicas == 1 && !in_process && !runtime_features)
     return train_one_stage(graph, settings);
   return train_pipeline(vm, given, graph, layout, settings, world, device, transport);

@@ -95,9 +95,15 @@ void calibrate_from_traces(Profile& profile, const std::vector<std::string>& tra
     if (t.micro_batch_size != profile.micro_batch_size)
       throw ConfigError(where + "micro-batches of " + std::to_string(t.micro_batch_size) +
                         " samples, this plan's are " + std::to_string(profile.micro_batch_size));
+    std::vector<StageCompute> measured;
+    try {
+      measured = measured_stage_compute(t, cpu_time_is_work(t));
+    } catch (const ConfigError& e) {
+      throw ConfigError(where + e.reason());
+    }
     std::vector<MeasuredStage> stages;
     int64_t last_end = 0;
-    for (const StageCompute& c : measured_stage_compute(t, t.device == "cpu")) {
+    for (const StageCompute& c : measured) {
       stages.push_back({static_cast<int>(c.node_begin), static_cast<int>(c.node_end), c.ms});
       last_end = std::max(last_end, c.node_end);
     }

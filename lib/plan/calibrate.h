@@ -54,8 +54,9 @@ struct MeasuredStage {
 void scale_to_measured(Profile& profile, const std::vector<std::vector<MeasuredStage>>& runs);
 
 // scale_to_measured by the traces' runs (`train --trace` files of runs planned from this
-// profile, or from this profile as traces corrected it). On CPU traces the actions' CPU time
-// is the measure. Throws ConfigError for a trace of another model, micro-batch size or graph.
+// profile, or from this profile as traces corrected it), measured in CPU time where that is
+// the stages' own work (trace/trace.h, cpu_time_is_work), else in wall time. Throws ConfigError
+// for a trace of another preset, micro-batch size or node count (naming the trace).
 void calibrate_from_traces(Profile& profile, const std::vector<std::string>& trace_paths);
 
 }  // namespace dawnpiper

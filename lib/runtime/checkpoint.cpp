@@ -4,6 +4,7 @@
 
 #include <fstream>
 
+#include "runtime/mpi_wait.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -63,7 +64,7 @@ void write_checkpoint(const std::string& dir, int64_t next_step, PipelineStage& 
       if (s[i].defined()) write_tensor(state, std::to_string(i), s[i]);
   });
   // Every stage has its file once all reach the barrier; then `latest` may move.
-  MPI_Barrier(comm);
+  barrier_quietly(comm);
   if (rank == 0) {
     write_text_atomically(dir + "/latest", std::to_string(next_step) + "\n");
     for (const std::string& name : list_directory(dir))

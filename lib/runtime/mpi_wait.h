@@ -2,9 +2,10 @@
 // Waiting on MPI without holding a core. Open MPI's blocking calls poll in a busy loop (with
 // more ranks than cores, a sched_yield loop), so a rank waiting for its neighbour takes the CPU
 // time that a rank sharing its core, or its own intra-op threads, would compute with. These
-// test the request and sleep between tests, the pause doubling from a few microseconds up to
-// kMaxPause: a message that is about to arrive is seen at once, a long wait costs almost no CPU,
-// and the latency added is at most one pause (docs/benchmarks.md, "Waiting without spinning").
+// test the request and sleep between tests, the pause doubling from 2 us up to kMaxPause: a long
+// wait costs almost no CPU. The latency added is about one pause per test that finds a transfer
+// step done (Linux's timer slack makes the shortest sleeps about 50 us); a rendezvous transfer
+// has a few such steps (docs/benchmarks.md, "Waiting without spinning").
 #include <mpi.h>
 
 #include <chrono>

@@ -2,9 +2,11 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <chrono>
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "runtime/checkpoint.h"
 #include "runtime/mpi_wait.h"
@@ -198,7 +200,7 @@ class LossRelay {
   // The last stage's loss for a step (averaged over the replicas' micro-batches).
   void send(int64_t step, double loss) {
     if (c_.replicas > 1) {
-      MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, options_.replica_comm);
+      allreduce_quietly(&loss, 1, MPI_DOUBLE, MPI_SUM, options_.replica_comm);
       loss /= static_cast<double>(c_.replicas);
     }
     if (rank_ == 0) return report({step, loss});
@@ -213,10 +215,11 @@ class LossRelay {
     while (reported_ < c_.steps) {
       int flag = 0;
       MPI_Status st;
-      if (wait)
-        MPI_Probe(last_, static_cast<int>(reported_), control_, &st), flag = 1;
-      else
+      MPI_Iprobe(last_, static_cast<int>(reported_), control_, &flag, &st);
+      for (auto pause = std::chrono::microseconds(50); wait && !flag; pause = std::min(pause * 2, kMaxPause)) {
+        std::this_thread::sleep_for(pause);  // as wait_quietly: no core held while the last stage works
         MPI_Iprobe(last_, static_cast<int>(reported_), control_, &flag, &st);
+      }
       if (!flag) return;
       double loss = 0;
       MPI_Recv(&loss, 1, MPI_DOUBLE, last_, static_cast<int>(reported_), control_, MPI_STATUS_IGNORE);
@@ -226,7 +229,7 @@ class LossRelay {
 
   void finish() {
     poll(true);
-    if (!requests_.empty()) MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+    for (MPI_Request& r : requests_) wait_quietly(r);
   }
 
  private:
@@ -282,7 +285,7 @@ void after_step(PipelineStage& stage, Transport& transport, const PipelineConfig
     double sum = 0;
     for (int64_t k = 0; k < options.eval_batches; ++k) sum += stage.evaluate(base + k, k);
     double mean = sum / static_cast<double>(options.eval_batches);
-    MPI_Bcast(&mean, 1, MPI_DOUBLE, last, comm);
+    broadcast_quietly(&mean, 1, MPI_DOUBLE, last, comm);
     if (rank == 0 && options.on_validation) options.on_validation({step, mean});
   }
   if (options.checkpoint_every > 0 && c.replica == 0) {  // once per stage: the replicas hold the same weights
@@ -323,7 +326,8 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
     stage.set_tied_reducer([&](std::vector<StageParameter>& params) { reduce_tied(tie_comms, params); });
   LossRelay losses(c, options, control_comm, rank, static_cast<int>(c.ranges.size()) - 1);
   stage.set_loss_callback([&](int64_t step, double loss) { losses.send(step, loss); });
-  barrier_quietly(comm);  // the common origin of every rank's trace times
+  barrier_quietly(comm);  // every rank arrives without spinning...
+  MPI_Barrier(comm);      // ...and leaves at once: the common origin of every rank's trace times
   StageTracer tracer(rank, stage.module().device(), transport, StageTracer::Clock::now(), options.trace);
   tracing = &tracer;
   if (stage.evictor())

@@ -178,6 +178,17 @@ std::vector<StageSummary> summarize(const Trace& t) {
   return out;
 }
 
+bool cpu_time_is_work(const Trace& t) {
+  if (t.device != "cpu") return false;
+  double wall = 0, cpu = 0;
+  for (const ActionRecord& r : t.actions) {
+    if (r.action_kind() != ActionKind::Forward && r.action_kind() != ActionKind::Backward) continue;
+    if (r.cpu_s <= 0) return false;  // a trace from before CPU times were recorded
+    wall += r.end_s - r.start_s, cpu += r.cpu_s;
+  }
+  return wall > 0 && cpu <= 1.1 * wall;  // more would be several threads' time
+}
+
 std::vector<StageCompute> measured_stage_compute(const Trace& t, bool cpu) {
   std::vector<StageCompute> out(static_cast<size_t>(t.stages));
   for (const StageRecord& r : t.stage_records)
@@ -187,23 +198,41 @@ std::vector<StageCompute> measured_stage_compute(const Trace& t, bool cpu) {
   const bool skip_first = std::any_of(t.actions.begin(), t.actions.end(), [&](const ActionRecord& r) {
     return r.step > t.first_step && r.action_kind() == ActionKind::Backward;
   });
-  std::vector<double> ms(out.size(), 0);
-  std::vector<int64_t> micro_batches(out.size(), 0);
+  std::vector<std::vector<const ActionRecord*>> work(out.size()), evictions(out.size());
   for (const ActionRecord& r : t.actions) {
     if (r.replica != 0 || r.stage < 0 || r.stage >= t.stages || (skip_first && r.step == t.first_step)) continue;
     const ActionKind kind = r.action_kind();
-    if (kind != ActionKind::Forward && kind != ActionKind::Backward && !is_evictor(kind)) continue;
-    if (cpu && !is_evictor(kind) && r.cpu_s <= 0)
-      throw ConfigError("the trace has no CPU times (written before they were recorded); trace the run again");
-    // Evictor records are nested inside a forward or backward: their wall time comes off.
-    const double s = is_evictor(kind) ? -(r.end_s - r.start_s) : cpu ? r.cpu_s : r.end_s - r.start_s;
-    ms[static_cast<size_t>(r.stage)] += 1e3 * s;
-    if (kind == ActionKind::Backward) ++micro_batches[static_cast<size_t>(r.stage)];
+    if (kind == ActionKind::Forward || kind == ActionKind::Backward) work[static_cast<size_t>(r.stage)].push_back(&r);
+    if (is_evictor(kind)) evictions[static_cast<size_t>(r.stage)].push_back(&r);
   }
+  auto by_start = [](const ActionRecord* a, const ActionRecord* b) { return a->start_s < b->start_s; };
   for (size_t x = 0; x < out.size(); ++x) {
-    if (micro_batches[x] == 0 || out[x].node_end <= out[x].node_begin)
+    double ms = 0;
+    int64_t micro_batches = 0;
+    for (const ActionRecord* r : work[x]) {
+      if (cpu && r->cpu_s <= 0)
+        throw ConfigError("the trace has no CPU times (written before they were recorded); trace the run again");
+      ms += 1e3 * (cpu ? r->cpu_s : r->end_s - r->start_s);
+      micro_batches += r->action_kind() == ActionKind::Backward;
+    }
+    if (micro_batches == 0 || out[x].node_end <= out[x].node_begin)
       throw ConfigError("the trace has no backward of stage " + std::to_string(x) + " to measure");
-    out[x].ms = std::max(0.0, ms[x]) / static_cast<double>(micro_batches[x]);
+    // The evictor's copies and re-runs inside a forward or backward come off it (those inside
+    // another one, a swap-in a re-run waits for, once; those inside a send never counted), in
+    // the enclosing action's CPU time per wall second where CPU time is the measure.
+    std::sort(work[x].begin(), work[x].end(), by_start);
+    std::sort(evictions[x].begin(), evictions[x].end(), by_start);
+    double outer_end = -1;
+    for (const ActionRecord* e : evictions[x]) {
+      if (e->end_s <= outer_end) continue;
+      auto after = std::upper_bound(work[x].begin(), work[x].end(), e, by_start);
+      if (after == work[x].begin() || (*std::prev(after))->end_s < e->end_s) continue;
+      const ActionRecord* in = *std::prev(after);
+      const double wall = in->end_s - in->start_s;
+      ms -= 1e3 * (e->end_s - e->start_s) * (cpu && wall > 0 ? in->cpu_s / wall : 1.0);
+      outer_end = e->end_s;
+    }
+    out[x].ms = std::max(0.0, ms) / static_cast<double>(micro_batches);
   }
   return out;
 }

@@ -89,7 +89,8 @@ void print_summary(const Trace& trace, std::ostream& out);
 // What a traced run measured of each stage's work (replica 0): its nodes, and its forward plus
 // backward per micro-batch in ms without the evictor's copies and re-runs inside them, over the
 // steps after the first where there are any. cpu: the actions' CPU time instead of their wall
-// time (a CPU trace whose ranks share cores: the stage's own work, not its core-mate's turns).
+// time (see cpu_time_is_work). On a GPU the evictor's records time what the host waited for,
+// not the copies and re-runs behind them, which stay in the forward's and backward's times.
 struct StageCompute {
   int64_t stage = 0, node_begin = 0, node_end = 0;
   double ms = 0;
@@ -97,6 +98,10 @@ struct StageCompute {
 // Throws ConfigError for a trace without every stage's forwards and backwards (or without CPU
 // times where cpu is asked for).
 std::vector<StageCompute> measured_stage_compute(const Trace& trace, bool cpu);
+// Whether a trace's CPU times measure its stages' own work: a CPU trace whose forwards and
+// backwards took at most about one core each (one intra-op thread). Where ranks share cores,
+// their wall time also counts the others' turns; with several threads, CPU time counts them all.
+bool cpu_time_is_work(const Trace& trace);
 
 bool is_compute(ActionKind kind);
 // SWAP_OUT, SWAP_IN, RECOMPUTE: records nested inside a forward or backward.

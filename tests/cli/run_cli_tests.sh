@@ -132,8 +132,12 @@ share=$(grep -o 'receiving ([0-9.]*%)' "$work/out" | grep -o '[0-9.]*')
 awk -v s="${share:-100}" 'BEGIN {exit !(s < 30)}' && passed=$((passed + 1)) ||
   { echo "FAIL: waiting for messages took ${share:-?}% CPU"; cat "$work/out"; failed=$((failed + 1)); }
 # Planning from a traced run: train again with the stages' node times scaled to what it measured.
-expect_ok "train calibrated by a trace" "done:" train "${common[@]}" --schedule 1f1b --in-process --stages 3 \
-  --calibrate-trace "$work/trace.h5" --calibrate-trace "$work/trace.h5"
+expect_ok "train calibrated by a trace" "node times scaled to what 2 traced run(s) measured" train --model gpt2-tiny \
+  --steps 3 --micro-batches 4 --schedule 1f1b --in-process --stages 3 --calibrate-trace "$work/trace.h5" \
+  --calibrate-trace "$work/trace.h5"
+grep -q "^done:" "$work/out" && passed=$((passed + 1)) || { echo "FAIL: calibrated run did not finish"; failed=$((failed + 1)); }
+expect_fail "calibrate one stage" "this run has one stage" train --model gpt2-tiny --steps 1 \
+  --calibrate-trace "$work/trace.h5"
 expect_fail "calibrate by another model's trace" "a trace of gpt2-tiny, not of mlp-tiny" plan --profile-in "$work/p.h5" \
   --stages 2 --calibrate-trace "$work/trace.h5"
 expect_fail "calibrate by a trace without a profile" "--calibrate-trace needs --profile-in" plan --model gpt2-tiny \

@@ -126,15 +126,33 @@ TEST_CASE("a trace measures each stage's forward and backward per micro-batch", 
   for (const ActionRecord& r : t.actions) {
     ActionRecord later = r;
     later.step = 1, later.start_s += 10, later.end_s += 10;
-    if (later.action_kind() == ActionKind::Backward && later.stage == 1) later.end_s += 2;  // 3 s, 0.5 s of it a re-run
+    if (later.action_kind() == ActionKind::Backward && later.stage == 1)  // 3 s, 0.5 s of it a re-run
+      later.end_s += 2, later.cpu_s = 0.75 * 3;
     two.actions.push_back(later);
   }
   ActionRecord rerun = record(1, ActionKind::Recompute, 0, 12, 12.5, 0);
   rerun.step = 1;
   two.actions.push_back(rerun);
+  ActionRecord swap_in = record(1, ActionKind::SwapIn, 0, 12.1, 12.2, 0);  // the re-run waits for it: inside
+  swap_in.step = 1;
+  two.actions.push_back(swap_in);
+  ActionRecord at_send = record(0, ActionKind::SwapOut, 0, 11, 11, 0);  // inside a send, not a forward
+  at_send.step = 1, at_send.end_s = 11.2;
+  two.actions.push_back(at_send);
   const std::vector<StageCompute> later = measured_stage_compute(two, false);
   CHECK(later[0].ms == Approx(2000));
   CHECK(later[1].ms == Approx(1000 + 3000 - 500));
+  // In CPU time, the re-run's wall time at the backward's CPU time per wall second.
+  CHECK(measured_stage_compute(two, true)[1].ms == Approx(0.75 * (1000 + 3000) - 0.75 * 500));
+  // CPU time measures the work where each action used about one core; not with several
+  // threads' time in it, nor on a GPU.
+  CHECK(cpu_time_is_work(two));
+  Trace threads = two;
+  for (ActionRecord& r : threads.actions) r.cpu_s = 2 * (r.end_s - r.start_s);
+  CHECK_FALSE(cpu_time_is_work(threads));
+  Trace gpu = two;
+  gpu.device = "cuda:0";
+  CHECK_FALSE(cpu_time_is_work(gpu));
   // Without a stage's backward there is nothing to measure.
   Trace missing = t;
   missing.actions.erase(missing.actions.begin() + 3);  // stage 0's backward
