@@ -156,6 +156,8 @@ def hf_source(args):
             with autocast(args.precision):
                 return self.model(input_ids=input_ids, labels=labels).loss
 
+    if args.output_chunks > 1:
+        chunk_output_projection(model, args.output_chunks)
     wrapper = CausalOrMasked(model)
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, vocab, (args.batch_size, seq), generator=gen)
@@ -208,6 +210,40 @@ def hf_source(args):
     if args.loss_chunk_tokens:
         description["loss_chunk_tokens"] = args.loss_chunk_tokens
     return wrapper, "model.", {"input_ids": ids, "labels": labels}, roles, description
+
+
+def chunk_output_projection(model, chunks):
+    """The model's output projection computed as `chunks` projections over ranges of its rows
+    (the vocabulary), concatenated: the same logits, but nodes a plan can cut between, where the
+    whole projection is one node that may outweigh a stage (docs/planner.md, "A node too large for
+    its stage"). Its weight and bias stay the same objects under the same names."""
+    import torch
+
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise UserError(f"--output-chunks: {type(model).__name__}'s output projection is a "
+                        f"{type(head).__name__}, not a Linear")
+    rows = head.weight.shape[0]
+    if not 1 < chunks <= rows:
+        raise UserError(f"--output-chunks {chunks}: the output projection has {rows} rows")
+    step = -(-rows // chunks)
+    path = next(name for name, m in model.named_modules() if m is head)
+    parent_path, _, attribute = path.rpartition(".")
+
+    class ChunkedProjection(torch.nn.Module):
+        def __init__(self, linear):
+            super().__init__()
+            self.weight = linear.weight
+            self.bias = linear.bias
+
+        def forward(self, x):
+            # One split of the weight: its backward assembles the weight's gradient once from the
+            # chunks' (a slice per chunk would allocate a whole gradient for each).
+            weights = torch.split(self.weight, step)
+            biases = torch.split(self.bias, step) if self.bias is not None else [None] * len(weights)
+            return torch.cat([torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases)], dim=-1)
+
+    setattr(model.get_submodule(parent_path) if parent_path else model, attribute, ChunkedProjection(head))
 
 
 def fused_lm_loss(model, task, chunk_tokens, precision):
@@ -855,11 +891,20 @@ def main(argv=None):
     parser.add_argument("--loss-chunk-tokens", type=int, default=0,
                         help="HF sources: fuse the LM head with its loss, computing the logits of this many positions "
                              "at a time (dawnpiper_ops.linear_cross_entropy; in --module models, call it yourself)")
+    parser.add_argument("--output-chunks", type=int, default=0,
+                        help="HF sources: compute the output projection as this many projections over ranges of the "
+                             "vocabulary, concatenated (the same logits; cuts can fall between them)")
     parser.add_argument("--verbose", action="store_true", help="show what torch.export logs")
     args = parser.parse_args(argv)
     if args.loss_chunk_tokens < 0 or (args.loss_chunk_tokens and args.module):
         raise UserError("--loss-chunk-tokens takes a positive number of positions, for --hf / --hf-config / --pretrained "
                         "sources (a --module model calls dawnpiper_ops.linear_cross_entropy itself)")
+    if args.output_chunks < 0 or (args.output_chunks and args.module):
+        raise UserError("--output-chunks takes a positive number of projections, for --hf / --hf-config / --pretrained "
+                        "sources (a --module model can compute its projection in parts itself)")
+    if args.output_chunks and args.loss_chunk_tokens:
+        raise UserError("--output-chunks and --loss-chunk-tokens: the fused loss never holds the logits whole; "
+                        "give one of them")
     global VERBOSE
     VERBOSE = args.verbose
     if args.batch_size < 2:

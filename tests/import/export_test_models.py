@@ -34,6 +34,13 @@ def main():
         export_model.main(["--hf", arch, "--config", config, "--seq-len", "16", "--batch-size", "3",
                            "--loss-chunk-tokens", "20", "--out", os.path.join(out, name + "_fused.dpm"),
                            "--reference", os.path.join(out, name + "_fused.ref")])
+    # The output projection as 3 projections over vocabulary ranges (GPT-2's tied to the
+    # embedding, BERT's with a bias), so that cuts can fall between them.
+    for name in ("gpt2", "bert"):
+        arch, config = MODELS[name]
+        export_model.main(["--hf", arch, "--config", config, "--seq-len", "16", "--batch-size", "3",
+                           "--output-chunks", "3", "--out", os.path.join(out, name + "_chunked.dpm"),
+                           "--reference", os.path.join(out, name + "_chunked.ref")])
     gpt2 = MODELS["gpt2"][1]
     export_model.main(["--hf", "gpt2", "--config", gpt2, "--seq-len", "16", "--batch-size", "3", "--precision", "bf16",
                        "--out", os.path.join(out, "gpt2_bf16.dpm"), "--reference", os.path.join(out, "gpt2_bf16.ref")])

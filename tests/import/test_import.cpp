@@ -91,6 +91,29 @@ TEST_CASE("imported models with a fused LM loss give Hugging Face's loss and gra
   }
 }
 
+// export_model.py --output-chunks: the output projection as projections over vocabulary ranges
+// and a concatenation; the same weights give the whole projection's loss and gradients.
+TEST_CASE("imported models with a chunked output projection give Hugging Face's loss and gradients", "[import]") {
+  for (const std::string name : {"gpt2", "bert"}) {
+    INFO(name);
+    check_against_eager(name + "_chunked");
+    const OpGraph chunked = build_imported(*read_model_file(test_model(name + "_chunked")), 3);
+    const OpGraph plain = build_imported(*read_model_file(test_model(name)), 3);
+    CHECK(chunked.parameter_count() == plain.parameter_count());
+    CHECK(chunked.size() > plain.size());  // the slices, the two more projections and the concatenation
+    SafetensorsFile a(test_models_dir() + "/" + name + ".ref"), b(test_models_dir() + "/" + name + "_chunked.ref");
+    CHECK(read_tensor(b, "loss").item<double>() == Approx(read_tensor(a, "loss").item<double>()).epsilon(1e-6));
+    for (const std::string& key : a.names()) {
+      if (key.rfind("grad.", 0) != 0) continue;
+      INFO(key);
+      REQUIRE(b.contains(key));
+      const at::Tensor want = read_tensor(a, key);
+      if (want.abs().max().item<double>() < 1e-8) continue;  // zero but for rounding (attention key biases)
+      CHECK(relative_error(read_tensor(b, key), want) < 1e-5);
+    }
+  }
+}
+
 TEST_CASE("imported bf16 GPT-2 gives eager autocast's loss and gradients", "[import]") {
   check_against_eager("gpt2_bf16", 1e-5);
 }
