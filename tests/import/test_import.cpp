@@ -52,6 +52,21 @@ void check_against_eager(const std::string& name, double tolerance = 1e-5) {
   CHECK(!checked.empty());
 }
 
+// Two exports of one model with the same weights (the same seed): the same eager loss and
+// gradients in their references.
+void check_same_reference(const std::string& name, const std::string& variant) {
+  SafetensorsFile a(test_models_dir() + "/" + name + ".ref"), b(test_models_dir() + "/" + variant + ".ref");
+  CHECK(read_tensor(b, "loss").item<double>() == Approx(read_tensor(a, "loss").item<double>()).epsilon(1e-6));
+  for (const std::string& key : a.names()) {
+    if (key.rfind("grad.", 0) != 0) continue;
+    INFO(key);
+    REQUIRE(b.contains(key));
+    const at::Tensor want = read_tensor(a, key);
+    if (want.abs().max().item<double>() < 1e-8) continue;  // zero but for rounding (attention key biases)
+    CHECK(relative_error(read_tensor(b, key), want) < 1e-5);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("imported GPT-2 gives eager PyTorch's loss and gradients", "[import]") { check_against_eager("gpt2"); }
@@ -77,17 +92,7 @@ TEST_CASE("imported models with a fused LM loss give Hugging Face's loss and gra
     CHECK(loss.attr_int("chunk_tokens", 0) == 20);
     CHECK(fused.parameter_count() == plain.parameter_count());
     CHECK(fused.size() < plain.size());
-    // The same weights (same seed) give the unfused export's loss and gradients.
-    SafetensorsFile a(test_models_dir() + "/" + name + ".ref"), b(test_models_dir() + "/" + name + "_fused.ref");
-    CHECK(read_tensor(b, "loss").item<double>() == Approx(read_tensor(a, "loss").item<double>()).epsilon(1e-6));
-    for (const std::string& key : a.names()) {
-      if (key.rfind("grad.", 0) != 0) continue;
-      INFO(key);
-      REQUIRE(b.contains(key));
-      const at::Tensor want = read_tensor(a, key);
-      if (want.abs().max().item<double>() < 1e-8) continue;  // zero but for rounding (attention key biases)
-      CHECK(relative_error(read_tensor(b, key), want) < 1e-5);
-    }
+    check_same_reference(name, name + "_fused");  // the unfused export's loss and gradients
   }
 }
 
@@ -101,16 +106,7 @@ TEST_CASE("imported models with a chunked output projection give Hugging Face's 
     const OpGraph plain = build_imported(*read_model_file(test_model(name)), 3);
     CHECK(chunked.parameter_count() == plain.parameter_count());
     CHECK(chunked.size() > plain.size());  // the slices, the two more projections and the concatenation
-    SafetensorsFile a(test_models_dir() + "/" + name + ".ref"), b(test_models_dir() + "/" + name + "_chunked.ref");
-    CHECK(read_tensor(b, "loss").item<double>() == Approx(read_tensor(a, "loss").item<double>()).epsilon(1e-6));
-    for (const std::string& key : a.names()) {
-      if (key.rfind("grad.", 0) != 0) continue;
-      INFO(key);
-      REQUIRE(b.contains(key));
-      const at::Tensor want = read_tensor(a, key);
-      if (want.abs().max().item<double>() < 1e-8) continue;  // zero but for rounding (attention key biases)
-      CHECK(relative_error(read_tensor(b, key), want) < 1e-5);
-    }
+    check_same_reference(name, name + "_chunked");
   }
 }
 

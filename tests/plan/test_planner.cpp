@@ -657,17 +657,25 @@ TEST_CASE("where nothing else fits, stages swap everything late and the plan sti
   CHECK(late_plans >= 3);
 }
 
+namespace {
+// The plans the calibration tests make: 4 stages of 1f1b, nothing to evict.
+PlanOptions calibration_options() {
+  PlanOptions o;
+  o.stages = 4;
+  o.schedule = ScheduleKind::OneFOneB;
+  o.micro_batches = 8;
+  o.memopt = MemoptMode::None;
+  return o;
+}
+}  // namespace
+
 // Calibrated planning (plan/calibrate.h) against a machine whose stages do not take what the
 // profile says: here the nodes of the last fifth run at 0.6 times their profiled time, the
 // others at 1.15 times (a head-only stage in cache, longer ones not). The uncalibrated plan
 // cuts by the profile; measuring and scaling moves the cuts until the measured stages even out.
 TEST_CASE("calibrated planning evens out the measured stages", "[plan][calibrate]") {
   const Profile p = transformer_like_profile(8);
-  PlanOptions o;
-  o.stages = 4;
-  o.schedule = ScheduleKind::OneFOneB;
-  o.micro_batches = 8;
-  o.memopt = MemoptMode::None;
+  const PlanOptions o = calibration_options();
   auto truth = [&p](int n) { return n >= p.size() * 4 / 5 ? 0.6 : 1.15; };
   int measurements = 0;
   const StageTimer machine = [&](const Plan& plan) {
@@ -724,11 +732,7 @@ TEST_CASE("calibrated planning evens out the measured stages", "[plan][calibrate
 // what it measured; runs with other cuts average per node; a stage outside the profile is refused.
 TEST_CASE("a traced run corrects the profile it was planned from", "[plan][calibrate]") {
   const Profile p = transformer_like_profile(8);
-  PlanOptions o;
-  o.stages = 4;
-  o.schedule = ScheduleKind::OneFOneB;
-  o.micro_batches = 8;
-  o.memopt = MemoptMode::None;
+  const PlanOptions o = calibration_options();
   auto truth = [&p](int n) { return n >= p.size() * 4 / 5 ? 0.6 : 1.15; };
   auto node_ms = [](const Profile& q, int n) {
     return q.nodes[static_cast<size_t>(n)].fwd_ms + q.nodes[static_cast<size_t>(n)].bwd_ms;
