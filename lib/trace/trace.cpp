@@ -293,6 +293,9 @@ void print_summary(const Trace& t, std::ostream& out) {
             ? ""
             : (", bound " + std::to_string(static_cast<int>(std::lround(100 * (1 - bubble_bound(t))))) + "%").c_str());
     out << line;
+    if (spread(stages, &StageSummary::busy_s) > 0.10)
+      out << "the stages' busy times differ by more than 10%: `train --calibrate-trace` with this trace plans "
+             "again from what this run measured\n";
     // On a CPU whose ranks share cores, busy wall time includes the others' turns on a core.
     const bool cpu_times =
         std::all_of(stages.begin(), stages.end(), [](const StageSummary& s) { return s.busy_cpu_s > 0; });

@@ -99,6 +99,7 @@ TEST_CASE("the summary separates compute from communication and waiting", "[trac
   print_summary(t, out);
   CHECK(out.str().find("bubble bound") != std::string::npos);
   CHECK(out.str().find("busy CPU time per stage: 1.500 s 1.875 s; spread 25.0%") != std::string::npos);
+  CHECK(out.str().find("--calibrate-trace") != std::string::npos);  // busy 2.0 s and 2.5 s: 25% apart
   Trace gpu = t;  // a GPU's actions return before their kernels finish: no CPU time line
   gpu.device = "cuda:0";
   std::ostringstream gpu_out;
