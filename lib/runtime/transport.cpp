@@ -55,9 +55,14 @@ std::vector<at::Tensor> StandInTransport::recv(int, MessageKind, int64_t micro_b
       continue;
     }
     // Small positive values: a stand-in for a variance or a norm must not be negative (rsqrt, log).
-    out.push_back((at::isFloatingType(type) ? at::rand(s->shape, gen, at::TensorOptions(type)) * 0.02 + 0.01
-                                            : at::zeros(s->shape, at::TensorOptions(type)))
-                      .to(device_));
+    // Drawn in place: one buffer, as a real receive allocates (rand * a + b made two more,
+    // which a stage's measured peak then counted at a large received gradient).
+    at::Tensor t = at::empty(s->shape, at::TensorOptions(type));
+    if (at::isFloatingType(type))
+      t.uniform_(0.01, 0.03, gen);
+    else
+      t.zero_();
+    out.push_back(t.to(device_));
     bytes_received_ += s->bytes();
   }
   return out;

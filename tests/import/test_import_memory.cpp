@@ -112,17 +112,15 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
             INFO(name << " cut " << cut << " (" << g.nodes[static_cast<size_t>(cut)].name << ") "
                       << schedule_kind_name(kind) << " round " << round << " stage " << x << ": measured " << measured
                       << " predicted " << predicted);
-            // Keeping everything: at most 3.5% above (measured: up to +2.0%, BERT with the loss
-            // alone on the second stage under 1f1b; +3.4%, GPT-2 cut right after its first MLP
-            // projection's view under 1f1b, a cut the chunked export's shifted eighths reach and
-            // which the whole-projection export measures the same, not explained; +0.8% at the
-            // other cuts). Random evictions:
-            // 6% (T5 reaches +5.5% under gpipe, not yet explained; the planner's own decisions
+            // Keeping everything: at most 1.5% above (measured: up to +0.6%; +2.0% and +3.4%
+            // before the stand-in transport drew received gradients in place, BERT's loss alone
+            // on the second stage and GPT-2 cut after its first MLP projection, both under
+            // 1f1b). Random evictions: 6% (T5 reaches +5.1% under gpipe, not yet explained; the planner's own decisions
             // stay within 2% in the command-line tests). Plus 1 KiB: a first stage that only
             // views the input ids and sends the view holds one micro-batch's ids (512 bytes)
             // more or less than the replay, whose moments of releasing data and sent views
             // differ from the stand-in transport's (not explained either).
-            CHECK(double(measured) <= (round == 0 ? 1.035 : 1.06) * double(predicted) + 1024);
+            CHECK(double(measured) <= (round == 0 ? 1.015 : 1.06) * double(predicted) + 1024);
             CHECK(double(measured) >= 0.93 * double(predicted) - 1024);
           }
         }
