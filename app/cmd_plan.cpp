@@ -49,7 +49,7 @@ po::options_description plan_options() {
       ("calibrate-steps", po::value<int64_t>()->default_value(3), "steps per stage and round (the first a warm-up)")
       ("calibrate-trace", po::value<std::vector<std::string>>()->composing(),
        "scale each traced stage's node times to what the run measured (`train --trace` of a run planned from this "
-       "profile; several: in the order they were run)")
+       "profile; several: each node takes the mean of its factors)")
       ("out", po::value<std::string>(), "write the plan as JSON");
   // clang-format on
   po::options_description options;

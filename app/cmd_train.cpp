@@ -230,7 +230,7 @@ po::options_description train_options() {
       ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
       ("calibrate-trace", po::value<std::vector<std::string>>()->composing(),
        "plan from the profile with each traced stage's node times scaled to what that run measured (`--trace` "
-       "of an earlier run of this setup with the same profile; several: in the order they were run)")
+       "of an earlier run of this setup; several: each node takes the mean of its factors)")
       ("profile-cache", po::value<std::string>()->default_value(""),
        "where measured profiles are kept and reused: a directory, or off (default: $DAWNPIPER_CACHE, else "
        "$XDG_CACHE_HOME/dawnpiper or ~/.cache/dawnpiper)")

@@ -212,6 +212,13 @@ def hf_source(args):
     return wrapper, "model.", {"input_ids": ids, "labels": labels}, roles, description
 
 
+def replace_module(model, old, new):
+    """Puts `new` where the submodule `old` is in `model`."""
+    path = next(name for name, m in model.named_modules() if m is old)
+    parent_path, _, attribute = path.rpartition(".")
+    setattr(model.get_submodule(parent_path) if parent_path else model, attribute, new)
+
+
 def chunk_output_projection(model, chunks):
     """The model's output projection computed as `chunks` projections over ranges of its rows
     (the vocabulary), concatenated: the same logits, but nodes a plan can cut between, where the
@@ -227,8 +234,6 @@ def chunk_output_projection(model, chunks):
     if not 1 < chunks <= rows:
         raise UserError(f"--output-chunks {chunks}: the output projection has {rows} rows")
     step = -(-rows // chunks)
-    path = next(name for name, m in model.named_modules() if m is head)
-    parent_path, _, attribute = path.rpartition(".")
 
     class ChunkedProjection(torch.nn.Module):
         def __init__(self, linear):
@@ -243,7 +248,7 @@ def chunk_output_projection(model, chunks):
             biases = torch.split(self.bias, step) if self.bias is not None else [None] * len(weights)
             return torch.cat([torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases)], dim=-1)
 
-    setattr(model.get_submodule(parent_path) if parent_path else model, attribute, ChunkedProjection(head))
+    replace_module(model, head, ChunkedProjection(head))
 
 
 def fused_lm_loss(model, task, chunk_tokens, precision):
@@ -263,8 +268,6 @@ def fused_lm_loss(model, task, chunk_tokens, precision):
                         f"{type(head).__name__}, not a Linear")
     if task == "seq2seq" and not hasattr(model, "prepare_decoder_input_ids_from_labels"):
         raise UserError(f"--loss-chunk-tokens: {type(model).__name__} does not say how its decoder input is made")
-    path = next(name for name, m in model.named_modules() if m is head)
-    parent_path, _, attribute = path.rpartition(".")
 
     class PassThrough(torch.nn.Module):
         """Where the head was: its weight and bias (same objects, same names), no computation."""
@@ -278,7 +281,7 @@ def fused_lm_loss(model, task, chunk_tokens, precision):
             return x
 
     projection = PassThrough(head)
-    setattr(model.get_submodule(parent_path) if parent_path else model, attribute, projection)
+    replace_module(model, head, projection)
 
     class FusedLoss(torch.nn.Module):
         def __init__(self, model):

@@ -2,11 +2,9 @@
 
 #include <ATen/core/grad_mode.h>
 
-#include <chrono>
 #include <map>
 #include <set>
 #include <stdexcept>
-#include <thread>
 
 #include "runtime/checkpoint.h"
 #include "runtime/mpi_wait.h"
@@ -215,14 +213,10 @@ class LossRelay {
     while (reported_ < c_.steps) {
       int flag = 0;
       MPI_Status st;
-      MPI_Iprobe(last_, static_cast<int>(reported_), control_, &flag, &st);
-      for (auto pause = std::chrono::microseconds(50); wait && !flag; pause = std::min(pause * 2, kMaxPause)) {
-        std::this_thread::sleep_for(pause);  // as wait_quietly: no core held while the last stage works
-        MPI_Iprobe(last_, static_cast<int>(reported_), control_, &flag, &st);
-      }
-      if (!flag) return;
+      if (!wait) MPI_Iprobe(last_, static_cast<int>(reported_), control_, &flag, &st);
+      if (!wait && !flag) return;
       double loss = 0;
-      MPI_Recv(&loss, 1, MPI_DOUBLE, last_, static_cast<int>(reported_), control_, MPI_STATUS_IGNORE);
+      recv_quietly(&loss, 1, MPI_DOUBLE, last_, static_cast<int>(reported_), control_, MPI_STATUS_IGNORE);
       report({reported_, loss});
     }
   }

@@ -193,7 +193,7 @@ std::vector<StageCompute> measured_stage_compute(const Trace& t, bool cpu) {
   std::vector<StageCompute> out(static_cast<size_t>(t.stages));
   for (const StageRecord& r : t.stage_records)
     if (r.replica == 0 && r.stage >= 0 && r.stage < t.stages)
-      out[static_cast<size_t>(r.stage)] = {r.stage, r.node_begin, r.node_end, 0};
+      out[static_cast<size_t>(r.stage)] = {r.node_begin, r.node_end, 0};
   // The first step pays for first touches of memory; later ones are what a long run sees.
   const bool skip_first = std::any_of(t.actions.begin(), t.actions.end(), [&](const ActionRecord& r) {
     return r.step > t.first_step && r.action_kind() == ActionKind::Backward;

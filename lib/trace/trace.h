@@ -91,8 +91,8 @@ void print_summary(const Trace& trace, std::ostream& out);
 // steps after the first where there are any. cpu: the actions' CPU time instead of their wall
 // time (see cpu_time_is_work). On a GPU the evictor's records time what the host waited for,
 // not the copies and re-runs behind them, which stay in the forward's and backward's times.
-struct StageCompute {
-  int64_t stage = 0, node_begin = 0, node_end = 0;
+struct StageCompute {  // indexed by stage
+  int64_t node_begin = 0, node_end = 0;
   double ms = 0;
 };
 // Throws ConfigError for a trace without every stage's forwards and backwards (or without CPU
