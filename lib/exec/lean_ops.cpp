@@ -13,17 +13,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Whether nothing but the caller's handle reads `t`'s memory, so it may be overwritten: its own
-// storage, or a view of a base that only the view holds (at::matmul's backward hands on its
-// product reshaped). LibTorch 2.11 hands a custom function's backward the engine's only handle
-// on a gradient; 1.13 kept a copy, so nothing is overwritten there (and the replay does not
-// count on it: DAWNPIPER_IN_PLACE_GRADIENTS, CMakeLists.txt).
-bool sole_owner(const at::Tensor& t) {
-  if (t.use_count() != 1 || !t.has_storage() || t._is_zerotensor() || !t.is_non_overlapping_and_dense()) return false;
-  if (!t.is_view()) return t.storage().use_count() == 1;
-  return t._base().use_count() == 1 && t.storage().use_count() == 2;
-}
-
 struct SoftmaxFunction : torch::autograd::Function<SoftmaxFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
     at::Tensor y = at::softmax(x, -1);
@@ -84,6 +73,15 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
 };
 
 }  // namespace
+
+// LibTorch 2.11 hands a custom function's backward the engine's only handle on a gradient; 1.13
+// kept a copy, so no gradient is overwritten there (and the replay does not count on it:
+// DAWNPIPER_IN_PLACE_GRADIENTS, CMakeLists.txt).
+bool sole_owner(const at::Tensor& t) {
+  if (t.use_count() != 1 || !t.has_storage() || t._is_zerotensor() || !t.is_non_overlapping_and_dense()) return false;
+  if (!t.is_view()) return t.storage().use_count() == 1;
+  return t._base().use_count() == 1 && t.storage().use_count() == 2;
+}
 
 at::Tensor softmax_last_dim(const at::Tensor& x) { return SoftmaxFunction::apply(x); }
 

@@ -4,6 +4,11 @@
 
 namespace dawnpiper {
 
+// Whether nothing but the caller's handle reads `t`'s memory, so it may be overwritten: its own
+// storage, or a view of a base that only the view holds (at::matmul's backward hands on its
+// product reshaped, at::linear its 3-d output).
+bool sole_owner(const at::Tensor& t);
+
 // OpKind::Softmax over the last dimension. In fp32 its backward writes the input's gradient
 // over the output's gradient when nothing else holds that one (a gradient autograd made inside
 // the stage and handed on to this node alone), so an attention's backward holds the

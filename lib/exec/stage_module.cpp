@@ -11,7 +11,7 @@
 #include <tuple>
 
 #include "exec/aten_call.h"
-#include "exec/linear_cross_entropy.h"
+#include "exec/cross_entropy.h"
 #include "exec/lean_ops.h"
 #include "exec/weights.h"
 #include "graph/layout.h"
@@ -374,13 +374,18 @@ at::Tensor StageModule::matmul(const Node& node, const NodeInputs& in, TensorEnv
 }
 
 at::Tensor StageModule::cross_entropy(const Node& node, const NodeInputs& in, TensorEnv& env) const {
-  // at::cross_entropy_loss's own steps, so that the log-probabilities both backwards save are
-  // held here.
-  at::Tensor logits = in(0);
-  if (graph_->precision == "bf16") logits = logits.to(at::kFloat);  // the loss in fp32
-  at::Tensor log_probs = at::log_softmax(logits.reshape({-1, logits.size(-1)}), 1);
+  // Where this node is the logits' last reader here and no later stage reads them, the env's
+  // handle moves into the call; if no other is left (no backward saved them, the evictor keeps
+  // none to recompute from), the log-probabilities are written over them. The replay
+  // (plan/stage_memory.cpp, NodeClass::InPlaceLoss) counts it by the same references.
+  const int id = node.inputs[0];
+  const std::vector<int>& released = release_after_[static_cast<size_t>(node.id - begin_)];
+  const at::Tensor logits =
+      std::find(released.begin(), released.end(), id) != released.end() ? std::move(env[id]) : in(0);
+  at::Tensor log_probs;
+  const at::Tensor loss = dawnpiper::cross_entropy(logits, in(1), sole_owner(logits), &log_probs);
   expose(env, node.id, -1, log_probs);
-  return at::nll_loss(log_probs, in(1).reshape({-1}), {}, at::Reduction::Mean, -100);
+  return loss;
 }
 
 at::Tensor StageModule::parametric_op(const Node& node, const NodeInputs& in) const {

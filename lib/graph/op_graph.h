@@ -60,6 +60,18 @@ enum class OpKind {
 };
 
 const char* op_kind_name(OpKind kind);
+// A CrossEntropy writes its fp32 log-probabilities over its logits where nothing else holds
+// them (exec/cross_entropy.h), a chunk of rows at a time: ceil(rows / kCrossEntropyChunks) rows
+// of the logits are its one transient buffer (plan/stage_memory.cpp counts the same).
+constexpr int64_t kCrossEntropyChunks = 64;
+inline int64_t cross_entropy_chunk_rows(int64_t rows) { return (rows + kCrossEntropyChunks - 1) / kCrossEntropyChunks; }
+// What overwriting fp32 logits saves against a second buffer: all of them but one chunk of rows
+// (the labels are int64, one per row).
+inline int64_t cross_entropy_overwrite_saving(int64_t logits_bytes, int64_t labels_bytes) {
+  const int64_t rows = labels_bytes / 8;
+  return rows > 0 ? logits_bytes - cross_entropy_chunk_rows(rows) * (logits_bytes / rows) : 0;
+}
+
 // The zoo's loss kinds (CrossEntropy, LinearCrossEntropy): the graph's last node, once.
 inline bool is_loss_kind(OpKind kind) { return kind == OpKind::CrossEntropy || kind == OpKind::LinearCrossEntropy; }
 OpKind op_kind_from_name(const std::string& name);  // throws ConfigError if unknown

@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "graph/op_graph.h"
 #include "util/error.h"
 
 namespace dawnpiper {
@@ -38,6 +39,12 @@ std::vector<int64_t> forward_needs(const Profile& profile, const std::vector<std
     for (const auto& [root, bytes] : read) sum += bytes;
     for (int t : node.outputs)
       if (tensor(t).owns_storage() && tensor(t).copy_of < 0) sum += tensor(t).bytes;
+    // The zoo's loss may write its log-probabilities over the logits (stage_memory.cpp).
+    if (node_class(node.kind) == NodeClass::InPlaceLoss && profile.precision == "fp32") {
+      int64_t logits = 0, labels = 0;
+      for (int t : inputs[static_cast<size_t>(node.id)]) (tensor(t).is_data ? labels : logits) = tensor(t).bytes;
+      sum -= cross_entropy_overwrite_saving(logits, labels);
+    }
     need[static_cast<size_t>(node.id)] = sum;
   }
   return need;

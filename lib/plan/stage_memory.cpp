@@ -7,6 +7,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "graph/op_graph.h"
+
 namespace dawnpiper {
 
 namespace detail {
@@ -64,6 +66,7 @@ class StageReplay {
   void for_saver_keys(int t, F f) const;
   void place_storages();
   void find_in_place_gradients();
+  void find_sliced_gradients();
   void number_locals();
   void count_references();
   void place_weights();
@@ -97,6 +100,9 @@ class StageReplay {
   void backward(int64_t mb, MicroBatch& m);
   void backward_nodes(int64_t mb, MicroBatch& m);
   void backward_node(MicroBatch& m, int i);
+  int loss_logits(int n) const;  // the zoo loss n's logits (its input that is not data)
+  int64_t overwritten_logits(const MicroBatch& m, int n) const;
+  int64_t overwrite_saving(int n) const;
   void optimizer_step();
 
   const CostModel& model_;
@@ -123,6 +129,11 @@ class StageReplay {
   int64_t weights_ = 0;
   std::vector<int64_t> grad_at_, hold_from_, hold_to_;  // per node offset
   std::vector<char> in_place_grad_;                     // per node offset: NodeClass::InPlaceGradient applies
+  // Concats of an output projection's chunks whose backward hands each chunk a slice of one
+  // gradient (find_sliced_gradients): per node offset, the concat whose gradient the node's
+  // backward (the first chunk's, the last to run) frees; -1 none.
+  std::vector<char> slices_gradient_;
+  std::vector<int> frees_slices_of_;
   // A tied weight's later users in the backward (an LM head's chunks): each makes a whole
   // weight's gradient (a slice's backward fills zeros around its rows) before it is summed in.
   std::vector<int64_t> tied_sum_at_;
@@ -178,6 +189,7 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
       requires_grad_(model.requires_grad()) {
   place_storages();
   find_in_place_gradients();
+  find_sliced_gradients();
   number_locals();
   count_references();
   place_weights();
@@ -230,6 +242,34 @@ void StageReplay::find_in_place_gradients() {
       const int producer = p_.tensors[at(t)].producer;
       if (producer >= b_ && producer < e_) in_place_grad_[at(producer - b_)] = 0;
     }
+  }
+}
+
+// at::cat's backward hands each input a slice of its output's gradient: no new storage, and the
+// whole gradient lives until the last slice is consumed. Sliced along the last dimension (an LM
+// head's chunks), a slice is not contiguous: a linear's backward copies it, and so does the
+// gradient of a received input (autograd gives a leaf a gradient of its own layout). Counted so
+// for concats whose inputs are linears of the stage or received tensors, each read by the
+// concat alone; other concats (AmoebaNet's channels) keep the rule of a node allocating its
+// inputs' gradients. slices_gradient_: 1, freed after the first linear's backward (the last to
+// run); 2, no linear of the stage: freed once the received inputs' copies are made.
+void StageReplay::find_sliced_gradients() {
+  slices_gradient_.assign(static_cast<size_t>(e_ - b_), 0);
+  frees_slices_of_.assign(static_cast<size_t>(e_ - b_), -1);
+  for (int i = b_; i < e_; ++i) {
+    if (p_.nodes[at(i)].kind != "concat" || model_.inputs(i).size() < 2) continue;
+    int first = e_;
+    bool chunks = true;
+    for (int t : model_.inputs(i)) {
+      const TensorProfile& tp = p_.tensors[at(t)];
+      const bool linear = tp.producer >= b_ && tp.producer < i && p_.nodes[at(tp.producer)].kind == "linear" &&
+                          model_.owns_storage()[at(t)];
+      chunks = chunks && (linear || is_received_[at(t)]) && tp.consumers.size() == 1 && requires_grad_[at(t)];
+      if (linear) first = std::min(first, tp.producer);
+    }
+    if (!chunks) continue;
+    slices_gradient_[at(i - b_)] = first < e_ ? 1 : 2;
+    if (first < e_) frees_slices_of_[at(first - b_)] = i;
   }
 }
 
@@ -539,8 +579,15 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
     int64_t out = 0;
     for (int t : p_.nodes[at(n)].outputs)
       if (allocates(t)) out += bytes(t);
-    note(live_ + outputs + out + p_.nodes[at(n)].fwd_workspace, i);
-    outputs += out;
+    // A re-run loss overwrites logits the re-run made: only the re-run's env holds them.
+    int64_t saving = 0, overwritten = 0;
+    if (model_.node_class(n) == NodeClass::InPlaceLoss && p_.precision == "fp32") {
+      const int k = key_[at(loss_logits(n))];
+      if (!is_received_[at(k)] && reruns(p_.tensors[at(k)].producer))
+        saving = overwrite_saving(n), overwritten = bytes(k);
+    }
+    note(live_ + outputs + out + p_.nodes[at(n)].fwd_workspace - saving, i);
+    outputs += out - overwritten;
   }
   live_ += rebuilt_back;
   if (!done.empty()) emit(ActionKind::Recompute, mb, (*evictions_)[at(done.front())].tensor);
@@ -590,7 +637,7 @@ void StageReplay::forward_nodes(int64_t mb, MicroBatch& m) {
     int64_t out = 0;
     for (int t : node.outputs)
       if (allocates(t)) out += bytes(t);
-    note(live_ + out + node.fwd_workspace, n);
+    note(live_ + out + node.fwd_workspace - overwritten_logits(m, n), n);
     live_ += out;
     for (int t : node.outputs) {
       if (!allocates(t)) continue;
@@ -601,6 +648,30 @@ void StageReplay::forward_nodes(int64_t mb, MicroBatch& m) {
     for (int t : model_.inputs(n)) release(m, key_[at(t)]);
   }
   for (int t : data_read_later_) release(m, t);
+}
+
+int StageReplay::loss_logits(int n) const {
+  for (int t : model_.inputs(n))
+    if (!p_.tensors[at(t)].is_data) return t;
+  throw std::logic_error("stage replay: a loss node without logits");
+}
+
+// The zoo's loss writes fp32 log-probabilities over its logits when its executor holds the only
+// handle on them (exec/stage_module.cpp), saving all but one chunk of rows of them. In a forward:
+// they die here (no later reader, saver, send or recompute leaf holds their storage) and were
+// not received (the stage holds those until their gradient is sent).
+int64_t StageReplay::overwritten_logits(const MicroBatch& m, int n) const {
+  if (model_.node_class(n) != NodeClass::InPlaceLoss || p_.precision != "fp32") return 0;
+  const int k = key_[at(loss_logits(n))];
+  if (is_received_[at(k)] || !m.alive[loc(k)] || m.evicted[loc(k)] || m.refs[loc(k)] != 1) return 0;
+  return overwrite_saving(n);
+}
+
+int64_t StageReplay::overwrite_saving(int n) const {
+  int64_t labels = 0;
+  for (int t : model_.inputs(n))
+    if (p_.tensors[at(t)].is_data) labels = bytes(t);
+  return cross_entropy_overwrite_saving(bytes(key_[at(loss_logits(n))]), labels);
 }
 
 void StageReplay::backward(int64_t mb, MicroBatch& m) {
@@ -631,6 +702,18 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
   const NodeProfile& node = p_.nodes[at(i)];
   const NodeClass kind = model_.node_class(i);
   const int out = model_.graph_output(i);
+  if (slices_gradient_[at(i - b_)] && m.has_grad[loc(out)] == 1) {  // slices of the gradient it made
+    int64_t copies = 0;                                             // received inputs' gradients, held until sent back
+    for (int t : model_.inputs(i)) {
+      m.has_grad[loc(t)] = is_received_[at(t)] ? 1 : 3;
+      if (is_received_[at(t)]) copies += bytes(t);
+    }
+    note(live_ + copies + node.bwd_workspace, i);
+    live_ += copies;
+    m.input_grads += copies;
+    if (slices_gradient_[at(i - b_)] == 2) live_ -= bytes(out);
+    return;
+  }
   // A view hands its output's gradient on as a view, unless its backward allocates one of the
   // input's size (slices, expands, splits).
   const bool view = !model_.owns_storage()[at(out)] && kind != NodeClass::ViewAllocatingGradient;
@@ -679,6 +762,18 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
   int64_t reused = 0;
   if (in_place_grad_[at(i - b_)] && out_grad == 1 && requires_grad_[at(model_.inputs(i)[0])])
     reused = bytes(model_.inputs(i)[0]);
+  // The loss writes the logits' gradient over its log-probabilities (fp32).
+  if (kind == NodeClass::InPlaceLoss && p_.precision == "fp32" && requires_grad_[at(loss_logits(i))])
+    reused = bytes(loss_logits(i));
+  // A slice of a concat's gradient (find_sliced_gradients) is copied first; the copy of the
+  // last slice read frees the whole gradient before the products run.
+  if (out >= 0 && m.has_grad[loc(out)] == 3) {
+    transient += bytes(out);
+    if (frees_slices_of_[at(i - b_)] >= 0) {
+      note(live_ + bytes(out), i);
+      live_ -= bytes(model_.graph_output(frees_slices_of_[at(i - b_)]));
+    }
+  }
   note(live_ + grads + transient + node.bwd_workspace - reused, i);
   live_ += grads;
   for (int o : node.outputs)  // the graph outputs' gradients have been consumed

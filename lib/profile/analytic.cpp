@@ -360,12 +360,13 @@ void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, 
       break;
     case OpKind::CrossEntropy:
       f.saved_inputs = {1};  // the labels
-      // log-softmax of the logits (fp32, also in bf16 runs) and nll_loss's total weight
-      f.internal_bytes = numel(g.tensor(n.inputs[0]).shape) * 4 + 4;
+      // the log-softmax of the logits (fp32, also in bf16 runs), which its backward overwrites
+      // with the logits' gradient (exec/cross_entropy.h)
+      f.internal_bytes = numel(g.tensor(n.inputs[0]).shape) * 4;
       f.kernels = 2;
       break;
     case OpKind::LinearCrossEntropy: {
-      // exec/linear_cross_entropy.cpp: per chunk of positions, a projection, the fp32 logits'
+      // exec/cross_entropy.cpp: per chunk of positions, a projection, the fp32 logits'
       // log-sum-exp (one more buffer of their size) and the target's logit; backward recomputes
       // the logits, turns them into the gradient in place and runs the two products.
       const Shape& hidden = g.tensor(n.inputs[0]).shape;

@@ -27,6 +27,7 @@ NodeClass node_class(const std::string& kind) {
 #ifdef DAWNPIPER_IN_PLACE_GRADIENTS
                                                         {"softmax", NodeClass::InPlaceGradient},
 #endif
+                                                        {"cross_entropy", NodeClass::InPlaceLoss},
                                                         {"transpose", NodeClass::Permute},
                                                         {"aten::transpose", NodeClass::Permute},
                                                         {"aten::permute", NodeClass::Permute},

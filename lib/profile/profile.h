@@ -66,6 +66,10 @@ enum class NodeClass : char {
   // Writes its input's gradient over its output's gradient when the stage made that one and no
   // view of it exists (the zoo's softmax: exec/lean_ops.h).
   InPlaceGradient,
+  // The zoo's cross-entropy (exec/cross_entropy.h): in fp32 its log-probabilities take the
+  // logits' storage where the logits die there (one chunk of rows more, not a second buffer),
+  // and its backward writes the logits' gradient over them.
+  InPlaceLoss,
 };
 NodeClass node_class(const std::string& kind);
 struct Profile;

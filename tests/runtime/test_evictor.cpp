@@ -323,11 +323,12 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
             // backward workspaces, measured node by node, run up to one output larger than
             // inside a whole backward (dropout; t5-tiny's first block boundary: +7%).
             // amoebanet-tiny is the exception, not yet explained: up to 0.6% below the
-            // measurement at some cuts keeping its pooling indices, 1.9% evicting them. So is
-            // gpt2-tiny with a chunked head, only with evictions: up to 1.3% (one activation)
-            // below, at four stages of this seed, one of them holding no chunk (cut 17, 1f1b).
-            const bool cnn = preset == "amoebanet-tiny", chunked_gpt2 = preset == "gpt2-tiny/4";
-            CHECK(double(measured) <= (cnn ? 1.025 : chunked_gpt2 ? 1.015 : 1.005) * double(predicted));
+            // measurement at some cuts keeping its pooling indices, 1.9% evicting them. (A
+            // chunked head was one too, up to 9% below once the loss stopped holding three
+            // buffers of the logits: at::cat's backward hands out slices of one gradient, each
+            // copied where it is read; the replay counts that now.)
+            const bool cnn = preset == "amoebanet-tiny";
+            CHECK(double(measured) <= (cnn ? 1.025 : 1.005) * double(predicted));
             CHECK(double(measured) >= 0.90 * double(predicted));
           }
         }

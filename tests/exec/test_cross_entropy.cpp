@@ -1,10 +1,13 @@
-// The fused LM head and loss (exec/linear_cross_entropy): PyTorch's projection + cross-entropy,
+// The fused LM head and loss (exec/cross_entropy): PyTorch's projection + cross-entropy,
 // its loss and gradients, with a chunk's logits as its only large buffer.
 #include "torch_test.h"
 
 #include <torch/csrc/autograd/autograd.h>
 
-#include "exec/linear_cross_entropy.h"
+#include <tuple>
+
+#include "exec/cross_entropy.h"
+#include "graph/op_graph.h"
 #include "memory/counting_allocator.h"
 #include "memory/device_memory.h"
 
@@ -119,4 +122,71 @@ TEST_CASE("the fused LM loss holds one chunk of logits at a time", "[exec][memor
   WARN("fused peak " << fused << ", projection + cross-entropy " << whole << ", logits " << logits);
   CHECK(whole > grads + 2 * logits);                     // logits and log-probabilities held
   CHECK(fused <= grads + 2 * chunk_logits + 64 * 1024);  // a chunk's logits, twice, and small things
+}
+
+// OpKind::CrossEntropy over given logits (exec/cross_entropy.h): at::cross_entropy's loss and
+// the logits' gradient, whether it writes over the logits or not, fp32 and bf16.
+TEST_CASE("the zoo's cross-entropy gives at::cross_entropy's loss and gradient", "[exec]") {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (bool overwrite : {false, true}) {
+      INFO("dtype " << c10::toString(dtype) << " overwrite " << overwrite);
+      const Case c = make_case(dtype, false);
+      const at::Tensor values = at::linear(c.hidden, c.weight).detach();
+      const at::Tensor reference_logits = values.clone().requires_grad_(true);
+      const at::Tensor reference =
+          at::cross_entropy_loss(reference_logits.to(at::kFloat).reshape({-1, 37}), c.labels.reshape({-1}));
+      const at::Tensor logits = values.clone().requires_grad_(true);
+      const at::Tensor loss = cross_entropy(logits, c.labels, overwrite);
+      CHECK(loss.scalar_type() == at::kFloat);
+      CHECK(loss.item<double>() == Approx(reference.item<double>()).epsilon(dtype == at::kFloat ? 1e-6 : 1e-3));
+      // overwritten fp32 logits hold the log-probabilities; bf16 ones are widened into a copy
+      CHECK(at::equal(logits, values) == (overwrite && dtype == at::kFloat ? false : true));
+      const at::Tensor want = torch::autograd::grad({reference}, {reference_logits})[0];
+      const at::Tensor got = torch::autograd::grad({loss}, {logits})[0];
+      CHECK(got.sizes() == want.sizes());
+      CHECK(got.scalar_type() == want.scalar_type());
+      const double error = (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
+      CHECK(error <= (dtype == at::kFloat ? 1e-6 : 1e-2) * want.abs().max().item<double>());
+    }
+}
+
+// What makes it worth having: writing over the logits, the forward adds one chunk of rows
+// (graph/op_graph.h) to the logits, and the backward's gradient is the log-probabilities'
+// buffer, the logits' own storage. at::cross_entropy holds two buffers of the logits' size in
+// its forward and three in its backward.
+TEST_CASE("the zoo's cross-entropy writes over its logits and their log-probabilities", "[exec][memory]") {
+  CountingAllocator::install();
+  const at::Device cpu(at::kCPU);
+  const int64_t rows = 640, classes = 1000;
+  const int64_t logits_bytes = rows * classes * 4, chunk_bytes = cross_entropy_chunk_rows(rows) * classes * 4;
+  at::manual_seed(2);
+  const at::Tensor labels = at::randint(0, classes, {rows}, at::kLong);
+  auto peaks = [&](bool overwrite, bool ours) {
+    at::Tensor logits = at::randn({rows, classes}).requires_grad_(true);
+    const void* storage = logits.data_ptr();
+    const int64_t live = DeviceMemory::live_bytes(cpu);
+    DeviceMemory::reset_peak(cpu);
+    at::Tensor loss = ours ? cross_entropy(logits, labels, overwrite) : at::cross_entropy_loss(logits, labels);
+    const int64_t forward = DeviceMemory::peak_bytes(cpu) - live;
+    DeviceMemory::reset_peak(cpu);
+    const int64_t before_backward = DeviceMemory::live_bytes(cpu) - live;
+    const at::Tensor grad = torch::autograd::grad({loss}, {logits})[0];
+    const int64_t backward = DeviceMemory::peak_bytes(cpu) - live;
+    if (ours && overwrite) CHECK(grad.data_ptr() == storage);
+    return std::make_tuple(forward, before_backward, backward);
+  };
+  const auto [aten_fwd, aten_held, aten_bwd] = peaks(false, false);
+  const auto [copy_fwd, copy_held, copy_bwd] = peaks(false, true);
+  const auto [over_fwd, over_held, over_bwd] = peaks(true, true);
+  WARN("logits " << logits_bytes << "; forward / held / backward peaks beyond the logits: at::cross_entropy "
+                 << aten_fwd << " / " << aten_held << " / " << aten_bwd << ", ours " << copy_fwd << " / " << copy_held
+                 << " / " << copy_bwd << ", writing over the logits " << over_fwd << " / " << over_held << " / "
+                 << over_bwd);
+  const int64_t small = 64 * 1024;
+  CHECK(aten_bwd > 2 * logits_bytes);  // log-probabilities, nll's gradient, the logits' gradient
+  CHECK(copy_fwd <= logits_bytes + small);
+  CHECK(copy_bwd <= copy_held + small);  // the gradient is the saved buffer
+  CHECK(over_fwd <= chunk_bytes + small);
+  CHECK(over_held <= small);
+  CHECK(over_bwd <= small);
 }
