@@ -100,7 +100,7 @@ class StageReplay {
   void backward(int64_t mb, MicroBatch& m);
   void backward_nodes(int64_t mb, MicroBatch& m);
   void backward_node(MicroBatch& m, int i);
-  int loss_logits(int n) const;  // the zoo loss n's logits (its input that is not data)
+  int loss_logits(int n) const;  // the loss n's logits (loss_inputs), -1 if unknown
   int64_t overwritten_logits(const MicroBatch& m, int n) const;
   int64_t overwrite_saving(int n) const;
   void optimizer_step();
@@ -247,23 +247,25 @@ void StageReplay::find_in_place_gradients() {
 
 // at::cat's backward hands each input a slice of its output's gradient: no new storage, and the
 // whole gradient lives until the last slice is consumed. Sliced along the last dimension (an LM
-// head's chunks), a slice is not contiguous: a linear's backward copies it, and so does the
-// gradient of a received input (autograd gives a leaf a gradient of its own layout). Counted so
-// for concats whose inputs are linears of the stage or received tensors, each read by the
-// concat alone; other concats (AmoebaNet's channels) keep the rule of a node allocating its
-// inputs' gradients. slices_gradient_: 1, freed after the first linear's backward (the last to
-// run); 2, no linear of the stage: freed once the received inputs' copies are made.
+// head's chunks: the zoo's --output-chunks, an export's), a slice is not contiguous: a linear's
+// backward copies it, and so does the gradient of a received input (autograd gives a leaf a
+// gradient of its own layout). Counted so for concats whose inputs are linears of the stage or
+// received tensors, each read by the concat alone; other concats (AmoebaNet's channels) keep
+// the rule of a node allocating its inputs' gradients. slices_gradient_: 1, freed after the first linear's backward
+// (the last to run); 2, no linear of the stage: freed once the received inputs' copies are made.
 void StageReplay::find_sliced_gradients() {
   slices_gradient_.assign(static_cast<size_t>(e_ - b_), 0);
   frees_slices_of_.assign(static_cast<size_t>(e_ - b_), -1);
   for (int i = b_; i < e_; ++i) {
-    if (p_.nodes[at(i)].kind != "concat" || model_.inputs(i).size() < 2) continue;
+    const std::string& kind = p_.nodes[at(i)].kind;
+    if ((kind != "concat" && kind.rfind("aten::cat", 0) != 0) || model_.inputs(i).size() < 2) continue;
     int first = e_;
     bool chunks = true;
     for (int t : model_.inputs(i)) {
       const TensorProfile& tp = p_.tensors[at(t)];
-      const bool linear = tp.producer >= b_ && tp.producer < i && p_.nodes[at(tp.producer)].kind == "linear" &&
-                          model_.owns_storage()[at(t)];
+      const bool linear =
+          tp.producer >= b_ && tp.producer < i && model_.owns_storage()[at(t)] &&
+          (p_.nodes[at(tp.producer)].kind == "linear" || p_.nodes[at(tp.producer)].kind.rfind("aten::linear", 0) == 0);
       chunks = chunks && (linear || is_received_[at(t)]) && tp.consumers.size() == 1 && requires_grad_[at(t)];
       if (linear) first = std::min(first, tp.producer);
     }
@@ -581,7 +583,7 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
       if (allocates(t)) out += bytes(t);
     // A re-run loss overwrites logits the re-run made: only the re-run's env holds them.
     int64_t saving = 0, overwritten = 0;
-    if (model_.node_class(n) == NodeClass::InPlaceLoss && p_.precision == "fp32") {
+    if (model_.node_class(n) == NodeClass::InPlaceLoss && p_.precision == "fp32" && loss_logits(n) >= 0) {
       const int k = key_[at(loss_logits(n))];
       if (!is_received_[at(k)] && reruns(p_.tensors[at(k)].producer))
         saving = overwrite_saving(n), overwritten = bytes(k);
@@ -650,28 +652,22 @@ void StageReplay::forward_nodes(int64_t mb, MicroBatch& m) {
   for (int t : data_read_later_) release(m, t);
 }
 
-int StageReplay::loss_logits(int n) const {
-  for (int t : model_.inputs(n))
-    if (!p_.tensors[at(t)].is_data) return t;
-  throw std::logic_error("stage replay: a loss node without logits");
-}
+int StageReplay::loss_logits(int n) const { return loss_inputs(p_, n, model_.inputs(n)).logits; }
 
 // The zoo's loss writes fp32 log-probabilities over its logits when its executor holds the only
 // handle on them (exec/stage_module.cpp), saving all but one chunk of rows of them. In a forward:
 // they die here (no later reader, saver, send or recompute leaf holds their storage) and were
 // not received (the stage holds those until their gradient is sent).
 int64_t StageReplay::overwritten_logits(const MicroBatch& m, int n) const {
-  if (model_.node_class(n) != NodeClass::InPlaceLoss || p_.precision != "fp32") return 0;
+  if (model_.node_class(n) != NodeClass::InPlaceLoss || p_.precision != "fp32" || loss_logits(n) < 0) return 0;
   const int k = key_[at(loss_logits(n))];
   if (is_received_[at(k)] || !m.alive[loc(k)] || m.evicted[loc(k)] || m.refs[loc(k)] != 1) return 0;
   return overwrite_saving(n);
 }
 
 int64_t StageReplay::overwrite_saving(int n) const {
-  int64_t labels = 0;
-  for (int t : model_.inputs(n))
-    if (p_.tensors[at(t)].is_data) labels = bytes(t);
-  return cross_entropy_overwrite_saving(bytes(key_[at(loss_logits(n))]), labels);
+  const LossInputs in = loss_inputs(p_, n, model_.inputs(n));
+  return cross_entropy_overwrite_saving(bytes(key_[at(in.logits)]), bytes(in.labels));
 }
 
 void StageReplay::backward(int64_t mb, MicroBatch& m) {
@@ -763,7 +759,8 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
   if (in_place_grad_[at(i - b_)] && out_grad == 1 && requires_grad_[at(model_.inputs(i)[0])])
     reused = bytes(model_.inputs(i)[0]);
   // The loss writes the logits' gradient over its log-probabilities (fp32).
-  if (kind == NodeClass::InPlaceLoss && p_.precision == "fp32" && requires_grad_[at(loss_logits(i))])
+  if (kind == NodeClass::InPlaceLoss && p_.precision == "fp32" && loss_logits(i) >= 0 &&
+      requires_grad_[at(loss_logits(i))])
     reused = bytes(loss_logits(i));
   // A slice of a concat's gradient (find_sliced_gradients) is copied first; the copy of the
   // last slice read frees the whole gradient before the products run.

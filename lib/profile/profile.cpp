@@ -54,6 +54,18 @@ NodeClass node_class(const std::string& kind) {
   return it == classes.end() ? NodeClass::Other : it->second;
 }
 
+LossInputs loss_inputs(const Profile& profile, int node, const std::vector<int>& inputs) {
+  const std::vector<int>& saved = profile.nodes[static_cast<size_t>(node)].saved;
+  auto is_saved = [&](int t) {
+    for (; t >= 0; t = profile.tensors[static_cast<size_t>(t)].alias_of)
+      if (std::find(saved.begin(), saved.end(), t) != saved.end()) return true;
+    return false;
+  };
+  LossInputs r;
+  for (int t : inputs) (is_saved(t) ? r.labels : r.logits) = t;
+  return inputs.size() == 2 && r.logits >= 0 && r.labels >= 0 ? r : LossInputs{};
+}
+
 bool exposed_internal(const Profile& profile, const TensorProfile& t) {
   if (!t.internal || t.producer < 0) return false;
   const std::string& kind = profile.nodes[static_cast<size_t>(t.producer)].kind;

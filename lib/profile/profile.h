@@ -80,6 +80,15 @@ struct Profile;
 // device.
 bool exposed_internal(const Profile& profile, const TensorProfile& t);
 
+// A NodeClass::InPlaceLoss node's inputs (`inputs`: its input tensor ids): the labels are the
+// one its backward saved (itself or, for a view, its storage's owner), the logits the other. -1
+// where the profile does not show that.
+struct LossInputs {
+  int logits = -1, labels = -1;
+};
+struct Profile;
+LossInputs loss_inputs(const Profile& profile, int node, const std::vector<int>& inputs);
+
 struct NodeProfile {
   int id = -1;
   std::string name;

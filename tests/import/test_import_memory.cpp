@@ -112,7 +112,7 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
             INFO(name << " cut " << cut << " (" << g.nodes[static_cast<size_t>(cut)].name << ") "
                       << schedule_kind_name(kind) << " round " << round << " stage " << x << ": measured " << measured
                       << " predicted " << predicted);
-            // Keeping everything: at most 1.5% above (measured: up to +0.6%; +2.0% and +3.4%
+            // Keeping everything: at most 1.5% above (measured: up to +0.3%; +2.0% and +3.4%
             // before the stand-in transport drew received gradients in place, BERT's loss alone
             // on the second stage and GPT-2 cut after its first MLP projection, both under
             // 1f1b). Random evictions: 6% (T5 reaches +5.1% under gpipe, not yet explained; the planner's own decisions
