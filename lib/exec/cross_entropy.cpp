@@ -14,7 +14,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-constexpr int64_t kIgnored = -100;  // at::cross_entropy's default ignore_index
+constexpr int64_t kIgnored = kIgnoredLabel;
 
 // Calls f(first, count) for consecutive row ranges of at most `chunk` rows.
 template <class F>
@@ -41,9 +41,11 @@ void probabilities_to_gradient(at::Tensor& g, const at::Tensor& labels, const at
 }
 
 // The zoo's loss over given logits. Forward: fp32 log-probabilities, written over the logits
-// where the caller owns them (else over an fp32 copy of bf16 logits, else a new buffer by ATen's
-// kernel), then nll_loss. Backward writes the logits' gradient over the saved log-probabilities:
-// nothing else reads them, and a stage's graph runs backward once.
+// where the caller holds the only handle on them (so no mark_dirty: nobody sees the change; the
+// caller checks that, exec/stage_module.cpp), else over an fp32 copy of bf16 logits, else a new
+// buffer by ATen's kernel; then nll_loss. Backward writes the logits' gradient over the saved
+// log-probabilities: nothing else reads them, and a stage's graph runs backward once (a second
+// backward fails autograd's version check; no double backward).
 struct CrossEntropyFunction : torch::autograd::Function<CrossEntropyFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& labels,
                             bool overwrite_logits, at::Tensor* exposed) {

@@ -1,10 +1,7 @@
 #pragma once
-// The executor's losses: OpKind::CrossEntropy over given logits, and OpKind::LinearCrossEntropy,
-// an output projection and a mean cross-entropy
-// (labels -100 ignored) computed chunk_tokens positions at a time. Forward keeps only each
-// position's log-sum-exp; backward recomputes each chunk's logits from the saved hidden states
-// and weight. Peak extra memory is a chunk's logits (twice, fp32) instead of the whole
-// [positions, classes] logits and log-probabilities that a projection and a loss keep.
+// The executor's losses, each a custom autograd function that holds less than autograd's
+// composition of its ops: OpKind::CrossEntropy over given logits, and OpKind::LinearCrossEntropy,
+// an output projection and a mean cross-entropy that never holds the logits whole.
 #include <cstdint>
 
 #include <ATen/ATen.h>
@@ -22,6 +19,10 @@ namespace dawnpiper {
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& labels, bool overwrite_logits,
                          at::Tensor* log_probs = nullptr);
 
+// OpKind::LinearCrossEntropy: the projection and loss computed chunk_tokens positions at a time.
+// Forward keeps only each position's log-sum-exp; backward recomputes each chunk's logits from
+// the saved hidden states and weight. Peak extra memory is a chunk's logits (twice, fp32)
+// instead of the whole [positions, classes] logits and log-probabilities.
 // hidden [.., H]; weight [C, H]; bias [C] or undefined; labels [..] int64 (as hidden without
 // its last dimension). The logits are computed in hidden's dtype (a bf16 copy of fp32 weights
 // lives for the call only), the loss in fp32. Returns the scalar mean over labelled positions

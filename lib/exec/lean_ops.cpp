@@ -74,9 +74,10 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
 
 }  // namespace
 
-// LibTorch 2.11 hands a custom function's backward the engine's only handle on a gradient; 1.13
-// kept a copy, so no gradient is overwritten there (and the replay does not count on it:
-// DAWNPIPER_IN_PLACE_GRADIENTS, CMakeLists.txt).
+// For a gradient: LibTorch 2.11 hands a custom function's backward the engine's only handle on
+// it; 1.13 kept a copy, so the softmax overwrites no gradient there (and the replay does not
+// count on it: DAWNPIPER_IN_PLACE_GRADIENTS, CMakeLists.txt). The loss's logits (a handle the
+// executor moved out of its env) are sole-owned on either version.
 bool sole_owner(const at::Tensor& t) {
   if (t.use_count() != 1 || !t.has_storage() || t._is_zerotensor() || !t.is_non_overlapping_and_dense()) return false;
   if (!t.is_view()) return t.storage().use_count() == 1;

@@ -6,7 +6,8 @@ namespace dawnpiper {
 
 // Whether nothing but the caller's handle reads `t`'s memory, so it may be overwritten: its own
 // storage, or a view of a base that only the view holds (at::matmul's backward hands on its
-// product reshaped, at::linear its 3-d output).
+// product reshaped; at::linear returns a 3-d output so). Used for the softmax's incoming
+// gradient and the loss's logits.
 bool sole_owner(const at::Tensor& t);
 
 // OpKind::Softmax over the last dimension. In fp32 its backward writes the input's gradient

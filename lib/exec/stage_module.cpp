@@ -376,14 +376,16 @@ at::Tensor StageModule::matmul(const Node& node, const NodeInputs& in, TensorEnv
 at::Tensor StageModule::cross_entropy(const Node& node, const NodeInputs& in, TensorEnv& env) const {
   // Where this node is the logits' last reader here and no later stage reads them, the env's
   // handle moves into the call; if no other is left (no backward saved them, the evictor keeps
-  // none to recompute from), the log-probabilities are written over them. The replay
-  // (plan/stage_memory.cpp, NodeClass::InPlaceLoss) counts it by the same references.
+  // none to recompute from) and they are contiguous (rows of them are their memory), the
+  // log-probabilities are written over them. The replay (plan/stage_memory.cpp,
+  // NodeClass::InPlaceLoss) counts it by the same references.
   const int id = node.inputs[0];
   const std::vector<int>& released = release_after_[static_cast<size_t>(node.id - begin_)];
   const at::Tensor logits =
       std::find(released.begin(), released.end(), id) != released.end() ? std::move(env[id]) : in(0);
   at::Tensor log_probs;
-  const at::Tensor loss = dawnpiper::cross_entropy(logits, in(1), sole_owner(logits), &log_probs);
+  const bool overwrite = logits.is_contiguous() && sole_owner(logits);
+  const at::Tensor loss = dawnpiper::cross_entropy(logits, in(1), overwrite, &log_probs);
   expose(env, node.id, -1, log_probs);
   return loss;
 }

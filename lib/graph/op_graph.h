@@ -60,6 +60,9 @@ enum class OpKind {
 };
 
 const char* op_kind_name(OpKind kind);
+// The label the zoo's losses ignore (at::cross_entropy's default ignore_index).
+constexpr int64_t kIgnoredLabel = -100;
+
 // A CrossEntropy writes its fp32 log-probabilities over its logits where nothing else holds
 // them (exec/cross_entropy.h), a chunk of rows at a time: ceil(rows / kCrossEntropyChunks) rows
 // of the logits are its one transient buffer (plan/stage_memory.cpp counts the same).

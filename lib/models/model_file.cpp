@@ -175,18 +175,20 @@ struct Builder {
   // weights, mean, ignore_index -100, no label smoothing), as Hugging Face's heads call it,
   // becomes the zoo's loss node: its executor writes the logits' gradient over their
   // log-probabilities (exec/cross_entropy.h). Other calls run as recorded.
-  void maybe_as_cross_entropy(Node& n) {
+  void maybe_as_cross_entropy(Node& n, const std::string& loss) {
     using K = AtenArg::Kind;
     const std::vector<AtenArg>& a = n.call.args;
     auto is_int = [&](size_t i, int64_t v) { return a.size() <= i || (a[i].kind == K::Int && a[i].i == v); };
     const bool defaults = a.size() >= 2 && a.size() <= 6 && a[0].kind == K::Tensor && a[1].kind == K::Tensor &&
-                          (a.size() <= 2 || a[2].kind == K::None) && is_int(3, 1) && is_int(4, -100) &&
+                          (a.size() <= 2 || a[2].kind == K::None) && is_int(3, 1) && is_int(4, kIgnoredLabel) &&
                           (a.size() <= 5 || (a[5].kind == K::Real && a[5].r == 0.0) || is_int(5, 0));
-    if (!defaults) return;
+    // Only the model's loss (a graph may compute others and sum them), over fp32 or bf16 logits
+    // (the executor's loss is fp32: other widths would change the numbers).
+    if (!defaults || n.outputs.size() != 1 || g.tensor(n.outputs[0]).name != loss) return;
     const TensorInfo& logits = g.tensor(n.inputs[static_cast<size_t>(a[0].i)]);
     const TensorInfo& labels = g.tensor(n.inputs[static_cast<size_t>(a[1].i)]);
     if (logits.shape.size() != 2 || labels.dtype != DType::I64 || labels.shape != Shape{logits.shape[0]} ||
-        !is_floating(logits.dtype))
+        (logits.dtype != DType::F32 && logits.dtype != DType::BF16))
       return;
     n.kind = OpKind::CrossEntropy;
     n.inputs = {n.inputs[static_cast<size_t>(a[0].i)], n.inputs[static_cast<size_t>(a[1].i)]};
@@ -257,7 +259,7 @@ struct Builder {
       }
       if (n.outputs.empty()) bad("node " + fx_name + " produces nothing the graph reads");
       if (n.call.op == "dawnpiper::linear_cross_entropy") as_linear_cross_entropy(n);
-      if (n.call.op == "aten::cross_entropy_loss" && n.call.overload.empty()) maybe_as_cross_entropy(n);
+      if (n.call.op == "aten::cross_entropy_loss" && n.call.overload.empty()) maybe_as_cross_entropy(n, loss);
       for (int t : n.inputs) {
         auto& cons = g.tensors[static_cast<size_t>(t)].consumers;
         if (cons.empty() || cons.back() != n.id) cons.push_back(n.id);

@@ -67,6 +67,7 @@ class StageReplay {
   void place_storages();
   void find_in_place_gradients();
   void find_sliced_gradients();
+  bool reaches_loss(int t) const;  // tensor t flows to the loss, read by one node at each step
   void number_locals();
   void count_references();
   void place_weights();
@@ -100,9 +101,8 @@ class StageReplay {
   void backward(int64_t mb, MicroBatch& m);
   void backward_nodes(int64_t mb, MicroBatch& m);
   void backward_node(MicroBatch& m, int i);
-  int loss_logits(int n) const;  // the loss n's logits (loss_inputs), -1 if unknown
+  void find_loss();
   int64_t overwritten_logits(const MicroBatch& m, int n) const;
-  int64_t overwrite_saving(int n) const;
   void optimizer_step();
 
   const CostModel& model_;
@@ -129,11 +129,16 @@ class StageReplay {
   int64_t weights_ = 0;
   std::vector<int64_t> grad_at_, hold_from_, hold_to_;  // per node offset
   std::vector<char> in_place_grad_;                     // per node offset: NodeClass::InPlaceGradient applies
-  // Concats of an output projection's chunks whose backward hands each chunk a slice of one
-  // gradient (find_sliced_gradients): per node offset, the concat whose gradient the node's
-  // backward (the first chunk's, the last to run) frees; -1 none.
+  // Per node offset (find_sliced_gradients): slices_gradient_, a concat of an output
+  // projection's chunks whose backward hands each chunk a slice of one gradient (1, 2: see
+  // there); frees_slices_of_, the concat whose gradient the node's backward (the first chunk's,
+  // the last to run) frees, -1 none.
   std::vector<char> slices_gradient_;
   std::vector<int> frees_slices_of_;
+  // The stage's loss node where it may write over fp32 logits (find_loss), else -1; the
+  // logits, and the bytes overwriting them saves.
+  int loss_node_ = -1, loss_logits_ = -1;
+  int64_t loss_saving_ = 0;
   // A tied weight's later users in the backward (an LM head's chunks): each makes a whole
   // weight's gradient (a slice's backward fills zeros around its rows) before it is summed in.
   std::vector<int64_t> tied_sum_at_;
@@ -190,6 +195,7 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
   place_storages();
   find_in_place_gradients();
   find_sliced_gradients();
+  find_loss();
   number_locals();
   count_references();
   place_weights();
@@ -249,10 +255,23 @@ void StageReplay::find_in_place_gradients() {
 // whole gradient lives until the last slice is consumed. Sliced along the last dimension (an LM
 // head's chunks: the zoo's --output-chunks, an export's), a slice is not contiguous: a linear's
 // backward copies it, and so does the gradient of a received input (autograd gives a leaf a
-// gradient of its own layout). Counted so for concats whose inputs are linears of the stage or
-// received tensors, each read by the concat alone; other concats (AmoebaNet's channels) keep
-// the rule of a node allocating its inputs' gradients. slices_gradient_: 1, freed after the first linear's backward
-// (the last to run); 2, no linear of the stage: freed once the received inputs' copies are made.
+// gradient of its own layout). Counted so for concats of logits (their result reaches the loss
+// through nodes read by one node each: classes are the last dimension) whose inputs are linears
+// of the stage or received tensors, each read by the concat alone; other concats (AmoebaNet's
+// channels) keep the rule of a node allocating its inputs' gradients. slices_gradient_: 1, freed after the first
+// linear's backward (the last to run); 2, no linear of the stage: freed once the received inputs' copies are made.
+bool StageReplay::reaches_loss(int t) const {
+  for (int hops = 0; hops < 8 && t >= 0; ++hops) {
+    const std::vector<int>& readers = p_.tensors[at(t)].consumers;
+    if (readers.size() != 1) return false;
+    const int c = readers[0];
+    if (model_.node_class(c) == NodeClass::InPlaceLoss || p_.nodes[at(c)].kind.rfind("aten::cross_entropy", 0) == 0)
+      return true;
+    t = model_.graph_output(c);
+  }
+  return false;
+}
+
 void StageReplay::find_sliced_gradients() {
   slices_gradient_.assign(static_cast<size_t>(e_ - b_), 0);
   frees_slices_of_.assign(static_cast<size_t>(e_ - b_), -1);
@@ -269,7 +288,7 @@ void StageReplay::find_sliced_gradients() {
       chunks = chunks && (linear || is_received_[at(t)]) && tp.consumers.size() == 1 && requires_grad_[at(t)];
       if (linear) first = std::min(first, tp.producer);
     }
-    if (!chunks) continue;
+    if (!chunks || !reaches_loss(model_.graph_output(i))) continue;
     slices_gradient_[at(i - b_)] = first < e_ ? 1 : 2;
     if (first < e_) frees_slices_of_[at(first - b_)] = i;
   }
@@ -583,10 +602,10 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
       if (allocates(t)) out += bytes(t);
     // A re-run loss overwrites logits the re-run made: only the re-run's env holds them.
     int64_t saving = 0, overwritten = 0;
-    if (model_.node_class(n) == NodeClass::InPlaceLoss && p_.precision == "fp32" && loss_logits(n) >= 0) {
-      const int k = key_[at(loss_logits(n))];
-      if (!is_received_[at(k)] && reruns(p_.tensors[at(k)].producer))
-        saving = overwrite_saving(n), overwritten = bytes(k);
+    if (n == loss_node_) {
+      const int k = key_[at(loss_logits_)];
+      if (!is_received_[at(k)] && reruns(p_.tensors[at(k)].producer) && base_refs_[loc(k)] == 1)
+        saving = loss_saving_, overwritten = bytes(k);
     }
     note(live_ + outputs + out + p_.nodes[at(n)].fwd_workspace - saving, i);
     outputs += out - overwritten;
@@ -652,22 +671,26 @@ void StageReplay::forward_nodes(int64_t mb, MicroBatch& m) {
   for (int t : data_read_later_) release(m, t);
 }
 
-int StageReplay::loss_logits(int n) const { return loss_inputs(p_, n, model_.inputs(n)).logits; }
-
 // The zoo's loss writes fp32 log-probabilities over its logits when its executor holds the only
-// handle on them (exec/stage_module.cpp), saving all but one chunk of rows of them. In a forward:
-// they die here (no later reader, saver, send or recompute leaf holds their storage) and were
-// not received (the stage holds those until their gradient is sent).
-int64_t StageReplay::overwritten_logits(const MicroBatch& m, int n) const {
-  if (model_.node_class(n) != NodeClass::InPlaceLoss || p_.precision != "fp32" || loss_logits(n) < 0) return 0;
-  const int k = key_[at(loss_logits(n))];
-  if (is_received_[at(k)] || !m.alive[loc(k)] || m.evicted[loc(k)] || m.refs[loc(k)] != 1) return 0;
-  return overwrite_saving(n);
+// handle on them (exec/stage_module.cpp), saving all but one chunk of rows of them. Not where
+// the profile does not show fp32, contiguous logits (loss_inputs).
+void StageReplay::find_loss() {
+  for (int n = b_; n < e_; ++n) {
+    if (model_.node_class(n) != NodeClass::InPlaceLoss) continue;
+    const LossInputs in = loss_inputs(p_, n, model_.inputs(n));
+    if (!in.fp32) continue;
+    loss_node_ = n, loss_logits_ = in.logits;
+    loss_saving_ = cross_entropy_overwrite_saving(bytes(key_[at(in.logits)]), bytes(in.labels));
+  }
 }
 
-int64_t StageReplay::overwrite_saving(int n) const {
-  const LossInputs in = loss_inputs(p_, n, model_.inputs(n));
-  return cross_entropy_overwrite_saving(bytes(key_[at(in.logits)]), bytes(in.labels));
+// In a forward, the logits die at the loss (no later reader, saver, send or recompute leaf holds
+// their storage) and were not received (the stage holds those until their gradient is sent).
+int64_t StageReplay::overwritten_logits(const MicroBatch& m, int n) const {
+  if (n != loss_node_) return 0;
+  const int k = key_[at(loss_logits_)];
+  if (is_received_[at(k)] || !m.alive[loc(k)] || m.evicted[loc(k)] || m.refs[loc(k)] != 1) return 0;
+  return loss_saving_;
 }
 
 void StageReplay::backward(int64_t mb, MicroBatch& m) {
@@ -759,9 +782,7 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
   if (in_place_grad_[at(i - b_)] && out_grad == 1 && requires_grad_[at(model_.inputs(i)[0])])
     reused = bytes(model_.inputs(i)[0]);
   // The loss writes the logits' gradient over its log-probabilities (fp32).
-  if (kind == NodeClass::InPlaceLoss && p_.precision == "fp32" && loss_logits(i) >= 0 &&
-      requires_grad_[at(loss_logits(i))])
-    reused = bytes(loss_logits(i));
+  if (i == loss_node_ && requires_grad_[at(loss_logits_)]) reused = bytes(loss_logits_);
   // A slice of a concat's gradient (find_sliced_gradients) is copied first; the copy of the
   // last slice read frees the whole gradient before the products run.
   if (out >= 0 && m.has_grad[loc(out)] == 3) {

@@ -63,7 +63,14 @@ LossInputs loss_inputs(const Profile& profile, int node, const std::vector<int>&
   };
   LossInputs r;
   for (int t : inputs) (is_saved(t) ? r.labels : r.logits) = t;
-  return inputs.size() == 2 && r.logits >= 0 && r.labels >= 0 ? r : LossInputs{};
+  if (inputs.size() != 2 || r.logits < 0 || r.labels < 0) return LossInputs{};
+  const TensorProfile& logits = profile.tensors[static_cast<size_t>(r.logits)];
+  for (int t : profile.nodes[static_cast<size_t>(node)].outputs) {
+    const TensorProfile& buffer = profile.tensors[static_cast<size_t>(t)];
+    if (buffer.internal) r.fp32 = buffer.bytes >= logits.bytes && buffer.bytes < 2 * logits.bytes;
+  }
+  r.fp32 = r.fp32 && logits.contiguous != 0;
+  return r;
 }
 
 bool exposed_internal(const Profile& profile, const TensorProfile& t) {

@@ -82,11 +82,13 @@ bool exposed_internal(const Profile& profile, const TensorProfile& t);
 
 // A NodeClass::InPlaceLoss node's inputs (`inputs`: its input tensor ids): the labels are the
 // one its backward saved (itself or, for a view, its storage's owner), the logits the other. -1
-// where the profile does not show that.
+// where the profile does not show that. fp32: the logits take as many bytes as their fp32
+// log-probabilities (the node's internal buffer) and are not known to be strided, so the
+// executor may write over them (exec/stage_module.cpp).
 struct LossInputs {
   int logits = -1, labels = -1;
+  bool fp32 = false;
 };
-struct Profile;
 LossInputs loss_inputs(const Profile& profile, int node, const std::vector<int>& inputs);
 
 struct NodeProfile {

@@ -82,6 +82,23 @@ TEST_CASE("imported BERT (masked LM) gives eager PyTorch's loss and gradients", 
 TEST_CASE("imported T5 gives eager PyTorch's loss and gradients", "[import]") { check_against_eager("t5"); }
 TEST_CASE("imported Llama gives eager PyTorch's loss and gradients", "[import]") { check_against_eager("llama"); }
 TEST_CASE("imported user module gives eager PyTorch's loss and gradients", "[import]") { check_against_eager("odd"); }
+// Only a cross-entropy with PyTorch's defaults becomes the zoo's loss (docs/model-format.md):
+// label smoothing, another reduction or class weights run as recorded, by ATen.
+TEST_CASE("imported cross-entropy calls other than PyTorch's defaults stay ATen calls", "[import]") {
+  const std::shared_ptr<const ModelFile> file = read_model_file(test_model("gpt2"));
+  CHECK(build_imported(*file, 2).nodes.back().kind == OpKind::CrossEntropy);
+  for (const auto& [index, value] : std::vector<std::pair<size_t, Json>>{{5, 0.1}, {3, 2}, {4, 0}}) {
+    INFO("argument " << index << " = " << value.dump());
+    ModelFile changed = *file;
+    Json& args = changed.graph.at("nodes").back().at("args");
+    REQUIRE(args.at(0).at("t").get<std::string>().rfind("view", 0) == 0);  // the loss call's logits
+    args.at(index) = value;
+    const OpGraph g = build_imported(changed, 2);
+    CHECK(g.nodes.back().kind == OpKind::Aten);
+    CHECK(g.nodes.back().call.op == "aten::cross_entropy_loss");
+  }
+}
+
 // Exported under torch.autocast: the graph holds autocast's casts, so DawnPiper runs the very
 // kernels eager autocast runs.
 // export_model.py --loss-chunk-tokens: the head and the loss as dawnpiper::linear_cross_entropy,
