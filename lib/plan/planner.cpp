@@ -211,6 +211,10 @@ namespace {
 // replay_capacity > 0: a stage fits when its replayed peak fits this (StageEvaluator).
 std::optional<Plan> search(const Profile& profile, const PlanOptions& options, int64_t replay_capacity) {
   CostModel model(profile, options);
+  // A node whose forward alone needs more than a stage holds fits no stage (its tensors are a
+  // lower bound of any replayed peak): refused before any search, which would have to try every
+  // partition to find that out (the --max-batch search's sizes above its answer).
+  if (model.forward_need_bytes(0, model.size()) > options.capacity_bytes) return std::nullopt;
   // The block planners of systems that checkpoint or swap whole layers: coarse memory
   // optimization (a block's internal tensors together; block outputs stay as checkpoints).
   const bool blocks = options.planner == PlannerKind::VPipe || options.planner == PlannerKind::GPipe;
