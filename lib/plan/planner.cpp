@@ -5,9 +5,13 @@
 
 #include <chrono>
 #include <cmath>
-#include <future>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "plan/baselines.h"
@@ -68,42 +72,184 @@ int64_t needed_capacity(const Profile& profile, const PlanOptions& options) {
   return hi;
 }
 
-// Plans at micro-batch sizes, remembered by size. `speculate` plans several sizes at once, one
-// thread each (plans are independent: each builds its own cost model and evaluator), so the
-// search below can ask for the sizes it may need next while it still needs only one; it then
-// decides exactly as with one thread, and finds the same answer.
+// A plan that find_max_batch no longer needs is stopped (StageEvaluator::set_stop) through
+// this flag of the thread planning it; its result is then dropped.
+thread_local const std::atomic<bool>* planning_stop = nullptr;
+
+// The max-batch search as a function of the sizes' results: doubling until a size fails, then
+// bisection, then on above the answer until kMisses sizes in a row fail. `known(b)` is whether
+// size b fits, or nothing where that is not known yet; the step returns the answer (0: not even
+// size 1 fits) or the first size whose result it needs. The search itself is sequential; the
+// threads below only decide sizes before it asks for them.
+struct SearchStep {
+  std::optional<int64_t> answer;
+  int64_t needs = 0;
+  bool likely_fits = true;  // the outcome to plan ahead for first: sizes above the bisection's answer mostly fail
+};
+
+template <typename Known>
+SearchStep max_batch_step(const Known& known, int64_t upper_bound) {
+  auto ask = [&](int64_t b, bool& fits) {
+    const std::optional<bool> r = known(b);
+    if (r) fits = *r;
+    return r.has_value();
+  };
+  bool fits = false;
+  if (!ask(1, fits)) return {std::nullopt, 1};
+  if (!fits) return {int64_t{0}, 0};
+  int64_t lo = 1, hi = -1;            // lo fits; hi (when known) does not
+  int64_t ceiling = upper_bound + 1;  // the first doubling that did not fit
+  for (int64_t b = 2; hi < 0; b *= 2) {
+    const int64_t probe = std::min(b, upper_bound);
+    if (probe <= lo) break;  // lo == upper_bound
+    if (!ask(probe, fits)) return {std::nullopt, probe};
+    if (!fits) {
+      hi = ceiling = probe;
+    } else {
+      lo = probe;
+      if (probe == upper_bound) break;
+    }
+  }
+  while (hi > 0 && hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (!ask(mid, fits)) return {std::nullopt, mid};
+    (fits ? lo : hi) = mid;
+  }
+  // The search is a heuristic and need not be monotone in the micro-batch size (the candidate
+  // cuts move with it: gpt2-tiny, async, r, 3 MiB: 5 fits, 6 does not, 7 does). Probe on above
+  // the bisection's answer until kMisses sizes in a row do not fit.
+  constexpr int64_t kMisses = 4;
+  for (int64_t b = lo + 1, misses = 0; b < ceiling && misses < kMisses; ++b) {
+    if (!ask(b, fits)) return {std::nullopt, b, false};
+    if (fits)
+      lo = b, misses = 0;
+    else
+      ++misses;
+  }
+  return {lo, 0};
+}
+
+// Plans at micro-batch sizes on up to `threads` threads, each size as soon as a thread is free:
+// the one the search needs now, then those it may need next, breadth first over the results
+// not known yet (both outcomes of the first, then of the next, ...). A plan whose size the
+// search can no longer ask for is stopped. The search decides exactly as with one thread.
 class BatchProbes {
  public:
-  BatchProbes(const Profile& profile, const PlanOptions& options, int threads)
-      : profile_(profile), options_(options), threads_(std::max(1, threads)) {}
-  int threads() const { return threads_; }
-
-  void speculate(std::vector<int64_t> sizes) {
-    std::sort(sizes.begin(), sizes.end());
-    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-    sizes.erase(std::remove_if(sizes.begin(), sizes.end(), [&](int64_t b) { return known_.count(b) > 0; }),
-                sizes.end());
-    if (sizes.size() > static_cast<size_t>(threads_)) sizes.resize(static_cast<size_t>(threads_));
-    if (sizes.size() < 2) return;  // at() plans a single size on this thread
-    std::vector<std::future<std::optional<Plan>>> running;
-    for (int64_t b : sizes)
-      running.push_back(std::async(std::launch::async, [this, b] { return try_plan(profile_.at_batch(b), options_); }));
-    for (size_t i = 0; i < sizes.size(); ++i) known_.emplace(sizes[i], running[i].get());
+  BatchProbes(const Profile& profile, const PlanOptions& options, int64_t upper_bound, int threads)
+      : profile_(profile), options_(options), upper_bound_(upper_bound), threads_(std::max(1, threads)) {}
+  BatchProbes(const BatchProbes&) = delete;
+  BatchProbes& operator=(const BatchProbes&) = delete;
+  ~BatchProbes() {
+    for (auto& [b, task] : running_) task.stop->store(true);
+    for (auto& [b, task] : running_) task.thread.join();
   }
 
-  bool fits(int64_t b) { return at(b).has_value(); }
-
-  const std::optional<Plan>& at(int64_t b) {
-    auto found = known_.find(b);
-    if (found == known_.end()) found = known_.emplace(b, try_plan(profile_.at_batch(b), options_)).first;
-    return found->second;
+  std::optional<MaxBatch> run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      reap();
+      const SearchStep step = max_batch_step([this](int64_t b) { return known(b); }, upper_bound_);
+      if (step.answer) {
+        if (*step.answer == 0) return std::nullopt;
+        return MaxBatch{*step.answer, *known_.at(*step.answer)};
+      }
+      const std::vector<int64_t> wanted = candidates(threads_);
+      for (auto& [b, task] : running_)
+        if (std::find(wanted.begin(), wanted.end(), b) == wanted.end()) task.stop->store(true);
+      for (int64_t b : wanted)
+        if (static_cast<int>(running_.size()) < threads_ && running_.count(b) == 0) start(b);
+      changed_.wait(lock, [this] { return !finished_.empty(); });
+    }
   }
 
  private:
+  struct Task {
+    std::unique_ptr<std::atomic<bool>> stop;
+    std::thread thread;
+  };
+  struct Result {
+    std::optional<Plan> plan;
+    std::exception_ptr error;
+    bool stopped = false;
+  };
+
+  std::optional<bool> known(int64_t b) const {
+    auto found = known_.find(b);
+    if (found == known_.end()) return std::nullopt;
+    return found->second.has_value();
+  }
+
+  // The sizes the search may ask for next, at most `count`: its next size, then breadth first
+  // over both outcomes of each unknown result, the likelier first (a few dozen replays of the
+  // search; no planning).
+  std::vector<int64_t> candidates(int count) const {
+    std::vector<int64_t> out;
+    std::deque<std::map<int64_t, bool>> branches(1);
+    for (int visited = 0; !branches.empty() && static_cast<int>(out.size()) < count && visited < 64; ++visited) {
+      std::map<int64_t, bool> assumed = std::move(branches.front());
+      branches.pop_front();
+      const SearchStep step = max_batch_step(
+          [&](int64_t b) -> std::optional<bool> {
+            if (std::optional<bool> r = known(b)) return r;
+            auto found = assumed.find(b);
+            if (found == assumed.end()) return std::nullopt;
+            return found->second;
+          },
+          upper_bound_);
+      if (step.answer) continue;
+      if (std::find(out.begin(), out.end(), step.needs) == out.end()) out.push_back(step.needs);
+      for (bool fits : {step.likely_fits, !step.likely_fits}) {
+        branches.push_back(assumed);
+        branches.back()[step.needs] = fits;
+      }
+    }
+    return out;
+  }
+
+  void start(int64_t b) {
+    Task& task = running_[b];
+    task.stop = std::make_unique<std::atomic<bool>>(false);
+    const std::atomic<bool>* stop = task.stop.get();
+    task.thread = std::thread([this, b, stop] {
+      Result result;
+      planning_stop = stop;
+      try {
+        result.plan = try_plan(profile_.at_batch(b), options_);
+      } catch (...) {
+        result.error = std::current_exception();
+      }
+      result.stopped = stop->load();
+      std::lock_guard<std::mutex> lock(mutex_);
+      finished_.emplace_back(b, std::move(result));
+      changed_.notify_one();
+    });
+  }
+
+  // Joins the threads that finished and keeps their results (not those of stopped plans).
+  // Called with mutex_ held, which the threads need to finish: released while joining.
+  void reap() {
+    while (!finished_.empty()) {
+      auto [b, result] = std::move(finished_.back());
+      finished_.pop_back();
+      auto task = running_.find(b);
+      mutex_.unlock();
+      task->second.thread.join();
+      mutex_.lock();
+      running_.erase(task);
+      if (result.error) std::rethrow_exception(result.error);
+      if (!result.stopped) known_.emplace(b, std::move(result.plan));
+    }
+  }
+
   const Profile& profile_;
   const PlanOptions& options_;
+  const int64_t upper_bound_;
   const int threads_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
   std::map<int64_t, std::optional<Plan>> known_;
+  std::map<int64_t, Task> running_;
+  std::vector<std::pair<int64_t, Result>> finished_;
 };
 
 // The cores this process may run on (a Slurm or mpirun binding restricts them), at most 8:
@@ -116,77 +262,9 @@ int usable_cores() {
   return std::clamp(cores, 1, 8);
 }
 
-// The bisection's next midpoints, breadth first: the one it needs now and those it will need
-// after either answer, as many as there are threads.
-std::vector<int64_t> bisection_ahead(int64_t lo, int64_t hi, int count) {
-  std::vector<int64_t> out;
-  std::vector<std::pair<int64_t, int64_t>> level{{lo, hi}};
-  while (!level.empty() && static_cast<int>(out.size()) < count) {
-    std::vector<std::pair<int64_t, int64_t>> next;
-    for (auto [l, h] : level) {
-      if (h - l <= 1) continue;
-      const int64_t mid = l + (h - l) / 2;
-      out.push_back(mid);
-      next.push_back({mid, h});
-      next.push_back({l, mid});
-    }
-    level = std::move(next);
-  }
-  if (static_cast<int>(out.size()) > count) out.resize(static_cast<size_t>(count));
-  return out;
-}
-
 std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound,
                                   int threads) {
-  BatchProbes probes(profile, options, threads);
-  const int w = probes.threads();
-  if (!probes.fits(1)) return std::nullopt;
-  int64_t lo = 1, hi = -1;            // lo fits; hi (when known) does not
-  int64_t ceiling = upper_bound + 1;  // the first doubling that did not fit
-  for (int64_t b = 2; hi < 0; b *= 2) {
-    std::vector<int64_t> ahead;
-    for (int64_t c = b; static_cast<int>(ahead.size()) < w; c *= 2) {
-      ahead.push_back(std::min(c, upper_bound));
-      if (c >= upper_bound) break;
-    }
-    probes.speculate(ahead);
-    int64_t probe = std::min(b, upper_bound);
-    if (probe <= lo) break;  // lo == upper_bound
-    if (probes.fits(probe)) {
-      lo = probe;
-      if (probe == upper_bound) break;
-    } else {
-      hi = ceiling = probe;
-    }
-  }
-  // Past the bisection, the sizes up to lo + kMisses are probed (below): a thread the
-  // bisection leaves idle plans the first of them above hi.
-  constexpr int64_t kMisses = 4;
-  while (hi > 0 && hi - lo > 1) {
-    std::vector<int64_t> ahead = bisection_ahead(lo, hi, w);
-    for (int64_t b = hi + 1; static_cast<int>(ahead.size()) < w && b <= lo + kMisses && b < ceiling; ++b)
-      ahead.push_back(b);
-    probes.speculate(ahead);
-    int64_t mid = lo + (hi - lo) / 2;
-    if (probes.fits(mid))
-      lo = mid;
-    else
-      hi = mid;
-  }
-  // The search is a heuristic and need not be monotone in the micro-batch size (the candidate
-  // cuts move with it: gpt2-tiny, async, r, 3 MiB: 5 fits, 6 does not, 7 does). Probe on above
-  // the bisection's answer until kMisses sizes in a row do not fit.
-  for (int64_t b = lo + 1, misses = 0; b < ceiling && misses < kMisses; ++b) {
-    std::vector<int64_t> ahead;
-    for (int64_t c = b; c < ceiling && static_cast<int>(ahead.size()) < w; ++c) ahead.push_back(c);
-    probes.speculate(ahead);
-    if (probes.fits(b)) {
-      lo = b, misses = 0;
-    } else {
-      ++misses;
-    }
-  }
-  return MaxBatch{lo, *probes.at(lo)};
+  return BatchProbes(profile, options, upper_bound, threads).run();
 }
 
 std::string describe(const Profile& profile, const PlanOptions& options) {
@@ -220,6 +298,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
   const bool blocks = options.planner == PlannerKind::VPipe || options.planner == PlannerKind::GPipe;
   StageEvaluator evaluator(model, options.memopt, options.capacity_bytes,
                            blocks ? MemoptGranularity::Block : MemoptGranularity::Tensor);
+  evaluator.set_stop(planning_stop);
   Bounds bounds;
   evaluator.set_replay_capacity(replay_capacity);
   if (options.planner == PlannerKind::DawnPiper) {
@@ -265,6 +344,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     // sweeps miss (encoder-decoder graphs). Its answer must still fit when checked like the rest.
     if (evaluator.mode() == MemoptMode::None || options.capacity_bytes == INT64_MAX) {  // nothing to evict
       StageEvaluator formula(model, MemoptMode::None, options.capacity_bytes);
+      formula.set_stop(planning_stop);
       const Bounds exact = exact_partition(
           formula, bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds));
       if (!exact.empty() && (bounds.empty() || evaluator.objective(exact) < evaluator.objective(bounds)))

@@ -13,7 +13,8 @@ StageEvaluator::StageEvaluator(const CostModel& model, MemoptMode mode, int64_t 
 const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
   const uint64_t key = (static_cast<uint64_t>(b) << 40) | (static_cast<uint64_t>(e) << 16) | static_cast<uint64_t>(x);
   auto found = cache_.find(key);
-  const bool out_of_budget = evaluation_limit_ >= 0 && evaluations_ >= evaluation_limit_;
+  const bool out_of_budget = (evaluation_limit_ >= 0 && evaluations_ >= evaluation_limit_) ||
+                             (stop_ != nullptr && stop_->load(std::memory_order_relaxed));
   if (found != cache_.end()) {
     StageEval& ev = found->second;
     if (out_of_budget || late_untried_.erase(key) == 0) return ev;

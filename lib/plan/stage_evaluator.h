@@ -6,6 +6,7 @@
 // theorem's model); a stage's final plan also carries the replayed prediction
 // (plan/stage_memory.h), which the runtime is measured against.
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -62,6 +63,9 @@ class StageEvaluator {
   // At most this many evaluations in all (negative: no limit): past it, a stage not evaluated
   // yet is answered as not fitting, which ends a search that must give up.
   void set_evaluation_limit(int64_t n) { evaluation_limit_ = n; }
+  // Once *stop is true, every stage not evaluated yet is answered as not fitting, as past the
+  // limit: a search whose answer is no longer wanted ends (find_max_batch's speculative sizes).
+  void set_stop(const std::atomic<bool>* stop) { stop_ = stop; }
 
   const CostModel& model() const { return model_; }
   MemoptMode mode() const { return optimizer_.mode(); }
@@ -98,6 +102,7 @@ class StageEvaluator {
   std::vector<std::pair<std::vector<std::pair<int, TensorAction>>, int64_t>> tried_;
   int64_t evaluations_ = 0;
   int64_t evaluation_limit_ = -1;
+  const std::atomic<bool>* stop_ = nullptr;
 };
 
 }  // namespace dawnpiper

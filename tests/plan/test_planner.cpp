@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <optional>
 #include <random>
@@ -393,6 +394,28 @@ TEST_CASE("find_max_batch gives the same answer on any number of threads", "[pla
     }
   }
   CHECK(cases == 18);
+}
+
+// find_max_batch stops the plans of sizes it no longer needs through this flag: from then on the
+// evaluator answers every stage it has not evaluated as not fitting, without evaluating it.
+TEST_CASE("a stopped evaluator evaluates nothing more", "[plan][planner]") {
+  const Profile p = small_profile(2, 30);
+  PlanOptions opt;
+  opt.stages = 3;
+  opt.memopt = MemoptMode::SwapRecompute;
+  const CostModel model(p, opt);
+  std::atomic<bool> stop{false};
+  StageEvaluator ev(model, opt.memopt, INT64_MAX);
+  ev.set_stop(&stop);
+  REQUIRE(ev.evaluate(0, 10, 0).feasible);
+  REQUIRE(ev.evaluations() == 1);
+  stop = true;
+  CHECK(ev.evaluate(0, 10, 0).feasible);  // known before the stop
+  CHECK_FALSE(ev.evaluate(10, 20, 1).feasible);
+  CHECK(ev.evaluations() == 1);
+  stop = false;
+  CHECK(ev.evaluate(10, 20, 1).feasible);  // not cached as infeasible
+  CHECK(ev.evaluations() == 2);
 }
 
 // The search decides with the memory formula; with fit_replayed (the command line's setting) a
