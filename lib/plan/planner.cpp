@@ -277,6 +277,35 @@ std::string describe(const Profile& profile, const PlanOptions& options) {
          capacity_text(options.capacity_bytes) + " per stage";
 }
 
+// The node that needs the most by itself (CostModel::memory_floor of it alone, on the stage
+// where that is least): where the capacity is below that, it is what makes the request
+// infeasible, whatever the partition. Empty otherwise.
+std::string node_needs_text(const Profile& profile, const PlanOptions& options) {
+  const CostModel model(profile, options);
+  int worst = -1, worst_stage = 0;
+  int64_t need = 0;
+  for (int i = 0; i < model.size(); ++i) {
+    int64_t least = INT64_MAX;
+    int at = 0;
+    for (int x = 0; x < options.stages; ++x) {
+      const int64_t floor = model.memory_floor(i, i + 1, x, /*evictable=*/true);
+      if (floor < least) least = floor, at = x;
+    }
+    if (least > need) need = least, worst = i, worst_stage = at;
+  }
+  if (worst < 0 || need <= options.capacity_bytes) return "";
+  const NodeProfile& node = profile.nodes[static_cast<size_t>(worst)];
+  const MemoryBreakdown m = model.memory(worst, worst + 1, worst_stage, 0);
+  auto bytes = [](int64_t b) { return format_bytes(static_cast<double>(b)); };
+  std::string text = "; node " + node.name + " (" + node.kind + ") alone needs at least " + bytes(need) +
+                     " on any stage: its forward's inputs, outputs and workspace take " +
+                     bytes(model.forward_need_bytes(worst, worst + 1));
+  if (m.weights > 0)
+    text += ", its parameters (" + bytes(m.weights) + ") with their gradients and optimizer state " +
+            bytes(m.weights + m.stashed_weights + m.gradients + m.optimizer);
+  return text;
+}
+
 std::string needs_text(const Profile& profile, const PlanOptions& options) {
   return "; it needs at least " + capacity_text(needed_capacity(profile, options)) + " per stage at micro-batch size " +
          std::to_string(profile.micro_batch_size);
@@ -427,7 +456,7 @@ std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options)
 Plan make_plan(const Profile& profile, const PlanOptions& options) {
   std::optional<Plan> plan = try_plan(profile, options);
   if (plan) return std::move(*plan);
-  std::string message = describe(profile, options) + needs_text(profile, options);
+  std::string message = describe(profile, options) + node_needs_text(profile, options) + needs_text(profile, options);
   if (has_batch_fits(profile)) {
     std::optional<MaxBatch> fit;
     if (profile.micro_batch_size > 1) fit = max_batch(profile, options, profile.micro_batch_size - 1, usable_cores());
@@ -451,7 +480,8 @@ MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options, int6
   std::optional<MaxBatch> fit = max_batch(profile, options, upper_bound, threads == 0 ? usable_cores() : threads);
   if (fit) return std::move(*fit);
   Profile one = profile.at_batch(1);
-  throw InfeasibleError(describe(one, options) + needs_text(one, options) + "; not even micro-batch size 1 fits");
+  throw InfeasibleError(describe(one, options) + node_needs_text(one, options) + needs_text(one, options) +
+                        "; not even micro-batch size 1 fits");
 }
 
 }  // namespace dawnpiper

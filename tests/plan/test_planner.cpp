@@ -20,6 +20,7 @@
 #include "profile/analytic.h"
 #include "synthetic_profile.h"
 #include "util/error.h"
+#include "util/units.h"
 
 using namespace dawnpiper;
 using namespace dawnpiper::testing;
@@ -324,6 +325,45 @@ TEST_CASE("an infeasible plan names the capacity that would work", "[plan][plann
   }
   CHECK(named_batch > 0);  // both kinds of message occur here
   CHECK(none_fits > 0);
+}
+
+// A capacity below what one node holds by itself (its forward's tensors, its parameters with
+// their gradients and optimizer state) fits no partition: the message names that node.
+TEST_CASE("an infeasible plan names the node that alone needs more than the capacity", "[plan][planner]") {
+  const Profile p = small_profile(8, 30).at_batch(4);
+  PlanOptions opt;
+  opt.stages = 3;
+  opt.schedule = ScheduleKind::OneFOneB;
+  opt.memopt = MemoptMode::SwapRecompute;
+  const CostModel model(p, opt);
+  int64_t largest = 0;
+  int node = -1;
+  for (int i = 0; i < model.size(); ++i) {
+    int64_t least = INT64_MAX;
+    for (int x = 0; x < opt.stages; ++x) {
+      least = std::min(least, model.memory_floor(i, i + 1, x, true));
+      // The need is a lower bound: the node alone on a stage replays at least that much.
+      CHECK(replay_stage_memory(model, i, i + 1, x, {}).peak >= model.memory_floor(i, i + 1, x, true));
+    }
+    if (least > largest) largest = least, node = i;
+  }
+  REQUIRE(node >= 0);
+  auto message_at = [&](int64_t capacity) {
+    opt.capacity_bytes = capacity;
+    try {
+      make_plan(p, opt);
+    } catch (const InfeasibleError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const NodeProfile& n = p.nodes[static_cast<size_t>(node)];
+  const std::string named = message_at(largest - 1);
+  INFO(named);
+  CHECK(named.find("; node " + n.name + " (" + n.kind + ") alone needs at least " +
+                   format_bytes(static_cast<double>(largest)) + " on any stage") != std::string::npos);
+  const std::string unnamed = message_at(largest);  // every node fits alone; three stages may not
+  if (!unnamed.empty()) CHECK(unnamed.find("alone needs") == std::string::npos);
 }
 
 TEST_CASE("find_max_batch returns the largest micro-batch size that fits", "[plan][planner]") {
