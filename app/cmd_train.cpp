@@ -78,6 +78,8 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
   Profile profile;
   if (vm.count("profile-in")) {
     profile = read_profile(vm["profile-in"].as<std::string>());
+    if (const std::string why = profile.device_mismatch(device.str()); !why.empty())
+      throw ConfigError("--profile-in: " + why);
     if (profile.precision != graph.precision)
       throw ConfigError("--profile-in was profiled in " + profile.precision + ", this run trains in " +
                         graph.precision + " (profile again with --precision " + graph.precision + ")");

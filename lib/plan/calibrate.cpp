@@ -92,6 +92,7 @@ void calibrate_from_traces(Profile& profile, const std::vector<std::string>& tra
     const Trace t = read_trace(path);
     const std::string where = "--calibrate-trace " + path + ": ";
     if (t.preset != profile.preset) throw ConfigError(where + "a trace of " + t.preset + ", not of " + profile.preset);
+    if (const std::string why = profile.device_mismatch(t.device); !why.empty()) throw ConfigError(where + why);
     if (t.micro_batch_size != profile.micro_batch_size)
       throw ConfigError(where + "micro-batches of " + std::to_string(t.micro_batch_size) +
                         " samples, this plan's are " + std::to_string(profile.micro_batch_size));

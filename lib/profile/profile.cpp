@@ -102,6 +102,14 @@ Profile Profile::at_batch(int64_t batch) const {
   return p;
 }
 
+std::string Profile::device_mismatch(const std::string& run_device) const {
+  if (source != "measured" || device.empty() || run_device.empty()) return "";  // unrecorded: older files
+  auto type = [](const std::string& d) { return d.substr(0, d.find(':')); };
+  if (type(device) == type(run_device)) return "";
+  return "the profile was measured on " + device + ", the run is on " + run_device + " (profile on " +
+         type(run_device) + ")";
+}
+
 int64_t Profile::total_param_bytes() const {
   int64_t b = 0;
   for (const NodeProfile& n : nodes) b += n.param_bytes;

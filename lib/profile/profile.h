@@ -152,6 +152,11 @@ struct Profile {
   int64_t measured_peak_bytes = 0;
 
   int size() const { return static_cast<int>(nodes.size()); }
+  // Why this profile cannot stand for a run on `run_device` (c10::Device::str(): "cpu",
+  // "cuda:1"), or "": a measured profile's times and workspaces are those of the device type it
+  // ran on (any index of it is the same). An analytic profile models a device by its spec and
+  // plans ahead for one: taken as given.
+  std::string device_mismatch(const std::string& run_device) const;
   // The same profile evaluated at another micro-batch size through the fits.
   Profile at_batch(int64_t batch) const;
   int64_t total_param_bytes() const;

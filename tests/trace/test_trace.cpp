@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "profile/profile.h"
 #include "trace/trace.h"
 #include "util/error.h"
 
@@ -161,4 +162,21 @@ TEST_CASE("a trace measures each stage's forward and backward per micro-batch", 
   Trace old = t;  // a trace from before CPU times were recorded
   for (ActionRecord& r : old.actions) r.cpu_s = 0;
   CHECK_THROWS_AS(measured_stage_compute(old, true), ConfigError);
+}
+
+// train --profile-in and --calibrate-trace refuse a measured profile of another device type
+// (its times are that device's); analytic profiles and older files without a device pass.
+TEST_CASE("a measured profile stands only for runs on its device type", "[profile]") {
+  Profile p;
+  p.source = "measured";
+  p.device = "cpu";
+  CHECK(p.device_mismatch("cpu").empty());
+  CHECK(p.device_mismatch("cuda:0") == "the profile was measured on cpu, the run is on cuda:0 (profile on cuda)");
+  p.device = "cuda:0";
+  CHECK(p.device_mismatch("cuda:3").empty());  // the same device type, another index
+  CHECK(p.device_mismatch("cpu").find("measured on cuda:0, the run is on cpu") != std::string::npos);
+  CHECK(p.device_mismatch("").empty());
+  p.source = "analytic";
+  p.device = "a100-40gb";
+  CHECK(p.device_mismatch("cpu").empty());
 }
