@@ -498,6 +498,7 @@ void write_run_trace(const OpGraph& graph, const Plan& plan, const PipelineConfi
   if (world.rank != 0) return;
   trace.model = graph.model;
   trace.preset = graph.preset;
+  trace.graph_hash = graph.fingerprint();
   trace.schedule = schedule_kind_name(pc.schedule);
   trace.device = pc.device.str();
   trace.transport = mine.transport;

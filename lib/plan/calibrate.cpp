@@ -93,6 +93,10 @@ void calibrate_from_traces(Profile& profile, const std::vector<std::string>& tra
     const std::string where = "--calibrate-trace " + path + ": ";
     if (t.preset != profile.preset) throw ConfigError(where + "a trace of " + t.preset + ", not of " + profile.preset);
     if (const std::string why = profile.device_mismatch(t.device); !why.empty()) throw ConfigError(where + why);
+    // The fingerprint covers shapes and options the node count does not (older files lack it).
+    if (!t.graph_hash.empty() && !profile.graph_hash.empty() && t.graph_hash != profile.graph_hash)
+      throw ConfigError(where + "a run of another graph than this profile's (fingerprint " + t.graph_hash + ", not " +
+                        profile.graph_hash + "; give the model options the traced run had)");
     if (t.micro_batch_size != profile.micro_batch_size)
       throw ConfigError(where + "micro-batches of " + std::to_string(t.micro_batch_size) +
                         " samples, this plan's are " + std::to_string(profile.micro_batch_size));

@@ -93,6 +93,7 @@ void write_trace(const Trace& t, const std::string& path) {
     write_attr(file, "schedule", t.schedule);
     write_attr(file, "device", t.device);
     write_attr(file, "transport", t.transport);
+    write_attr(file, "graph_hash", t.graph_hash);
     write_attr(file, "created", t.created.empty() ? now_iso8601() : t.created);
     write_attr<int64_t>(file, "stages", t.stages);
     write_attr<int64_t>(file, "replicas", t.replicas);
@@ -127,6 +128,7 @@ Trace read_trace(const std::string& path) {
     t.transport = read_attr_string(file, "transport");
     t.created = read_attr_string(file, "created");
     t.stages = read_attr<int64_t>(file, "stages");
+    if (has_attr(file, "graph_hash")) t.graph_hash = read_attr_string(file, "graph_hash");
     if (has_attr(file, "replicas")) t.replicas = read_attr<int64_t>(file, "replicas");
     t.micro_batch_size = read_attr<int64_t>(file, "micro_batch_size");
     t.micro_batches = read_attr<int64_t>(file, "micro_batches");

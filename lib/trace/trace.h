@@ -47,6 +47,7 @@ struct StageRecord {
 struct Trace {
   static constexpr int kSchemaVersion = 2;
   std::string model, preset, schedule, device, transport, created;
+  std::string graph_hash;  // OpGraph::fingerprint() of the graph trained ("" in older files)
   int64_t stages = 0, micro_batch_size = 0, micro_batches = 0, first_step = 0, steps = 0;
   int64_t replicas = 1;  // data-parallel pipelines; micro_batches is per replica
   double wall_s = 0;

@@ -140,6 +140,10 @@ expect_fail "calibrate one stage" "this run has one stage" train --model gpt2-ti
   --calibrate-trace "$work/trace.h5"
 expect_fail "calibrate by another model's trace" "a trace of gpt2-tiny, not of mlp-tiny" plan --profile-in "$work/p.h5" \
   --stages 2 --calibrate-trace "$work/trace.h5"
+# The same preset and node count with another vocabulary: the trace's graph fingerprint differs.
+"$bin" profile --model gpt2-tiny --vocab 300 --out "$work/v300.h5" --iterations 1 --quiet >/dev/null 2>&1
+expect_fail "calibrate by a trace of another graph" "a run of another graph than this profile's" plan \
+  --profile-in "$work/v300.h5" --stages 2 --calibrate-trace "$work/trace.h5"
 expect_fail "calibrate by a trace without a profile" "--calibrate-trace needs --profile-in" plan --model gpt2-tiny \
   --device-spec a100-40gb --calibrate-trace "$work/trace.h5"
 expect_fail "calibrate a given plan" "--plan-in gives the plan" train --model gpt2-tiny --stages 2 --in-process \
