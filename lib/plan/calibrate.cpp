@@ -93,7 +93,8 @@ void calibrate_from_traces(Profile& profile, const std::vector<std::string>& tra
     const std::string where = "--calibrate-trace " + path + ": ";
     if (t.preset != profile.preset) throw ConfigError(where + "a trace of " + t.preset + ", not of " + profile.preset);
     if (const std::string why = profile.device_mismatch(t.device); !why.empty()) throw ConfigError(where + why);
-    // The fingerprint covers shapes and options the node count does not (older files lack it).
+    // The fingerprint covers the operators, their names and parameter shapes, which the node
+    // count does not (not activation shapes: those follow the micro-batch size; older files lack it).
     if (!t.graph_hash.empty() && !profile.graph_hash.empty() && t.graph_hash != profile.graph_hash)
       throw ConfigError(where + "a run of another graph than this profile's (fingerprint " + t.graph_hash + ", not " +
                         profile.graph_hash + "; give the model options the traced run had)");

@@ -75,6 +75,7 @@ int64_t needed_capacity(const Profile& profile, const PlanOptions& options) {
 // A plan that find_max_batch no longer needs is stopped (StageEvaluator::set_stop) through
 // this flag of the thread planning it; its result is then dropped.
 thread_local const std::atomic<bool>* planning_stop = nullptr;
+bool planning_stopped() { return planning_stop != nullptr && planning_stop->load(std::memory_order_relaxed); }
 
 // The max-batch search as a function of the sizes' results: doubling until a size fails, then
 // bisection, then on above the answer until kMisses sizes in a row fail. `known(b)` is whether
@@ -147,17 +148,19 @@ class BatchProbes {
   std::optional<MaxBatch> run() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      reap();
+      reap(lock);
       const SearchStep step = max_batch_step([this](int64_t b) { return known(b); }, upper_bound_);
       if (step.answer) {
         if (*step.answer == 0) return std::nullopt;
         return MaxBatch{*step.answer, *known_.at(*step.answer)};
       }
+      // A size that failed to plan fails the search only once the search asks for it.
+      if (auto failed = errors_.find(step.needs); failed != errors_.end()) std::rethrow_exception(failed->second);
       const std::vector<int64_t> wanted = candidates(threads_);
       for (auto& [b, task] : running_)
         if (std::find(wanted.begin(), wanted.end(), b) == wanted.end()) task.stop->store(true);
       for (int64_t b : wanted)
-        if (static_cast<int>(running_.size()) < threads_ && running_.count(b) == 0) start(b);
+        if (static_cast<int>(running_.size()) < threads_ && running_.count(b) == 0 && errors_.count(b) == 0) start(b);
       changed_.wait(lock, [this] { return !finished_.empty(); });
     }
   }
@@ -210,34 +213,45 @@ class BatchProbes {
     Task& task = running_[b];
     task.stop = std::make_unique<std::atomic<bool>>(false);
     const std::atomic<bool>* stop = task.stop.get();
-    task.thread = std::thread([this, b, stop] {
-      Result result;
-      planning_stop = stop;
-      try {
-        result.plan = try_plan(profile_.at_batch(b), options_);
-      } catch (...) {
-        result.error = std::current_exception();
-      }
-      result.stopped = stop->load();
-      std::lock_guard<std::mutex> lock(mutex_);
-      finished_.emplace_back(b, std::move(result));
-      changed_.notify_one();
-    });
+    try {
+      task.thread = std::thread([this, b, stop] { plan(b, stop); });
+    } catch (...) {
+      running_.erase(b);  // no thread to join
+      throw;
+    }
   }
 
-  // Joins the threads that finished and keeps their results (not those of stopped plans).
-  // Called with mutex_ held, which the threads need to finish: released while joining.
-  void reap() {
+  // On its own thread: size b's plan, given up once *stop is set.
+  void plan(int64_t b, const std::atomic<bool>* stop) {
+    Result result;
+    planning_stop = stop;
+    try {
+      result.plan = try_plan(profile_.at_batch(b), options_);
+    } catch (...) {
+      result.error = std::current_exception();
+    }
+    result.stopped = stop->load();
+    std::lock_guard<std::mutex> lock(mutex_);
+    finished_.emplace_back(b, std::move(result));
+    changed_.notify_one();
+  }
+
+  // Joins the threads that finished and keeps their results and errors (not those of stopped
+  // plans). `lock` holds mutex_, which the threads need to finish: released while joining.
+  void reap(std::unique_lock<std::mutex>& lock) {
     while (!finished_.empty()) {
       auto [b, result] = std::move(finished_.back());
       finished_.pop_back();
       auto task = running_.find(b);
-      mutex_.unlock();
+      lock.unlock();
       task->second.thread.join();
-      mutex_.lock();
+      lock.lock();
       running_.erase(task);
-      if (result.error) std::rethrow_exception(result.error);
-      if (!result.stopped) known_.emplace(b, std::move(result.plan));
+      if (result.stopped) continue;
+      if (result.error)
+        errors_.emplace(b, result.error);
+      else
+        known_.emplace(b, std::move(result.plan));
     }
   }
 
@@ -248,6 +262,7 @@ class BatchProbes {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::map<int64_t, std::optional<Plan>> known_;
+  std::map<int64_t, std::exception_ptr> errors_;
   std::map<int64_t, Task> running_;
   std::vector<std::pair<int64_t, Result>> finished_;
 };
@@ -297,12 +312,20 @@ std::string node_needs_text(const Profile& profile, const PlanOptions& options) 
   const NodeProfile& node = profile.nodes[static_cast<size_t>(worst)];
   const MemoryBreakdown m = model.memory(worst, worst + 1, worst_stage, 0);
   auto bytes = [](int64_t b) { return format_bytes(static_cast<double>(b)); };
-  std::string text = "; node " + node.name + " (" + node.kind + ") alone needs at least " + bytes(need) +
-                     " on any stage: its forward's inputs, outputs and workspace take " +
-                     bytes(model.forward_need_bytes(worst, worst + 1));
-  if (m.weights > 0)
-    text += ", its parameters (" + bytes(m.weights) + ") with their gradients and optimizer state " +
-            bytes(m.weights + m.stashed_weights + m.gradients + m.optimizer);
+  // memory_floor is the larger of two sums; name the parts of the one that sets it.
+  const int64_t forward = model.forward_need_bytes(worst, worst + 1);
+  const int64_t held = m.weights + m.stashed_weights + m.gradients + m.optimizer;
+  std::string text =
+      "; node " + node.name + " (" + node.kind + ") alone needs at least " + bytes(need) + " on any stage: ";
+  if (m.total() >= m.weights + m.optimizer + m.constants + forward) {
+    text += "its parameters (" + bytes(m.weights) + ") with their gradients, stashed versions and optimizer state " +
+            bytes(held);
+    if (m.transient > 0) text += ", its largest workspace " + bytes(m.transient);
+  } else {
+    text += "its forward's inputs, outputs and workspace " + bytes(forward);
+    if (m.weights > 0) text += " besides its parameters with their optimizer state " + bytes(m.weights + m.optimizer);
+  }
+  if (m.constants > 0) text += ", constants " + bytes(m.constants);
   return text;
 }
 
@@ -396,7 +419,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     bounds = vpipe_partition(evaluator);
   else if (options.planner == PlannerKind::Even)
     bounds = even_partition(model);
-  if (bounds.empty() || !std::isfinite(evaluator.objective(bounds))) return std::nullopt;
+  if (bounds.empty() || !std::isfinite(evaluator.objective(bounds)) || planning_stopped()) return std::nullopt;
 
   Plan plan;
   plan.model = profile.model;
@@ -431,6 +454,7 @@ std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options)
     int64_t lo = 0, hi = options.capacity_bytes;
     int64_t next = options.capacity_bytes - overshoot(*plan);
     for (int round = 0; round < 12 && hi - lo > hi / 256; ++round) {
+      if (planning_stopped()) return std::nullopt;
       const int64_t c = next > lo && next < hi ? next : lo + (hi - lo) / 2;
       next = -1;
       PlanOptions tightened = options;

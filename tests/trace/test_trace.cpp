@@ -30,6 +30,7 @@ Trace two_stages() {
   Trace t;
   t.model = "gpt2";
   t.preset = "gpt2-tiny";
+  t.graph_hash = "0123456789abcdef";
   t.schedule = "gpipe";
   t.device = "cpu";
   t.transport = "mpi";
@@ -62,6 +63,7 @@ TEST_CASE("traces round-trip through HDF5", "[trace]") {
   const Trace u = read_trace(path);
   std::remove(path.c_str());
   CHECK(u.preset == t.preset);
+  CHECK(u.graph_hash == t.graph_hash);
   CHECK(u.schedule == t.schedule);
   CHECK(u.stages == 2);
   CHECK(u.wall_s == t.wall_s);
