@@ -46,7 +46,7 @@ class StageReplay {
  public:
   // Stage x over [b, e) running `actions`: what does not depend on the evictions is set up here.
   StageReplay(const CostModel& model, int b, int e, int x, const std::vector<Action>& actions,
-              std::vector<Action>* events);
+              std::vector<Action>* events, std::vector<int64_t>* event_live = nullptr);
   // The evictions carrying out `decisions`, placed as stage_program() places them.
   std::vector<Eviction> place(const std::vector<TensorDecision>& decisions) const {
     return dawnpiper::place_evictions(model_, b_, e_, decisions, is_received_);
@@ -110,6 +110,7 @@ class StageReplay {
   const std::vector<Action>& actions_;
   const std::vector<Eviction>* evictions_ = nullptr;  // of the current run
   std::vector<Action>* events_;
+  std::vector<int64_t>* event_live_;  // live bytes at each event, when given
   const int b_, e_, x_, T_;
   const bool async_, last_;
   const std::vector<char>& requires_grad_;
@@ -164,6 +165,7 @@ class StageReplay {
   bool shared_keys_ = false;  // two evictions of one storage (m.out holds the first evicted)
 
   int64_t received_bytes_ = 0, sent_bytes_ = 0, received_grad_bytes_ = 0, permuted_sent_bytes_ = 0;
+  std::vector<int> sent_originals_;  // storages of the sent tensors sent as they are (not copies), distinct
 
   // The walk's state.
   StageMemoryReplay r_;
@@ -172,6 +174,9 @@ class StageReplay {
   std::map<int64_t, MicroBatch> mbs_;
   std::vector<MicroBatch> spare_;
   int64_t pending_send_ = 0;  // bytes only the transport still references
+  // The micro-batch whose activations the last send sent as they are (sent_originals_), while
+  // that send is pending; else INT64_MIN.
+  int64_t originals_sent_by_ = std::numeric_limits<int64_t>::min();
   int64_t param_grads_ = 0;
   std::vector<char> grad_done_;
   bool optimizer_state_ = false;
@@ -180,11 +185,12 @@ class StageReplay {
 };
 
 StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std::vector<Action>& actions,
-                         std::vector<Action>* events)
+                         std::vector<Action>* events, std::vector<int64_t>* event_live)
     : model_(model),
       p_(model.profile()),
       actions_(actions),
       events_(events),
+      event_live_(event_live),
       b_(b),
       e_(e),
       x_(x),
@@ -438,17 +444,19 @@ void StageReplay::measure_messages() {
   for (const TensorBytes& r : received_)
     if (requires_grad_[at(r.tensor)]) received_grad_bytes_ += r.bytes;
   // A transposed view is sent as a contiguous copy (MPI reads one dense buffer).
+  auto permuted = [&](int tensor) {
+    const int contiguous = p_.tensors[at(tensor)].contiguous;
+    if (contiguous >= 0) return contiguous == 0;                  // the profile says
+    for (int t = tensor; t >= 0; t = p_.tensors[at(t)].alias_of)  // older profiles
+      if (model_.node_class(p_.tensors[at(t)].producer) == NodeClass::Permute) return true;
+    return false;
+  };
   for (const TensorBytes& s : sent_) {
-    const int contiguous = p_.tensors[at(s.tensor)].contiguous;
-    if (contiguous >= 0) {  // the profile says
-      if (contiguous == 0) permuted_sent_bytes_ += s.bytes;
-      continue;
+    if (permuted(s.tensor)) {
+      permuted_sent_bytes_ += s.bytes;
+    } else if (std::find(sent_originals_.begin(), sent_originals_.end(), key_[at(s.tensor)]) == sent_originals_.end()) {
+      sent_originals_.push_back(key_[at(s.tensor)]);
     }
-    for (int t = s.tensor; t >= 0; t = p_.tensors[at(t)].alias_of)  // older profiles
-      if (model_.node_class(p_.tensors[at(t)].producer) == NodeClass::Permute) {
-        permuted_sent_bytes_ += s.bytes;
-        break;
-      }
   }
 }
 
@@ -463,6 +471,7 @@ void StageReplay::note(int64_t value, int node) {
 
 void StageReplay::emit(ActionKind kind, int64_t mb, int tensor) {
   if (events_) events_->push_back(Action{kind, x_, mb, tensor});
+  if (events_ && event_live_) event_live_->push_back(live_);
 }
 
 MicroBatch& StageReplay::state(int64_t mb) {
@@ -821,6 +830,7 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
   r_ = StageMemoryReplay{};
   current_action_ = -1;
   pending_send_ = param_grads_ = version_ = 0;
+  originals_sent_by_ = std::numeric_limits<int64_t>::min();
   optimizer_state_ = backward_in_step_ = false;
   version_users_.clear();
   for (Walk* w : {&forward_walk_, &backward_walk_[0], &backward_walk_[1]}) w->done = w->noted = false;
@@ -861,6 +871,7 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
         const int64_t copies = evict_after_send_.empty() ? permuted_sent_bytes_ : sent_bytes_;
         live_ += copies;
         send(copies);
+        originals_sent_by_ = evict_after_send_.empty() ? a.micro_batch : std::numeric_limits<int64_t>::min();
         for (int i : evict_after_send_) evict(m, a.micro_batch, i);
         break;
       }
@@ -873,16 +884,25 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
         m.received_grads = total;
         break;
       }
-      case ActionKind::Backward:
-        backward(a.micro_batch, state(a.micro_batch));
+      case ActionKind::Backward: {
+        MicroBatch& m = state(a.micro_batch);
+        backward(a.micro_batch, m);
+        // Activations sent as they are stay referenced by the transport until its next send
+        // completes: where this backward freed them (the step's last forward sent them), they
+        // are held until then.
+        if (a.micro_batch == originals_sent_by_)
+          for (int k : sent_originals_)
+            if (!m.alive[loc(k)] && !m.evicted[loc(k)]) live_ += bytes(k), pending_send_ += bytes(k);
         if (b_ == 0) retire(a.micro_batch);  // nothing to send back
         break;
+      }
       case ActionKind::SendGrad: {
         MicroBatch& m = state(a.micro_batch);
         // Every received activation autograd tracks gets a gradient back (zeros where none
         // flowed); the sent gradients live until the send completes.
         live_ += received_grad_bytes_ - m.input_grads;
         send(received_grad_bytes_);
+        originals_sent_by_ = std::numeric_limits<int64_t>::min();
         for (const TensorBytes& t : received_) release(m, t.tensor);
         retire(a.micro_batch);
         break;
@@ -918,9 +938,9 @@ StageMemoryReplay StageReplayer::replay(const std::vector<TensorDecision>& decis
   return replay_->run(replay_->place(decisions));
 }
 
-StageMemoryReplay replay_stage_program(const CostModel& model, const StageProgram& program,
-                                       std::vector<Action>* events) {
-  return detail::StageReplay(model, program.begin, program.end, program.stage, program.actions, events)
+StageMemoryReplay replay_stage_program(const CostModel& model, const StageProgram& program, std::vector<Action>* events,
+                                       std::vector<int64_t>* event_live) {
+  return detail::StageReplay(model, program.begin, program.end, program.stage, program.actions, events, event_live)
       .run(program.evictions);
 }
 

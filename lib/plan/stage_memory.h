@@ -44,9 +44,11 @@ struct StageMemoryReplay {
 // Replays `program` (its actions once, twice for the synchronous schedules: the second pass is
 // the steady state with the optimizer state allocated). `events`, when given, receives the
 // evictor's actions (SwapOut, SwapIn, Recompute with the micro-batch and, for a re-run, the
-// first tensor it rebuilds) in the order the runtime's evictor carries them out.
+// first tensor it rebuilds) in the order the runtime's evictor carries them out; `event_live`
+// (with events) the bytes live at each (at a swap-out, without the tensor swapped out).
 StageMemoryReplay replay_stage_program(const CostModel& model, const StageProgram& program,
-                                       std::vector<Action>* events = nullptr);
+                                       std::vector<Action>* events = nullptr,
+                                       std::vector<int64_t>* event_live = nullptr);
 // The profile's own training step: the whole graph as one stage training one micro-batch per
 // step, nothing evicted (what `profile` reports beside the step it measures).
 StageMemoryReplay replay_whole_step(const Profile& profile, OptimizerKind optimizer);
