@@ -326,8 +326,9 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
             // What a synchronous step leaves for the next (optimizer state, the last send's
             // activations, still referenced by the transport until the next send completes): the
             // bytes live at the two steps' first swap-out differ by as much in the replay as in
-            // the run. Exactly so for BERT and AmoebaNet; GPT-2 and T5 stages carry 1-17 KiB more
-            // in the run, a fused loss's stages up to 790 KB (not explained yet).
+            // the run. Exactly so for BERT and AmoebaNet; GPT-2 and T5 stages carry 1-4 KiB and
+            // 8-17 KiB more in the run, about one micro-batch's token ids and labels (not
+            // explained yet).
             const size_t half = replayed.size() / 2;
             const bool carries_exactly = preset == "bert-tiny" || preset == "bert-tiny/3" || preset == "amoebanet-tiny";
             if (carries_exactly && kind != ScheduleKind::Async && half > 0 && replayed.size() == executed.size() &&
