@@ -326,15 +326,17 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
             // What a synchronous step leaves for the next (optimizer state, the last send's
             // activations, still referenced by the transport until the next send completes): the
             // bytes live at the two steps' first swap-out differ by as much in the replay as in
-            // the run. Exactly so for BERT and AmoebaNet; GPT-2 and T5 stages carry 1-4 KiB and
-            // 8-17 KiB more in the run, about one micro-batch's token ids and labels (not
-            // explained yet).
+            // the run, up to the stage's constants (causal masks, position buckets): the replay
+            // counts them from the start, the run makes them at their node of the first forward,
+            // some after its first swap-out.
             const size_t half = replayed.size() / 2;
-            const bool carries_exactly = preset == "bert-tiny" || preset == "bert-tiny/3" || preset == "amoebanet-tiny";
-            if (carries_exactly && kind != ScheduleKind::Async && half > 0 && replayed.size() == executed.size() &&
+            if (kind != ScheduleKind::Async && half > 0 && replayed.size() == executed.size() &&
                 replayed[0].kind == ActionKind::SwapOut && replayed[half].kind == ActionKind::SwapOut) {
               ++carried_over;
-              CHECK(replayed_live[half] - replayed_live[0] == executed_live[half] - executed_live[0]);
+              const StageProgram& program = programs[static_cast<size_t>(x)];
+              const int64_t more = (executed_live[half] - executed_live[0]) - (replayed_live[half] - replayed_live[0]);
+              CHECK(more >= 0);
+              CHECK(more <= model.constant_bytes(program.begin, program.end));
             }
             if (!programs[static_cast<size_t>(x)].evictions.empty()) CHECK_FALSE(executed.empty());
             // Never below the measurement (a plan must fit); at most 10% above: the profile's
@@ -352,7 +354,7 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
         }
       }
   }
-  CHECK(carried_over > 50);
+  CHECK(carried_over > 500);
 }
 
 // Two things the whole graph does differently from a stage: a matmul operand that is a
