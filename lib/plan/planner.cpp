@@ -10,7 +10,6 @@
 #include <exception>
 #include <limits>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -141,7 +140,7 @@ class BatchProbes {
   BatchProbes(const BatchProbes&) = delete;
   BatchProbes& operator=(const BatchProbes&) = delete;
   ~BatchProbes() {
-    for (auto& [b, task] : running_) task.stop->store(true);
+    for (auto& [b, task] : running_) task.stop = true;
     for (auto& [b, task] : running_) task.thread.join();
   }
 
@@ -158,7 +157,7 @@ class BatchProbes {
       if (auto failed = errors_.find(step.needs); failed != errors_.end()) std::rethrow_exception(failed->second);
       const std::vector<int64_t> wanted = candidates(threads_);
       for (auto& [b, task] : running_)
-        if (std::find(wanted.begin(), wanted.end(), b) == wanted.end()) task.stop->store(true);
+        if (std::find(wanted.begin(), wanted.end(), b) == wanted.end()) task.stop = true;
       for (int64_t b : wanted)
         if (static_cast<int>(running_.size()) < threads_ && running_.count(b) == 0 && errors_.count(b) == 0) start(b);
       changed_.wait(lock, [this] { return !finished_.empty(); });
@@ -166,8 +165,8 @@ class BatchProbes {
   }
 
  private:
-  struct Task {
-    std::unique_ptr<std::atomic<bool>> stop;
+  struct Task {  // in running_, whose nodes do not move: the thread reads `stop` where it is
+    std::atomic<bool> stop{false};
     std::thread thread;
   };
   struct Result {
@@ -211,8 +210,7 @@ class BatchProbes {
 
   void start(int64_t b) {
     Task& task = running_[b];
-    task.stop = std::make_unique<std::atomic<bool>>(false);
-    const std::atomic<bool>* stop = task.stop.get();
+    const std::atomic<bool>* stop = &task.stop;
     try {
       task.thread = std::thread([this, b, stop] { plan(b, stop); });
     } catch (...) {
