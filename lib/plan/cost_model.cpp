@@ -317,8 +317,6 @@ bool CostModel::copy_not_made(int tensor, int b) const {
   return source >= 0 && !is_data(source) && producer(source) < b;
 }
 
-int64_t CostModel::tensor_bytes(int tensor) const { return bytes_[static_cast<size_t>(tensor)]; }
-
 double CostModel::recompute_ms(int node) const {
   // A profile without recompute measurements (0) falls back to the forward time.
   const NodeProfile& p = profile_->nodes[static_cast<size_t>(node)];

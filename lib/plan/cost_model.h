@@ -109,7 +109,7 @@ class CostModel {
   // A contiguous copy (TensorProfile::copy_of) that a stage starting at node b does not make:
   // its source arrives from an earlier stage, contiguous.
   bool copy_not_made(int tensor, int b) const;
-  int64_t tensor_bytes(int tensor) const;
+  int64_t tensor_bytes(int tensor) const { return bytes_[static_cast<size_t>(tensor)]; }
   double recompute_ms(int node) const;
   // Storage sharing, for the replays: the tensors whose alias_of is `tensor`, those that are
   // contiguous copies of it (TensorProfile::copy_of), the owner at the end of its alias chain.

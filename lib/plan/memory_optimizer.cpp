@@ -104,6 +104,14 @@ void MemoryOptimizer::gather(int b, int e, int x) {
     c.swap_ms = model_.host_ms(c.bytes);
     c.free_ms = idle - 2 * c.swap_ms;
   }
+  // The swaps whose copies hide in their idle time, the longest idle first (ties: in order).
+  free_order_.clear();
+  for (size_t i = 0; i < candidates_.size(); ++i)
+    if (candidates_[i].free_ms > 0) free_order_.push_back(i);
+  std::sort(free_order_.begin(), free_order_.end(), [&](size_t a, size_t c) {
+    if (candidates_[a].free_ms != candidates_[c].free_ms) return candidates_[a].free_ms > candidates_[c].free_ms;
+    return a < c;
+  });
 }
 
 bool MemoryOptimizer::available_in_backward(int t, int b, int e) const {
@@ -190,14 +198,7 @@ double MemoryOptimizer::swap_overhead_of(const Selection& s, size_t i) const {
 
 // Phase 1: swaps that hide behind compute, largest FreeTime first, while the link has room.
 void MemoryOptimizer::take_free_swaps(Selection& s) {
-  std::vector<size_t> order;
-  for (size_t i = 0; i < candidates_.size(); ++i)
-    if (candidates_[i].free_ms > 0) order.push_back(i);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t c) {
-    if (candidates_[a].free_ms != candidates_[c].free_ms) return candidates_[a].free_ms > candidates_[c].free_ms;
-    return a < c;
-  });
-  for (size_t i : order) {
+  for (size_t i : free_order_) {
     if (s.need <= 0) break;
     if (candidates_[i].swap_ms <= s.link_left) take_swap(s, i, 0);
   }

@@ -106,6 +106,7 @@ class MemoryOptimizer {
   std::array<int, 3> gathered_{-1, -1, -1};
   std::vector<int> saved_;
   std::vector<Candidate> candidates_;
+  std::vector<size_t> free_order_;  // candidates with free_ms > 0, the most first
   // Epoch-stamped scratch indexed by tensor / node so that each call costs O(stage), not O(n).
   std::vector<int> tensor_epoch_, tensor_state_, node_epoch_, visit_epoch_;
   int epoch_ = 0, visit_ = 0, rerun_ = 0;  // stamps: this call, one DFS, the re-run set

@@ -282,15 +282,13 @@ void StageReplay::find_sliced_gradients() {
   slices_gradient_.assign(static_cast<size_t>(e_ - b_), 0);
   frees_slices_of_.assign(static_cast<size_t>(e_ - b_), -1);
   for (int i = b_; i < e_; ++i) {
-    const std::string& kind = p_.nodes[at(i)].kind;
-    if ((kind != "concat" && kind.rfind("aten::cat", 0) != 0) || model_.inputs(i).size() < 2) continue;
+    if (model_.node_class(i) != NodeClass::Concat || model_.inputs(i).size() < 2) continue;
     int first = e_;
     bool chunks = true;
     for (int t : model_.inputs(i)) {
       const TensorProfile& tp = p_.tensors[at(t)];
-      const bool linear =
-          tp.producer >= b_ && tp.producer < i && model_.owns_storage()[at(t)] &&
-          (p_.nodes[at(tp.producer)].kind == "linear" || p_.nodes[at(tp.producer)].kind.rfind("aten::linear", 0) == 0);
+      const bool linear = tp.producer >= b_ && tp.producer < i && model_.owns_storage()[at(t)] &&
+                          model_.node_class(tp.producer) == NodeClass::Linear;
       chunks = chunks && (linear || is_received_[at(t)]) && tp.consumers.size() == 1 && requires_grad_[at(t)];
       if (linear) first = std::min(first, tp.producer);
     }
@@ -433,8 +431,9 @@ void StageReplay::place_evictions() {
   // its due node.
   by_restore_.resize(placed_.size());
   for (size_t i = 0; i < by_restore_.size(); ++i) by_restore_[i] = static_cast<int>(i);
-  std::stable_sort(by_restore_.begin(), by_restore_.end(),
-                   [&](int a, int c) { return placed_[at(a)].due > placed_[at(c)].due; });
+  std::sort(by_restore_.begin(), by_restore_.end(), [&](int a, int c) {  // ties in order, without a buffer
+    return placed_[at(a)].due != placed_[at(c)].due ? placed_[at(a)].due > placed_[at(c)].due : a < c;
+  });
 }
 
 void StageReplay::measure_messages() {

@@ -69,6 +69,8 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
   };
 
   std::vector<Eviction> out;
+  out.reserve(static_cast<size_t>(std::count_if(
+      decisions.begin(), decisions.end(), [](const TensorDecision& d) { return d.action != TensorAction::Keep; })));
   std::vector<int> visited(static_cast<size_t>(std::max(0, e - b)), -1), stack;  // per node: the decision
   for (const TensorDecision& d : decisions) {
     if (d.action == TensorAction::Keep) continue;

@@ -51,7 +51,10 @@ NodeClass node_class(const std::string& kind) {
                                                         {"aten::diagonal", NodeClass::ViewAllocatingGradient},
                                                         {"aten::unfold", NodeClass::ViewAllocatingGradient}};
   auto it = classes.find(op_of(kind));
-  return it == classes.end() ? NodeClass::Other : it->second;
+  if (it != classes.end()) return it->second;
+  if (kind == "concat" || kind.rfind("aten::cat", 0) == 0) return NodeClass::Concat;
+  if (kind == "linear" || kind.rfind("aten::linear", 0) == 0) return NodeClass::Linear;
+  return NodeClass::Other;
 }
 
 LossInputs loss_inputs(const Profile& profile, int node, const std::vector<int>& inputs) {

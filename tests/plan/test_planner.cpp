@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <random>
 #include <regex>
@@ -438,6 +439,55 @@ TEST_CASE("find_max_batch gives the same answer on any number of threads", "[pla
     }
   }
   CHECK(cases == 18);
+}
+
+// The search as its header states it (doubling, bisection, then on until four sizes in a row
+// fail), written out here over try_plan: find_max_batch's speculative threads change neither
+// its answer nor the plan it returns, which is `plan`'s at that size.
+TEST_CASE("find_max_batch answers as the search over try_plan's plans", "[plan][planner]") {
+  Profile p = small_profile(3, 30);
+  auto reference = [&](const PlanOptions& opt) {
+    std::map<int64_t, bool> fits;
+    auto ask = [&](int64_t b) {
+      if (!fits.count(b)) fits[b] = try_plan(p.at_batch(b), opt).has_value();
+      return fits[b];
+    };
+    if (!ask(1)) return int64_t{0};
+    int64_t lo = 1, hi = 2;
+    while (ask(hi)) lo = hi, hi *= 2;
+    const int64_t ceiling = hi;
+    while (hi - lo > 1) (ask(lo + (hi - lo) / 2) ? lo : hi) = lo + (hi - lo) / 2;
+    for (int64_t b = lo + 1, misses = 0; b < ceiling && misses < 4; ++b) {
+      if (ask(b))
+        lo = b, misses = 0;
+      else
+        ++misses;
+    }
+    return lo;
+  };
+  for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+    for (MemoptMode memopt : {MemoptMode::None, MemoptMode::SwapRecompute}) {
+      for (int64_t capacity : {150000000, 400000000}) {
+        PlanOptions opt;
+        opt.stages = 3;
+        opt.schedule = schedule;
+        opt.memopt = memopt;
+        opt.capacity_bytes = capacity;
+        opt.fit_replayed = true;
+        const MaxBatch found = find_max_batch(p, opt, 4096, 2);
+        INFO(schedule << " " << memopt << " " << capacity << " B " << found.micro_batch_size);
+        REQUIRE(found.micro_batch_size == reference(opt));
+        const std::optional<Plan> best = try_plan(p.at_batch(found.micro_batch_size), opt);
+        REQUIRE(best);
+        REQUIRE(found.plan.stages.size() == best->stages.size());
+        for (size_t x = 0; x < best->stages.size(); ++x) {
+          CHECK(found.plan.stages[x].begin == best->stages[x].begin);
+          CHECK(found.plan.stages[x].evictions.size() == best->stages[x].evictions.size());
+          CHECK(found.plan.stages[x].memory.replayed_peak == best->stages[x].memory.replayed_peak);
+        }
+      }
+    }
+  }
 }
 
 // find_max_batch stops the plans of sizes it no longer needs through this flag: from then on the
