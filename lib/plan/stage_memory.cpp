@@ -67,7 +67,6 @@ class StageReplay {
   void place_storages();
   void find_in_place_gradients();
   void find_sliced_gradients();
-  bool reaches_loss(int t) const;  // tensor t flows to the loss, read by one node at each step
   void number_locals();
   void count_references();
   void place_weights();
@@ -130,10 +129,9 @@ class StageReplay {
   int64_t weights_ = 0;
   std::vector<int64_t> grad_at_, hold_from_, hold_to_;  // per node offset
   std::vector<char> in_place_grad_;                     // per node offset: NodeClass::InPlaceGradient applies
-  // Per node offset (find_sliced_gradients): slices_gradient_, a concat of an output
-  // projection's chunks whose backward hands each chunk a slice of one gradient (1, 2: see
-  // there); frees_slices_of_, the concat whose gradient the node's backward (the first chunk's,
-  // the last to run) frees, -1 none.
+  // Per node offset (find_sliced_gradients): slices_gradient_, a concat whose backward hands
+  // each input a slice of one gradient (1, 2: see there); frees_slices_of_, the concat whose
+  // gradient the node's backward (its first input's producer, the last to run) frees, -1 none.
   std::vector<char> slices_gradient_;
   std::vector<int> frees_slices_of_;
   // The stage's loss node where it may write over fp32 logits (find_loss), else -1; the
@@ -258,41 +256,35 @@ void StageReplay::find_in_place_gradients() {
 }
 
 // at::cat's backward hands each input a slice of its output's gradient: no new storage, and the
-// whole gradient lives until the last slice is consumed. Sliced along the last dimension (an LM
-// head's chunks: the zoo's --output-chunks, an export's), a slice is not contiguous: a linear's
-// backward copies it, and so does the gradient of a received input (autograd gives a leaf a
-// gradient of its own layout). Counted so for concats of logits (their result reaches the loss
-// through nodes read by one node each: classes are the last dimension) whose inputs are linears
-// of the stage or received tensors, each read by the concat alone; other concats (AmoebaNet's
-// channels) keep the rule of a node allocating its inputs' gradients. slices_gradient_: 1, freed after the first
-// linear's backward (the last to run); 2, no linear of the stage: freed once the received inputs' copies are made.
-bool StageReplay::reaches_loss(int t) const {
-  for (int hops = 0; hops < 8 && t >= 0; ++hops) {
-    const std::vector<int>& readers = p_.tensors[at(t)].consumers;
-    if (readers.size() != 1) return false;
-    const int c = readers[0];
-    if (model_.node_class(c) == NodeClass::InPlaceLoss || p_.nodes[at(c)].kind.rfind("aten::cross_entropy", 0) == 0)
-      return true;
-    t = model_.graph_output(c);
-  }
-  return false;
-}
-
+// whole gradient lives until the last slice is consumed. A slice is not contiguous unless it is
+// cut along the first dimension: a linear's or a convolution's backward copies it, and so does
+// the gradient of a received input (autograd gives a leaf a gradient of its own layout); the
+// copy is counted as a transient of the node reading it. Counted so for concats whose inputs are
+// each read by the concat alone and made by a node of the stage (an LM head's chunks: the zoo's
+// --output-chunks, an export's; AmoebaNet's cell outputs) or received; other concats keep the
+// rule of a node allocating its inputs' gradients. slices_gradient_: 1, freed after the backward
+// of the first input's producer (the last to run); 2, all received: freed once their copies are
+// made.
 void StageReplay::find_sliced_gradients() {
   slices_gradient_.assign(static_cast<size_t>(e_ - b_), 0);
   frees_slices_of_.assign(static_cast<size_t>(e_ - b_), -1);
   for (int i = b_; i < e_; ++i) {
     if (model_.node_class(i) != NodeClass::Concat || model_.inputs(i).size() < 2) continue;
     int first = e_;
-    bool chunks = true;
+    bool slices = true;
+    int64_t input_bytes = 0;
     for (int t : model_.inputs(i)) {
       const TensorProfile& tp = p_.tensors[at(t)];
-      const bool linear = tp.producer >= b_ && tp.producer < i && model_.owns_storage()[at(t)] &&
-                          model_.node_class(tp.producer) == NodeClass::Linear;
-      chunks = chunks && (linear || is_received_[at(t)]) && tp.consumers.size() == 1 && requires_grad_[at(t)];
-      if (linear) first = std::min(first, tp.producer);
+      // Made by a node whose backward reads t's gradient as its own output's (not another output).
+      const bool made_here = tp.producer >= b_ && tp.producer < i && model_.owns_storage()[at(t)] &&
+                             model_.graph_output(tp.producer) == t && model_.has_backward(tp.producer);
+      slices = slices && (made_here || is_received_[at(t)]) && tp.consumers.size() == 1 && requires_grad_[at(t)];
+      if (made_here) first = std::min(first, tp.producer);
+      input_bytes += bytes(t);
     }
-    if (!chunks || !reaches_loss(model_.graph_output(i))) continue;
+    // Inputs are listed once: a tensor concatenated twice gets the sum of two slices, a buffer
+    // of its own (the general rule). Its output is then larger than its inputs.
+    if (!slices || input_bytes != bytes(model_.graph_output(i))) continue;
     slices_gradient_[at(i - b_)] = first < e_ ? 1 : 2;
     if (first < e_) frees_slices_of_[at(first - b_)] = i;
   }

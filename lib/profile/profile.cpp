@@ -53,7 +53,6 @@ NodeClass node_class(const std::string& kind) {
   auto it = classes.find(op_of(kind));
   if (it != classes.end()) return it->second;
   if (kind == "concat" || kind.rfind("aten::cat", 0) == 0) return NodeClass::Concat;
-  if (kind == "linear" || kind.rfind("aten::linear", 0) == 0) return NodeClass::Linear;
   return NodeClass::Other;
 }
 

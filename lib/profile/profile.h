@@ -70,8 +70,7 @@ enum class NodeClass : char {
   // logits' storage where the logits die there (one chunk of rows more, not a second buffer),
   // and its backward writes the logits' gradient over them.
   InPlaceLoss,
-  Concat,  // the zoo's concat, aten::cat (any overload)
-  Linear,  // the zoo's linear, aten::linear (any overload)
+  Concat,  // the zoo's concat, aten::cat (any overload): its backward hands out slices
 };
 NodeClass node_class(const std::string& kind);
 struct Profile;

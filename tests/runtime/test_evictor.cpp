@@ -342,13 +342,13 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
             // Never below the measurement (a plan must fit); at most 10% above: the profile's
             // backward workspaces, measured node by node, run up to one output larger than
             // inside a whole backward (dropout; t5-tiny's first block boundary: +7%).
-            // amoebanet-tiny is the exception, not yet explained: up to 0.6% below the
-            // measurement at some cuts keeping its pooling indices, 1.9% evicting them. (A
-            // chunked head was one too, up to 9% below once the loss stopped holding three
-            // buffers of the logits: at::cat's backward hands out slices of one gradient, each
-            // copied where it is read; the replay counts that now.)
+            // amoebanet-tiny is the exception, not yet explained: up to 0.93% below the
+            // measurement (cut 53, 1f1b, first stage). (Its cells' concats were one too, 1.9%
+            // below at cut 57, and a chunked head, up to 9% below: at::cat's backward hands out
+            // slices of one gradient, which lives until the last slice is read, each copied where
+            // it is read; the replay counts that for every concat of single-reader inputs.)
             const bool cnn = preset == "amoebanet-tiny";
-            CHECK(double(measured) <= (cnn ? 1.025 : 1.005) * double(predicted));
+            CHECK(double(measured) <= (cnn ? 1.01 : 1.005) * double(predicted));
             CHECK(double(measured) >= 0.90 * double(predicted));
           }
         }
