@@ -408,6 +408,19 @@ TEST_CASE("find_max_batch returns the largest micro-batch size that fits", "[pla
   CHECK_THROWS_AS(find_max_batch(no_fits, PlanOptions{}), ConfigError);
 }
 
+namespace {
+// Three stages at `capacity`, judged by the replay: the max-batch tests' configurations.
+PlanOptions max_batch_options(ScheduleKind schedule, MemoptMode memopt, int64_t capacity) {
+  PlanOptions opt;
+  opt.stages = 3;
+  opt.schedule = schedule;
+  opt.memopt = memopt;
+  opt.capacity_bytes = capacity;
+  opt.fit_replayed = true;
+  return opt;
+}
+}  // namespace
+
 // Planning the sizes the search may need next on several threads changes how long it takes, not
 // its answer: the same sizes decide, in the same order, even where feasibility is not monotone
 // in the size.
@@ -417,12 +430,7 @@ TEST_CASE("find_max_batch gives the same answer on any number of threads", "[pla
   for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
     for (MemoptMode memopt : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
       for (int64_t capacity : {150000000, 400000000}) {
-        PlanOptions opt;
-        opt.stages = 3;
-        opt.schedule = schedule;
-        opt.memopt = memopt;
-        opt.capacity_bytes = capacity;
-        opt.fit_replayed = true;
+        const PlanOptions opt = max_batch_options(schedule, memopt, capacity);
         const MaxBatch one = find_max_batch(p, opt, 4096, 1);
         INFO(schedule << " " << memopt << " " << capacity << " B " << one.micro_batch_size);
         for (int threads : {2, 3, 7}) {
@@ -468,12 +476,7 @@ TEST_CASE("find_max_batch answers as the search over try_plan's plans", "[plan][
   for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
     for (MemoptMode memopt : {MemoptMode::None, MemoptMode::SwapRecompute}) {
       for (int64_t capacity : {150000000, 400000000}) {
-        PlanOptions opt;
-        opt.stages = 3;
-        opt.schedule = schedule;
-        opt.memopt = memopt;
-        opt.capacity_bytes = capacity;
-        opt.fit_replayed = true;
+        const PlanOptions opt = max_batch_options(schedule, memopt, capacity);
         const MaxBatch found = find_max_batch(p, opt, 4096, 2);
         INFO(schedule << " " << memopt << " " << capacity << " B " << found.micro_batch_size);
         REQUIRE(found.micro_batch_size == reference(opt));
