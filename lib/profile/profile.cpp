@@ -28,6 +28,8 @@ NodeClass node_class(const std::string& kind) {
                                                         {"softmax", NodeClass::InPlaceGradient},
 #endif
                                                         {"cross_entropy", NodeClass::InPlaceLoss},
+                                                        {"concat", NodeClass::Concat},
+                                                        {"aten::cat", NodeClass::Concat},
                                                         {"transpose", NodeClass::Permute},
                                                         {"aten::transpose", NodeClass::Permute},
                                                         {"aten::permute", NodeClass::Permute},
@@ -51,9 +53,7 @@ NodeClass node_class(const std::string& kind) {
                                                         {"aten::diagonal", NodeClass::ViewAllocatingGradient},
                                                         {"aten::unfold", NodeClass::ViewAllocatingGradient}};
   auto it = classes.find(op_of(kind));
-  if (it != classes.end()) return it->second;
-  if (kind == "concat" || kind.rfind("aten::cat", 0) == 0) return NodeClass::Concat;
-  return NodeClass::Other;
+  return it == classes.end() ? NodeClass::Other : it->second;
 }
 
 LossInputs loss_inputs(const Profile& profile, int node, const std::vector<int>& inputs) {
