@@ -33,6 +33,7 @@ struct KeptFacts {
   std::vector<int> output_alias_of;     // per output: the input tensor whose storage it shares, -1
   std::vector<char> output_param_view;  // per output: a view of a parameter
   std::vector<char> output_contiguous;  // per output: its layout is contiguous
+  std::vector<Strides> output_strides;  // per output: its strides, as the kernel made them
   int64_t internal_bytes = 0, fwd_workspace = 0, bwd_workspace = 0;
 };
 using MeasureNode = std::function<KeptFacts(const OpGraph& graph, int node)>;

@@ -55,10 +55,10 @@ bool same_storage(const at::Tensor& a, const at::Tensor& b) {
   return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
 }
 
-// Runs node n alone: fresh inputs shaped (and strided) as in the real graph, its parameters,
-// warm-up and measured iterations of forward + backward.
-NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& rg, const SyntheticData& data,
-                             const ProfilerOptions& opt) {
+// Runs node n alone: fresh inputs shaped (and strided: `strides`, per tensor) as in the real
+// graph, its parameters, warm-up and measured iterations of forward + backward.
+NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& rg, const std::vector<Strides>& strides,
+                             const SyntheticData& data, const ProfilerOptions& opt) {
   const Node& node = g.nodes[n];
   const c10::Device dev = opt.device;
   NodeMeasurement m;
@@ -79,13 +79,12 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     const Node& producer = g.nodes[info.producer];
     if (producer.kind == OpKind::Transpose) return rebuild(producer.inputs[0]).permute(producer.attr_ints("dims"));
     if (producer.kind == OpKind::Reshape) return rebuild(producer.inputs[0]).reshape(info.shape);
-    // Imported tensors come with the strides torch.export recorded. Integers are zeros (valid
-    // indices everywhere), booleans true (masks that keep everything).
+    // Integers are zeros (valid indices everywhere), booleans true (masks that keep everything).
     const at::ScalarType type = scalar_type(info.dtype);
-    const Strides strides = info.strides.empty() ? contiguous_strides(info.shape) : info.strides;
-    const bool contiguous = strides == contiguous_strides(info.shape);
+    const Strides& layout = strides[static_cast<size_t>(t)];
+    const bool contiguous = layout == contiguous_strides(info.shape);
     int64_t storage = 1;  // elements the strides reach (an expanded dimension reaches one)
-    for (size_t d = 0; d < info.shape.size(); ++d) storage += (info.shape[d] - 1) * strides[d];
+    for (size_t d = 0; d < info.shape.size(); ++d) storage += (info.shape[d] - 1) * layout[d];
     if (numel(info.shape) == 0) storage = 0;
     at::Tensor leaf = at::empty(contiguous ? info.shape : Shape{storage}, at::TensorOptions(type).device(dev));
     if (at::isFloatingType(type))
@@ -96,7 +95,7 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     leaves.push_back(leaf);
     // A non-leaf handle: autograd's references to it show. A plain view where the layout is
     // contiguous: as_strided's backward would add a gradient buffer of its own.
-    return contiguous ? leaf.view(leaf.sizes()) : leaf.as_strided(info.shape, strides);
+    return contiguous ? leaf.view(leaf.sizes()) : leaf.as_strided(info.shape, layout);
   };
   for (int t : ins) {
     at::Tensor x;
@@ -158,7 +157,11 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
       m.kept.output_param_view = param_view;
       m.kept.internal_bytes = std::max<int64_t>(0, held - out_bytes);
       m.kept.output_alias_of = alias;
-      for (size_t k = 0; k < outs_n; ++k) m.kept.output_contiguous[k] = outs[k].is_contiguous();
+      m.kept.output_strides.clear();
+      for (size_t k = 0; k < outs_n; ++k) {
+        m.kept.output_contiguous[k] = outs[k].is_contiguous();
+        m.kept.output_strides.emplace_back(outs[k].strides().begin(), outs[k].strides().end());
+      }
       // Drop every reference but ours: what autograd still references, it saved.
       for (int t : ins) env[t] = at::Tensor();
       for (int id : out_ids) env[id] = at::Tensor();
@@ -252,6 +255,7 @@ std::vector<NodeMeasurement> measure_nodes(const OpGraph& g, const ProfilerOptio
   }
   std::map<std::string, int> first_block_with;  // signature -> block index
   std::vector<NodeMeasurement> measured(g.size());
+  std::vector<Strides> strides = tensor_strides(g);
   for (size_t b = 0; b < g.blocks.size(); ++b) {
     auto [begin, end] = block_range[b];
     if (begin >= end) continue;
@@ -268,8 +272,13 @@ std::vector<NodeMeasurement> measure_nodes(const OpGraph& g, const ProfilerOptio
         const int src = block_range[source_block].first + (n - begin);
         measured[n] = translated(g, measured[src], src, n);
       } else if (g.nodes[n].kind != OpKind::Input) {
-        measured[n] = measure_node(g, n, rg, data, opt);
+        measured[n] = measure_node(g, n, rg, strides, data, opt);
       }
+      // Its readers get its outputs as the kernel laid them out, which may not be what
+      // torch.export recorded: on CPU an attention whose mask requires grad takes the math path,
+      // a contiguous output where the export saw the fused kernel's transposed one.
+      const std::vector<Strides>& made = measured[n].kept.output_strides;
+      for (size_t k = 0; k < made.size(); ++k) strides[static_cast<size_t>(g.nodes[n].outputs[k])] = made[k];
     }
   }
   return measured;
@@ -399,7 +408,8 @@ KeptFacts measure_node_facts(const OpGraph& g, int node, const ProfilerOptions& 
   ProfilerOptions once = options;
   once.warmup = 0;
   once.iterations = 1;
-  const NodeMeasurement m = measure_node(g, node, g.requires_grad(), SyntheticData(g, options.seed), once);
+  const NodeMeasurement m =
+      measure_node(g, node, g.requires_grad(), tensor_strides(g), SyntheticData(g, options.seed), once);
   KeptFacts f = m.kept;
   f.fwd_workspace = std::max<int64_t>(0, f.fwd_workspace);
   f.bwd_workspace = std::max<int64_t>(0, f.bwd_workspace);

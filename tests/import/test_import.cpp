@@ -8,6 +8,7 @@
 #include "models/model_file.h"
 #include "profile/analytic.h"
 #include "profile/profiler.h"
+#include "quick_profile.h"
 
 #include <map>
 
@@ -149,10 +150,7 @@ std::map<std::string, std::pair<std::vector<int>, int64_t>> kept(const Profile& 
 }  // namespace
 
 TEST_CASE("the analytic profile of imported models keeps what autograd keeps", "[import]") {
-  ProfilerOptions quick;
-  quick.warmup = 0;
-  quick.iterations = 1;
-  quick.in_step_timing = false;
+  const ProfilerOptions quick = quick_profiler_options();
   const MeasureNode measure = [&](const OpGraph& g, int node) { return measure_node_facts(g, node, quick); };
   // T5's attention takes a float bias that needs a gradient: the CPU runs it unfused (keeping
   // the probabilities), a GPU fused (keeping q, k, v): the analytic profile models the GPU.

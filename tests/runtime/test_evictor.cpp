@@ -17,6 +17,7 @@
 #include "plan/planner.h"
 #include "plan/stage_memory.h"
 #include "profile/profiler.h"
+#include "quick_profile.h"
 #include "runtime/pipeline.h"
 #include "runtime/pipeline_stage.h"
 #include "runtime/swap_copier.h"
@@ -24,6 +25,7 @@
 #include "util/error.h"
 
 using namespace dawnpiper;
+using dawnpiper::test::quick_profile;
 
 namespace {
 
@@ -51,15 +53,6 @@ std::vector<std::vector<Eviction>> decide(const CostModel& model, const Plan& pl
   for (const StagePlan& s : plan.stages)
     out.push_back(place_evictions(model, s.begin, s.end, evict_all(model, s, policy)));
   return out;
-}
-
-// One untimed iteration per node: the tests need the profile's structure and bytes.
-Profile quick_profile(const OpGraph& g) {
-  ProfilerOptions quick;
-  quick.warmup = 0;
-  quick.iterations = 1;
-  quick.in_step_timing = false;
-  return profile_graph(g, quick);
 }
 
 // Stage x of the pipeline run alone (stand-in transport) through its action list: the counting

@@ -10,11 +10,13 @@
 #include "models/model_config.h"
 #include "plan/stage_program.h"
 #include "profile/profiler.h"
+#include "quick_profile.h"
 #include "runtime/pipeline.h"
 #include "train/reference_trainer.h"
 #include "util/error.h"
 
 using namespace dawnpiper;
+using dawnpiper::test::quick_profile;
 
 namespace {
 std::vector<std::pair<int, int>> even_ranges(const OpGraph& g, int stages) {
@@ -248,11 +250,7 @@ TEST_CASE("an asynchronous pipeline drains where it checkpoints, and resumes the
 TEST_CASE("stages sharing a tied weight reduce its gradients in an action of their own", "[runtime]") {
   for (const char* preset : {"gpt2-tiny", "mlp-tiny"}) {
     OpGraph g = build_model(preset_config(preset), 2);
-    ProfilerOptions quick;
-    quick.warmup = 0;
-    quick.iterations = 1;
-    quick.in_step_timing = false;
-    const Profile profile = profile_graph(g, quick);
+    const Profile profile = quick_profile(g);
     for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
       PipelineConfig pc;
       pc.schedule = kind;
