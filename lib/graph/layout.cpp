@@ -33,6 +33,19 @@ bool is_dense(const Shape& shape, const Strides& strides) {
   return true;
 }
 
+Strides dense_strides_like(const Shape& shape, const Strides& strides) {
+  std::vector<size_t> order(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] != 1 && strides[i] == 0) return {};
+    order[i] = i;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return strides[a] > strides[b]; });
+  Strides out(shape.size(), 1);
+  int64_t next = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) out[*it] = next, next *= std::max<int64_t>(1, shape[*it]);
+  return out;
+}
+
 namespace {
 
 // Strides of `new_shape` viewing a tensor of (shape, strides) without a copy, if possible

@@ -18,6 +18,10 @@ bool is_contiguous(const Shape& shape, const Strides& strides);
 // Whether the strides lay the elements out densely without overlap in some dimension order (a
 // permuted contiguous tensor, e.g. a transpose of a contiguous one).
 bool is_dense(const Shape& shape, const Strides& strides);
+// Dense strides with the dimension order of `strides` (the largest stride outermost; ties in
+// dimension order): a slice of a wider tensor, transposed, becomes the same transpose of a
+// tensor of its own. Empty where a dimension is expanded (stride 0): no order to keep.
+Strides dense_strides_like(const Shape& shape, const Strides& strides);
 std::vector<Strides> tensor_strides(const OpGraph& g);
 // Whether `to` can view tensor `input` laid out as `st[input]` (ATen's computeStride rule,
 // which decides whether reshape views or copies).

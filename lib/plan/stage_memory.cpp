@@ -163,6 +163,8 @@ class StageReplay {
   bool shared_keys_ = false;  // two evictions of one storage (m.out holds the first evicted)
 
   int64_t received_bytes_ = 0, sent_bytes_ = 0, received_grad_bytes_ = 0, permuted_sent_bytes_ = 0;
+  // The runtime gives a received gradient its tensor's layout, one copy at a time.
+  int64_t largest_permuted_grad_ = 0;
   std::vector<int> sent_originals_;  // storages of the sent tensors sent as they are (not copies), distinct
 
   // The walk's state.
@@ -380,9 +382,17 @@ void StageReplay::place_weights() {
   hold_from_.assign(n_nodes, 0);
   hold_to_.assign(n_nodes, 0);
   for (auto& [owner, users] : tied_users) {
-    if (in_range(owner)) users.push_back(owner);
-    if (users.size() < 2) continue;
     const int64_t tied = p_.nodes[at(users.front())].tied_bytes;
+    if (in_range(owner)) {
+      // The owner's own contribution is a buffer of its own, summed into the users' gradient:
+      // in place into an embedding's gradient, a sum of chunks' slices or a bf16 copy's
+      // gradient, out of place (one buffer more) into a single fp32 linear's weight gradient.
+      const bool out_of_place =
+          users.size() == 1 && model_.node_class(users.front()) == NodeClass::Linear && p_.precision != "bf16";
+      tied_sum_at_[at(owner - b_)] += tied * (out_of_place ? 2 : 1);
+      users.push_back(owner);
+    }
+    if (users.size() < 2) continue;
     hold_from_[at(users.front() - b_)] += tied;
     hold_to_[at(users.back() - b_)] += tied;
   }
@@ -445,6 +455,7 @@ void StageReplay::measure_messages() {
   for (const TensorBytes& s : sent_) {
     if (permuted(s.tensor)) {
       permuted_sent_bytes_ += s.bytes;
+      if (requires_grad_[at(s.tensor)]) largest_permuted_grad_ = std::max(largest_permuted_grad_, s.bytes);
     } else if (std::find(sent_originals_.begin(), sent_originals_.end(), key_[at(s.tensor)]) == sent_originals_.end()) {
       sent_originals_.push_back(key_[at(s.tensor)]);
     }
@@ -740,8 +751,11 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
   int64_t grads = 0, transient = 0;
   bool passed_on = false;    // a view hands its output's gradient to its input
   bool copied_view = false;  // ... unless it must copy it first
+  // A view's gradient goes to the tensor it views alone: type_as, expand_as and view_as read
+  // another tensor only for its type or shape.
+  const int viewed = view ? p_.tensors[at(out)].alias_of : -1;
   for (int t : model_.inputs(i)) {
-    if (!requires_grad_[at(t)]) continue;
+    if (!requires_grad_[at(t)] || (viewed >= 0 && t != viewed)) continue;
     char& g = m.has_grad[loc(t)];
     if (g) {  // this node's contribution is summed into the existing gradient
       if (view) continue;
@@ -873,6 +887,7 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
           if (requires_grad_[at(t.tensor)]) total += t.bytes, m.has_grad[loc(t.tensor)] = 2;
         live_ += total;
         m.received_grads = total;
+        note(live_ + largest_permuted_grad_, -1);
         break;
       }
       case ActionKind::Backward: {

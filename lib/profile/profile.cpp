@@ -30,6 +30,8 @@ NodeClass node_class(const std::string& kind) {
                                                         {"cross_entropy", NodeClass::InPlaceLoss},
                                                         {"concat", NodeClass::Concat},
                                                         {"aten::cat", NodeClass::Concat},
+                                                        {"linear", NodeClass::Linear},
+                                                        {"aten::linear", NodeClass::Linear},
                                                         {"transpose", NodeClass::Permute},
                                                         {"aten::transpose", NodeClass::Permute},
                                                         {"aten::permute", NodeClass::Permute},

@@ -71,6 +71,9 @@ enum class NodeClass : char {
   // and its backward writes the logits' gradient over them.
   InPlaceLoss,
   Concat,  // the zoo's concat, aten::cat (any overload): its backward hands out slices
+  // Its weight's gradient reaches the weight as a view (of the transposed product), which
+  // autograd does not sum another gradient into: a sum with it is a buffer of its own.
+  Linear,
 };
 NodeClass node_class(const std::string& kind);
 struct Profile;

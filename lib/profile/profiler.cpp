@@ -86,7 +86,14 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     int64_t storage = 1;  // elements the strides reach (an expanded dimension reaches one)
     for (size_t d = 0; d < info.shape.size(); ++d) storage += (info.shape[d] - 1) * layout[d];
     if (numel(info.shape) == 0) storage = 0;
-    at::Tensor leaf = at::empty(contiguous ? info.shape : Shape{storage}, at::TensorOptions(type).device(dev));
+    // A permuted layout (a transposed weight, attention heads) is the leaf's own, so that the
+    // backward hands its gradient to the leaf as the real graph's view does: through as_strided
+    // the backward would add a gradient buffer of the leaf's size.
+    const bool permuted = !contiguous && is_dense(info.shape, layout);
+    const at::TensorOptions options = at::TensorOptions(type).device(dev);
+    at::Tensor leaf = contiguous ? at::empty(info.shape, options)
+                      : permuted ? at::empty_strided(info.shape, layout, options)
+                                 : at::empty(Shape{storage}, options);
     if (at::isFloatingType(type))
       leaf.uniform_(0.5, 1.5);
     else
@@ -94,8 +101,8 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     if (rg[t]) leaf.requires_grad_(true);
     leaves.push_back(leaf);
     // A non-leaf handle: autograd's references to it show. A plain view where the layout is
-    // contiguous: as_strided's backward would add a gradient buffer of its own.
-    return contiguous ? leaf.view(leaf.sizes()) : leaf.as_strided(info.shape, layout);
+    // contiguous or permuted: as_strided's backward would add a gradient buffer of its own.
+    return contiguous || permuted ? leaf.view(info.shape) : leaf.as_strided(info.shape, layout);
   };
   for (int t : ins) {
     at::Tensor x;

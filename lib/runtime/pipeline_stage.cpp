@@ -97,11 +97,17 @@ void PipelineStage::run(const Action& a) {
       for (size_t i = 0; i < f.inputs.size(); ++i) {
         // An imported tensor that is a permuted view in the whole graph gets that layout back, so
         // the stage views and copies where the whole graph does (a reshape of a transposed
-        // attention output views there; of a contiguous copy it would copy).
+        // attention output views there; of a contiguous copy it would copy), and kernels that
+        // lay out their outputs like their inputs do so as there (CPU attention: its output
+        // follows the query's layout, a transposed slice of a fused projection).
         const TensorInfo& spec = *recv_specs_[i];
-        if (!spec.strides.empty() && !is_contiguous(spec.shape, spec.strides) && is_dense(spec.shape, spec.strides)) {
-          at::NoGradGuard no_grad;
-          f.inputs[i] = at::empty_strided(spec.shape, spec.strides, f.inputs[i].options()).copy_(f.inputs[i]);
+        if (!spec.strides.empty() && !is_contiguous(spec.shape, spec.strides)) {
+          const Strides layout =
+              is_dense(spec.shape, spec.strides) ? spec.strides : dense_strides_like(spec.shape, spec.strides);
+          if (!layout.empty() && !is_contiguous(spec.shape, layout)) {
+            at::NoGradGuard no_grad;
+            f.inputs[i] = at::empty_strided(spec.shape, layout, f.inputs[i].options()).copy_(f.inputs[i]);
+          }
         }
         if (recv_requires_grad_[i]) f.inputs[i].requires_grad_(true);
       }
@@ -139,6 +145,18 @@ void PipelineStage::run(const Action& a) {
       InFlight& f = in_flight_.at(a.micro_batch);
       std::vector<at::Tensor> grads =
           transport_.recv(config_.stage + 1, MessageKind::Gradient, a.micro_batch, grad_specs_);
+      // A gradient arrives contiguous. Autograd gives a gradient its tensor's layout (a
+      // transposed attention output's), and the backward kernels expect that: given another,
+      // they copy it while they run.
+      for (size_t i = 0, g = 0; i < send_ids_.size(); ++i) {
+        if (!send_requires_grad_[i]) continue;
+        const at::Tensor& out = f.outputs[i];
+        at::Tensor& grad = grads.at(g++);
+        if (!out.is_contiguous() && out.is_non_overlapping_and_dense()) {
+          at::NoGradGuard no_grad;
+          grad = at::empty_like(out).copy_(grad);
+        }
+      }
       f.outputs.insert(f.outputs.end(), grads.begin(), grads.end());  // [outputs..., grads...]
       break;
     }

@@ -66,7 +66,7 @@ std::vector<TensorDecision> random_decisions(const CostModel& model, const Profi
 // output of a whole-graph forward has the profile's contiguity and aliasing.
 TEST_CASE("imported profiles have the layouts the stage's kernels make", "[import]") {
   at::set_num_threads(1);
-  for (const char* name : {"gpt2", "bert", "t5", "llama"}) {
+  for (const char* name : {"gpt2", "bert", "t5", "llama", "gemma", "falcon", "gpt_bigcode"}) {
     const OpGraph g = build_imported(*read_model_file(test_model(name)), 4);
     const Profile profile = quick_profile(g);
     const StageModule module(g, 0, g.size(), 42);
@@ -100,7 +100,8 @@ TEST_CASE("imported profiles have the layouts the stage's kernels make", "[impor
 TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[import]") {
   at::set_num_threads(1);
   CountingAllocator& counter = CountingAllocator::install();
-  for (const char* name : {"gpt2", "bert", "t5", "llama", "gpt2_bf16", "gpt2_fused", "gpt2_chunked"}) {
+  for (const char* name :
+       {"gpt2", "bert", "t5", "llama", "gemma", "falcon", "gpt_bigcode", "gpt2_bf16", "gpt2_fused", "gpt2_chunked"}) {
     const OpGraph g = build_imported(*read_model_file(test_model(name)), 4);
     const Profile profile = quick_profile(g);
     std::mt19937 rng(5);
