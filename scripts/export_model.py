@@ -161,6 +161,8 @@ def hf_source(args):
     wrapper = CausalOrMasked(model)
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, vocab, (args.batch_size, seq), generator=gen)
+    if not args.keep_activations:
+        fuse_tanh_gelu(model, lambda: float(wrapper(ids, ids)), args.precision)
     if task == "masked-lm":
         mask_token = getattr(config, "mask_token_id", None) or 0
         roles = {"input_ids": {"role": "mlm_tokens", "mask_token": mask_token}, "labels": {"role": "mlm_labels"}}
@@ -210,6 +212,31 @@ def hf_source(args):
     if args.loss_chunk_tokens:
         description["loss_chunk_tokens"] = args.loss_chunk_tokens
     return wrapper, "model.", {"input_ids": ids, "labels": labels}, roles, description
+
+
+def fuse_tanh_gelu(model, loss, precision):
+    """Hugging Face's gelu_new and gelu_fast activations are the tanh approximation of GELU
+    written out in eight elementwise operators, each one a pass over the MLP's widest tensor and
+    several of them kept for the backward. They become one `gelu(approximate="tanh")` node, which
+    computes the same function and keeps only its input. `loss()` (no dropout) must not move by
+    more than rounding."""
+    import torch
+    import transformers.activations as acts
+
+    composite = tuple(getattr(acts, name) for name in ("NewGELUActivation", "FastGELUActivation") if hasattr(acts, name))
+    found = [m for m in model.modules() if isinstance(m, composite)]
+    if not found:
+        return
+    model.eval()
+    with torch.no_grad():
+        before = loss()
+        for m in found:
+            replace_module(model, m, torch.nn.GELU(approximate="tanh"))
+        after = loss()
+    model.train()
+    tolerance = 1e-2 if precision == "bf16" else 1e-5
+    if not abs(after - before) <= tolerance * abs(before) + 1e-6:
+        raise RuntimeError(f"the fused GELU changed the loss from {before:.8g} to {after:.8g}")
 
 
 def replace_module(model, old, new):
@@ -897,6 +924,9 @@ def main(argv=None):
     parser.add_argument("--output-chunks", type=int, default=0,
                         help="HF sources: compute the output projection as this many projections over ranges of the "
                              "vocabulary, concatenated (the same logits; cuts can fall between them)")
+    parser.add_argument("--keep-activations", action="store_true",
+                        help="keep Hugging Face's gelu_new / gelu_fast as written (eight elementwise operators) "
+                             "instead of one gelu(approximate='tanh') node")
     parser.add_argument("--verbose", action="store_true", help="show what torch.export logs")
     args = parser.parse_args(argv)
     if args.loss_chunk_tokens < 0 or (args.loss_chunk_tokens and args.module):

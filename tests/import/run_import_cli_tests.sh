@@ -148,12 +148,15 @@ expect_ok "train a user's fused LM loss" "done: 3 steps" train --model-file "$wo
 expect_ok "graph of a user's fused LM loss" "linear_cross_entropy" graph --model-file "$work/fused.dpm"
 $mpi 2 "$bin" train --model-file "$models/gpt2_fused.dpm" --micro-batch-size 2 --steps 3 >"$work/out" 2>"$work/err"
 check "train an imported fused LM loss on 2 ranks" grep -q "done: 3 steps" "$work/out"
-# A chunked output projection on 4 ranks, cut between its chunks: the whole projection's losses.
+# A chunked output projection on 4 ranks, cut between its chunks: the whole projection's losses,
+# but for rounding (its input's gradient is a sum over the chunks, in another order than one
+# product's: after 3 steps the final loss has moved by at most one fp32 ulp, 2e-8 relative).
 $mpi 4 "$bin" train --model-file "$models/gpt2.dpm" --micro-batch-size 2 --steps 3 --quiet >"$work/plain" 2>"$work/err"
 $mpi 4 "$bin" train --model-file "$models/gpt2_chunked.dpm" --micro-batch-size 2 --steps 3 --quiet >"$work/out" 2>"$work/err"
-want=$(grep -o 'final loss [0-9.]*' "$work/plain") got=$(grep -o 'final loss [0-9.]*' "$work/out")
-[ -n "$want" ] && [ "$want" = "$got" ] && passed=$((passed + 1)) ||
-  { failed=$((failed + 1)); echo "FAIL: chunked projection on 4 ranks: '$got', whole: '$want'"; cat "$work/err"; }
+want=$(grep -o 'final loss [0-9.]*' "$work/plain" | awk '{print $3}') got=$(grep -o 'final loss [0-9.]*' "$work/out" | awk '{print $3}')
+[ -n "$want" ] && [ -n "$got" ] && awk -v a="$got" -v b="$want" 'BEGIN {d = a - b; exit !(d * d <= (1e-6 * b) ^ 2)}' &&
+  passed=$((passed + 1)) ||
+  { failed=$((failed + 1)); echo "FAIL: chunked projection on 4 ranks: final loss '$got', whole: '$want'"; cat "$work/err"; }
 "$python" "$root/scripts/export_model.py" --hf gpt2 --config "n_layer=1,n_embd=32,n_head=2,vocab_size=64,n_positions=16" \
   --seq-len 8 --output-chunks 65 --out "$work/bad/chunks.dpm" >"$work/out" 2>"$work/err"
 code=$?
