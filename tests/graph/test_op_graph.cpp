@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "graph/layout.h"
 #include "graph/op_graph.h"
 #include "models/layer_builder.h"
 
@@ -89,4 +90,13 @@ TEST_CASE("parameter counting skips tied parameters", "[graph]") {
   g.validate();
   CHECK(g.parameter_count() == 11 * 4 + 11);  // embedding once, plus the head's bias
   CHECK(g.tensor(logits).shape == Shape{2, 5, 11});
+}
+
+// What a receiver lays a tensor out as when the transport delivers it contiguous: a transposed
+// slice of a fused projection ([4, 16, 96] viewed as [4, 4, 16, 16] heads, then transposed)
+// keeps its dimension order, densely; an expanded dimension has no order to keep.
+TEST_CASE("dense strides keep a strided tensor's dimension order", "[graph]") {
+  CHECK(dense_strides_like({4, 4, 16, 16}, {1536, 16, 96, 1}) == Strides{1024, 16, 64, 1});
+  CHECK(dense_strides_like({2, 3}, {3, 1}) == Strides{3, 1});
+  CHECK(dense_strides_like({4, 4, 16, 16}, {256, 0, 16, 1}).empty());
 }

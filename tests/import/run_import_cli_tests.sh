@@ -16,6 +16,11 @@ mpi="mpirun --oversubscribe -np"
 gpt2="$models/gpt2.dpm"
 
 expect_ok "graph of an imported model" "aten::scaled_dot_product_attention" graph --model-file "$gpt2"
+# GPT-2's gelu_new exports as one gelu node; --keep-activations keeps its operators.
+expect_ok "the exporter fuses gelu_new" "aten::gelu " graph --model-file "$gpt2"
+"$python" "$root/scripts/export_model.py" --hf gpt2 --config "n_layer=1,n_embd=32,n_head=2,vocab_size=64,n_positions=16" \
+  --seq-len 8 --keep-activations --out "$work/kept.dpm" >/dev/null 2>"$work/err"
+expect_ok "--keep-activations keeps gelu_new's operators" "aten::tanh " graph --model-file "$work/kept.dpm"
 "$python" "$root/scripts/prepare_data.py" --input /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 \
   --vocab-size 512 --out "$work/tokens.bin" >/dev/null
 check "prepare-data writes the tokens, metadata and tokenizer" \

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <random>
 #include <set>
+#include <string>
 
 #include "data/synthetic.h"
 #include "exec/stage_module.h"
@@ -147,15 +148,18 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
             INFO(name << " cut " << cut << " (" << g.nodes[static_cast<size_t>(cut)].name << ") "
                       << schedule_kind_name(kind) << " round " << round << " stage " << x << ": measured " << measured
                       << " predicted " << predicted);
-            // At most 1.5% above (measured: up to +0.3% keeping everything, +1.2% evicting at
-            // random; +2.0% and +3.4% before the stand-in transport drew received gradients in
-            // place, BERT's loss alone on the second stage and GPT-2 cut after its first MLP
-            // projection, both under 1f1b; T5 evicting at random +5.1% before its profile had
-            // the layouts of the kernels that run, see the test above). Plus 1 KiB: a first stage that only
-            // views the input ids and sends the view holds one micro-batch's ids (512 bytes)
-            // more or less than the replay, whose moments of releasing data and sent views
-            // differ from the stand-in transport's (not explained either).
-            CHECK(double(measured) <= 1.015 * double(predicted) + 1024);
+            // At most 1% above (measured: up to +0.3%), Gemma 1.5% (+1.2% at cut 69, a sum of
+            // linears' input gradients: docs/benchmarks.md). Before: +2.0% and +3.4% before the
+            // stand-in transport drew received gradients in place (BERT's loss alone on the
+            // second stage, GPT-2 cut after its first MLP projection, both under 1f1b); T5
+            // evicting at random +5.1% before its profile had the layouts of the kernels that
+            // run (see the test above); BERT cut 54 +1.1% before a received gradient got its
+            // tensor's layout. Plus 1 KiB: a first stage that only views the input ids and sends
+            // the view holds one micro-batch's ids (512 bytes) more or less than the replay,
+            // whose moments of releasing data and sent views differ from the stand-in
+            // transport's (not explained either).
+            const double above = std::string(name) == "gemma" ? 1.015 : 1.01;
+            CHECK(double(measured) <= above * double(predicted) + 1024);
             CHECK(double(measured) >= 0.93 * double(predicted) - 1024);
           }
         }

@@ -13,6 +13,7 @@
 #include "plan/stage_memory.h"
 #include "plan/stage_program.h"
 #include "profile/analytic.h"
+#include "synthetic_profile.h"
 
 using namespace dawnpiper;
 
@@ -97,4 +98,46 @@ TEST_CASE("no eviction takes a stage's replayed peak below its forward floor", "
   CHECK(checked == 4 * 3 * 16 * 3);
   WARN("forward floor: the replayed peak is at least " << closest << " times it");
   CHECK(closest < 1.5);  // a bound that binds somewhere, not only a true one
+}
+
+// A weight tied across two nodes of one stage: the later user's backward makes its gradient,
+// the owner's adds a buffer of its own, summed into it. Autograd sums into an embedding's
+// gradient (or a bf16 copy's) in place, into an fp32 linear's (a view of the transposed
+// product) out of place: one more weight-sized buffer at the owner's backward.
+TEST_CASE("a tied weight's owner holds its own gradient (twice after an fp32 linear)", "[plan][replay]") {
+  using namespace testing;
+  const int64_t weight = 4 << 20, act = 1000;
+  auto peak = [&](const std::string& user, const std::string& precision) {
+    Profile p;
+    p.micro_batch_size = 1;
+    p.profiled_batch_sizes = {1};
+    p.precision = precision;
+    p.blocks = {"all"};
+    const char* kinds[] = {"input", "embedding", "op", user.c_str(), "loss"};
+    for (int i = 0; i < 5; ++i) {
+      NodeProfile n = make_node(i, kinds[i], 0);
+      set_time(n, 1, 2);
+      p.nodes.push_back(n);
+    }
+    p.nodes[1].param_bytes = weight;
+    p.nodes[3].tied_owner = 1;
+    p.nodes[3].tied_bytes = weight;
+    const int data = add_tensor(p, 0, 64, /*is_data=*/true);
+    int in = data;
+    for (int i = 1; i < 5; ++i) {
+      const int out = add_tensor(p, i, i == 4 ? 4 : act);
+      consume(p, i, in);
+      if (i > 1) save(p, i, in);
+      in = out;
+    }
+    consume(p, 4, data);
+    return replay_whole_step(p, OptimizerKind::Sgd).peak;
+  };
+  // In the steady state the weight and its momentum, the user's gradient and the owner's: four
+  // weights; a fifth for an out-of-place sum.
+  const int64_t embedding = peak("embedding", "fp32"), linear = peak("linear", "fp32");
+  CHECK(embedding >= 4 * weight);
+  CHECK(embedding < 4 * weight + 100 * act);
+  CHECK(linear - embedding == weight);
+  CHECK(peak("linear", "bf16") == embedding);
 }
