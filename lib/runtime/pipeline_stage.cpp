@@ -102,8 +102,7 @@ void PipelineStage::run(const Action& a) {
         // follows the query's layout, a transposed slice of a fused projection).
         const TensorInfo& spec = *recv_specs_[i];
         if (!spec.strides.empty() && !is_contiguous(spec.shape, spec.strides)) {
-          const Strides layout =
-              is_dense(spec.shape, spec.strides) ? spec.strides : dense_strides_like(spec.shape, spec.strides);
+          const Strides layout = dense_strides_like(spec.shape, spec.strides);  // a permuted view's own if dense
           if (!layout.empty() && !is_contiguous(spec.shape, layout)) {
             at::NoGradGuard no_grad;
             f.inputs[i] = at::empty_strided(spec.shape, layout, f.inputs[i].options()).copy_(f.inputs[i]);
