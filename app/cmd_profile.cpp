@@ -125,6 +125,9 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
     std::printf(", measured forward+backward %.2f ms (%+.1f%%), whole step with optimizer %.2f ms",
                 p.measured_fwd_bwd_ms, 100 * (node_ms / p.measured_fwd_bwd_ms - 1), p.measured_step_ms);
   std::printf("\npredicted peak %s", format_bytes(double(replay.peak)).c_str());
+  if (p.runtime_bytes > 0)
+    std::printf(" (with %s the device runtime holds: cuBLAS workspaces)",
+                format_bytes(double(p.runtime_bytes)).c_str());
   if (p.measured_peak_bytes > 0)
     std::printf(", measured peak %s (%+.1f%%)", format_bytes(double(p.measured_peak_bytes)).c_str(),
                 100 * (double(replay.peak) / double(p.measured_peak_bytes) - 1));

@@ -38,9 +38,10 @@ po::options_description replay_options() {
 // Measured against predicted, over the steady state (every step after the first).
 void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineConfig& pc, const StageAloneRun& run) {
   double step_s = 0, recompute = 0, swap = 0;
-  int64_t bwds = 0;
+  int64_t bwds = 0, all_bwds = 0;  // of the measured steps; of every step (the swap waits cover all)
   const int64_t from = pc.steps > 1 ? 1 : 0;
   for (const ActionRecord& r : run.records) {
+    if (r.action_kind() == ActionKind::Backward) ++all_bwds;
     if (r.step < from) continue;
     const double d = r.end_s - r.start_s;
     if (!is_evictor(r.action_kind())) step_s += d;
@@ -66,6 +67,10 @@ void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineC
               recompute * per_micro_batch, swap * per_micro_batch,
               pc.device.is_cuda() ? "issue time; the copies run on a side stream" : "not overlapped on cpu",
               sp.memopt_ms);
+  if (pc.device.is_cuda() && run.swap_waits.copies > 0)
+    std::printf("swap-ins waited for: %" PRId64 " of %" PRId64 " copies back, %.3f ms per micro-batch\n",
+                run.swap_waits.waited, run.swap_waits.copies,
+                run.swap_waits.stall_ms / static_cast<double>(std::max<int64_t>(all_bwds, 1)));
   std::printf("time per step (steps %" PRId64 "..%" PRId64 "): %.3f ms\n", from, pc.steps - 1,
               1e3 * step_s / static_cast<double>(pc.steps - from));
   std::printf(

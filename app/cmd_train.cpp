@@ -57,7 +57,7 @@ Profile measured_profile(const po::variables_map& vm, const OpGraph& graph, c10:
   const std::string dir = profile_cache_dir(vm["profile-cache"].as<std::string>());
   const std::string settings = device.str() + " threads " + std::to_string(at::get_num_threads()) + " warmup " +
                                std::to_string(options.warmup) + " iterations " + std::to_string(options.iterations) +
-                               " seed " + std::to_string(options.seed);
+                               " seed " + std::to_string(options.seed) + " runtime-bytes";
   const std::string path = dir.empty() ? "" : profile_cache_path(dir, graph, settings);
   if (!path.empty())
     if (std::optional<Profile> cached = read_cached_profile(path, graph)) {
@@ -459,7 +459,7 @@ void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConf
 StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const Layout& layout, RunOptions& run,
                        bool in_process) {
   if (in_process) {
-    for (const StepLoss& loss : run_pipeline_in_process(graph, pc).losses) run.on_loss(loss);
+    run_pipeline_in_process(graph, pc, run.on_loss);
     StageRun mine;
     mine.peak_bytes = DeviceMemory::peak_bytes(pc.device);
     return mine;
@@ -571,6 +571,7 @@ int train_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& 
   run.on_validation = [&](const StepLoss& loss) { progress.validation(loss.step, loss.loss); };
   const auto start = std::chrono::steady_clock::now();
   const StageRun mine = run_this_rank(graph, pc, layout, run, s.in_process);
+  synchronize(device);  // the clock stops when the device has finished this rank's work
   progress.finish();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (run.trace) write_run_trace(graph, plan, pc, layout, mine, world, s.trace_path);
@@ -615,7 +616,8 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   const RunSettings settings = run_settings_from(vm, layout.replicas);
   const TransportChoice transport = transport_choice_from_name(vm["transport"].as<std::string>());
   // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
-  const c10::Device device = rank_device(parse_device(vm["device"].as<std::string>()), MPI_COMM_WORLD);
+  const c10::Device device =
+      rank_device(parse_device(vm["device"].as<std::string>(), /*require_gpu=*/false), MPI_COMM_WORLD);
   check_transport_choice(transport, device);
   CountingAllocator::install();
   const OpGraph graph = model_source_from(vm).graph(settings.micro_batch_size);

@@ -12,6 +12,7 @@
 
 #include "exec/aten_call.h"
 #include "exec/cross_entropy.h"
+#include "exec/device_random.h"
 #include "exec/lean_ops.h"
 #include "exec/weights.h"
 #include "graph/layout.h"
@@ -350,10 +351,11 @@ void StageModule::run_node(int n, TensorEnv& env, const RunContext& ctx) const {
 
 at::Tensor StageModule::dropout(const Node& node, const at::Tensor& x, const RunContext& ctx, TensorEnv& env) const {
   const double p = node.attr_real("p", 0.1);
-  uint64_t s = mix_seed(mix_seed(mix_seed(seed_, 0x5eed0000ULL + node.id), ctx.step), ctx.micro_batch);
-  at::Generator gen = at::detail::createCPUGenerator(s);
-  // Drawn on the CPU so every device and every schedule sees the same mask.
-  at::Tensor keep = at::empty(x.sizes(), at::kFloat).bernoulli_(1.0 - p, gen).to(at::kBool).to(device_);
+  const uint64_t s = mix_seed(mix_seed(mix_seed(seed_, 0x5eed0000ULL + node.id), ctx.step), ctx.micro_batch);
+  // Drawn where it is used, straight into the mask's booleans (no float draw, no copy), from a
+  // generator of its own: every schedule and a recomputation see the same mask on one device.
+  at::Tensor keep =
+      at::empty(x.sizes(), x.options().dtype(at::kBool)).bernoulli_(1.0 - p, seeded_generator(device_, s));
   expose(env, node.id, -1, keep);  // what the multiplication saves for its backward
   return at::mul(x, keep) * (1.0 / (1.0 - p));
 }

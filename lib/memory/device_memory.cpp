@@ -18,11 +18,22 @@ namespace dawnpiper {
 #ifdef DAWNPIPER_CUDA
 namespace {
 using c10::CachingAllocator::StatType;
+int cuda_index(c10::Device d) { return d.index() < 0 ? 0 : d.index(); }
 c10::CachingDeviceAllocator::DeviceStats cuda_stats(c10::Device d) {
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(d.index() < 0 ? 0 : d.index());
+  DeviceMemory::initialize(d);
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(cuda_index(d));
 }
 }  // namespace
 #endif
+
+void DeviceMemory::initialize(c10::Device device) {
+#ifdef DAWNPIPER_CUDA
+  // The caching allocator is made at CUDA's lazy initialization; before it, its statistics and
+  // memory fraction throw "Allocator not initialized for device".
+  if (device.is_cuda()) at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+#endif
+  (void)device;
+}
 
 int64_t DeviceMemory::live_bytes(c10::Device device) {
 #ifdef DAWNPIPER_CUDA
@@ -43,7 +54,8 @@ int64_t DeviceMemory::peak_bytes(c10::Device device) {
 void DeviceMemory::reset_peak(c10::Device device) {
 #ifdef DAWNPIPER_CUDA
   if (device.is_cuda()) {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+    initialize(device);
+    c10::cuda::CUDACachingAllocator::resetPeakStats(cuda_index(device));
     return;
   }
 #endif
@@ -54,7 +66,8 @@ void DeviceMemory::reset_peak(c10::Device device) {
 void DeviceMemory::set_capacity(c10::Device device, int64_t bytes) {
 #ifdef DAWNPIPER_CUDA
   if (device.is_cuda()) {
-    const int index = device.index() < 0 ? 0 : device.index();
+    initialize(device);
+    const int index = cuda_index(device);
     size_t free_bytes = 0, total_bytes = 0;
     cudaSetDevice(index);
     cudaFree(nullptr);  // creates the context if needed
@@ -83,16 +96,14 @@ bool cuda_available() {
 #endif
 }
 
-c10::Device parse_device(const std::string& name) {
+c10::Device parse_device(const std::string& name, bool require_gpu) {
   if (name == "cpu") return c10::Device(c10::kCPU);
   if (name == "cuda") {
-    if (!cuda_available())
-#ifdef DAWNPIPER_CUDA
-      throw ConfigError("--device cuda: no GPU is visible on this machine; use --device cpu");
-#else
-      throw ConfigError(
-          "--device cuda: this build has no CUDA support (rebuild with a CUDA LibTorch); use --device cpu");
+#ifndef DAWNPIPER_CUDA
+    throw ConfigError("--device cuda: this build has no CUDA support (rebuild with a CUDA LibTorch); use --device cpu");
 #endif
+    if (require_gpu && !cuda_available())
+      throw ConfigError("--device cuda: no GPU is visible on this machine; use --device cpu");
     return c10::Device(c10::kCUDA, 0);
   }
   throw ConfigError("unknown device '" + name + "' (choose cpu or cuda)");

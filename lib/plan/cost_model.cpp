@@ -262,12 +262,13 @@ MemoryBreakdown CostModel::memory(int b, int e, int x, int64_t activation_per_mi
   m.activations = m.in_flight * activation_per_micro_batch;
   m.transient = transient_bytes(b, e);
   m.constants = constant_bytes(b, e);
+  m.runtime = runtime_bytes();
   return m;
 }
 
 int64_t CostModel::memory_floor(int b, int e, int x, bool evictable) const {
   const MemoryBreakdown m = memory(b, e, x, evictable ? 0 : activation_bytes(b, e));
-  return std::max(m.total(), m.weights + m.optimizer + m.constants + forward_need_bytes(b, e));
+  return std::max(m.total(), m.weights + m.optimizer + m.constants + m.runtime + forward_need_bytes(b, e));
 }
 
 double CostModel::balanced_group_peak(int b, int e, int x0, int x1) const {

@@ -60,6 +60,8 @@ class CostModel {
   int64_t param_bytes(int b, int e) const { return params_[e] - params_[b]; }
   // Constants a stage [b, e) keeps (causal masks, relative-position buckets), each key once.
   int64_t constant_bytes(int b, int e) const;
+  // What every stage on the profiled device holds besides the model (Profile::runtime_bytes).
+  int64_t runtime_bytes() const { return profile_->runtime_bytes; }
   int64_t activation_bytes(int b, int e) const;  // distinct saved tensors, one micro-batch
   int64_t transient_bytes(int b, int e) const { return transient_.max(b, e); }
   // The most one node of [b, e) holds while its forward runs, one micro-batch, by its own

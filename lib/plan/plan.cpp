@@ -117,6 +117,7 @@ Json memory_json(const MemoryBreakdown& m) {
   j["activations"] = m.activations;
   j["transient"] = m.transient;
   j["constants"] = m.constants;
+  j["runtime"] = m.runtime;
   j["replayed_peak"] = m.replayed_peak;
   j["peak"] = m.total();
   return j;
@@ -134,6 +135,7 @@ MemoryBreakdown memory_from_json(const Json& j) {
   m.activations = j.at("activations").get<int64_t>();
   m.transient = j.at("transient").get<int64_t>();
   m.constants = j.value("constants", m.constants);
+  m.runtime = j.value("runtime", m.runtime);
   m.replayed_peak = j.value("replayed_peak", m.replayed_peak);
   if (j.contains("peak") && j.at("peak").get<int64_t>() != m.total())
     throw ConfigError("plan: a stage's memory peak does not match its breakdown");

@@ -79,6 +79,9 @@ struct MemoryBreakdown {
   int64_t activations = 0;                 // in_flight * activation_per_micro_batch
   int64_t transient = 0;
   int64_t constants = 0;  // computed once per stage (causal masks, position buckets)
+  // What the device's runtime and libraries hold through its allocator (Profile::runtime_bytes):
+  // cuBLAS workspaces on CUDA, 0 on the CPU.
+  int64_t runtime = 0;
   // The prediction the runtime is measured against: the stage's action list replayed
   // allocation by allocation with its decisions (plan/stage_memory.h). It adds what the terms
   // above leave out (gradients in flight, received and sent activations no node saves, data,
@@ -87,7 +90,7 @@ struct MemoryBreakdown {
   // What the stage needs: the replay when there is one, else the terms' sum.
   int64_t predicted_peak() const { return replayed_peak > 0 ? replayed_peak : total(); }
   int64_t total() const {
-    return weights + stashed_weights + gradients + optimizer + activations + transient + constants;
+    return weights + stashed_weights + gradients + optimizer + activations + transient + constants + runtime;
   }
 };
 

@@ -315,7 +315,7 @@ std::string node_needs_text(const Profile& profile, const PlanOptions& options) 
   const int64_t held = m.weights + m.stashed_weights + m.gradients + m.optimizer;
   std::string text =
       "; node " + node.name + " (" + node.kind + ") alone needs at least " + bytes(need) + " on any stage: ";
-  if (m.total() >= m.weights + m.optimizer + m.constants + forward) {
+  if (m.total() >= m.weights + m.optimizer + m.constants + m.runtime + forward) {
     text += "its parameters (" + bytes(m.weights) + ") with their gradients, stashed versions and optimizer state " +
             bytes(held);
     if (m.transient > 0) text += ", its largest workspace " + bytes(m.transient);
@@ -324,6 +324,7 @@ std::string node_needs_text(const Profile& profile, const PlanOptions& options) 
     if (m.weights > 0) text += " besides its parameters with their optimizer state " + bytes(m.weights + m.optimizer);
   }
   if (m.constants > 0) text += ", constants " + bytes(m.constants);
+  if (m.runtime > 0) text += ", the device runtime's own " + bytes(m.runtime);
   return text;
 }
 

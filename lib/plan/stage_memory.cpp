@@ -842,7 +842,9 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
   recording_ = nullptr;
   before_send_ = before_step_ = Mark{};
   segment_ = -1;
-  live_ = weights_ + model_.constant_bytes(b_, e_);  // constants: computed in the first forward
+  // Constants: computed in the first forward. The device runtime's workspaces: allocated at the
+  // first product, held from then on (counted from the start: the first product comes early).
+  live_ = weights_ + model_.constant_bytes(b_, e_) + model_.runtime_bytes();
   note(live_, -1);
   grad_done_.assign(static_cast<size_t>(e_ - b_), 0);
   // Synchronous schedules: the list is one step; the second pass is the steady state (optimizer

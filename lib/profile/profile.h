@@ -154,6 +154,11 @@ struct Profile {
   double measured_step_ms = 0;      // forward + backward + optimizer
   double measured_fwd_bwd_ms = 0;   // forward + backward alone
   int64_t measured_peak_bytes = 0;
+  // What the device's runtime and libraries keep allocated through the device allocator besides
+  // the model (CUDA: cuBLAS / cuBLASLt workspaces, one per thread and stream that runs products),
+  // measured before the model exists (memory/runtime_bytes.h); 0 on the CPU and in analytic
+  // profiles. Every stage on such a device holds it: the planner adds it to each stage's peak.
+  int64_t runtime_bytes = 0;
 
   int size() const { return static_cast<int>(nodes.size()); }
   // Why this profile cannot stand for a run on `run_device` (c10::Device::str(): "cpu",

@@ -104,6 +104,7 @@ void write_profile(const Profile& p, const std::string& path) {
     write_attr<double>(file, "measured_fwd_bwd_ms", p.measured_fwd_bwd_ms);
     write_attr<int64_t>(file, "largest_param_bytes", p.largest_param_bytes);
     write_attr<int64_t>(file, "measured_peak_bytes", p.measured_peak_bytes);
+    write_attr<int64_t>(file, "runtime_bytes", p.runtime_bytes);
     write_column(file, "profiled_batch_sizes", p.profiled_batch_sizes);
     write_strings(file, "blocks", p.blocks);
 
@@ -144,6 +145,7 @@ Profile read_profile(const std::string& path) {
     p.measured_fwd_bwd_ms = read_attr<double>(file, "measured_fwd_bwd_ms");
     p.largest_param_bytes = read_attr<int64_t>(file, "largest_param_bytes");
     p.measured_peak_bytes = read_attr<int64_t>(file, "measured_peak_bytes");
+    if (has_attr(file, "runtime_bytes")) p.runtime_bytes = read_attr<int64_t>(file, "runtime_bytes");  // older: 0
     p.profiled_batch_sizes = read_column<int64_t>(file, "profiled_batch_sizes");
     p.blocks = read_strings(file, "blocks");
 

@@ -18,6 +18,7 @@
 #include "exec/stage_module.h"
 #include "exec/torch_compat.h"
 #include "memory/device_memory.h"
+#include "memory/runtime_bytes.h"
 #include "profile/device_timer.h"
 #include "profile/in_step_timing.h"
 #include "profile/profile_builder.h"
@@ -318,6 +319,11 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
   if (g.micro_batch_size < 1) throw ConfigError("micro-batch size must be at least 1");
   Profile p = profile_skeleton(g, "measured", opt.device.str());
   p.torch_version = torch_version_string();
+  // First, before any node's product creates the library workspaces it would be charged for.
+  const bool convolutions = std::any_of(g.nodes.begin(), g.nodes.end(), [](const Node& n) {
+    return n.kind == OpKind::Conv2d || n.call.op.find("conv") != std::string::npos;
+  });
+  p.runtime_bytes = measure_runtime_bytes(opt.device, g.precision, convolutions);
   const std::vector<NodeMeasurement> measured = measure_nodes(g, opt);
   // Assemble: node rows, aliases, saved_by (on storage owners), internal buffers.
   const auto depth = g.depths();

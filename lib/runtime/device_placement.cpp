@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "memory/device_memory.h"
 #include "util/error.h"
 
 #ifdef DAWNPIPER_CUDA
@@ -28,10 +29,25 @@ c10::Device rank_device(c10::Device requested, MPI_Comm comm) {
   const int local = node_local_rank(comm);  // collective: every rank calls it
   if (!requested.is_cuda()) return requested;
 #ifdef DAWNPIPER_CUDA
-  const int gpus = static_cast<int>(c10::cuda::device_count());
-  if (gpus < 1) throw ConfigError("--device cuda: no GPU is visible to this rank");
+  // Every rank learns which ranks see no GPU, so that all of them fail with the same one line.
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int gpus = cuda_available() ? static_cast<int>(c10::cuda::device_count()) : 0;
+  std::vector<int> all(static_cast<size_t>(size));
+  MPI_Allgather(&gpus, 1, MPI_INT, all.data(), 1, MPI_INT, comm);
+  std::string blind;
+  int blind_count = 0;
+  for (int r = 0; r < size; ++r)
+    if (all[static_cast<size_t>(r)] < 1) blind += (blind_count++ ? ", " : "") + std::to_string(r);
+  if (blind_count > 0)
+    throw ConfigError("--device cuda: no GPU is visible to rank" + std::string(blind_count > 1 ? "s " : " ") + blind +
+                      " (of " + std::to_string(size) + "); use --device cpu, or launch where GPUs are");
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(local % gpus));
   c10::cuda::set_device(device.index());
+  // The caching allocator exists from here on: its statistics and memory fraction are read
+  // before this rank's first CUDA tensor (a stage that received nothing yet, a cached profile).
+  DeviceMemory::initialize(device);
   return device;
 #else
   throw ConfigError("--device cuda: this build has no CUDA support");

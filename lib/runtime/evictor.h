@@ -72,6 +72,9 @@ class Evictor {
   // The restore a pre-hook of a function created by `node` triggers (public for the hook).
   void restore_for(int64_t mb, int node);
 
+  // How the swaps' copies back met the compute stream so far (SwapCopier::waits; none without swaps).
+  SwapCopier::Waits swap_waits() const { return copier_ ? copier_->waits() : SwapCopier::Waits{}; }
+
  private:
   struct Held {
     at::Tensor tensor;              // a detached alias of the evicted tensor (same StorageImpl)

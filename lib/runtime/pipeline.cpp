@@ -1,11 +1,14 @@
 #include "runtime/pipeline.h"
 
 #include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
 
 #include <map>
+#include <memory>
 #include <set>
 #include <stdexcept>
 
+#include "memory/device_memory.h"
 #include "runtime/checkpoint.h"
 #include "runtime/mpi_wait.h"
 #include "runtime/pipeline_stage.h"
@@ -109,7 +112,8 @@ std::vector<std::string> tied_across_stages(const OpGraph& g, const PipelineConf
   return names;
 }
 
-InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& c) {
+InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& c,
+                                        const std::function<void(const StepLoss&)>& on_step) {
   check_ranges(g, c.ranges);
   const int stages = static_cast<int>(c.ranges.size());
   LocalTransport transport;
@@ -142,17 +146,32 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
     for (int s : pending_updates) stage[s]->execute(Action{ActionKind::OptimizerStep, s, -1, -1});
     pending_updates.clear();
   };
+  // Losses of steps every stage has finished go to on_step (the last stage computes a step's
+  // loss before the earlier stages' backwards of it have run).
+  size_t reported = 0;
+  auto report_finished_steps = [&] {
+    if (!on_step || reported == result.losses.size()) return;
+    synchronize(c.device);
+    while (reported < result.losses.size()) on_step(result.losses[reported++]);
+  };
+  int64_t first_stage_micro_batch = -1;  // of stage 0's latest action with one
   for (const Action& a : simulate_global(schedule)) {
     transport.set_sender(a.stage);
     if (a.kind == ActionKind::ReduceTiedGrads) continue;  // the deferred updates sum tied gradients at once
     if (a.kind == ActionKind::OptimizerStep && c.schedule != ScheduleKind::Async) {
       pending_updates.push_back(a.stage);
-      if (static_cast<int>(pending_updates.size()) == stages) run_updates();
+      if (static_cast<int>(pending_updates.size()) == stages) run_updates(), report_finished_steps();
       continue;
     }
     stage[a.stage]->execute(a);
+    // Async: stage 0's update after a step's last micro-batch ends that step everywhere.
+    if (a.stage == 0 && a.micro_batch >= 0) first_stage_micro_batch = a.micro_batch;
+    if (a.stage == 0 && a.kind == ActionKind::OptimizerStep &&
+        first_stage_micro_batch % c.micro_batches == c.micro_batches - 1)
+      report_finished_steps();
   }
   if (!pending_updates.empty()) run_updates();
+  report_finished_steps();
   for (auto& s : stage) result.parameters.push_back(s->module().parameters());
   return result;
 }
@@ -301,7 +320,17 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   PipelineTransport link = make_pipeline_transport(data_comm, c.device, options.transport);
   Transport& transport = *link.transport;
   result.transport = link.description;
-  PipelineStage stage(g, stage_config(c, rank), transport);
+  // Its parameters and optimizer are the stage's first allocations: where they do not fit (ranks
+  // sharing a GPU), the message names the stage (the rank: main's error line).
+  std::unique_ptr<PipelineStage> built;
+  try {
+    built = std::make_unique<PipelineStage>(g, stage_config(c, rank), transport);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw OutOfMemoryError("stage " + std::to_string(rank) + " (nodes [" + std::to_string(c.ranges[rank].first) + ", " +
+                           std::to_string(c.ranges[rank].second) +
+                           ")), building its parameters: " + e.what_without_backtrace());
+  }
+  PipelineStage& stage = *built;
   if (options.resume) read_checkpoint(options.checkpoint_dir, c.first_step, stage, identity);
   const TieComms tie_comms = tie_communicators(g, c, comm, rank);
   StageTracer* tracing = nullptr;  // set once the tracer exists

@@ -70,8 +70,11 @@ struct InProcessResult {
 };
 
 // All stages in this process, actions in the order simulate_global gives (a valid global
-// order: every receive after its send).
-InProcessResult run_pipeline_in_process(const OpGraph& graph, const PipelineConfig& config);
+// order: every receive after its send). `on_step`, when given, gets each step's loss once every
+// stage has finished that step and the device has finished its work (so a clock read there times
+// the step), in step order.
+InProcessResult run_pipeline_in_process(const OpGraph& graph, const PipelineConfig& config,
+                                        const std::function<void(const StepLoss&)>& on_step = {});
 
 // What a distributed run does besides training.
 struct RunOptions {

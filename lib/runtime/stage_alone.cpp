@@ -24,7 +24,8 @@ StageAloneRun run_stage_alone(const OpGraph& graph, const PipelineConfig& config
     if (a.micro_batch >= 0) step = a.micro_batch / config.micro_batches;
     tracer.run(a, step, [&] { runner.execute(a); });
   }
-  return {tracer.records(), tracer.peak_bytes()};
+  return {tracer.records(), tracer.peak_bytes(),
+          runner.evictor() ? runner.evictor()->swap_waits() : SwapCopier::Waits{}};
 }
 
 ForwardBackwardMs forward_backward_ms(const std::vector<ActionRecord>& records, int64_t from_step) {

@@ -8,6 +8,7 @@
 
 #include "plan/calibrate.h"
 #include "runtime/pipeline.h"
+#include "runtime/swap_copier.h"
 #include "trace/trace.h"
 
 namespace dawnpiper {
@@ -15,6 +16,7 @@ namespace dawnpiper {
 struct StageAloneRun {
   std::vector<ActionRecord> records;  // every action, evictor records included
   int64_t peak_bytes = 0;             // the device allocator's
+  SwapCopier::Waits swap_waits;       // CUDA: whether the copies back were hidden behind compute
 };
 StageAloneRun run_stage_alone(const OpGraph& graph, const PipelineConfig& config, int stage);
 

@@ -70,7 +70,7 @@ SwapCopier::Incoming SwapCopier::copy_in(c10::DataPtr host, int64_t bytes) {
     // The pinned block is reused, and the device block freed early, only after the copy.
     at::getHostAllocator(at::kCUDA)->record_event(host.get(), host.get_context(), cuda_->side.unwrap());
     c10::cuda::CUDACachingAllocator::recordStream(in.data, cuda_->side);
-    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    auto done = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);  // timed: waits() reads it
     done->record(cuda_->side);
     in.done = done;
     return in;
@@ -83,11 +83,32 @@ SwapCopier::Incoming SwapCopier::copy_in(c10::DataPtr host, int64_t bytes) {
 
 void SwapCopier::wait(const Incoming& incoming) {
 #ifdef DAWNPIPER_CUDA
-  if (cuda_ && incoming.done)
-    static_cast<at::cuda::CUDAEvent*>(incoming.done.get())->block(c10::cuda::getCurrentCUDAStream(device_.index()));
+  if (cuda_ && incoming.done) {
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+    auto arrived = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    arrived->record(compute);
+    static_cast<at::cuda::CUDAEvent*>(incoming.done.get())->block(compute);
+    meetings_.emplace_back(incoming.done, std::move(arrived));
+  }
 #else
   (void)incoming;
 #endif
+}
+
+SwapCopier::Waits SwapCopier::waits() const {
+  Waits w;
+#ifdef DAWNPIPER_CUDA
+  for (const auto& [done, arrived] : meetings_) {
+    auto* end = static_cast<at::cuda::CUDAEvent*>(done.get());
+    auto* reached = static_cast<at::cuda::CUDAEvent*>(arrived.get());
+    end->synchronize();
+    reached->synchronize();
+    const double late_ms = reached->elapsed_time(*end);  // > 0: the copy ended after the stream got there
+    ++w.copies;
+    if (late_ms > 0) ++w.waited, w.stall_ms += late_ms;
+  }
+#endif
+  return w;
 }
 
 }  // namespace dawnpiper

@@ -8,6 +8,7 @@
 // where the tensor is read (wait()).
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
@@ -32,10 +33,22 @@ class SwapCopier {
   // The compute stream waits for the copy (a no-op on the CPU).
   void wait(const Incoming& incoming);
 
+  // How the copies back met the compute stream, over every wait() so far (CUDA: from events on
+  // both streams; waits for the device). A copy is waited for when it ended after the compute
+  // stream reached the read that needs it: the swap was not hidden behind compute.
+  struct Waits {
+    int64_t copies = 0;   // waits
+    int64_t waited = 0;   // of them, copies that ended after the compute stream got there
+    double stall_ms = 0;  // the compute stream's time spent waiting, summed
+  };
+  Waits waits() const;
+
  private:
   c10::Device device_;
   struct Cuda;
   std::unique_ptr<Cuda> cuda_;
+  // Per wait(): the copy's end and the compute stream's arrival (CUDA events).
+  std::vector<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>> meetings_;
 };
 
 }  // namespace dawnpiper

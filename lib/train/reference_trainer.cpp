@@ -6,6 +6,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "memory/counting_allocator.h"
+#include "memory/device_memory.h"
 #include "util/error.h"
 
 namespace dawnpiper {
@@ -43,6 +44,7 @@ StepResult ReferenceTrainer::step() {
     (loss / static_cast<double>(config_.micro_batches)).backward();
   }
   optimizer_->step();
+  synchronize(module_.device());  // the step is timed when the device has done it
   StepResult r;
   r.step = next_step_++;
   r.loss = loss_sum / static_cast<double>(config_.micro_batches);

@@ -106,6 +106,19 @@ async_mpi=$($mpi 3 "$bin" train --model bert-tiny --steps 3 --schedule async --p
 async_one=$("$bin" train --model bert-tiny --steps 3 --schedule async --stages 3 --in-process --plan-in "$work/async-plan.json" 2>&1 | grep '^step')
 if [ -n "$async_mpi" ] && [ "$(echo "$async_mpi" | cut -d' ' -f1-4)" = "$(echo "$async_one" | cut -d' ' -f1-4)" ]; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: async over MPI differs from in-process"; echo "$async_mpi"; echo "$async_one"; cat "$work/err"; fi
+# --device cuda where no GPU is visible: every rank count gets one line naming the ranks, exit 2.
+for n in 1 3; do
+  $mpi $n "$bin" train --model mlp-tiny --device cuda >/dev/null 2>"$work/err"
+  code=$?
+  if [ $code -eq 2 ] && [ "$(grep -c 'dawnpiper: error' "$work/err")" -eq 1 ] &&
+     grep -q "no GPU is visible to rank" "$work/err" && grep -q "(of $n)" "$work/err"; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: --device cuda without a GPU on $n ranks: exit $code"; cat "$work/err"; fi
+done
+# An in-process pipeline reports each step once every stage has finished it: every step has a
+# time of its own (reported together at the end, all but the first took 0.000 s).
+"$bin" train --model gpt2-tiny --stages 2 --in-process --steps 3 >"$work/out" 2>"$work/err"
+if [ "$(grep -o 'time [0-9.]*s' "$work/out" | awk '$2 + 0 > 0' | wc -l)" -eq 3 ]; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: in-process step times"; cat "$work/out" "$work/err"; fi
 # A rank that fails while training (out of memory under a cap the plan did not know) takes the
 # whole job down promptly.
 expect_fail "planner refuses a capacity" "no feasible plan" train --model gpt2-tiny --stages 2 --in-process --device-memory 300KiB

@@ -102,13 +102,36 @@ TEST_CASE("a graph split into two stages computes the whole graph's loss", "[exe
   }
 }
 
-TEST_CASE("dropout masks depend on (step, micro-batch) only", "[exec]") {
+TEST_CASE("dropout masks depend on (seed, node, step, micro-batch) only", "[exec]") {
   OpGraph g = build_model(preset_config("gpt2-tiny"), 2);
   double a = run_whole(g, 9, 4).item<double>();
+  // Draws from the device's default generator in between change nothing: each mask has a
+  // generator of its own (exec/device_random.h).
+  at::Generator global = at::globalContext().defaultGenerator(c10::Device(c10::kCPU));
+  global.set_current_seed(12345);
+  (void)at::rand({1000});
   double b = run_whole(g, 9, 4).item<double>();
   double c = run_whole(g, 9, 5).item<double>();
   CHECK(a == b);
   CHECK(a != c);
+  // One dropout node alone, by micro-batch and step: the mask is its output's zeros.
+  int drop = -1;
+  for (const Node& n : g.nodes)
+    if (n.kind == OpKind::Dropout) drop = n.id;
+  REQUIRE(drop >= 0);
+  StageModule m(g, drop, drop + 1, 9);
+  auto zeros = [&](int64_t step, int64_t micro_batch) {
+    TensorEnv env = m.make_env();
+    const int in = g.nodes[static_cast<size_t>(drop)].inputs[0];
+    env[static_cast<size_t>(in)] = at::ones(g.tensor(in).shape);
+    m.run_node(drop, env, RunContext{step, micro_batch});
+    return env[static_cast<size_t>(g.nodes[static_cast<size_t>(drop)].outputs[0])].eq(0);
+  };
+  const at::Tensor mask = zeros(3, 7);
+  CHECK(mask.any().item<bool>());
+  CHECK(at::equal(mask, zeros(3, 7)));
+  CHECK(!at::equal(mask, zeros(3, 8)));
+  CHECK(!at::equal(mask, zeros(4, 7)));
 }
 
 // --attention fused: each attention one aten::scaled_dot_product_attention call. With the same

@@ -905,3 +905,37 @@ TEST_CASE("a traced run corrects the profile it was planned from", "[plan][calib
   CHECK(node_ms(averaged, 20) == Approx(node_ms(p, 20)));    // not measured
   CHECK_THROWS_AS(scale_to_measured(averaged, {{{0, p.size() + 1, 1.0}}}), ConfigError);
 }
+
+// What the device's runtime holds besides the model (cuBLAS workspaces on CUDA,
+// Profile::runtime_bytes) is on every stage: each stage's breakdown and replayed peak carry it,
+// plans keep it through JSON, and a capacity counts it.
+TEST_CASE("the device runtime's bytes are in every stage's predicted peak", "[plan][planner]") {
+  const Profile plain = transformer_like_profile(6);
+  Profile with_runtime = plain;
+  with_runtime.runtime_bytes = 65 << 20;
+  PlanOptions o;
+  o.stages = 3;
+  o.schedule = ScheduleKind::OneFOneB;
+  o.memopt = MemoptMode::None;
+  const Plan a = make_plan(plain, o), b = make_plan(with_runtime, o);
+  REQUIRE(a.stages.size() == b.stages.size());
+  for (size_t x = 0; x < a.stages.size(); ++x) {
+    INFO("stage " << x);
+    REQUIRE(a.stages[x].begin == b.stages[x].begin);  // unlimited memory: the same cuts
+    CHECK(a.stages[x].memory.runtime == 0);
+    CHECK(b.stages[x].memory.runtime == with_runtime.runtime_bytes);
+    CHECK(b.stages[x].memory.total() == a.stages[x].memory.total() + with_runtime.runtime_bytes);
+    CHECK(b.stages[x].memory.replayed_peak == a.stages[x].memory.replayed_peak + with_runtime.runtime_bytes);
+  }
+  CHECK(plan_from_json(b.to_json()).stages[1].memory.runtime == with_runtime.runtime_bytes);
+  // A capacity the runtime-free plan just fits: with the runtime's bytes on top every stage still
+  // fits it (the planner cuts and evicts differently), or no plan does.
+  PlanOptions capped = o;
+  capped.memopt = MemoptMode::SwapRecompute;
+  capped.fit_replayed = true;
+  capped.capacity_bytes = a.max_predicted_peak_bytes() + (with_runtime.runtime_bytes / 2);
+  if (const std::optional<Plan> fitted = try_plan(with_runtime, capped))
+    for (const StagePlan& s : fitted->stages) CHECK(s.memory.predicted_peak() <= capped.capacity_bytes);
+  CHECK(replay_whole_step(with_runtime, OptimizerKind::Sgd).peak ==
+        replay_whole_step(plain, OptimizerKind::Sgd).peak + with_runtime.runtime_bytes);
+}

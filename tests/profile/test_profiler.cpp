@@ -155,6 +155,8 @@ TEST_CASE("sharing repeated blocks keeps the memory structure", "[profile]") {
 TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]") {
   CountingAllocator::install();
   Profile p = profile_model(preset_config("t5-tiny"), {2, 3}, quick());  // at 1 a matmul copies nothing
+  CHECK(p.runtime_bytes == 0);                                           // the CPU's kernels keep nothing between calls
+  p.runtime_bytes = 65 << 20;                                            // as an H200's cuBLAS workspaces
   p.measured_step_ms = 12.5;
   p.measured_peak_bytes = 123456;
   const std::string path = "test_profile_roundtrip.h5";
@@ -179,6 +181,7 @@ TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]
   CHECK(q.fit_max_rel_error == p.fit_max_rel_error);
   CHECK(q.measured_step_ms == p.measured_step_ms);
   CHECK(q.measured_peak_bytes == p.measured_peak_bytes);
+  CHECK(q.runtime_bytes == p.runtime_bytes);
   CHECK(q.largest_param_bytes == p.largest_param_bytes);
   CHECK(q.blocks == p.blocks);
   REQUIRE(q.nodes.size() == p.nodes.size());

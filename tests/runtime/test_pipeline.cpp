@@ -207,6 +207,28 @@ TEST_CASE("the asynchronous pipeline is deterministic and differs from synchrono
   CHECK_FALSE(at::equal(sync.parameters[0][0].tensor, a.parameters[0][0].tensor));
 }
 
+// Each step's loss reaches on_step once every stage has finished that step, in step order: a
+// clock read there times the step (cli test: in-process step times).
+TEST_CASE("an in-process pipeline reports every step as it finishes", "[runtime]") {
+  OpGraph g = build_model(preset_config("mlp-tiny"), 4);
+  for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+    INFO(schedule_kind_name(kind));
+    PipelineConfig pc;
+    pc.schedule = kind;
+    pc.ranges = even_ranges(g, 3);
+    pc.micro_batches = 4;
+    pc.steps = 4;
+    std::vector<StepLoss> seen;
+    const InProcessResult r = run_pipeline_in_process(g, pc, [&](const StepLoss& loss) { seen.push_back(loss); });
+    REQUIRE(seen.size() == r.losses.size());
+    REQUIRE(seen.size() == 4);
+    for (size_t s = 0; s < seen.size(); ++s) {
+      CHECK(seen[s].step == static_cast<int64_t>(s));
+      CHECK(seen[s].loss == r.losses[s].loss);
+    }
+  }
+}
+
 TEST_CASE("an asynchronous pipeline drains where it checkpoints, and resumes there", "[runtime]") {
   OpGraph g = build_model(preset_config("mlp-tiny"), 4);
   PipelineConfig pc;
