@@ -103,7 +103,7 @@ step() {
   case $rc in
     0) STATUS[$name]=ok ;;
     124 | 137) STATUS[$name]="timed out (${limit}s)" ;;
-    *) STATUS[$name]="failed (exit $rc): $(grep -v 'pmix_mca_pcompress\|^-\+$\|^ *$' "$work/$name.out" | grep -m1 -i 'error' | cut -c1-160)" ;;
+    *) STATUS[$name]="failed (exit $rc): $(grep -v 'pmix_mca_pcompress\|^-\+$\|^ *$' "$work/$name.out" | grep -m1 -i 'error' | cut -c1-400)" ;;
   esac
   return $rc
 }
@@ -255,7 +255,10 @@ run() {
     echo "$share $cap" >"$work/$name-cap"
     step "train-$name-none" 60 $MPI 4 "$DP" train $spec --plan-in "$work/$name-none.json" --steps 3 --device $device
     [ -s "$work/$name-sr.json" ] || continue
-    step "train-$name-sr" 60 $MPI 4 "$DP" train $spec --plan-in "$work/$name-sr.json" --steps 3 --device $device \
+    # Without a cap (what the plan's allocated bytes measure) and under it (the CUDA caching
+    # allocator's memory fraction bounds its reserved bytes, fragmentation included).
+    step "train-$name-sr" 60 $MPI 4 "$DP" train $spec --plan-in "$work/$name-sr.json" --steps 3 --device $device
+    step "train-$name-srcap" 60 $MPI 4 "$DP" train $spec --plan-in "$work/$name-sr.json" --steps 3 --device $device \
       --device-memory $cap
     for x in 0 1 2 3; do
       step "replay-$name-$x" 30 "$DP" replay-stage $spec --plan "$work/$name-sr.json" --stage $x --steps 3 --device $device
@@ -338,7 +341,8 @@ write_report() {
     echo
     echo "Profiles: \`dawnpiper profile MODEL --micro-batch-size $mb --batch-sizes $mb --iterations 2 --warmup 1\`; plans:"
     echo "\`plan --stages 4 --schedule 1f1b --micro-batches 4 --memopt none|sr\` (sr capped at a share of none's largest"
-    echo "stage); runs: \`mpirun -np 4 dawnpiper train MODEL --plan-in PLAN --steps 3\` (sr: \`--device-memory CAP\`)."
+    echo "stage); runs: \`mpirun -np 4 dawnpiper train MODEL --plan-in PLAN --steps 3\`, the sr plan also with"
+    echo "\`--device-memory CAP\` (the cap it was planned for)."
     echo
     echo "| model | memopt | cap | stage | measured peak | predicted peak | measured / predicted |"
     echo "| --- | --- | --- | --- | --- | --- | --- |"
@@ -346,18 +350,18 @@ write_report() {
     for spec in "$big1" "$big2"; do
       k=$((k + 1))
       local name=model$k label=${spec#--model }
-      for mo in none sr; do
+      for mo in none sr srcap; do
         local capcol="-"
-        [ "$mo" = sr ] && [ -f "$work/$name-cap" ] && capcol="$(awk '{printf "%d%%: %.0f MiB", $1, $2 / 1048576}' "$work/$name-cap")"
+        [ "$mo" = srcap ] && [ -f "$work/$name-cap" ] && capcol="$(awk '{printf "%d%%: %.0f MiB", $1, $2 / 1048576}' "$work/$name-cap")"
         if ! grep -q 'measured peak' "$work/train-$name-$mo.out" 2>/dev/null; then
-          echo "| $label | $mo | $capcol | - | $(status_of "train-$name-$mo") | | |"
+          echo "| $label | ${mo/srcap/sr} | $capcol | - | $(status_of "train-$name-$mo") | | |"
           continue
         fi
         grep -E '^  stage [0-9]+: measured peak' "$work/train-$name-$mo.out" | while read -r _ st _ _ mv mu _ pv pu; do
           local mb_ pb_
           mb_=$(echo "$mv $mu" | to_bytes)
           pb_=$(echo "${pv#(} ${pu%)}" | to_bytes)
-          echo "| $label | $mo | $capcol | ${st%:} | $mv $mu | ${pv#(} ${pu%)} | $(pct "$mb_" "$pb_") |"
+          echo "| $label | ${mo/srcap/sr} | $capcol | ${st%:} | $mv $mu | ${pv#(} ${pu%)} | $(pct "$mb_" "$pb_") |"
         done
       done
     done
@@ -366,8 +370,8 @@ write_report() {
     echo
     echo "## Every stage of the sr plans alone (\`replay-stage --plan PLAN --stage X --steps 3\`)"
     echo
-    echo "| model | stage | measured peak | predicted peak | fwd+bwd measured ms | predicted ms | swap copies waited for |"
-    echo "| --- | --- | --- | --- | --- | --- | --- |"
+    echo "| model | stage | measured peak | predicted peak | fwd+bwd measured ms | predicted ms | predicted memopt ms | swap copies waited for |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
     k=0
     for spec in "$big1" "$big2"; do
       k=$((k + 1))
@@ -375,13 +379,13 @@ write_report() {
         local f=$work/replay-model$k-$x.out
         [ -s "$f" ] || continue
         if ! grep -q '^peak memory' "$f"; then
-          echo "| ${spec#--model } | $x | $(status_of "replay-model$k-$x") | | | | |"
+          echo "| ${spec#--model } | $x | $(status_of "replay-model$k-$x") | | | | | |"
           continue
         fi
         local pm tm
         pm=$(grep '^peak memory' "$f" | sed 's/peak memory: measured \(.*\), predicted \(.*\) (\(.*\))/\1 | \2 (\3)/')
         tm=$(grep '^forward+backward' "$f" | sed 's/.*measured \([0-9.]*\) ms.*predicted \([0-9.]*\) ms (\(.*\))/\1 | \2 (\3)/')
-        echo "| ${spec#--model } | $x | $pm | $tm | $(grep -o 'swap-ins waited for:.*' "$f" | cut -d: -f2- | sed 's/^ //') |"
+        echo "| ${spec#--model } | $x | $pm | $tm | $(grep -o 'predicted overhead [0-9.]* ms' "$f" | awk '{print $3}') | $(grep -o 'swap-ins waited for:.*' "$f" | cut -d: -f2- | sed 's/^ //') |"
       done
     done
     echo

@@ -20,10 +20,10 @@ void run_products(c10::Device device, at::ScalarType type, bool convolutions) {
   at::Tensor x = at::rand({64, 256}, options).requires_grad_(true);
   at::Tensor w = at::rand({256, 256}, options).requires_grad_(true);
   at::Tensor b = at::rand({256}, options).requires_grad_(true);
-  at::Tensor h = at::linear(x, w, b);                         // addmm (cuBLASLt with a bias)
-  h = at::linear(h, w);                                       // mm
+  at::Tensor h = at::linear(x, w, b);  // addmm (cuBLASLt with a bias)
+  h = at::linear(h, w);                // mm
   at::Tensor q = h.view({4, 16, 256});
-  at::Tensor s = at::matmul(q, q.transpose(1, 2));            // bmm
+  at::Tensor s = at::matmul(q, q.transpose(1, 2));  // bmm
   at::Tensor loss = s.to(at::kFloat).sum();
   if (convolutions) {
     at::Tensor image = at::rand({2, 8, 16, 16}, options).requires_grad_(true);
