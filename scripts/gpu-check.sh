@@ -58,8 +58,11 @@ pack() {
   if [ ! -d "$dir/python/site/safetensors" ]; then
     local version
     version=$(grep -i '^safetensors==' "$root/scripts/python-requirements.txt" | cut -d= -f3)
-    local py
-    py=$(command -v python3 || echo /usr/bin/python3)
+    local py=""
+    for candidate in python3 /usr/bin/python3; do
+      command -v "$candidate" >/dev/null && "$candidate" -m pip --version >/dev/null 2>&1 && { py=$candidate; break; }
+    done
+    [ -n "$py" ] || die "no Python with pip to download the safetensors wheel (apt-get install python3-pip)"
     rm -rf "$dir/python/wheel" && mkdir -p "$dir/python/wheel"
     "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$dir/python/wheel" \
