@@ -3,6 +3,7 @@
 // and a rank failing alone aborts the whole job so that no rank is left waiting.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -98,6 +100,32 @@ bool all_ranks_failed(double seconds) {
   std::exit(code);
 }
 
+// Levenshtein distance: how many single-letter edits turn a into b.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// One line: the name, the closest subcommand when one is a couple of edits away, where the list is.
+std::string unknown_subcommand(const std::string& name) {
+  std::string closest;
+  size_t best = 3;  // more edits than 2 suggest nothing
+  for (const auto& kv : commands())
+    if (const size_t d = edit_distance(name, kv.first); d < best) best = d, closest = kv.first;
+  return "unknown subcommand '" + name + "'" + (closest.empty() ? "" : " (did you mean " + closest + "?)") +
+         "; `dawnpiper --help` lists them";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,10 +150,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   auto it = commands().find(name);
-  if (it == commands().end()) {
-    if (world.rank == 0) usage();
-    fail(world, "unknown subcommand '" + name + "'", 2);
-  }
+  if (it == commands().end()) fail(world, unknown_subcommand(name), 2);
   // Boost.Program_options expects argv[0] to be the program name: hand it the subcommand's argv.
   int sub_argc = argc - shift + 1;
   char** sub_argv = argv + shift - 1;

@@ -37,12 +37,6 @@ static_assert(sizeof(kDTypes) / sizeof(kDTypes[0]) == static_cast<int>(DType::Bo
 
 const char* op_kind_name(OpKind kind) { return kKindNames[static_cast<int>(kind)]; }
 
-OpKind op_kind_from_name(const std::string& name) {
-  for (int i = 0; i < kKindCount; ++i)
-    if (name == kKindNames[i]) return static_cast<OpKind>(i);
-  throw ConfigError("unknown op kind '" + name + "'");
-}
-
 int dtype_size(DType dtype) { return kDTypes[static_cast<int>(dtype)].size; }
 const char* dtype_name(DType dtype) { return kDTypes[static_cast<int>(dtype)].name; }
 bool is_floating(DType dtype) { return kDTypes[static_cast<int>(dtype)].floating; }

@@ -77,7 +77,6 @@ inline int64_t cross_entropy_overwrite_saving(int64_t logits_bytes, int64_t labe
 
 // The zoo's loss kinds (CrossEntropy, LinearCrossEntropy): the graph's last node, once.
 inline bool is_loss_kind(OpKind kind) { return kind == OpKind::CrossEntropy || kind == OpKind::LinearCrossEntropy; }
-OpKind op_kind_from_name(const std::string& name);  // throws ConfigError if unknown
 
 enum class DType { F32, I64, BF16, F16, F64, I32, I16, I8, U8, Bool };
 int dtype_size(DType dtype);

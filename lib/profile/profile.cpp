@@ -114,10 +114,4 @@ std::string Profile::device_mismatch(const std::string& run_device) const {
          type(run_device) + ")";
 }
 
-int64_t Profile::total_param_bytes() const {
-  int64_t b = 0;
-  for (const NodeProfile& n : nodes) b += n.param_bytes;
-  return b;
-}
-
 }  // namespace dawnpiper

@@ -168,7 +168,6 @@ struct Profile {
   std::string device_mismatch(const std::string& run_device) const;
   // The same profile evaluated at another micro-batch size through the fits.
   Profile at_batch(int64_t batch) const;
-  int64_t total_param_bytes() const;
 };
 
 }  // namespace dawnpiper

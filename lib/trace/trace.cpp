@@ -66,8 +66,6 @@ bool is_evictor(ActionKind kind) {
   return kind == ActionKind::SwapOut || kind == ActionKind::SwapIn || kind == ActionKind::Recompute;
 }
 
-bool is_nested(ActionKind kind) { return is_evictor(kind) || kind == ActionKind::AllReduce; }
-
 bool is_compute(ActionKind kind) {
   switch (kind) {
     case ActionKind::Forward:

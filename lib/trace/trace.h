@@ -107,7 +107,5 @@ bool cpu_time_is_work(const Trace& trace);
 bool is_compute(ActionKind kind);
 // SWAP_OUT, SWAP_IN, RECOMPUTE: records nested inside a forward or backward.
 bool is_evictor(ActionKind kind);
-// Records nested inside another action: the evictor's and ALLREDUCE (inside an optimizer step).
-bool is_nested(ActionKind kind);
 
 }  // namespace dawnpiper

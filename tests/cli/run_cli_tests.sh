@@ -16,7 +16,9 @@ expect_ok "graph summary" "nodes        1135" graph --model bert-large --summary
 expect_ok "graph list" "amoebanet-d" graph --list
 expect_ok "train tiny" "step 1 loss" train --model mlp-tiny --steps 2 --micro-batches 1
 
-expect_fail "unknown subcommand" "unknown subcommand 'fly'" fly
+expect_fail "unknown subcommand" "unknown subcommand 'fly'; \`dawnpiper --help\` lists them" fly
+expect_fail "misspelled subcommand" "unknown subcommand 'trian' (did you mean train?)" trian
+[ ! -s "$work/out" ] && passed=$((passed + 1)) || { echo "FAIL: an unknown subcommand printed the usage"; failed=$((failed + 1)); }
 expect_fail "unknown model" "unknown model 'gpt5'" graph --model gpt5
 expect_fail "unknown option" "unrecognised option '--colour'" train --colour red
 expect_fail "heads do not divide hidden" "must be divisible by heads" train --model gpt2-tiny --heads 5
