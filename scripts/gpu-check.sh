@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: what to run on a machine with a GPU, in one command, on a machine that has PyTorch but
+# The GPU check in one command, for a machine with a GPU that has PyTorch but
 # none of DawnPiper's other dependencies (docs/gpu.md).
 #
 #   scripts/gpu-check.sh pack DIR                     here: the built binary (stripped), the Debian
