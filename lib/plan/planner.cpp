@@ -374,7 +374,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
     // to prove there is none first, which is the costliest case: it stops after
     // kFirstEvaluations (t5-large, async, 8 stages, 312 samples: 37,200 evaluations, 7.7 s, none
     // found) and the late swaps are tried. No size in the paper's tables fell so
-    // (docs/benchmarks.md, fourteenth session).
+    // (docs/benchmarks.md, "Ops that keep less than autograd's composition").
     constexpr int64_t kFirstEvaluations = 5000;
     block_then_bipar(/*any=*/false, -1, evaluator.can_late_swap() ? kFirstEvaluations : -1);
     // Where nothing fits, a stage may also swap everything late and stall for the copies
