@@ -57,7 +57,7 @@ Profile measured_profile(const po::variables_map& vm, const OpGraph& graph, c10:
   const std::string dir = profile_cache_dir(vm["profile-cache"].as<std::string>());
   const std::string settings = device.str() + " threads " + std::to_string(at::get_num_threads()) + " warmup " +
                                std::to_string(options.warmup) + " iterations " + std::to_string(options.iterations) +
-                               " seed " + std::to_string(options.seed) + " runtime-bytes";
+                               " seed " + std::to_string(options.seed);
   const std::string path = dir.empty() ? "" : profile_cache_path(dir, graph, settings);
   if (!path.empty())
     if (std::optional<Profile> cached = read_cached_profile(path, graph)) {
