@@ -36,7 +36,7 @@ po::options_description plan_options() {
       ("memory", po::value<std::string>(), "device memory per stage (default: the device spec's, else unlimited)")
       ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
       ("memopt", po::value<MemoptMode>()->default_value(MemoptMode::SwapRecompute, "sr"), "none | r (recompute) | sr (swap + recompute)")
-      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd | adam (optimizer state in the memory model)")
+      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd | adam | adamw (optimizer state in the memory model)")
       ("host-bandwidth", po::value<std::string>(), "device<->host bytes/s for swaps, e.g. 24GB")
       ("link-bandwidth", po::value<std::string>(), "stage<->stage bytes/s, e.g. 10GB")
       ("max-batch", po::bool_switch(), "find the largest micro-batch size with a feasible plan")

@@ -28,6 +28,7 @@
 #include "profile/profile_io.h"
 #include "profile/profiler.h"
 #include "runtime/pipeline.h"
+#include "train/metrics_log.h"
 #include "train/reference_trainer.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
@@ -256,9 +257,19 @@ po::options_description train_options() {
       ("validation-fraction", po::value<double>()->default_value(0.0), "share of the token file's windows held out for validation")
       ("eval-every", po::value<int64_t>()->default_value(0), "report the validation loss every N steps (0: never)")
       ("eval-batches", po::value<int64_t>()->default_value(4), "micro-batches of the validation split per evaluation")
-      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd (with momentum) | adam")
-      ("lr", po::value<double>()->default_value(0.01), "learning rate")
-      ("momentum", po::value<double>()->default_value(0.9), "SGD momentum");
+      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd (with momentum) | adam | adamw")
+      ("lr", po::value<double>()->default_value(0.01), "learning rate (the schedule's peak)")
+      ("momentum", po::value<double>()->default_value(0.9), "SGD momentum")
+      ("weight-decay", po::value<double>()->default_value(0.0), "weight decay of matrices and embeddings (not of biases "
+                                                                 "and norms): decoupled under adamw, L2 under sgd and adam")
+      ("lr-schedule", po::value<LrScheduleKind>()->default_value(LrScheduleKind::Constant, "constant"),
+       "constant | cosine | linear (decay to --min-lr at the last step), after --warmup-steps (transformers' schedules)")
+      ("warmup-steps", po::value<int64_t>()->default_value(0), "steps of linear warmup from 0 to --lr")
+      ("min-lr", po::value<double>()->default_value(0.0), "where cosine and linear decay end")
+      ("grad-clip", po::value<double>()->default_value(0.0), "clip the global gradient norm (over every stage) to this before each "
+                                                            "update, as clip_grad_norm_; 0: never (the norm is reported either way)")
+      ("metrics-out", po::value<std::string>(), "append one JSON line per step and validation to this file (step, loss, lr, "
+                                                "grad norm, samples/s and tokens/s, peak memory per stage); scripts/plot_metrics.py draws it");
   // clang-format on
   po::options_description options;
   options.add(own).add(common_options()).add(model_override_options());
@@ -273,7 +284,7 @@ struct RunSettings {
   int64_t eval_every = 0, eval_batches = 1;
   int64_t checkpoint_every = 0;
   bool resume = false, quiet = false, in_process = false;
-  std::string checkpoint_dir, trace_path, save_path;
+  std::string checkpoint_dir, trace_path, save_path, metrics_path;
   Progress::Style progress_style = Progress::Style::Auto;
   double samples_per_step = 0;
 };
@@ -286,6 +297,16 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   config.optimizer.kind = vm["optimizer"].as<OptimizerKind>();
   config.optimizer.lr = vm["lr"].as<double>();
   config.optimizer.momentum = vm["momentum"].as<double>();
+  config.optimizer.weight_decay = vm["weight-decay"].as<double>();
+  config.optimizer.schedule.kind = vm["lr-schedule"].as<LrScheduleKind>();
+  config.optimizer.schedule.warmup_steps = vm["warmup-steps"].as<int64_t>();
+  config.optimizer.schedule.min_lr = vm["min-lr"].as<double>();
+  config.optimizer.schedule.total_steps = config.steps;
+  config.optimizer.grad_clip = vm["grad-clip"].as<double>();
+  if (config.optimizer.grad_clip > 0 && vm["schedule"].as<ScheduleKind>() == ScheduleKind::Async)
+    throw ConfigError(
+        "--grad-clip clips the norm of one step's gradients over every stage; under --schedule async each stage "
+        "updates on its own, so there is none (use gpipe or 1f1b)");
   make_optimizer(config.optimizer, {});  // validates before any work
   config.data = data_config_from(vm);
   if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
@@ -315,32 +336,70 @@ RunSettings run_settings_from(const po::variables_map& vm, int replicas) {
     throw ConfigError("--checkpoint-every and --resume need --checkpoint-dir DIR");
   if (vm.count("trace")) s.trace_path = vm["trace"].as<std::string>();
   if (vm.count("save-weights")) s.save_path = vm["save-weights"].as<std::string>();
+  if (vm.count("metrics-out")) s.metrics_path = vm["metrics-out"].as<std::string>();
   if (s.in_process && (!s.trace_path.empty() || s.checkpoint_every > 0 || s.resume))
     throw ConfigError("--trace, --checkpoint-every and --resume apply to MPI runs, not --in-process");
   if (s.in_process && !s.save_path.empty())
     throw ConfigError("--save-weights applies to MPI runs and one-stage runs, not --in-process");
   if (s.in_process && s.eval_every > 0)
     throw ConfigError("--eval-every applies to MPI runs and one-stage runs, not --in-process");
-  for (const std::string& path : {s.trace_path, s.save_path})
+  for (const std::string& path : {s.trace_path, s.save_path, s.metrics_path})
     if (!path.empty()) check_writable(path);
   return s;
+}
+
+// "adamw lr 0.0003 (cosine after 100 warmup steps to 3e-05), weight decay 0.1, grad clip 1"
+std::string optimizer_summary(const OptimizerConfig& o) {
+  std::ostringstream out;
+  out << optimizer_kind_name(o.kind) << " lr " << o.lr;
+  const LrSchedule& sc = o.schedule;
+  if (sc.kind != LrScheduleKind::Constant || sc.warmup_steps > 0) {
+    out << " (" << sc.kind;
+    if (sc.warmup_steps > 0) out << " after " << sc.warmup_steps << " warmup steps";
+    if (sc.kind != LrScheduleKind::Constant) out << " to " << sc.min_lr;
+    out << ")";
+  }
+  if (o.weight_decay > 0) out << ", weight decay " << o.weight_decay;
+  if (o.grad_clip > 0) out << ", grad clip " << o.grad_clip;
+  return out.str();
+}
+
+// A step's line of --metrics-out: what was reported, with the rates Progress measured.
+StepMetrics step_metrics(int64_t step, double loss, double lr, double grad_norm, std::vector<int64_t> peaks,
+                         const Progress& progress, const RunSettings& s, int64_t tokens_per_sample) {
+  StepMetrics m;
+  m.step = step;
+  m.loss = loss;
+  m.lr = lr;
+  m.grad_norm = grad_norm;
+  m.step_s = progress.last_step_seconds();
+  m.samples_per_s = m.step_s > 0 ? s.samples_per_step / m.step_s : 0;
+  m.tokens_per_s = m.samples_per_s * static_cast<double>(tokens_per_sample);
+  m.peak_bytes = std::move(peaks);
+  return m;
 }
 
 // One stage, nothing the runtime alone does: the reference trainer.
 int train_one_stage(const OpGraph& graph, const RunSettings& s) {
   CountingAllocator::install().set_capacity(s.capacity);
   ReferenceTrainer trainer(graph, s.config);
+  MetricsLog metrics(s.metrics_path, false);
   if (!s.quiet)
-    std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s lr %g, 1 stage\n",
+    std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s, one stage\n",
                 graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, s.micro_batch_size,
-                s.config.micro_batches, optimizer_kind_name(s.config.optimizer.kind), s.config.optimizer.lr);
+                s.config.micro_batches, optimizer_summary(s.config.optimizer).c_str());
   int64_t peak = 0;
   Progress progress(0, s.config.steps, s.samples_per_step, s.quiet, s.progress_style);
+  const int64_t tokens = tokens_per_sample(graph);
   trainer.run([&](const StepResult& r) {
     peak = std::max(peak, r.peak_bytes);
-    progress.step(r.step, r.loss);
-    if (s.eval_every > 0 && (r.step + 1) % s.eval_every == 0)
-      progress.validation(r.step, trainer.evaluate(s.eval_batches));
+    progress.step(r.step, r.loss, r.lr, r.grad_norm);
+    metrics.step(step_metrics(r.step, r.loss, r.lr, r.grad_norm, {r.peak_bytes}, progress, s, tokens));
+    if (s.eval_every > 0 && (r.step + 1) % s.eval_every == 0) {
+      const double loss = trainer.evaluate(s.eval_batches);
+      progress.validation(r.step, loss);
+      metrics.validation(r.step, loss);
+    }
   });
   progress.finish();
   std::printf("done: %" PRId64
@@ -424,10 +483,9 @@ PipelineConfig pipeline_config(const Plan& plan, const po::variables_map& vm, co
 
 void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConfig& pc, const Layout& layout,
                       const RunSettings& s) {
-  std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64
-              ", %s lr %g, %d stages, %s%s\n",
+  std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s, %d stages, %s%s\n",
               graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, s.micro_batch_size, pc.micro_batches,
-              optimizer_kind_name(pc.optimizer.kind), pc.optimizer.lr, layout.stages, schedule_kind_name(pc.schedule),
+              optimizer_summary(pc.optimizer).c_str(), layout.stages, schedule_kind_name(pc.schedule),
               layout.replicas > 1 ? (", " + std::to_string(layout.replicas) + " data-parallel replicas on " +
                                      std::to_string(layout.nodes) + (layout.nodes == 1 ? " host" : " hosts"))
                                         .c_str()
@@ -567,8 +625,17 @@ int train_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& 
   run.eval_every = s.eval_every;
   run.eval_batches = s.eval_batches;
   Progress progress(pc.first_step, pc.steps, s.samples_per_step, s.quiet || world.rank != 0, s.progress_style);
-  run.on_loss = [&](const StepLoss& loss) { progress.step(loss.step, loss.loss); };
-  run.on_validation = [&](const StepLoss& loss) { progress.validation(loss.step, loss.loss); };
+  MetricsLog metrics(world.rank == 0 ? s.metrics_path : "", s.resume);
+  const int64_t tokens = tokens_per_sample(graph);
+  run.on_loss = [&](const StepReport& r) {
+    progress.step(r.step, r.loss, r.lr, r.grad_norm);
+    if (world.rank == 0)
+      metrics.step(step_metrics(r.step, r.loss, r.lr, r.grad_norm, r.peak_bytes, progress, s, tokens));
+  };
+  run.on_validation = [&](const StepReport& r) {
+    progress.validation(r.step, r.loss);
+    if (world.rank == 0) metrics.validation(r.step, r.loss);
+  };
   const auto start = std::chrono::steady_clock::now();
   const StageRun mine = run_this_rank(graph, pc, layout, run, s.in_process);
   synchronize(device);  // the clock stops when the device has finished this rank's work

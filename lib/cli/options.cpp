@@ -77,6 +77,9 @@ void validate(boost::any& value, const std::vector<std::string>& tokens, MemoptM
 void validate(boost::any& value, const std::vector<std::string>& tokens, OptimizerKind*, int) {
   validate_choice(value, tokens, optimizer_kind_from_name);
 }
+void validate(boost::any& value, const std::vector<std::string>& tokens, LrScheduleKind*, int) {
+  validate_choice(value, tokens, lr_schedule_kind_from_name);
+}
 
 bool parse_options(int argc, char** argv, const std::string& subcommand, const std::string& summary,
                    const po::options_description& options, po::variables_map& vm,

@@ -10,6 +10,7 @@
 #include "models/model_config.h"
 #include "models/model_source.h"
 #include "plan/plan_options.h"
+#include "train/lr_schedule.h"
 
 namespace dawnpiper {
 
@@ -36,6 +37,7 @@ void validate(boost::any& value, const std::vector<std::string>& tokens, Schedul
 void validate(boost::any& value, const std::vector<std::string>& tokens, PlannerKind*, int);
 void validate(boost::any& value, const std::vector<std::string>& tokens, MemoptMode*, int);
 void validate(boost::any& value, const std::vector<std::string>& tokens, OptimizerKind*, int);
+void validate(boost::any& value, const std::vector<std::string>& tokens, LrScheduleKind*, int);
 
 // The model preset from --model with the override options applied and checked.
 ModelConfig model_config_from(const po::variables_map& vm);

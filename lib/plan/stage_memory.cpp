@@ -818,7 +818,7 @@ void StageReplay::optimizer_step() {
   if (segment_ >= 0) segment_ = 2;
   const int64_t state_bytes = model_.optimizer_multiplier() * weights_;
   if (!optimizer_state_) live_ += state_bytes, optimizer_state_ = true;
-  if (model_.optimizer() == OptimizerKind::Adam) note(live_ + std::min(p_.largest_param_bytes, weights_), -1);
+  if (optimizer_has_moments(model_.optimizer())) note(live_ + std::min(p_.largest_param_bytes, weights_), -1);
   note(live_, -1);
   live_ -= param_grads_;
   param_grads_ = 0;

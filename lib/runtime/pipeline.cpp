@@ -3,8 +3,11 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
+#include <array>
 #include <set>
 #include <stdexcept>
 
@@ -113,7 +116,7 @@ std::vector<std::string> tied_across_stages(const OpGraph& g, const PipelineConf
 }
 
 InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& c,
-                                        const std::function<void(const StepLoss&)>& on_step) {
+                                        const std::function<void(const StepReport&)>& on_step) {
   check_ranges(g, c.ranges);
   const int stages = static_cast<int>(c.ranges.size());
   LocalTransport transport;
@@ -121,7 +124,14 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   InProcessResult result;
   for (int s = 0; s < stages; ++s) {
     stage.push_back(std::make_unique<PipelineStage>(g, stage_config(c, s), transport));
-    stage.back()->set_loss_callback([&](int64_t step, double loss) { result.losses.push_back({step, loss}); });
+    stage.back()->set_loss_callback([&](int64_t step, double loss) {
+      StepReport r;
+      r.step = step;
+      r.loss = loss;
+      r.lr = scheduled_lr(c.optimizer.lr, c.optimizer.schedule, step);
+      r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+      result.losses.push_back(r);
+    });
   }
   const auto groups = tied_groups(g, c);
   // Synchronous schedules: every stage's optimizer step is the last action of its step, so the
@@ -133,6 +143,8 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   for (int s = 0; s < stages; ++s) schedule.actions.push_back(stage_actions(g, c, s));
   std::vector<int> pending_updates;
   auto run_updates = [&] {
+    // Summed tied gradients first, then the global norm over every stage, as the pipeline's
+    // ranks reduce them.
     for (const auto& [key, holders] : groups) {
       at::Tensor sum;
       std::vector<at::Tensor*> grads;
@@ -143,7 +155,11 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
       for (at::Tensor* gr : grads) sum = sum.defined() ? sum + *gr : gr->clone();
       for (at::Tensor* gr : grads) *gr = sum.clone();
     }
+    double square_sum = 0;
+    for (int s : pending_updates) square_sum += stage[s]->grad_square_sum();
+    for (int s : pending_updates) stage[s]->set_norm_reducer([square_sum](double) { return square_sum; });
     for (int s : pending_updates) stage[s]->execute(Action{ActionKind::OptimizerStep, s, -1, -1});
+    if (!result.losses.empty()) result.losses.back().grad_norm = std::sqrt(square_sum);
     pending_updates.clear();
   };
   // Losses of steps every stage has finished go to on_step (the last stage computes a step's
@@ -205,58 +221,84 @@ std::map<int, at::Tensor> exact_integer_inputs(const OpGraph& g, int begin, uint
 
 namespace {
 
-// Step losses travel from the last stage to rank 0 on their own communicator, apart from the
-// activations, and reach options.on_loss there in step order.
-class LossRelay {
+// What every stage knows of a finished step travels to rank 0 on its own communicator, apart
+// from the activations: its peak memory during the step, and the last stage's loss. Rank 0 reports
+// a step to options.on_loss, in step order, once every stage's record of it has arrived.
+class StepRelay {
  public:
-  LossRelay(const PipelineConfig& c, const RunOptions& options, MPI_Comm control, int rank, int last)
-      : c_(c), options_(options), control_(control), rank_(rank), last_(last), reported_(c.first_step) {
-    outgoing_.reserve(static_cast<size_t>(c.steps));  // kept alive for the Isends
+  StepRelay(const PipelineConfig& c, const RunOptions& options, MPI_Comm control, int rank, int stages)
+      : c_(c), options_(options), control_(control), rank_(rank), stages_(stages), reported_(c.first_step) {
+    if (rank_ != 0) outgoing_.reserve(static_cast<size_t>(c.steps - c.first_step));  // kept alive for the Isends
   }
 
-  // The last stage's loss for a step (averaged over the replicas' micro-batches).
-  void send(int64_t step, double loss) {
-    if (c_.replicas > 1) {
+  // This stage finished `step`: its peak bytes during it; on the last stage the step's mean loss
+  // (averaged over the replicas), on rank 0 the global gradient norm.
+  void send(int64_t step, int64_t peak_bytes, double loss, double grad_norm) {
+    if (rank_ == stages_ - 1 && c_.replicas > 1) {
       allreduce_quietly(&loss, 1, MPI_DOUBLE, MPI_SUM, options_.replica_comm);
       loss /= static_cast<double>(c_.replicas);
     }
-    if (rank_ == 0) return report({step, loss});
-    outgoing_.push_back(loss);
+    if (rank_ == 0) {
+      Pending& p = pending_[step];
+      p.report.grad_norm = grad_norm;
+      p.report.peak_bytes.resize(static_cast<size_t>(stages_));
+      p.report.peak_bytes[0] = peak_bytes;
+      if (stages_ == 1) p.report.loss = loss;
+      ++p.records;
+      return;
+    }
+    outgoing_.push_back({loss, static_cast<double>(peak_bytes)});
     requests_.emplace_back();
-    MPI_Isend(&outgoing_.back(), 1, MPI_DOUBLE, 0, static_cast<int>(step), control_, &requests_.back());
+    MPI_Isend(outgoing_.back().data(), 2, MPI_DOUBLE, 0, static_cast<int>(step), control_, &requests_.back());
   }
 
-  // Rank 0: reports what has arrived (wait: everything up to the last step).
-  void poll(bool wait) {
-    if (rank_ != 0 || last_ == 0) return;
+  // Rank 0: reports the steps whose records have all arrived, waiting for those up to
+  // `wait_through` (every stage sends its record of a step before anything that follows it).
+  void poll(int64_t wait_through = -1) {
+    if (rank_ != 0) return;
     while (reported_ < c_.steps) {
-      int flag = 0;
-      MPI_Status st;
-      if (!wait) MPI_Iprobe(last_, static_cast<int>(reported_), control_, &flag, &st);
-      if (!wait && !flag) return;
-      double loss = 0;
-      recv_quietly(&loss, 1, MPI_DOUBLE, last_, static_cast<int>(reported_), control_, MPI_STATUS_IGNORE);
-      report({reported_, loss});
+      const bool wait = reported_ <= wait_through;
+      Pending& p = pending_[reported_];
+      p.report.peak_bytes.resize(static_cast<size_t>(stages_));
+      p.arrived.resize(static_cast<size_t>(stages_));
+      for (int from = 1; from < stages_; ++from) {
+        if (p.arrived[from]) continue;
+        int flag = 1;
+        if (!wait) MPI_Iprobe(from, static_cast<int>(reported_), control_, &flag, MPI_STATUS_IGNORE);
+        if (!flag) continue;
+        std::array<double, 2> record{};
+        recv_quietly(record.data(), 2, MPI_DOUBLE, from, static_cast<int>(reported_), control_, MPI_STATUS_IGNORE);
+        if (from == stages_ - 1) p.report.loss = record[0];
+        p.report.peak_bytes[from] = static_cast<int64_t>(record[1]);
+        p.arrived[from] = true;
+        ++p.records;
+      }
+      if (p.records < stages_) return;  // rank 0's own record is there for every step it waits for
+      p.report.step = reported_;
+      p.report.lr = scheduled_lr(c_.optimizer.lr, c_.optimizer.schedule, reported_);
+      if (options_.on_loss) options_.on_loss(p.report);
+      pending_.erase(reported_++);
     }
   }
 
   void finish() {
-    poll(true);
+    poll(c_.steps);
     for (MPI_Request& r : requests_) wait_quietly(r);
   }
 
  private:
-  void report(const StepLoss& s) {
-    ++reported_;
-    if (options_.on_loss) options_.on_loss(s);
-  }
-
+  struct Pending {
+    StepReport report;
+    std::vector<bool> arrived;  // per stage
+    int records = 0;
+  };
   const PipelineConfig& c_;
   const RunOptions& options_;
   MPI_Comm control_;
-  int rank_, last_;
+  int rank_, stages_;
   int64_t reported_;
-  std::vector<double> outgoing_;
+  std::map<int64_t, Pending> pending_;
+  std::vector<std::array<double, 2>> outgoing_;
   std::vector<MPI_Request> requests_;
 };
 
@@ -290,7 +332,7 @@ void reduce_tied(const TieComms& tie_comms, std::vector<StageParameter>& params)
 // After an optimizer step that ends a training step: the validation loss every eval_every steps
 // and a checkpoint every checkpoint_every steps (and after the last).
 void after_step(PipelineStage& stage, Transport& transport, const PipelineConfig& c, const RunOptions& options,
-                const CheckpointIdentity& identity, MPI_Comm comm, int rank, int64_t step) {
+                const CheckpointIdentity& identity, MPI_Comm comm, int rank, int64_t step, StepRelay& relay) {
   const int last = static_cast<int>(c.ranges.size()) - 1;
   if (options.eval_every > 0 && (step + 1) % options.eval_every == 0) {
     // Message ids past every training micro-batch's.
@@ -299,6 +341,7 @@ void after_step(PipelineStage& stage, Transport& transport, const PipelineConfig
     for (int64_t k = 0; k < options.eval_batches; ++k) sum += stage.evaluate(base + k, k);
     double mean = sum / static_cast<double>(options.eval_batches);
     broadcast_quietly(&mean, 1, MPI_DOUBLE, last, comm);
+    relay.poll(step);  // the step's report comes first
     if (rank == 0 && options.on_validation) options.on_validation({step, mean});
   }
   if (options.checkpoint_every > 0 && c.replica == 0) {  // once per stage: the replicas hold the same weights
@@ -347,8 +390,13 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   }
   if (c.schedule != ScheduleKind::Async && !tie_comms.empty())
     stage.set_tied_reducer([&](std::vector<StageParameter>& params) { reduce_tied(tie_comms, params); });
-  LossRelay losses(c, options, control_comm, rank, static_cast<int>(c.ranges.size()) - 1);
-  stage.set_loss_callback([&](int64_t step, double loss) { losses.send(step, loss); });
+  StepRelay relay(c, options, control_comm, rank, static_cast<int>(c.ranges.size()));
+  double step_loss = 0;  // the last stage's, of the latest finished step
+  stage.set_loss_callback([&](int64_t, double loss) { step_loss = loss; });
+  stage.set_norm_reducer([&](double square_sum) {
+    allreduce_quietly(&square_sum, 1, MPI_DOUBLE, MPI_SUM, comm);
+    return square_sum;
+  });
   barrier_quietly(comm);  // every rank arrives without spinning...
   MPI_Barrier(comm);      // ...and leaves at once: the common origin of every rank's trace times
   StageTracer tracer(rank, stage.module().device(), transport, StageTracer::Clock::now(), options.trace);
@@ -362,16 +410,18 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   for (const Action& a : stage_actions(g, c, rank)) {
     if (a.micro_batch >= 0) step = a.micro_batch / c.micro_batches, micro_batch = a.micro_batch;
     tracer.run(a, step, [&] { stage.execute(a); });
-    losses.poll(false);
+    relay.poll();
     // A synchronous step ends with the optimizer step: every stage is between steps there. An
     // asynchronous stage updates after every backward; at the update after a step's last
     // micro-batch, at a drain, nothing is in flight.
     const bool step_done = c.schedule != ScheduleKind::Async || micro_batch % c.micro_batches == c.micro_batches - 1;
-    if (a.kind == ActionKind::OptimizerStep && step_done)
-      after_step(stage, transport, c, options, identity, comm, rank, step);
+    if (a.kind == ActionKind::OptimizerStep && step_done) {
+      relay.send(step, tracer.take_step_peak(), step_loss, stage.last_grad_norm());
+      after_step(stage, transport, c, options, identity, comm, rank, step, relay);
+    }
   }
   transport.flush();
-  losses.finish();
+  relay.finish();
   for (auto [key, sub] : tie_comms) MPI_Comm_free(&sub);
   result.parameters = stage.module().parameters();
   result.actions = tracer.records();

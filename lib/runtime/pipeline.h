@@ -59,13 +59,17 @@ PipelineConfig pipeline_config_of(const Plan& plan, const OpGraph& graph);
 // weights tied across stages sums their gradients in a ReduceTiedGrads before every update.
 std::vector<Action> stage_actions(const OpGraph& graph, const PipelineConfig& config, int stage);
 
-struct StepLoss {
+// A finished step as rank 0 reports it (a validation: step and loss only).
+struct StepReport {
   int64_t step = 0;
   double loss = 0;
+  double lr = 0;                    // the rate its updates used
+  double grad_norm = 0;             // global, before clipping; NaN under async
+  std::vector<int64_t> peak_bytes;  // per stage, measured during the step (MPI runs)
 };
 
 struct InProcessResult {
-  std::vector<StepLoss> losses;
+  std::vector<StepReport> losses;                       // without peak_bytes
   std::vector<std::vector<StageParameter>> parameters;  // per stage, after the run
 };
 
@@ -74,21 +78,21 @@ struct InProcessResult {
 // stage has finished that step and the device has finished its work (so a clock read there times
 // the step), in step order.
 InProcessResult run_pipeline_in_process(const OpGraph& graph, const PipelineConfig& config,
-                                        const std::function<void(const StepLoss&)>& on_step = {});
+                                        const std::function<void(const StepReport&)>& on_step = {});
 
 // What a distributed run does besides training.
 struct RunOptions {
-  std::function<void(const StepLoss&)> on_loss;  // rank 0, every finished step, in step order
-  bool trace = false;                            // keep a record per action (trace/trace.h)
-  std::string checkpoint_dir;                    // write / resume checkpoints here
-  int64_t checkpoint_every = 0;                  // steps between checkpoints; 0: none
+  std::function<void(const StepReport&)> on_loss;  // rank 0, every finished step, in step order
+  bool trace = false;                              // keep a record per action (trace/trace.h)
+  std::string checkpoint_dir;                      // write / resume checkpoints here
+  int64_t checkpoint_every = 0;                    // steps between checkpoints; 0: none
   bool resume = false;  // load the checkpoint of step config.first_step (latest_checkpoint()) first
   std::string preset;   // checkpoint identity (with the optimizer)
   TransportChoice transport = TransportChoice::Auto;
   // Validation: every `eval_every` steps (at drains under async), `eval_batches` micro-batches
   // of the validation split; rank 0 gets the mean loss.
   int64_t eval_every = 0, eval_batches = 1;
-  std::function<void(const StepLoss&)> on_validation;
+  std::function<void(const StepReport&)> on_validation;
   // Data parallelism: this stage's ranks in every replica (rank = replica), MPI_COMM_NULL
   // without. Gradients are averaged over it before each update, losses too; replica 0 reports
   // and writes checkpoints.

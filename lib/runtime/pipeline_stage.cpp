@@ -6,10 +6,12 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "exec/dtypes.h"
 #include "graph/layout.h"
+#include "train/grad_norm.h"
 #include "util/error.h"
 
 namespace dawnpiper {
@@ -48,7 +50,15 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
     send_requires_grad_.push_back(rg[c.tensor]);
     if (rg[c.tensor]) grad_specs_.push_back(&graph.tensor(c.tensor));
   }
-  for (auto& p : module_.parameters()) masters_.push_back(p.tensor);
+  for (auto& p : module_.parameters()) {
+    masters_.push_back(p.tensor);
+    counted_in_norm_.push_back(p.node >= config.begin && p.node < config.end);
+  }
+  last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
+  if (config.schedule == ScheduleKind::Async && config.optimizer.grad_clip > 0)
+    throw ConfigError(
+        "--grad-clip clips the norm of one step's gradients over every stage; under --schedule async each "
+        "stage updates on its own, so there is none (use gpipe or 1f1b)");
   optimizer_ = make_optimizer(config.optimizer, masters_);
   auto evictor = std::make_unique<Evictor>(module_, config.evictions);
   if (evictor->active()) evictor_ = std::move(evictor);
@@ -238,6 +248,7 @@ void PipelineStage::backward(int64_t mb) {
     if (!with_grad.empty()) torch::autograd::backward(with_grad, their_grads);
   }
   if (evictor_) evictor_->after_backward(mb);
+  latest_step_ = step_of(mb);
   f.outputs.clear();
   if (config_.schedule == ScheduleKind::Async) {
     // Move the stashed version's gradients to the masters for the update that follows.
@@ -281,8 +292,16 @@ double PipelineStage::evaluate(int64_t id, int64_t index) {
   return 0;
 }
 
+double PipelineStage::grad_square_sum() const { return dawnpiper::grad_square_sum(masters_, counted_in_norm_); }
+
 void PipelineStage::optimizer_step() {
   if (reduce_replicas_) reduce_replicas_(module_.parameters());
+  if (config_.schedule != ScheduleKind::Async) {
+    const double local = grad_square_sum();
+    last_grad_norm_ = std::sqrt(reduce_norm_ ? reduce_norm_(local) : local);
+    if (config_.optimizer.grad_clip > 0) clip_grads(masters_, last_grad_norm_, config_.optimizer.grad_clip);
+  }
+  optimizer_->set_lr(scheduled_lr(config_.optimizer.lr, config_.optimizer.schedule, latest_step_));
   optimizer_->step();
   ++version_;
 }

@@ -53,6 +53,10 @@ class PipelineStage {
   void execute(const Action& action);
   void set_loss_callback(std::function<void(int64_t step, double loss)> on_loss) { on_loss_ = std::move(on_loss); }
   void set_tied_reducer(TiedGradReducer reducer) { reduce_tied_ = std::move(reducer); }
+  // Sums a stage's squared gradient norm over the pipeline's stages before every update of a
+  // synchronous schedule (the global norm clipping and the report use); the default: this stage
+  // alone.
+  void set_norm_reducer(std::function<double(double)> reducer) { reduce_norm_ = std::move(reducer); }
   // Averages the stage's gradients over the data-parallel replicas before every optimizer step
   // (every schedule; under async, each replica's k-th update averages their k-th gradients).
   void set_replica_reducer(TiedGradReducer reducer) { reduce_replicas_ = std::move(reducer); }
@@ -69,6 +73,12 @@ class PipelineStage {
   const StageConfig& config() const { return config_; }
   bool is_last() const { return config_.stage == config_.stages - 1; }
   int weight_versions() const;
+  // The squared norm of the gradients this stage counts in the global norm: each tied parameter
+  // on the stage that owns it only.
+  double grad_square_sum() const;
+  // The global gradient norm before clipping of the latest update (NaN under async, which
+  // has no step-wide norm).
+  double last_grad_norm() const { return last_grad_norm_; }
 
  private:
   struct InFlight {
@@ -103,10 +113,14 @@ class PipelineStage {
   std::map<int64_t, std::vector<at::Tensor>> stash_;
   std::map<int64_t, int> stash_users_;
   std::vector<at::Tensor> masters_;
+  std::vector<bool> counted_in_norm_;  // per master
+  double last_grad_norm_;
+  int64_t latest_step_ = 0;  // of the latest backward: the step an update belongs to
   double step_loss_ = 0;
   int64_t step_losses_ = 0;
   std::function<void(int64_t, double)> on_loss_;
   TiedGradReducer reduce_tied_, reduce_replicas_;
+  std::function<double(double)> reduce_norm_;
 };
 
 }  // namespace dawnpiper

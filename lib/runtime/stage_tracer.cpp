@@ -45,6 +45,7 @@ void StageTracer::end(const Action& action, int64_t step) {
   r.live_bytes = DeviceMemory::live_bytes(device_);
   r.peak_bytes = DeviceMemory::peak_bytes(device_);
   peak_ = std::max(peak_, r.peak_bytes);
+  step_peak_ = std::max(step_peak_, r.peak_bytes);
   last_end_s_ = r.end_s;
   if (keep_) records_.push_back(r);
 }

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <utility>
 #include <vector>
 
 #include <c10/core/Device.h>
@@ -34,6 +35,8 @@ class StageTracer {
 
   const std::vector<ActionRecord>& records() const { return records_; }
   int64_t peak_bytes() const { return peak_; }
+  // The peak since the previous call (or the start): a step's, called where a step ends.
+  int64_t take_step_peak() { return std::exchange(step_peak_, 0); }
   double last_end_s() const { return last_end_s_; }
 
  private:
@@ -46,7 +49,7 @@ class StageTracer {
   Clock::time_point origin_;
   bool keep_;
   std::vector<ActionRecord> records_;
-  int64_t peak_ = 0;
+  int64_t peak_ = 0, step_peak_ = 0;
   double start_s_ = 0, start_cpu_s_ = 0, last_end_s_ = 0;
   int64_t step_ = 0;
   int64_t sent0_ = 0, received0_ = 0;

@@ -16,8 +16,8 @@ void zero_grad(at::Tensor& p) {
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(std::vector<at::Tensor> params, double lr, double momentum)
-      : Optimizer(std::move(params)), lr_(lr), momentum_(momentum), buffers_(params_.size()) {}
+  Sgd(std::vector<at::Tensor> params, const OptimizerConfig& c)
+      : Optimizer(std::move(params), c), buffers_(params_.size()) {}
 
   void step() override {
     at::NoGradGuard no_grad;
@@ -26,11 +26,13 @@ class Sgd final : public Optimizer {
       at::Tensor& p = params_[i];
       if (!p.grad().defined()) continue;
       at::Tensor d = p.grad();
-      if (momentum_ != 0) {
+      // In place: the gradient is the optimizer's to spend (torch adds into a new tensor).
+      if (const double wd = weight_decay(i); wd != 0) d.add_(p, wd);
+      if (config_.momentum != 0) {
         if (!buffers_[i].defined())
           buffers_[i] = d.clone();
         else
-          buffers_[i].mul_(momentum_).add_(d);
+          buffers_[i].mul_(config_.momentum).add_(d);
         d = buffers_[i];
       }
       p.add_(d, -lr_);
@@ -45,33 +47,40 @@ class Sgd final : public Optimizer {
   }
 
  private:
-  double lr_, momentum_;
   std::vector<at::Tensor> buffers_;
 };
 
+// Adam, and AdamW where the decay is decoupled from the gradient.
 class Adam final : public Optimizer {
  public:
   Adam(std::vector<at::Tensor> params, const OptimizerConfig& c)
-      : Optimizer(std::move(params)), c_(c), m_(params_.size()), v_(params_.size()) {}
+      : Optimizer(std::move(params), c), m_(params_.size()), v_(params_.size()) {}
 
   void step() override {
     at::NoGradGuard no_grad;
     ++steps_;
-    const double bc1 = 1 - std::pow(c_.beta1, steps_), bc2 = 1 - std::pow(c_.beta2, steps_);
+    const OptimizerConfig& c = config_;
+    const double bc1 = 1 - std::pow(c.beta1, steps_), bc2 = 1 - std::pow(c.beta2, steps_);
     for (size_t i = 0; i < params_.size(); ++i) {
       at::Tensor& p = params_[i];
       if (!p.grad().defined()) continue;
-      const at::Tensor& g = p.grad();
+      at::Tensor g = p.grad();
+      if (const double wd = weight_decay(i); wd != 0) {
+        if (c.kind == OptimizerKind::AdamW)
+          p.mul_(1 - lr_ * wd);
+        else
+          g.add_(p, wd);
+      }
       if (!m_[i].defined()) {
         m_[i] = at::zeros_like(p);
         v_[i] = at::zeros_like(p);
       }
-      m_[i].mul_(c_.beta1).add_(g, 1 - c_.beta1);
-      v_[i].mul_(c_.beta2).addcmul_(g, g, 1 - c_.beta2);
+      m_[i].mul_(c.beta1).add_(g, 1 - c.beta1);
+      v_[i].mul_(c.beta2).addcmul_(g, g, 1 - c.beta2);
       // One temporary the size of the parameter (the memory replay accounts for it).
       at::Tensor denom = v_[i].sqrt();
-      denom.div_(std::sqrt(bc2)).add_(c_.eps);
-      p.addcdiv_(m_[i], denom, -c_.lr / bc1);
+      denom.div_(std::sqrt(bc2)).add_(c.eps);
+      p.addcdiv_(m_[i], denom, -lr_ / bc1);
       zero_grad(p);
     }
   }
@@ -89,7 +98,6 @@ class Adam final : public Optimizer {
   }
 
  private:
-  OptimizerConfig c_;
   std::vector<at::Tensor> m_, v_;
 };
 
@@ -97,8 +105,11 @@ class Adam final : public Optimizer {
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, std::vector<at::Tensor> params) {
   if (!(config.lr > 0)) throw ConfigError("learning rate must be positive");
-  if (config.kind == OptimizerKind::Adam) return std::make_unique<Adam>(std::move(params), config);
-  return std::make_unique<Sgd>(std::move(params), config.lr, config.momentum);
+  if (config.weight_decay < 0) throw ConfigError("--weight-decay must not be negative");
+  if (config.grad_clip < 0) throw ConfigError("--grad-clip must not be negative (0: no clipping)");
+  check_lr_schedule(config.lr, config.schedule);
+  if (config.kind == OptimizerKind::Sgd) return std::make_unique<Sgd>(std::move(params), config);
+  return std::make_unique<Adam>(std::move(params), config);
 }
 
 }  // namespace dawnpiper

@@ -6,12 +6,23 @@
 
 namespace dawnpiper {
 
-const char* optimizer_kind_name(OptimizerKind kind) { return kind == OptimizerKind::Adam ? "adam" : "sgd"; }
+const char* optimizer_kind_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::Sgd:
+      return "sgd";
+    case OptimizerKind::Adam:
+      return "adam";
+    case OptimizerKind::AdamW:
+      return "adamw";
+  }
+  return "?";
+}
 
 OptimizerKind optimizer_kind_from_name(const std::string& name) {
   if (name == "sgd") return OptimizerKind::Sgd;
   if (name == "adam") return OptimizerKind::Adam;
-  throw ConfigError("unknown optimizer '" + name + "' (choose sgd or adam)");
+  if (name == "adamw") return OptimizerKind::AdamW;
+  throw ConfigError("unknown optimizer '" + name + "' (choose sgd, adam or adamw)");
 }
 
 std::ostream& operator<<(std::ostream& out, OptimizerKind kind) { return out << optimizer_kind_name(kind); }

@@ -6,13 +6,16 @@
 
 namespace dawnpiper {
 
-enum class OptimizerKind { Sgd, Adam };
+enum class OptimizerKind { Sgd, Adam, AdamW };
 
-const char* optimizer_kind_name(OptimizerKind kind);              // "sgd" | "adam"
+const char* optimizer_kind_name(OptimizerKind kind);              // "sgd" | "adam" | "adamw"
 OptimizerKind optimizer_kind_from_name(const std::string& name);  // throws ConfigError
 std::ostream& operator<<(std::ostream& out, OptimizerKind kind);  // by name
 
-// Bytes of optimizer state per byte of parameters: SGD's momentum buffer, Adam's two moments.
-inline int optimizer_state_multiplier(OptimizerKind kind) { return kind == OptimizerKind::Adam ? 2 : 1; }
+// Adam and AdamW keep two moments per parameter and need one parameter-sized temporary in their
+// update; SGD one momentum buffer.
+inline bool optimizer_has_moments(OptimizerKind kind) { return kind != OptimizerKind::Sgd; }
+// Bytes of optimizer state per byte of parameters.
+inline int optimizer_state_multiplier(OptimizerKind kind) { return optimizer_has_moments(kind) ? 2 : 1; }
 
 }  // namespace dawnpiper

@@ -7,6 +7,7 @@
 
 #include "memory/counting_allocator.h"
 #include "memory/device_memory.h"
+#include "train/grad_norm.h"
 #include "util/error.h"
 
 namespace dawnpiper {
@@ -43,9 +44,13 @@ StepResult ReferenceTrainer::step() {
     loss_sum += value;
     (loss / static_cast<double>(config_.micro_batches)).backward();
   }
+  StepResult r;
+  r.grad_norm = std::sqrt(grad_square_sum(optimizer_->params()));
+  if (config_.optimizer.grad_clip > 0) clip_grads(optimizer_->params(), r.grad_norm, config_.optimizer.grad_clip);
+  r.lr = scheduled_lr(config_.optimizer.lr, config_.optimizer.schedule, next_step_);
+  optimizer_->set_lr(r.lr);
   optimizer_->step();
   synchronize(module_.device());  // the step is timed when the device has done it
-  StepResult r;
   r.step = next_step_++;
   r.loss = loss_sum / static_cast<double>(config_.micro_batches);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -23,6 +23,8 @@ struct TrainConfig {
 struct StepResult {
   int64_t step = 0;
   double loss = 0;         // mean over the step's micro-batches
+  double lr = 0;           // the rate the step's update used
+  double grad_norm = 0;    // global gradient norm before clipping
   double seconds = 0;      // wall time of the step
   int64_t peak_bytes = 0;  // counting allocator's peak during the step (CPU), 0 if not counted
 };

@@ -50,25 +50,31 @@ double Progress::steady_samples_per_second() const {
   return done_ >= 2 && s > 0 ? samples_per_step_ * static_cast<double>(done_ - 1) / s : samples_per_second();
 }
 
-void Progress::step(int64_t step, double loss) {
+void Progress::step(int64_t step, double loss, double lr, double grad_norm) {
   const auto now = Clock::now();
   const double step_s = std::chrono::duration<double>(now - last_).count();
   last_ = now;
+  last_step_s_ = step_s;
   last_loss_ = loss;
   if (++done_ == 1) first_done_ = now;
   if (quiet_) return;
   const int64_t total = steps_ - first_;
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const double eta = done_ > 0 ? elapsed / static_cast<double>(done_) * static_cast<double>(total - done_) : 0;
+  char extra[64] = "";
+  if (std::isfinite(lr) && std::isfinite(grad_norm))
+    std::snprintf(extra, sizeof extra, " lr %.4g grad-norm %.4g", lr, grad_norm);
+  else if (std::isfinite(lr))
+    std::snprintf(extra, sizeof extra, " lr %.4g", lr);
   if (terminal_) {
     const int width = 24;
     const int filled = total > 0 ? static_cast<int>(width * done_ / total) : width;
-    std::fprintf(out_, "\r[%s%s] step %" PRId64 "/%" PRId64 "  loss %.6g  %.1f samples/s  ETA %s ",
+    std::fprintf(out_, "\r[%s%s] step %" PRId64 "/%" PRId64 "  loss %.6g %s %.1f samples/s  ETA %s ",
                  std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), step + 1, steps_, loss,
-                 samples_per_second(), duration_text(eta).c_str());
+                 extra, samples_per_second(), duration_text(eta).c_str());
   } else {
-    std::fprintf(out_, "step %" PRId64 " loss %.9g time %.3fs %.1f samples/s eta %s\n", step, loss, step_s,
-                 samples_per_second(), duration_text(eta).c_str());
+    std::fprintf(out_, "step %" PRId64 " loss %.9g time %.3fs %.1f samples/s eta %s%s\n", step, loss, step_s,
+                 samples_per_second(), duration_text(eta).c_str(), extra);
   }
   std::fflush(out_);
 }

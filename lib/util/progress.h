@@ -2,6 +2,7 @@
 // Training progress on rank 0: on a terminal one self-updating bar (step, loss, samples/s,
 // ETA); otherwise (a log file, a batch job) one plain line per step that scripts can grep.
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -18,7 +19,8 @@ class Progress {
   // pseudo-terminal even when its own output goes to a file.
   Progress(int64_t first_step, int64_t steps, double samples_per_step, bool quiet, Style style = Style::Auto,
            std::FILE* out = stdout);
-  void step(int64_t step, double loss);
+  // lr and grad_norm are shown where they are numbers (a NaN norm: async, which has none).
+  void step(int64_t step, double loss, double lr = std::nan(""), double grad_norm = std::nan(""));
   // A line "validation step <n> loss <value>" (after the step it follows).
   void validation(int64_t step, double loss);
   // Ends the bar's line (terminal only).
@@ -28,6 +30,8 @@ class Progress {
   // initialization); the overall rate when fewer than two steps were reported.
   double steady_samples_per_second() const;
   double last_loss() const { return last_loss_; }
+  double last_step_seconds() const { return last_step_s_; }
+  int64_t steps_reported() const { return done_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -36,7 +40,7 @@ class Progress {
   bool quiet_, terminal_;
   std::FILE* out_;
   Clock::time_point start_, last_, first_done_;
-  double last_loss_ = 0;
+  double last_loss_ = 0, last_step_s_ = 0;
 };
 
 }  // namespace dawnpiper

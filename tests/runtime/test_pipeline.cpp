@@ -40,8 +40,8 @@ TrainConfig three_sgd_steps() {
 }
 
 // The losses of `rc`'s training as a pipeline of these stage ranges.
-std::vector<StepLoss> pipeline_losses(const OpGraph& g, const TrainConfig& rc, ScheduleKind kind,
-                                      std::vector<std::pair<int, int>> ranges) {
+std::vector<StepReport> pipeline_losses(const OpGraph& g, const TrainConfig& rc, ScheduleKind kind,
+                                        std::vector<std::pair<int, int>> ranges) {
   PipelineConfig pc;
   pc.schedule = kind;
   pc.ranges = std::move(ranges);
@@ -136,7 +136,7 @@ TEST_CASE("a chunked output projection trains like the whole one, cut between it
     REQUIRE(second_chunk > 0);
     for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
       INFO(preset << " " << schedule_kind_name(kind));
-      const std::vector<StepLoss> losses =
+      const std::vector<StepReport> losses =
           pipeline_losses(g, rc, kind, {{0, g.size() / 2}, {g.size() / 2, second_chunk}, {second_chunk, g.size()}});
       REQUIRE(losses.size() == chunked.size());
       for (size_t s = 0; s < chunked.size(); ++s) {
@@ -179,7 +179,7 @@ TEST_CASE("a fused LM loss trains like a projection and a cross-entropy, alone o
         }
       for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
         INFO(preset << " " << precision << " " << schedule_kind_name(kind));
-        const std::vector<StepLoss> losses =
+        const std::vector<StepReport> losses =
             pipeline_losses(g, rc, kind, {{0, g.size() / 2}, {g.size() / 2, g.loss_node()}, {g.loss_node(), g.size()}});
         REQUIRE(losses.size() == fused.size());
         for (size_t s = 0; s < fused.size(); ++s) CHECK(losses[s].loss == Approx(fused[s].loss).epsilon(1e-5));
@@ -218,8 +218,8 @@ TEST_CASE("an in-process pipeline reports every step as it finishes", "[runtime]
     pc.ranges = even_ranges(g, 3);
     pc.micro_batches = 4;
     pc.steps = 4;
-    std::vector<StepLoss> seen;
-    const InProcessResult r = run_pipeline_in_process(g, pc, [&](const StepLoss& loss) { seen.push_back(loss); });
+    std::vector<StepReport> seen;
+    const InProcessResult r = run_pipeline_in_process(g, pc, [&](const StepReport& loss) { seen.push_back(loss); });
     REQUIRE(seen.size() == r.losses.size());
     REQUIRE(seen.size() == 4);
     for (size_t s = 0; s < seen.size(); ++s) {
@@ -325,4 +325,39 @@ TEST_CASE("stage ranges must tile the graph", "[runtime]") {
   CHECK(updates == 2);
   CHECK(forwards == 6);
   CHECK(to_string(actions.front()) == "1RECV_F0");
+}
+
+TEST_CASE("a pipeline clips by the global norm over its stages, counting a tied weight once", "[runtime]") {
+  at::set_num_threads(1);
+  // GPT-2's output projection is tied to its embedding: cut between them, two stages hold it.
+  OpGraph g = build_model(preset_config("gpt2-tiny"), 2);
+  TrainConfig rc;
+  rc.steps = 4;
+  rc.micro_batches = 2;
+  rc.optimizer.kind = OptimizerKind::AdamW;
+  rc.optimizer.lr = 1e-3;
+  rc.optimizer.weight_decay = 0.1;
+  rc.optimizer.schedule = LrSchedule{LrScheduleKind::Cosine, 1, rc.steps, 1e-4};
+  const std::vector<StepResult> unclipped = ReferenceTrainer(g, rc).run();
+  rc.optimizer.grad_clip = 0.5 * unclipped[2].grad_norm;  // clips some steps
+  ReferenceTrainer clipped_reference(g, rc);
+  const std::vector<StepResult> expected = clipped_reference.run();
+  for (int stages : {2, 3}) {
+    INFO(stages << " stages");
+    const std::vector<StepReport> got = pipeline_losses(g, rc, ScheduleKind::OneFOneB, even_ranges(g, stages));
+    REQUIRE(got.size() == expected.size());
+    for (size_t s = 0; s < got.size(); ++s) {
+      CHECK(got[s].grad_norm == Approx(expected[s].grad_norm).epsilon(1e-6));
+      CHECK(got[s].lr == expected[s].lr);
+      CHECK(got[s].loss == Approx(expected[s].loss).epsilon(1e-6));
+    }
+  }
+  // Without clipping the later losses differ: the clip did something.
+  CHECK(unclipped[3].loss != Approx(expected[3].loss).epsilon(1e-6));
+  // Async has no norm of a whole step to clip by.
+  PipelineConfig pc;
+  pc.schedule = ScheduleKind::Async;
+  pc.ranges = even_ranges(g, 2);
+  pc.optimizer = rc.optimizer;
+  CHECK_THROWS_WITH(run_pipeline_in_process(g, pc), Catch::Contains("--grad-clip"));
 }
