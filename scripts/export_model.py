@@ -79,6 +79,198 @@ def parse_overrides(text):
     return out
 
 
+def first_line(e):
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    return (lines[0] if lines else type(e).__name__)[:400]
+
+
+# Settings transformers takes as config keyword arguments but keeps out of the config's fields.
+IMPLEMENTATION_SETTINGS = ("experts_implementation", "attn_implementation")
+KV_HEAD_SETTINGS = ("num_key_value_heads", "num_kv_heads")
+# Settings that give the attention's head size apart from hidden_size / num_attention_heads.
+HEAD_SIZE_SETTINGS = ("head_dim", "d_kv", "kv_channels", "attention_head_size", "head_size")
+
+
+def hf_config(args):
+    """The Hugging Face config: the source's values (the architecture's defaults, --hf-config's
+    file or --pretrained's), the user's --config overrides, and the values that follow them.
+
+    The config is built with the overrides as constructor arguments, so that what the config
+    computes from other values (Llama's num_key_value_heads and head_dim, T5's
+    num_decoder_layers, Qwen2's layer_types, GPT-2's n_inner, ...) follows the overrides; a value
+    a file holds that the config would compute the same from the file's other values counts as
+    computed. Where the architecture's default is a plain number, two relations are kept as well
+    (follow_heads). Settings the user gives are never changed; inconsistent ones are a UserError
+    naming them."""
+    import transformers
+
+    overrides = parse_overrides(args.config)
+    if args.pretrained:
+        base = transformers.AutoConfig.from_pretrained(args.pretrained, local_files_only=True)
+        raw = None  # its values (base.to_dict()) are needed only when there is something to override
+    elif args.hf_config:
+        path = args.hf_config
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise UserError(f"--hf-config: no such file {path}")
+        with open(path) as f:
+            raw = json.load(f)
+        model_type = raw.pop("model_type", args.hf)
+        if not model_type:
+            raise UserError(f"{path} has no model_type; give --hf ARCH")
+        try:
+            base = transformers.AutoConfig.for_model(model_type, **raw)
+        except Exception as e:  # noqa: BLE001 - the config's own checks raise many kinds
+            raise UserError(f"--hf-config {path}: {first_line(e)}") from e
+    else:
+        try:
+            base = transformers.AutoConfig.for_model(args.hf)
+        except ValueError as e:
+            raise UserError(f"--hf {args.hf}: not a transformers architecture ({first_line(e)})")
+        raw = {}
+    cls = type(base)
+    aliases = dict(getattr(base, "attribute_map", {}) or {})
+    parameters = inspect.signature(cls.__init__).parameters
+    known = set(base.to_dict()) | set(aliases) | set(parameters) | set(IMPLEMENTATION_SETTINGS)
+    user = {}
+    for key, value in overrides.items():
+        if key not in known:
+            raise UserError(f"--config: {base.model_type} configs have no setting '{key}'")
+        key = aliases.get(key, key)  # the config's own name (GPT-2: n_head for num_attention_heads)
+        user[key] = float(value) if isinstance(value, int) and float_setting(cls, key) else value
+    implementations = {k: user.pop(k) for k in IMPLEMENTATION_SETTINGS if k in user}
+    if not user and not implementations:
+        check_heads(base, aliases)
+        return base
+    if raw is None:
+        raw = {k: v for k, v in base.to_dict().items() if k not in ("model_type", "transformers_version")}
+        for k in IMPLEMENTATION_SETTINGS:  # kept out of to_dict(): carry the source's choice
+            if getattr(base, "_" + k, None) is not None:
+                raw.setdefault(k, getattr(base, "_" + k))
+
+    def build(values):
+        try:
+            return cls(**values)
+        except Exception as e:  # noqa: BLE001 - the config's own checks raise many kinds
+            raise UserError(f"--config: {base.model_type}: {' '.join(str(e).split())[:400]}") from e
+
+    # Values the file holds that the config computes from its other values when unset (their
+    # default is None): left out, so that they follow the overrides.
+    values = dict(raw)
+    for key in list(values):
+        p = parameters.get(key)
+        if key in user or p is None or p.default is not None or values[key] is None:
+            continue
+        try:
+            if getattr(build({k: v for k, v in values.items() if k != key}), key, None) == values[key]:
+                del values[key]
+        except UserError:
+            pass  # the config needs it
+    computed = {k for k, p in parameters.items() if p.default is None and k not in values and k not in user}
+    followed, notes = follow_heads(base, user, computed, aliases, parameters)
+    values.update(user)
+    values.update(followed)
+    values.update(implementations)
+    config = build(values)
+    check_heads(config, aliases)
+    if notes:
+        print("export_model.py: following --config: " + ", ".join(notes) + "; give them in --config to choose others")
+    return config
+
+
+def float_setting(cls, key):
+    """Whether the config declares `key` a float (its checks refuse an int: 'router_jitter_noise=0')."""
+    for klass in cls.__mro__:
+        annotation = inspect.get_annotations(klass).get(key)
+        if annotation is not None:
+            text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+            kinds = {t.strip() for t in text.replace("typing.", "").split("|")}
+            return "float" in kinds and "int" not in kinds
+    return False
+
+
+def follow_heads(base, user, computed, aliases, parameters):
+    """The attention's shapes after the user's overrides, checked before the config is built.
+    Where the architecture's default is a plain number that the config does not compute,
+    num_key_value_heads keeps the default's query heads per key/value head (Mistral: 32 / 8 = 4;
+    all of them where that does not divide), and head_dim stays hidden_size / num_attention_heads
+    where the default is that (Qwen3: 4096 / 32 = 128). Returns (values to set, notes saying so);
+    a UserError names the values that do not fit together."""
+    def key(name):
+        return aliases.get(name, name)
+
+    def number(name, config=None):
+        k = key(name)
+        v = user[k] if config is None and k in user else getattr(config or base, k, None)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    heads_key, hidden_key = key("num_attention_heads"), key("hidden_size")
+    heads, hidden = number("num_attention_heads"), number("hidden_size")
+    base_heads, base_hidden = number("num_attention_heads", base), number("hidden_size", base)
+    followed, notes = {}, []
+    if heads is None:
+        return followed, notes
+    if heads < 1:
+        raise UserError(f"--config: {base.model_type}: {heads_key} must be positive, not {heads}")
+    changed = (heads, hidden) != (base_heads, base_hidden)
+    head_key = key("head_dim")
+    names = set(base.to_dict()) | set(aliases) | set(parameters)
+    if head_key in user:
+        head_size = "given"
+    elif head_key in computed:
+        head_size = f"{head_key} is {hidden_key} / {heads_key} unless given"
+    elif head_key in parameters and number("head_dim", base) is not None and base_heads and \
+            number("head_dim", base) * base_heads == base_hidden:
+        head_size = f"{head_key} follows {hidden_key} / {heads_key} (as in {base.model_type}'s default) unless given"
+        if changed and hidden is not None and hidden % heads == 0:
+            followed[head_key] = hidden // heads
+            notes.append(f"{head_key}={hidden // heads} ({hidden_key} {hidden} / {heads_key} {heads})")
+    elif any(n in names for n in HEAD_SIZE_SETTINGS):
+        head_size = "given"
+    else:
+        head_size = f"{base.model_type}'s head size is {hidden_key} / {heads_key}"
+    if head_size != "given" and hidden is not None and hidden % heads:
+        raise UserError(f"--config: {base.model_type}: {hidden_key} {hidden} is not a multiple of {heads_key} {heads} "
+                        f"({head_size})")
+    for name in KV_HEAD_SETTINGS:
+        kv_key, kv, base_kv = key(name), number(name), number(name, base)
+        if kv_key not in names or kv_key in computed or kv is None:
+            continue
+        if kv_key not in user and kv_key in parameters and heads != base_heads and base_kv and base_heads:
+            group = base_heads // base_kv if base_heads % base_kv == 0 else 1
+            if heads % group == 0:
+                kv = heads // group
+                notes.append(f"{kv_key}={kv} ({heads_key} {heads} / {group}, the query heads per key/value head of "
+                             f"{base.model_type}'s default {base_heads} / {base_kv})")
+            else:
+                kv = heads
+                notes.append(f"{kv_key}={kv} (= {heads_key}: {heads} is no multiple of the {group} query heads per "
+                             f"key/value head of {base.model_type}'s default {base_heads} / {base_kv})")
+            followed[kv_key] = kv
+        check_kv(base.model_type, heads_key, heads, kv_key, kv)
+    return followed, notes
+
+
+def check_kv(model_type, heads_key, heads, kv_key, kv):
+    if kv < 1 or heads % kv:
+        raise UserError(f"--config: {model_type}: {heads_key} {heads} is not a multiple of {kv_key} {kv} "
+                        "(each key/value head serves a whole group of query heads)")
+
+
+def check_heads(config, aliases):
+    """The built config's head counts (also those it computed) must fit together."""
+    heads_key = aliases.get("num_attention_heads", "num_attention_heads")
+    heads = getattr(config, heads_key, None) if hasattr(config, heads_key) else None
+    if not isinstance(heads, int) or isinstance(heads, bool):
+        return
+    for name in KV_HEAD_SETTINGS:
+        kv_key = aliases.get(name, name)
+        kv = getattr(config, kv_key, None) if hasattr(config, kv_key) else None
+        if isinstance(kv, int) and not isinstance(kv, bool):
+            check_kv(config.model_type, heads_key, heads, kv_key, kv)
+
+
 def hf_task(config, task):
     import transformers
     from transformers.models.auto import modeling_auto as auto
@@ -105,41 +297,21 @@ def hf_source(args):
     import transformers
 
     transformers.logging.set_verbosity_error()
-    if args.pretrained:
-        config = transformers.AutoConfig.from_pretrained(args.pretrained, local_files_only=True)
-    elif args.hf_config:
-        path = args.hf_config
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        if not os.path.isfile(path):
-            raise UserError(f"--hf-config: no such file {path}")
-        with open(path) as f:
-            values = json.load(f)
-        model_type = values.pop("model_type", args.hf)
-        if not model_type:
-            raise UserError(f"{path} has no model_type; give --hf ARCH")
-        config = transformers.AutoConfig.for_model(model_type, **values)
-    else:
-        try:
-            config = transformers.AutoConfig.for_model(args.hf)
-        except ValueError as e:
-            raise UserError(f"--hf {args.hf}: not a transformers architecture ({str(e).splitlines()[0]})")
-
-    known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
-    known |= set(inspect.signature(type(config).__init__).parameters)
-    for key, value in parse_overrides(args.config).items():
-        if key not in known:
-            raise UserError(f"--config: {config.model_type} configs have no setting '{key}'")
-        setattr(config, key, value)
+    config = hf_config(args)
+    default_experts_implementation(config)
     config.use_cache = False  # training: no key/value cache in the graph
     task, auto_class = hf_task(config, args.task)
     if task == "seq2seq" and getattr(config, "decoder_start_token_id", None) is None:
         config.decoder_start_token_id = config.pad_token_id or 0  # T5's convention
     torch.manual_seed(args.seed)
-    if args.pretrained:
-        model = auto_class.from_pretrained(args.pretrained, config=config, local_files_only=True)
-    else:
-        model = auto_class.from_config(config)
+    try:
+        if args.pretrained:
+            model = auto_class.from_pretrained(args.pretrained, config=config, local_files_only=True)
+        else:
+            model = auto_class.from_config(config)
+    except (ValueError, TypeError, AssertionError, ImportError, RuntimeError, KeyError) as e:
+        # The model's own checks of its config (shapes, implementations it cannot use).
+        raise UserError(f"{config.model_type} cannot be built from this config: {first_line(e)}") from e
     model.train()
     vocab = config.vocab_size
     seq = args.seq_len
@@ -209,9 +381,82 @@ def hf_source(args):
         "model_class": type(model).__name__,
         "hf_config": config.to_dict(),
     }
+    if experts_modules(model):
+        description["experts_implementation"] = config._experts_implementation
     if args.loss_chunk_tokens:
         description["loss_chunk_tokens"] = args.loss_chunk_tokens
     return wrapper, "model.", {"input_ids": ids, "labels": labels}, roles, description
+
+
+# ----------------------------------------------------------------------------- mixtures of experts
+
+DENSE_EXPERTS = "dense"
+
+
+def dense_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """The experts_implementation the exporter chooses: plain ATen operations whose shapes
+    follow the batch alone. Every expert computes every token and each token sums the experts'
+    outputs by its routing weights, zero for the experts it was not routed to: the routed
+    experts' sum. (transformers' default, grouped_mm, traces in float32 to its own operator
+    transformers::grouped_mm_fallback, which LibTorch cannot run, and aten::_grouped_mm traces only
+    in bf16; "eager" loops over routed tokens in sizes torch.export cannot capture; batched_mm
+    gathers a copy of the weights for each routed token.) The up projection is one linear over
+    all experts' rows, and the routing weights scale the gated activations before the down
+    projection (linear: the same sum), so backward keeps about 5 x intermediate floats per token
+    and expert: experts / top_k times what the routed tokens alone would need, where batched_mm
+    keeps 3 x intermediate x hidden per token and routed expert. Mixtral (2 layers, hidden 256,
+    intermediate 512, 8 experts, top 2), 256 tokens, bytes autograd keeps besides the weights:
+    dense 46 MiB, grouped_mm (eager only) 16 MiB, batched_mm 1552 MiB."""
+    import torch
+
+    if getattr(self, "_is_expert_parallel", False):
+        raise UserError("expert parallel experts cannot be exported")
+    tokens, hidden = hidden_states.shape
+    experts = self.num_experts
+    routing = torch.zeros(tokens, experts, dtype=top_k_weights.dtype, device=top_k_weights.device)
+    routing = routing.scatter(1, top_k_index, top_k_weights)  # [tokens, experts]
+    up_weight = self.gate_up_proj if self.has_gate else self.up_proj
+    up_bias = (self.gate_up_proj_bias if self.has_gate else self.up_proj_bias) if self.has_bias else None
+    if self.is_transposed:  # [experts, hidden, out]
+        up = torch.matmul(hidden_states, up_weight.permute(1, 0, 2).reshape(hidden, -1))
+    else:  # [experts, out, hidden]: one linear over the experts' rows
+        up = torch.nn.functional.linear(hidden_states, up_weight.reshape(-1, hidden))
+    up = up.reshape(tokens, experts, -1)
+    if up_bias is not None:
+        up = up + up_bias
+    act = self._apply_gate(up) if self.has_gate else self.act_fn(up)  # [tokens, experts, intermediate]
+    down_weight = self.down_proj if self.is_transposed else self.down_proj.transpose(1, 2)  # [experts, inter, hidden]
+    if self.has_post_expert_norm:  # a norm of each expert's output: the routing weights after it
+        out = torch.bmm(act.transpose(0, 1), down_weight)  # [experts, tokens, hidden]
+        if self.has_bias:
+            out = out + self.down_proj_bias.unsqueeze(1)
+        out = self.post_expert_norm(out) * routing.t().unsqueeze(-1)
+        return out.sum(0).to(hidden_states.dtype)
+    act = act * routing.unsqueeze(-1).to(act.dtype)
+    out = torch.bmm(act.transpose(0, 1), down_weight).sum(0)  # [tokens, hidden]
+    if self.has_bias:
+        out = out + torch.matmul(routing.to(self.down_proj_bias.dtype), self.down_proj_bias)
+    return out.to(hidden_states.dtype)
+
+
+def default_experts_implementation(config):
+    """Mixture-of-experts layers in plain ATen operations (dense_experts_forward) unless the
+    user chose an implementation (--config experts_implementation=...). The name chosen, or None
+    where this transformers has no experts implementations."""
+    try:
+        from transformers.integrations import moe
+    except ImportError:
+        return None
+    if DENSE_EXPERTS not in moe.ALL_EXPERTS_FUNCTIONS:
+        moe.ExpertsInterface.register(DENSE_EXPERTS, dense_experts_forward)
+    if getattr(config, "_experts_implementation", None) is None:
+        config._experts_implementation = DENSE_EXPERTS
+    return config._experts_implementation
+
+
+def experts_modules(model):
+    """The modules whose forward transformers' experts implementation setting picks."""
+    return [name for name, m in model.named_modules() if hasattr(m, "_is_expert_parallel") and hasattr(m, "has_gate")]
 
 
 def fuse_tanh_gelu(model, loss, precision):
@@ -229,7 +474,10 @@ def fuse_tanh_gelu(model, loss, precision):
         return
     model.eval()
     with torch.no_grad():
-        before = loss()
+        try:
+            before = loss()
+        except Exception as e:  # noqa: BLE001 - the model's own checks of its inputs and shapes
+            raise UserError(f"{type(model).__name__} fails on the example batch: {first_line(e)}") from e
         for m in found:
             replace_module(model, m, torch.nn.GELU(approximate="tanh"))
         after = loss()
@@ -409,11 +657,13 @@ def capture_error(e, wrapper, prefix):
 
     names = module_names(wrapper)
     where = None
+    module = None
     tb = e.__traceback__
     while tb is not None:
         self_obj = tb.tb_frame.f_locals.get("self")
         if isinstance(self_obj, torch.nn.Module) and id(self_obj) in names:
             where = names[id(self_obj)]
+            module = self_obj
         tb = tb.tb_next
     text = str(e)
     lines = [l.strip() for l in text.splitlines() if l.strip()]
@@ -430,7 +680,13 @@ def capture_error(e, wrapper, prefix):
         if l.startswith("File ") or " line " in l and ".py" in l:
             reason += f"; at {l}"
             break
-    return f"torch.export cannot capture {location}: {reason[:600]}"
+    remedy = ""
+    config = getattr(module, "config", None)
+    chosen = getattr(config, "_experts_implementation", None)
+    if hasattr(module, "_is_expert_parallel") and chosen != DENSE_EXPERTS:
+        remedy = (f" (its experts_implementation {chosen!r} cannot be captured: export with --config "
+                  f"experts_implementation={DENSE_EXPERTS}, the exporter's default)")
+    return f"torch.export cannot capture {location}: {reason[:600]}{remedy}"
 
 
 def module_paths(program):
@@ -510,6 +766,39 @@ def export_program(wrapper, inputs, prefix, max_batch):
     if error is not None:
         raise UserError(capture_error(error, wrapper, prefix)) from error
     return program, names, paths
+
+
+# Operators outside ATen that DawnPiper runs as its own nodes (lib/models/model_file.cpp).
+DAWNPIPER_OPERATORS = {"dawnpiper::linear_cross_entropy"}
+
+
+def foreign_operator_remedy(op, source):
+    """What to change so that the export computes `op` in ATen operations."""
+    if op.startswith("transformers::grouped_mm"):
+        return (f"export with --config experts_implementation={DENSE_EXPERTS} (the exporter's default: every expert "
+                "on every token, in ATen operations) or batched_mm")
+    if op.startswith("transformers::") or source == "hf":
+        return ("export with the model's attn_implementation / experts_implementation set to one in ATen operations "
+                f"(--config attn_implementation=sdpa or eager, experts_implementation={DENSE_EXPERTS})")
+    return "compute it with ATen operations (torch functions) in the model instead of the custom operator"
+
+
+def check_operators(program, paths, prefix, source):
+    """Every node must call an operator this LibTorch runs: ATen's, or DawnPiper's own. Another
+    (a library's custom operator, torch.library.custom_op) would export and then fail in every
+    DawnPiper command: a UserError naming the node, the operator and what to change."""
+    for node in program.graph.nodes:
+        if node.op != "call_function" or not hasattr(node.target, "_schema"):
+            continue  # Python functions: size arithmetic, getitem (build_graph checks the rest)
+        op = node.target._schema.name
+        if op.split("::")[0] == "aten" or op in DAWNPIPER_OPERATORS:
+            continue
+        stack = node.meta.get("nn_module_stack") or {}
+        path = list(stack.values())[-1][0] if stack else paths.get(node.name, "")
+        path = path[len(prefix):] if path.startswith(prefix) else ("" if path + "." == prefix else path)
+        where = f"{path}/{node.name}" if path else node.name
+        raise UserError(f"node {where} calls {op}, an operator LibTorch does not have (not ATen): "
+                        f"{foreign_operator_remedy(op, source)}")
 
 
 # ----------------------------------------------------------------------------- graph
@@ -947,6 +1236,7 @@ def main(argv=None):
     else:
         wrapper, prefix, inputs, roles, description = hf_source(args)
     program, names, paths = export_program(wrapper, inputs, prefix, args.max_batch)
+    check_operators(program, paths, prefix, description["source"])
     names_of = tied_names(wrapper, prefix)
     observed = observe(program, inputs)
     graph_inputs, nodes, weights, batch = build_graph(program, names, prefix, roles, names_of, observed, paths)

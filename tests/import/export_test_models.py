@@ -14,7 +14,7 @@ MODELS = {
                      "max_position_embeddings=64,hidden_dropout_prob=0,attention_probs_dropout_prob=0"),
     "t5": ("t5", "num_layers=2,num_decoder_layers=2,d_model=64,num_heads=4,d_kv=16,d_ff=128,vocab_size=256,"
                  "dropout_rate=0,pad_token_id=0"),
-    "llama": ("llama", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,num_key_value_heads=2,"
+    "llama": ("llama", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,num_key_value_heads=2,head_dim=128,"
                        "intermediate_size=128,vocab_size=256,max_position_embeddings=64"),
     # Each of these three once measured apart from the replay (docs/benchmarks.md, nineteenth
     # session): Gemma's type_as of the norm's input, Falcon's transposed weights, GPT-BigCode's
