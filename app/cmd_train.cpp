@@ -33,7 +33,9 @@
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/progress.h"
+#include "util/stop_request.h"
 #include "util/units.h"
 #include "trace/trace.h"
 #include "runtime/checkpoint.h"
@@ -249,7 +251,9 @@ po::options_description train_options() {
                                                  "transformers' from_pretrained loads it)")
       ("progress", po::value<std::string>()->default_value("auto"),
        "auto (a bar on a terminal, lines in logs and under mpirun) | bar | lines")
-      ("resume", po::bool_switch(), "continue from the latest checkpoint in --checkpoint-dir")
+      ("resume", po::bool_switch(), "continue from the latest checkpoint in --checkpoint-dir (with the model, data and "
+                                    "optimizer settings of the run that wrote it)")
+      ("resume-override", po::bool_switch(), "with --resume: accept settings that differ from the checkpoint's run")
       ("steps", po::value<int64_t>()->default_value(10), "training steps")
       ("data", po::value<std::string>(), "train on this token file (scripts/prepare_data.py) instead of synthetic data")
       ("data-order", po::value<std::string>()->default_value("shuffled"),
@@ -257,6 +261,8 @@ po::options_description train_options() {
       ("validation-fraction", po::value<double>()->default_value(0.0), "share of the token file's windows held out for validation")
       ("eval-every", po::value<int64_t>()->default_value(0), "report the validation loss every N steps (0: never)")
       ("eval-batches", po::value<int64_t>()->default_value(4), "micro-batches of the validation split per evaluation")
+      ("eval-only", po::bool_switch(), "report the validation loss of the starting weights (--resume's checkpoint, "
+                                       "--init-from's or the seed's) and train nothing")
       ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd (with momentum) | adam | adamw")
       ("lr", po::value<double>()->default_value(0.01), "learning rate (the schedule's peak)")
       ("momentum", po::value<double>()->default_value(0.9), "SGD momentum")
@@ -283,7 +289,7 @@ struct RunSettings {
   int64_t capacity = 0;  // bytes per rank; 0: unlimited
   int64_t eval_every = 0, eval_batches = 1;
   int64_t checkpoint_every = 0;
-  bool resume = false, quiet = false, in_process = false;
+  bool resume = false, resume_override = false, quiet = false, in_process = false, eval_only = false;
   std::string checkpoint_dir, trace_path, save_path, metrics_path;
   Progress::Style progress_style = Progress::Style::Auto;
   double samples_per_step = 0;
@@ -322,14 +328,22 @@ RunSettings run_settings_from(const po::variables_map& vm, int replicas) {
   s.eval_every = vm["eval-every"].as<int64_t>();
   s.eval_batches = vm["eval-batches"].as<int64_t>();
   if (s.eval_every < 0 || s.eval_batches < 1) throw ConfigError("--eval-every must be >= 0 and --eval-batches >= 1");
-  if (s.eval_every > 0 && !s.config.data.path.empty() && s.config.data.validation_fraction <= 0)
-    throw ConfigError("--eval-every needs a validation split: give --validation-fraction (e.g. 0.05)");
+  s.eval_only = vm["eval-only"].as<bool>();
+  if ((s.eval_every > 0 || s.eval_only) && !s.config.data.path.empty() && s.config.data.validation_fraction <= 0)
+    throw ConfigError(std::string(s.eval_only ? "--eval-only" : "--eval-every") +
+                      " needs a validation split: give --validation-fraction (e.g. 0.05)");
+  if (s.eval_only && (s.eval_every > 0 || vm.count("checkpoint-every") && !vm["checkpoint-every"].defaulted() ||
+                      vm.count("save-weights") || vm.count("trace")))
+    throw ConfigError(
+        "--eval-only trains nothing: leave out --eval-every, --checkpoint-every, --save-weights and --trace");
   s.quiet = vm["quiet"].as<bool>();
   s.progress_style = Progress::style_from_name(vm["progress"].as<std::string>());
   s.samples_per_step = static_cast<double>(s.config.micro_batches * s.micro_batch_size * replicas);
   s.in_process = vm["in-process"].as<bool>();
   s.checkpoint_every = vm["checkpoint-every"].as<int64_t>();
   s.resume = vm["resume"].as<bool>();
+  s.resume_override = vm["resume-override"].as<bool>();
+  if (s.resume_override && !s.resume) throw ConfigError("--resume-override applies to --resume");
   if (vm.count("checkpoint-dir")) s.checkpoint_dir = vm["checkpoint-dir"].as<std::string>();
   if (s.checkpoint_every < 0) throw ConfigError("--checkpoint-every must not be negative");
   if ((s.checkpoint_every > 0 || s.resume) && s.checkpoint_dir.empty())
@@ -341,8 +355,8 @@ RunSettings run_settings_from(const po::variables_map& vm, int replicas) {
     throw ConfigError("--trace, --checkpoint-every and --resume apply to MPI runs, not --in-process");
   if (s.in_process && !s.save_path.empty())
     throw ConfigError("--save-weights applies to MPI runs and one-stage runs, not --in-process");
-  if (s.in_process && s.eval_every > 0)
-    throw ConfigError("--eval-every applies to MPI runs and one-stage runs, not --in-process");
+  if (s.in_process && (s.eval_every > 0 || s.eval_only))
+    throw ConfigError("--eval-every and --eval-only apply to MPI runs and one-stage runs, not --in-process");
   for (const std::string& path : {s.trace_path, s.save_path, s.metrics_path})
     if (!path.empty()) check_writable(path);
   return s;
@@ -379,6 +393,24 @@ StepMetrics step_metrics(int64_t step, double loss, double lr, double grad_norm,
   return m;
 }
 
+// The line a run stopped by a signal ends with, on rank 0: where its work is.
+void print_stop(int signal, int64_t next_step, const RunSettings& s) {
+  std::printf(
+      "stopped by %s after step %" PRId64 " (exit %d): %s\n", stop_signal_name(signal), next_step - 1, 128 + signal,
+      s.checkpoint_dir.empty() ? "no checkpoint written (give --checkpoint-dir DIR to keep a stopped run's work)"
+                               : ("checkpoint " + s.checkpoint_dir + "/step-" + std::to_string(next_step) +
+                                  " written; continue with the same command and --resume")
+                                     .c_str());
+}
+
+// --eval-only's one line; `step`: the checkpoint's (steps trained).
+void print_evaluation(double loss, const RunSettings& s, int64_t step) {
+  std::printf("validation loss %.9g: the mean of %" PRId64 " micro-batches of the validation split, weights %s\n", loss,
+              s.eval_batches,
+              s.resume ? ("of the checkpoint at step " + std::to_string(step) + " in " + s.checkpoint_dir).c_str()
+                       : "before any training");
+}
+
 // One stage, nothing the runtime alone does: the reference trainer.
 int train_one_stage(const OpGraph& graph, const RunSettings& s) {
   CountingAllocator::install().set_capacity(s.capacity);
@@ -388,10 +420,19 @@ int train_one_stage(const OpGraph& graph, const RunSettings& s) {
     std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s, one stage\n",
                 graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, s.micro_batch_size,
                 s.config.micro_batches, optimizer_summary(s.config.optimizer).c_str());
+  if (s.eval_only) {
+    const double loss = trainer.evaluate(s.eval_batches);
+    metrics.validation(-1, loss);  // after step -1: before any
+    print_evaluation(loss, s, 0);
+    return 0;
+  }
   int64_t peak = 0;
   Progress progress(0, s.config.steps, s.samples_per_step, s.quiet, s.progress_style);
   const int64_t tokens = tokens_per_sample(graph);
-  trainer.run([&](const StepResult& r) {
+  install_stop_handlers();
+  int stopped_by = 0;
+  for (int64_t step = 0; step < s.config.steps && !stopped_by; ++step) {
+    const StepResult r = trainer.step();
     peak = std::max(peak, r.peak_bytes);
     progress.step(r.step, r.loss, r.lr, r.grad_norm);
     metrics.step(step_metrics(r.step, r.loss, r.lr, r.grad_norm, {r.peak_bytes}, progress, s, tokens));
@@ -400,17 +441,71 @@ int train_one_stage(const OpGraph& graph, const RunSettings& s) {
       progress.validation(r.step, loss);
       metrics.validation(r.step, loss);
     }
-  });
+    if (step + 1 < s.config.steps) stopped_by = stop_signal();
+  }
   progress.finish();
-  std::printf("done: %" PRId64
+  std::printf("%s: %" PRId64
               " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it), peak memory %s\n",
-              s.config.steps, progress.last_loss(), progress.steady_samples_per_second(), progress.samples_per_second(),
+              stopped_by ? "stopped" : "done", progress.steps_reported(), progress.last_loss(),
+              progress.steady_samples_per_second(), progress.samples_per_second(),
               format_bytes(static_cast<double>(peak)).c_str());
   if (!s.save_path.empty()) {
     save_weights(trainer.module().parameters(), s.save_path, MPI_COMM_SELF);
     std::printf("wrote weights %s\n", s.save_path.c_str());
   }
-  return 0;
+  if (!stopped_by) return 0;
+  print_stop(stopped_by, progress.steps_reported(), s);
+  return 128 + stopped_by;
+}
+
+// What a resumed run must repeat of the run that wrote its checkpoint (DIR/run.json), by option
+// name: the model and data, and how it trains (--steps only where the schedule decays to the
+// last step). Evaluation reads only the first part.
+Json run_identity(const OpGraph& graph, const RunSettings& s, bool with_training) {
+  Json j;
+  j["model"] = graph.fingerprint();
+  j["micro-batch-size"] = s.micro_batch_size;
+  j["seed"] = s.config.seed;
+  j["data"] = s.config.data.path;
+  j["validation-fraction"] = s.config.data.validation_fraction;
+  if (!with_training) return j;
+  const OptimizerConfig& o = s.config.optimizer;
+  j["micro-batches"] = s.config.micro_batches;
+  j["data-order"] = s.config.data.sequential ? "sequential" : "shuffled";
+  j["optimizer"] = optimizer_kind_name(o.kind);
+  j["lr"] = o.lr;
+  if (o.kind == OptimizerKind::Sgd) j["momentum"] = o.momentum;
+  j["weight-decay"] = o.weight_decay;
+  j["lr-schedule"] = lr_schedule_kind_name(o.schedule.kind);
+  j["warmup-steps"] = o.schedule.warmup_steps;
+  j["min-lr"] = o.schedule.min_lr;
+  j["grad-clip"] = o.grad_clip;
+  if (o.schedule.kind != LrScheduleKind::Constant) j["steps"] = s.config.steps;
+  return j;
+}
+
+// Rank 0 of a resumed run: refuses settings that differ from the checkpoint's run, naming each,
+// unless --resume-override (then says what changes). Checkpoints without run.json pass.
+std::optional<Json> saved_run(const RunSettings& s) {
+  const std::string path = s.checkpoint_dir + "/run.json";
+  if (!std::ifstream(path).good()) return std::nullopt;
+  return read_json(path, [&] { return Json::parse(read_text_file(path)); });
+}
+
+void check_resumed_run(const OpGraph& graph, const RunSettings& s) {
+  const std::optional<Json> found = saved_run(s);
+  if (!found) return;
+  const Json& saved = *found;
+  const Json now = run_identity(graph, s, !s.eval_only);
+  std::string changes;
+  for (const auto& [key, value] : now.items())
+    if (saved.contains(key) && saved[key] != value)
+      changes += (changes.empty() ? "--" : ", --") + key + " " + saved[key].dump() + " -> " + value.dump();
+  if (changes.empty()) return;
+  if (!s.resume_override)
+    throw ConfigError("--resume continues the run in " + s.checkpoint_dir + ", and this one changes " + changes +
+                      ": repeat its values, or give --resume-override to change them");
+  std::printf("  note: --resume-override: %s\n", changes.c_str());
 }
 
 // A plan given with --plan-in: its text (every rank has it) and what it says.
@@ -440,9 +535,10 @@ Plan agreed_plan(const po::variables_map& vm, const std::optional<GivenPlan>& gi
     }
     broadcast(plan_json);
   }
-  if (rank == 0 && s.checkpoint_every > 0) {
+  if (rank == 0 && !s.checkpoint_dir.empty() && !s.eval_only) {  // what a resumed run needs besides the weights
     make_directories(s.checkpoint_dir);
     write_text_atomically(saved_plan, plan_json);
+    write_text_atomically(s.checkpoint_dir + "/run.json", run_identity(graph, s, true).dump(2) + "\n");
   }
   Plan plan = plan_from_json(plan_json);
   if (plan.precision != graph.precision)
@@ -520,6 +616,7 @@ StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const Lay
     run_pipeline_in_process(graph, pc, run.on_loss);
     StageRun mine;
     mine.peak_bytes = DeviceMemory::peak_bytes(pc.device);
+    mine.next_step = pc.steps;
     return mine;
   }
   MPI_Comm pipeline = MPI_COMM_WORLD;
@@ -565,7 +662,7 @@ void write_run_trace(const OpGraph& graph, const Plan& plan, const PipelineConfi
   trace.micro_batch_size = graph.micro_batch_size;
   trace.micro_batches = pc.micro_batches;
   trace.first_step = pc.first_step;
-  trace.steps = pc.steps;
+  trace.steps = mine.next_step;  // fewer than planned where a signal stopped the run
   trace.wall_s = wall;
   trace.stage_records = records;
   write_trace(trace, path);
@@ -580,7 +677,6 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const Layout& 
   const int place[2] = {layout.replica, layout.stage};
   MPI_Gather(place, 2, MPI_INT, places.data(), 2, MPI_INT, 0, MPI_COMM_WORLD);
   if (world.rank != 0) return;
-  if (!s.save_path.empty()) std::printf("wrote weights %s\n", s.save_path.c_str());
   if (!s.in_process && !s.quiet)
     std::printf("  transport: %s on %s\n", mine.transport.c_str(), pc.device.is_cuda() ? "cuda" : "cpu");
   if (!s.in_process)
@@ -591,13 +687,37 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const Layout& 
                   format_bytes(double(peaks[r])).c_str(),
                   format_bytes(double(plan.stages[static_cast<size_t>(stage)].memory.predicted_peak())).c_str());
     }
-  const double trained = static_cast<double>(pc.steps - pc.first_step);
+  const double trained = static_cast<double>(mine.next_step - pc.first_step);
   // Steady state first: the first step pays for the pipeline fill and first allocations.
-  std::printf("done: %" PRId64 " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it)\n",
-              pc.steps, progress.last_loss(), progress.steady_samples_per_second(),
-              seconds > 0 ? s.samples_per_step * trained / seconds : 0.0);
+  std::printf("%s: %" PRId64 " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it)\n",
+              mine.stop_signal ? "stopped" : "done", mine.next_step, progress.last_loss(),
+              progress.steady_samples_per_second(), seconds > 0 ? s.samples_per_step * trained / seconds : 0.0);
+  if (!s.save_path.empty()) std::printf("wrote weights %s\n", s.save_path.c_str());
   if (!s.trace_path.empty())
     std::printf("wrote trace %s (dawnpiper inspect %s)\n", s.trace_path.c_str(), s.trace_path.c_str());
+}
+
+// --eval-only on the pipeline: the checkpoint's (or the initial) weights, one validation.
+int evaluate_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& given, const OpGraph& graph,
+                      const Layout& layout, const RunSettings& s, const MpiWorld& world, c10::Device device,
+                      TransportChoice transport, int64_t first_step) {
+  const Plan plan = agreed_plan(vm, given, graph, layout, s, device, world.rank);
+  const PipelineConfig pc = pipeline_config(plan, vm, graph, layout, s, device, first_step);
+  RunOptions run;
+  run.transport = transport;
+  run.resume = s.resume;
+  run.checkpoint_dir = s.checkpoint_dir;
+  run.preset = graph.preset;
+  run.eval_batches = s.eval_batches;
+  run.eval_only = true;
+  MetricsLog metrics(world.rank == 0 ? s.metrics_path : "", s.resume);
+  run.on_validation = [&](const StepReport& r) {
+    if (world.rank != 0) return;
+    metrics.validation(r.step, r.loss);
+    print_evaluation(r.loss, s, r.step + 1);
+  };
+  run_this_rank(graph, pc, layout, run, false);
+  return 0;
 }
 
 int train_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& given, const OpGraph& graph,
@@ -609,6 +729,24 @@ int train_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& 
     if (first_step > s.config.steps)
       throw ConfigError("the checkpoint is at step " + std::to_string(first_step) + ", beyond --steps " +
                         std::to_string(s.config.steps));
+    if (first_step == s.config.steps && !s.eval_only) {
+      if (world.rank == 0)
+        std::printf("nothing to do: the checkpoint in %s is at step %" PRId64
+                    ", the run's last (--steps); raise --steps to train on\n",
+                    s.checkpoint_dir.c_str(), first_step);
+      return 0;
+    }
+    if (world.rank == 0) check_resumed_run(graph, s);
+    if (world.rank == 0 && !s.quiet)
+      std::printf("resuming from the checkpoint at step %" PRId64 " in %s\n", first_step, s.checkpoint_dir.c_str());
+  }
+  if (s.eval_only) {  // trains nothing: the run ends where it starts
+    RunSettings evaluation = s;
+    evaluation.config.steps = first_step;
+    // The checkpoint holds its optimizer's state: the stages are built with that optimizer.
+    if (const std::optional<Json> saved = s.resume ? saved_run(s) : std::nullopt; saved && saved->contains("optimizer"))
+      evaluation.config.optimizer.kind = optimizer_kind_from_name((*saved)["optimizer"].get<std::string>());
+    return evaluate_pipeline(vm, given, graph, layout, evaluation, world, device, transport, first_step);
   }
   const Plan plan = agreed_plan(vm, given, graph, layout, s, device, world.rank);
   const PipelineConfig pc = pipeline_config(plan, vm, graph, layout, s, device, first_step);
@@ -624,6 +762,9 @@ int train_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& 
   run.preset = graph.preset;
   run.eval_every = s.eval_every;
   run.eval_batches = s.eval_batches;
+  // Async can stop only where it drains (at checkpoints); without them a signal ends it at once.
+  run.stop_on_signal = !s.in_process && (pc.schedule != ScheduleKind::Async || pc.drain_every > 0);
+  if (run.stop_on_signal) install_stop_handlers();
   Progress progress(pc.first_step, pc.steps, s.samples_per_step, s.quiet || world.rank != 0, s.progress_style);
   MetricsLog metrics(world.rank == 0 ? s.metrics_path : "", s.resume);
   const int64_t tokens = tokens_per_sample(graph);
@@ -649,7 +790,9 @@ int train_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& 
       save_weights(mine.parameters, s.save_path, first_replica), MPI_Comm_free(&first_replica);
   }
   print_run_report(plan, pc, layout, s, mine, world, progress, seconds);
-  return 0;
+  if (!mine.stop_signal) return 0;
+  if (world.rank == 0) print_stop(mine.stop_signal, mine.next_step, s);
+  return 128 + mine.stop_signal;
 }
 
 // The plan given with --plan-in (read on rank 0, broadcast), its settings adopted into vm.

@@ -20,6 +20,7 @@
 #include "runtime/transport.h"
 #include "schedule/simulate.h"
 #include "util/error.h"
+#include "util/stop_request.h"
 
 namespace dawnpiper {
 
@@ -227,7 +228,13 @@ namespace {
 class StepRelay {
  public:
   StepRelay(const PipelineConfig& c, const RunOptions& options, MPI_Comm control, int rank, int stages)
-      : c_(c), options_(options), control_(control), rank_(rank), stages_(stages), reported_(c.first_step) {
+      : c_(c),
+        options_(options),
+        control_(control),
+        rank_(rank),
+        stages_(stages),
+        reported_(c.first_step),
+        end_(c.steps) {
     if (rank_ != 0) outgoing_.reserve(static_cast<size_t>(c.steps - c.first_step));  // kept alive for the Isends
   }
 
@@ -256,7 +263,7 @@ class StepRelay {
   // `wait_through` (every stage sends its record of a step before anything that follows it).
   void poll(int64_t wait_through = -1) {
     if (rank_ != 0) return;
-    while (reported_ < c_.steps) {
+    while (reported_ < end_) {
       const bool wait = reported_ <= wait_through;
       Pending& p = pending_[reported_];
       p.report.peak_bytes.resize(static_cast<size_t>(stages_));
@@ -281,8 +288,10 @@ class StepRelay {
     }
   }
 
-  void finish() {
-    poll(c_.steps);
+  // `end`: the first step not run (c.steps, or where a stop signal ended the run).
+  void finish(int64_t end) {
+    end_ = end;
+    poll(end - 1);
     for (MPI_Request& r : requests_) wait_quietly(r);
   }
 
@@ -296,7 +305,7 @@ class StepRelay {
   const RunOptions& options_;
   MPI_Comm control_;
   int rank_, stages_;
-  int64_t reported_;
+  int64_t reported_, end_;
   std::map<int64_t, Pending> pending_;
   std::vector<std::array<double, 2>> outgoing_;
   std::vector<MPI_Request> requests_;
@@ -329,28 +338,50 @@ void reduce_tied(const TieComms& tie_comms, std::vector<StageParameter>& params)
       }
 }
 
-// After an optimizer step that ends a training step: the validation loss every eval_every steps
-// and a checkpoint every checkpoint_every steps (and after the last).
-void after_step(PipelineStage& stage, Transport& transport, const PipelineConfig& c, const RunOptions& options,
-                const CheckpointIdentity& identity, MPI_Comm comm, int rank, int64_t step, StepRelay& relay) {
-  const int last = static_cast<int>(c.ranges.size()) - 1;
+// The mean loss of options.eval_batches validation micro-batches, on every rank (collective over
+// the pipeline). Message ids from `first_id` on, apart from every training micro-batch's.
+double validation_loss(PipelineStage& stage, const PipelineConfig& c, const RunOptions& options, MPI_Comm comm,
+                       int64_t first_id) {
+  double sum = 0;
+  for (int64_t k = 0; k < options.eval_batches; ++k) sum += stage.evaluate(first_id + k, k);
+  double mean = sum / static_cast<double>(options.eval_batches);
+  broadcast_quietly(&mean, 1, MPI_DOUBLE, static_cast<int>(c.ranges.size()) - 1, comm);
+  return mean;
+}
+
+// Whether a stop signal reached any rank (collective over the pipeline and its replicas): the
+// signal, the same on every rank, or 0.
+int agreed_stop_signal(const RunOptions& options, MPI_Comm comm) {
+  int signal = stop_signal();
+  allreduce_quietly(&signal, 1, MPI_INT, MPI_MAX, comm);
+  if (options.replica_comm != MPI_COMM_NULL) allreduce_quietly(&signal, 1, MPI_INT, MPI_MAX, options.replica_comm);
+  return signal;
+}
+
+// After an optimizer step that ends a training step: the validation loss every eval_every steps,
+// whether a stop signal ends the run here (where the ranks can stop: after every step of a
+// synchronous schedule, at async's drains), and a checkpoint every checkpoint_every steps, after
+// the last and where the run stops. Returns the stop signal, or 0.
+int after_step(PipelineStage& stage, Transport& transport, const PipelineConfig& c, const RunOptions& options,
+               const CheckpointIdentity& identity, MPI_Comm comm, int rank, int64_t step, StepRelay& relay) {
   if (options.eval_every > 0 && (step + 1) % options.eval_every == 0) {
-    // Message ids past every training micro-batch's.
-    const int64_t base = (c.steps + (step + 1) / options.eval_every * options.eval_batches) * c.micro_batches;
-    double sum = 0;
-    for (int64_t k = 0; k < options.eval_batches; ++k) sum += stage.evaluate(base + k, k);
-    double mean = sum / static_cast<double>(options.eval_batches);
-    broadcast_quietly(&mean, 1, MPI_DOUBLE, last, comm);
+    const int64_t evaluation = (step + 1) / options.eval_every;  // 1, 2, ...; 0: --eval-only's
+    const double mean =
+        validation_loss(stage, c, options, comm, (c.steps + evaluation * options.eval_batches) * c.micro_batches);
     relay.poll(step);  // the step's report comes first
     if (rank == 0 && options.on_validation) options.on_validation({step, mean});
   }
-  if (options.checkpoint_every > 0 && c.replica == 0) {  // once per stage: the replicas hold the same weights
-    const int64_t done = step + 1;
-    if (done % options.checkpoint_every == 0 || done == c.steps) {
+  const int64_t done = step + 1;
+  const bool can_stop = c.schedule != ScheduleKind::Async || (c.drain_every > 0 && done % c.drain_every == 0);
+  const int stop = options.stop_on_signal && can_stop && done < c.steps ? agreed_stop_signal(options, comm) : 0;
+  if (c.replica == 0 && !options.checkpoint_dir.empty()) {  // once per stage: the replicas hold the same weights
+    const bool due = options.checkpoint_every > 0 && (done % options.checkpoint_every == 0 || done == c.steps);
+    if (due || stop) {
       transport.flush();
       write_checkpoint(options.checkpoint_dir, done, stage, identity, comm);
     }
   }
+  return stop;
 }
 
 // Builds and runs this rank's stage: its action list, the losses sent to rank 0, validation and
@@ -358,6 +389,7 @@ void after_step(PipelineStage& stage, Transport& transport, const PipelineConfig
 StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI_Comm data_comm, MPI_Comm control_comm,
                    const RunOptions& options, int rank) {
   StageRun result;
+  result.next_step = c.steps;
   const CheckpointIdentity identity{options.preset, optimizer_kind_name(c.optimizer.kind), g.size(),
                                     static_cast<int64_t>(c.ranges.size())};
   PipelineTransport link = make_pipeline_transport(data_comm, c.device, options.transport);
@@ -417,11 +449,20 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
     const bool step_done = c.schedule != ScheduleKind::Async || micro_batch % c.micro_batches == c.micro_batches - 1;
     if (a.kind == ActionKind::OptimizerStep && step_done) {
       relay.send(step, tracer.take_step_peak(), step_loss, stage.last_grad_norm());
-      after_step(stage, transport, c, options, identity, comm, rank, step, relay);
+      result.stop_signal = after_step(stage, transport, c, options, identity, comm, rank, step, relay);
+      if (result.stop_signal) {  // every rank stops after this step: none has begun the next
+        result.next_step = step + 1;
+        break;
+      }
     }
   }
+  if (options.eval_only) {
+    const double mean = validation_loss(stage, c, options, comm, c.steps * c.micro_batches);
+    // Reported as after step first_step - 1, as a validation after training step k is.
+    if (rank == 0 && options.on_validation) options.on_validation({c.first_step - 1, mean});
+  }
   transport.flush();
-  relay.finish();
+  relay.finish(result.next_step);
   for (auto [key, sub] : tie_comms) MPI_Comm_free(&sub);
   result.parameters = stage.module().parameters();
   result.actions = tracer.records();

@@ -93,6 +93,12 @@ struct RunOptions {
   // of the validation split; rank 0 gets the mean loss.
   int64_t eval_every = 0, eval_batches = 1;
   std::function<void(const StepReport&)> on_validation;
+  // Evaluate once after the (resumed) start, training nothing (config.steps == first_step); the
+  // report's step is first_step - 1 (the step the weights are after; -1: before any).
+  bool eval_only = false;
+  // Stop where a step ends when a stop signal arrives (util/stop_request.h; the caller installs
+  // the handlers), with a checkpoint if checkpoint_dir is set. Async stops only at its drains.
+  bool stop_on_signal = false;
   // Data parallelism: this stage's ranks in every replica (rank = replica), MPI_COMM_NULL
   // without. Gradients are averaged over it before each update, losses too; replica 0 reports
   // and writes checkpoints.
@@ -105,6 +111,8 @@ struct StageRun {
   int64_t peak_bytes = 0;                  // measured over the run's actions
   double wall_s = 0;                       // common start to this stage's last action's end
   std::string transport;                   // what carried the tensors (PipelineTransport::description)
+  int stop_signal = 0;                     // the signal that stopped the run early, or 0
+  int64_t next_step = 0;                   // the first step not trained (config.steps unless stopped)
 };
 
 // The integer and boolean tensors a stage starting at node `begin` receives (positions, masks,

@@ -34,8 +34,8 @@ double scheduled_lr(double lr, const LrSchedule& s, int64_t step) {
   if (s.kind == LrScheduleKind::Constant) return lr;
   const double progress = static_cast<double>(step - s.warmup_steps) /
                           static_cast<double>(std::max<int64_t>(1, s.total_steps - s.warmup_steps));
-  const double decay = s.kind == LrScheduleKind::Cosine ? 0.5 * (1.0 + std::cos(M_PI * progress))
-                                                        : std::max(0.0, 1.0 - progress);
+  const double decay =
+      s.kind == LrScheduleKind::Cosine ? 0.5 * (1.0 + std::cos(M_PI * progress)) : std::max(0.0, 1.0 - progress);
   const double floor = s.min_lr / lr;  // transformers' min_lr_rate
   return lr * std::max(0.0, decay * (1.0 - floor) + floor);
 }

@@ -13,7 +13,7 @@ namespace dawnpiper {
 
 enum class LrScheduleKind { Constant, Cosine, Linear };
 
-const char* lr_schedule_kind_name(LrScheduleKind kind);               // "constant" | "cosine" | "linear"
+const char* lr_schedule_kind_name(LrScheduleKind kind);              // "constant" | "cosine" | "linear"
 LrScheduleKind lr_schedule_kind_from_name(const std::string& name);  // throws ConfigError
 std::ostream& operator<<(std::ostream& out, LrScheduleKind kind);    // by name
 

@@ -184,8 +184,22 @@ if [ -n "$resumed" ] && [ "$resumed" = "$(echo "$full" | tail -2)" ] && [ "$(cat
 $mpi 3 "$bin" train --model gpt2-tiny --steps 5 --schedule gpipe --optimizer sgd --checkpoint-dir "$work/ck" --resume \
   >/dev/null 2>"$work/err"
 code=$?
-if [ $code -ne 0 ] && grep -q "is for optimizer adam, this run has sgd" "$work/err"; then passed=$((passed + 1)); else
-  failed=$((failed + 1)); echo "FAIL: resume with another optimizer (exit $code)"; cat "$work/err"; fi
+if [ $code -eq 2 ] && grep -q 'this one changes --optimizer "adam" -> "sgd", --lr 0.001 -> 0.01: repeat its values, or give --resume-override' "$work/err"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: resume with another optimizer (exit $code)"; cat "$work/err"; fi
+# --resume-override changes the run and says so; the optimizer state must still fit.
+$mpi 3 "$bin" train --model gpt2-tiny --steps 6 --schedule gpipe --optimizer adam --lr 0.002 --checkpoint-dir "$work/ck" --resume \
+  --resume-override --checkpoint-every 6 >"$work/out" 2>"$work/err"
+code=$?
+if [ $code -eq 0 ] && grep -q "note: --resume-override: --lr 0.001 -> 0.002" "$work/out" &&
+   grep -q "resuming from the checkpoint at step 3 in $work/ck" "$work/out" && [ "$(cat "$work/ck/latest")" = 6 ]; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: --resume-override (exit $code)"; cat "$work/out" "$work/err"; fi
+expect_ok "resume of a finished run" "nothing to do: the checkpoint in $work/ck is at step 6" train --model gpt2-tiny \
+  --steps 6 --optimizer adam --lr 0.002 --checkpoint-dir "$work/ck" --resume
+# --eval-only: the checkpoint's weights (its optimizer, whatever --optimizer says), nothing trained.
+if $mpi 3 "$bin" train --model gpt2-tiny --eval-batches 2 --eval-only --checkpoint-dir "$work/ck" --resume >"$work/out" 2>"$work/err" &&
+   grep -q "^validation loss [0-9.]*: the mean of 2 micro-batches of the validation split, weights of the checkpoint at step 6 in" "$work/out" &&
+   ! grep -q "^step" "$work/out" && [ "$(cat "$work/ck/latest")" = 6 ]; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: --eval-only of a checkpoint"; cat "$work/out" "$work/err"; fi
 expect_fail "bad progress style" "--progress 'fancy': expected auto, bar or lines" train --model mlp-tiny --progress fancy
 # Profile cache: a second run plans from the first run's profile (the same split); another
 # micro-batch size is another profile; a damaged cache file is measured again.
@@ -205,7 +219,7 @@ if cached | grep -q "profile: measured, kept in"; then passed=$((passed + 1)); e
 # A truncated stage file: the error names the file and what to do, not "internal error".
 cp -r "$work/ck" "$work/ck-cut"
 truncate -s 3000 "$work/ck-cut/step-$(cat "$work/ck-cut/latest")/stage-1.h5"
-$mpi 3 "$bin" train --model gpt2-tiny --steps 5 --schedule gpipe --optimizer adam --lr 0.001 --checkpoint-dir "$work/ck-cut" \
+$mpi 3 "$bin" train --model gpt2-tiny --steps 8 --schedule gpipe --optimizer adam --lr 0.002 --checkpoint-dir "$work/ck-cut" \
   --resume >/dev/null 2>"$work/err"
 code=$?
 if [ $code -eq 2 ] && grep -q "checkpoint file '$work/ck-cut/step-[0-9]*/stage-1.h5' is truncated or corrupt" "$work/err" &&
@@ -348,6 +362,59 @@ $mpi 4 "$bin" train --model gpt2-tiny --data-parallel 2 --planner even --lr 1e9 
 code=$?
 if [ $code -ne 0 ] && [ $(( $(date +%s) - start )) -lt 30 ] && grep -q "stage 1 of replica [01], action 1F[0-9]*: loss is nan" "$work/err"; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: failing replica (exit $code)"; cat "$work/err"; fi
+
+# Signals: the run stops where a step ends, writes a checkpoint, says so and exits 128 + the signal;
+# resumed, it trains what the uninterrupted run trains, bitwise (mpirun forwards SIGUSR1 as is).
+stopped_run() {  # stopped_run SIGNAL LAUNCHER...: starts the run, signals it after step 2, waits
+  local signal=$1
+  shift
+  "$@" --model gpt2-tiny --steps 300 --optimizer adam --lr 0.001 --checkpoint-dir "$work/sig" --progress lines \
+    >"$work/sig.out" 2>"$work/sig.err" &
+  local pid=$!
+  for _ in $(seq 300); do grep -q '^step 2 ' "$work/sig.out" 2>/dev/null && break; sleep 0.1; done
+  kill -"$signal" $pid
+  wait $pid
+}
+rm -rf "$work/sig"
+stopped_run USR1 $mpi 2 "$bin" train
+code=$?
+at=$(sed -n 's/^stopped by SIGUSR1 after step \([0-9]*\) (exit 138): checkpoint .*sig\/step-[0-9]* written; continue with the same command and --resume$/\1/p' "$work/sig.out")
+end=$((${at:-0} + 4))
+signal_full=$($mpi 2 "$bin" train --model gpt2-tiny --steps $end --optimizer adam --lr 0.001 2>/dev/null | grep '^step' | cut -d' ' -f1-4)
+signal_resumed=$($mpi 2 "$bin" train --model gpt2-tiny --steps $end --optimizer adam --lr 0.001 --checkpoint-dir "$work/sig" \
+  --resume 2>>"$work/sig.err" | grep '^step' | cut -d' ' -f1-4)
+if [ $code -eq 138 ] && [ -n "$at" ] && [ "$(cat "$work/sig/latest")" = $((at + 1)) ] && [ -n "$signal_resumed" ] &&
+   [ "$signal_resumed" = "$(echo "$signal_full" | tail -3)" ]; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: stop on SIGUSR1 and resume (exit $code, stopped after step '$at')"
+  cat "$work/sig.out" "$work/sig.err"; echo "$signal_full"; echo "--"; echo "$signal_resumed"; fi
+# One process, Ctrl-C: the same stop, exit 130, and no checkpoint without --checkpoint-dir.
+"$bin" train --model gpt2-tiny --steps 300 --progress lines >"$work/sig.out" 2>&1 &
+pid=$!
+for _ in $(seq 300); do grep -q '^step 2 ' "$work/sig.out" 2>/dev/null && break; sleep 0.1; done
+kill -INT $pid
+wait $pid
+code=$?
+if [ $code -eq 130 ] && grep -q "^stopped by SIGINT after step [0-9]* (exit 130): no checkpoint written (give --checkpoint-dir" "$work/sig.out" &&
+   grep -q "^stopped: [0-9]* steps" "$work/sig.out"; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: one process stopped by SIGINT (exit $code)"; cat "$work/sig.out"; fi
+
+# Training recipes: bad values are one line before any work; metrics are JSON lines a plot reads.
+expect_fail "grad clip under async" "under --schedule async each stage updates on its own" train --model mlp-tiny --schedule async --grad-clip 1
+expect_fail "unknown lr schedule" "unknown learning-rate schedule 'cosine-annealing' (choose constant, cosine or linear)" \
+  train --model mlp-tiny --lr-schedule cosine-annealing
+expect_fail "min lr of a constant schedule" "a constant schedule has none" train --model mlp-tiny --min-lr 0.001
+expect_fail "min lr above lr" "--min-lr 0.500000 must be in \[0, --lr 0.010000\]" train --model mlp-tiny --lr-schedule cosine --min-lr 0.5
+expect_fail "negative weight decay" "--weight-decay must not be negative" train --model mlp-tiny --weight-decay -1
+expect_ok "adamw, cosine, clipping" "adamw lr 0.002 (cosine after 2 warmup steps to 0.0002), weight decay 0.1, grad clip 1" \
+  train --model gpt2-tiny --steps 4 --optimizer adamw --lr 0.002 --weight-decay 0.1 --lr-schedule cosine --warmup-steps 2 \
+  --min-lr 0.0002 --grad-clip 1 --metrics-out "$work/metrics.jsonl" --eval-every 2
+if [ "$(grep -c '"kind":"train"' "$work/metrics.jsonl")" = 4 ] && [ "$(grep -c '"kind":"validation"' "$work/metrics.jsonl")" = 2 ] &&
+   grep -q '"step":1,"loss":[0-9.]*,"lr":0.001,"grad_norm":[0-9.]*,"step_s"' "$work/metrics.jsonl"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --metrics-out"; cat "$work/metrics.jsonl"; fi
+if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  /usr/bin/python3 "$root/scripts/plot_metrics.py" "$work/metrics.jsonl" --out "$work/metrics.png" >/dev/null && [ -s "$work/metrics.png" ] &&
+    passed=$((passed + 1)) || { echo "FAIL: plot_metrics.py"; failed=$((failed + 1)); }
+fi
 
 leftovers=$(find "$work" -name '*.tmp.*' | wc -l)
 [ "$leftovers" -eq 0 ] || { echo "FAIL: $leftovers temporary files left behind"; failed=$((failed + 1)); }
