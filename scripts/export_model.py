@@ -1154,6 +1154,13 @@ def blocks_of(nodes):
 # ----------------------------------------------------------------------------- output
 
 
+def new_file_mode():
+    """The mode open() gives a new file: 0666 less the user's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_model_file(path, graph, tensors):
     from safetensors.torch import save_file
 
@@ -1164,6 +1171,7 @@ def write_model_file(path, graph, tensors):
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, new_file_mode())  # mkstemp's is 0600: give the user's umask's
         os.replace(tmp, path)  # nothing half-written under the final name
     except BaseException:
         os.unlink(tmp)

@@ -26,6 +26,13 @@ class UserError(Exception):
     pass
 
 
+def new_file_mode():
+    """The mode open() gives a new file: 0666 less the user's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write(path, write):
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -33,6 +40,7 @@ def atomic_write(path, write):
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, new_file_mode())  # mkstemp's is 0600: give the user's umask's
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

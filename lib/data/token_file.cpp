@@ -19,6 +19,7 @@
 namespace dawnpiper {
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
+  check_readable(path, "token file");
   const std::string meta_path = path + ".json";
   std::string text;
   try {

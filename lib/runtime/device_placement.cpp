@@ -1,8 +1,13 @@
 #include "runtime/device_placement.h"
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 
@@ -81,6 +86,37 @@ std::vector<std::string> device_identities(c10::Device device, MPI_Comm comm) {
   std::vector<std::string> ids;
   for (int r = 0; r < size; ++r) ids.emplace_back(all.data() + kLength * static_cast<size_t>(r));
   return ids;
+}
+
+}  // namespace dawnpiper
+
+namespace dawnpiper {
+
+ThreadChoice choose_threads(int requested, MPI_Comm comm) {
+  MPI_Comm node;
+  int rank = 0, ranks_on_node = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &ranks_on_node);
+  MPI_Comm_free(&node);
+  ThreadChoice c;
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (requested > 0) {
+    c.threads = requested;
+    c.why = "--threads";
+  } else if (env && std::atoi(env) > 0) {
+    c.threads = std::atoi(env);
+    c.why = "OMP_NUM_THREADS";
+  } else {
+    const int cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    cpu_set_t mine;
+    const int allowed = sched_getaffinity(0, sizeof mine, &mine) == 0 ? CPU_COUNT(&mine) : cores;
+    c.threads = std::max(1, std::min(allowed, cores / ranks_on_node));
+    c.why = std::to_string(cores) + (cores == 1 ? " core / " : " cores / ") + std::to_string(ranks_on_node) +
+            (ranks_on_node == 1 ? " rank" : " ranks") + " on the node";
+  }
+  at::set_num_threads(c.threads);
+  return c;
 }
 
 }  // namespace dawnpiper

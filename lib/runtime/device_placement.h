@@ -20,6 +20,16 @@ int node_local_rank(MPI_Comm comm);
 // rank's current CUDA device.
 c10::Device rank_device(c10::Device requested, MPI_Comm comm);
 
+// Intra-op threads of a rank: `requested` if > 0, else OMP_NUM_THREADS if set, else the node's
+// cores shared among its ranks (cores / ranks on the node, at least 1, at most the cores the rank
+// may run on). Sets them (at::set_num_threads) and returns them with where the number came from
+// ("--threads", "OMP_NUM_THREADS", "4 cores / 2 ranks on the node"). Collective over `comm`.
+struct ThreadChoice {
+  int threads = 1;
+  std::string why;
+};
+ThreadChoice choose_threads(int requested, MPI_Comm comm);
+
 // One string per rank (in rank order) naming the physical device it trains on: host name and
 // GPU UUID on CUDA, host name and rank on the CPU (never shared). Collective over `comm`.
 std::vector<std::string> device_identities(c10::Device device, MPI_Comm comm);

@@ -109,10 +109,10 @@ StageConfig stage_config(const PipelineConfig& c, int stage) {
   return s;
 }
 
-std::vector<std::string> tied_across_stages(const OpGraph& g, const PipelineConfig& c) {
-  std::vector<std::string> names;
+std::map<std::vector<int>, std::vector<std::string>> tied_across_stages(const OpGraph& g, const PipelineConfig& c) {
+  std::map<std::vector<int>, std::vector<std::string>> names;
   for (const auto& [key, holders] : tied_groups(g, c))
-    names.push_back(g.nodes[key.first].name + "." + g.nodes[key.first].params[key.second].name);
+    names[holders].push_back(g.nodes[key.first].name + "." + g.nodes[key.first].params[key.second].name);
   return names;
 }
 

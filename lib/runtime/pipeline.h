@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,7 +44,9 @@ StageConfig stage_config(const PipelineConfig& config, int stage);
 // Names of the parameters several stages hold copies of (weights tied across a cut). The
 // synchronous schedules sum their gradients before every update; the asynchronous one updates
 // each copy with its own stage's gradients (PipeDream has no rule for them), so they drift apart.
-std::vector<std::string> tied_across_stages(const OpGraph& graph, const PipelineConfig& config);
+// Keyed by the stages holding the copies, in order.
+std::map<std::vector<int>, std::vector<std::string>> tied_across_stages(const OpGraph& graph,
+                                                                        const PipelineConfig& config);
 
 // Throws ConfigError unless the ranges tile the graph's nodes in order, non-empty.
 void check_ranges(const OpGraph& graph, const std::vector<std::pair<int, int>>& ranges);

@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <ftw.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -23,6 +25,17 @@ void make_directories(const std::string& path) {
   }
   struct stat st {};
   if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw ConfigError("'" + path + "' is not a directory");
+}
+
+void check_readable(const std::string& path, const std::string& option) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw ConfigError(option + " " + path + ": " + (errno == ENOENT ? "no such file" : std::strerror(errno)));
+  ::close(fd);
+}
+
+std::string parent_directory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "" : slash == 0 ? "/" : path.substr(0, slash);
 }
 
 std::vector<std::string> list_directory(const std::string& path) {

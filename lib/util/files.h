@@ -13,6 +13,11 @@ void make_directories(const std::string& path);
 std::vector<std::string> list_directory(const std::string& path);
 // The whole file; throws ConfigError "cannot read '<path>'" when it cannot.
 std::string read_text_file(const std::string& path);
+// Throws ConfigError "<option> <path>: no such file" (or the system's reason) unless the file can
+// be opened for reading: an input checked before any work.
+void check_readable(const std::string& path, const std::string& option);
+// The directory part of a path ("" for a bare name).
+std::string parent_directory(const std::string& path);
 // rm -r; errors are ignored (clean-up of old checkpoints).
 void remove_tree(const std::string& path);
 

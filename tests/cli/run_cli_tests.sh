@@ -415,6 +415,20 @@ if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   /usr/bin/python3 "$root/scripts/plot_metrics.py" "$work/metrics.jsonl" --out "$work/metrics.png" >/dev/null && [ -s "$work/metrics.png" ] &&
     passed=$((passed + 1)) || { echo "FAIL: plot_metrics.py"; failed=$((failed + 1)); }
 fi
+# Threads: OMP_NUM_THREADS (the tests' 1), else --threads, said once; checks come before any work.
+expect_ok "threads from OMP_NUM_THREADS" "threads: 1 per rank (OMP_NUM_THREADS)" train --model mlp-tiny --steps 1
+expect_ok "threads from --threads" "threads: 2 per rank (--threads)" train --model mlp-tiny --steps 1 --threads 2
+if env -u OMP_NUM_THREADS $mpi 2 "$bin" train --model mlp-tiny --steps 1 2>&1 |
+   grep -q "threads: [1-9][0-9]* per rank ($(nproc --all) cores / 2 ranks on the node)"; then  # (mpirun may bind a rank to fewer)
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: threads shared by the ranks on a node"; fi
+expect_fail "a missing token file, before profiling" "token file $work/tokens-misspelled.bin: no such file" \
+  train --model gpt2-tiny --data "$work/tokens-misspelled.bin"
+expect_fail "a missing --init-from" "--init-from $work/none.safetensors: no such file" \
+  train --model gpt2-tiny --init-from "$work/none.safetensors"
+expect_ok "--save-weights DIR is made" "wrote weights $work/out-dir/a/model.safetensors" train --model mlp-tiny --steps 1 \
+  --save-weights "$work/out-dir/a"
+if $mpi 2 "$bin" train --model gpt2-tiny --steps 1 --schedule async 2>&1 | grep -q "note: wte.weight is tied across stages 0 and 1; under async"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: one tied-weight note per group of stages"; fi
 
 leftovers=$(find "$work" -name '*.tmp.*' | wc -l)
 [ "$leftovers" -eq 0 ] || { echo "FAIL: $leftovers temporary files left behind"; failed=$((failed + 1)); }

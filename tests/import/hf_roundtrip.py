@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Pretrained round trip: weights saved by transformers go into DawnPiper (--init-from), train one
-step there on a token file (2 MPI ranks), come back (--save-weights) and load with
-from_pretrained; the result must equal the same step taken in PyTorch eager.
+step there on a token file (2 MPI ranks), come back (--save-weights DIR: the weights and
+config.json) and load with from_pretrained(DIR); the result must equal the same step taken in
+PyTorch eager.
 
 usage: hf_roundtrip.py path/to/dawnpiper WORKDIR   (run with scripts/python; exit 0 = pass)
 """
@@ -44,14 +45,13 @@ def main():
     tokens = os.path.join(work, "tokens.bin")
     prepare_data.main(["--input", "/usr/share/common-licenses/GPL-3", "--vocab-size", "512", "--out", tokens])
 
-    trained = os.path.join(work, "trained")
-    os.makedirs(trained, exist_ok=True)
+    trained = os.path.join(work, "trained", "gpt2")  # made by --save-weights, with config.json
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
     run = subprocess.run(
         ["mpirun", "--oversubscribe", "-np", "2", binary, "train", "--model-file", model_file, "--init-from",
          os.path.join(pretrained, "model.safetensors"), "--data", tokens, "--data-order", "sequential",
          "--micro-batch-size", str(BATCH), "--micro-batches", "1", "--steps", "1", "--lr", str(LR),
-         "--save-weights", os.path.join(trained, "model.safetensors")],
+         "--save-weights", trained],
         capture_output=True, text=True, env=env, timeout=300)
     if run.returncode != 0:
         print(run.stdout, run.stderr)
@@ -68,7 +68,6 @@ def main():
     model.eval()
     with torch.no_grad():
         expected = model(input_ids=batch).logits
-    model.config.save_pretrained(trained)
     loaded, info = transformers.GPT2LMHeadModel.from_pretrained(trained, output_loading_info=True)
     loaded.eval()
     with torch.no_grad():

@@ -117,6 +117,12 @@ def main():
     export_model.main(["--hf", "gpt2", "--config", overrides, "--seq-len", str(SEQ), "--seed", "7", "--out", model_file])
     tokens = os.path.join(work, "tokens.bin")
     prepare_data.main(["--input", "/usr/share/common-licenses/GPL-3", "--vocab-size", "512", "--out", tokens])
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in (model_file, tokens):  # written as open() would: the user's umask, not mkstemp's 0600
+        if os.stat(path).st_mode & 0o777 != 0o666 & ~mask:
+            print(f"FAIL: {path} has mode {os.stat(path).st_mode & 0o777:o}, umask {mask:o}")
+            return 1
     ids = np.fromfile(tokens, dtype=np.uint16).astype(np.int64)
     windows = torch.tensor(np.stack([ids[w * SEQ:w * SEQ + SEQ] for w in range(STEPS * MICRO_BATCHES * BATCH)]))
 
