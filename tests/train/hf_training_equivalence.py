@@ -29,8 +29,11 @@ RECIPES = {
     "adamw": dict(optimizer="adamw", lr=3e-3, weight_decay=0.1, schedule="cosine", warmup=5, min_lr=3e-4, clip=1.5),
     "sgd": dict(optimizer="sgd", lr=0.05, weight_decay=0.01, schedule="linear", warmup=3, min_lr=0.0, clip=1.5),
 }
-# (recipe, MPI ranks, schedule); 1 rank: the reference trainer in one process.
-RUNS = [("adamw", 1, "1f1b"), ("adamw", 4, "1f1b"), ("sgd", 1, "1f1b"), ("sgd", 2, "gpipe")]
+# (recipe, MPI ranks, schedule, data-parallel replicas); 1 rank: the reference trainer in one
+# process. 2 replicas of 2 stages: each replica one of the step's micro-batches, gradients averaged
+# before the norm.
+RUNS = [("adamw", 1, "1f1b", 1), ("adamw", 4, "1f1b", 1), ("adamw", 4, "1f1b", 2), ("sgd", 1, "1f1b", 1),
+        ("sgd", 2, "gpipe", 1)]
 LOSS_TOLERANCE = 1e-6  # relative, every step
 NORM_TOLERANCE = 1e-5  # relative: torch takes each norm in fp32, DawnPiper sums the squares in double
 
@@ -70,12 +73,12 @@ def eager(recipe, model, windows):
     return out
 
 
-def dawnpiper(binary, work, model_file, weights, tokens, recipe, ranks, schedule):
+def dawnpiper(binary, work, model_file, weights, tokens, recipe, ranks, schedule, replicas):
     r = RECIPES[recipe]
-    metrics = os.path.join(work, f"{recipe}-{ranks}.jsonl")
+    metrics = os.path.join(work, f"{recipe}-{ranks}-{replicas}.jsonl")
     command = [binary, "train", "--model-file", model_file, "--init-from", weights, "--data", tokens,
                "--data-order", "sequential", "--micro-batch-size", str(BATCH), "--micro-batches",
-               str(MICRO_BATCHES), "--steps", str(STEPS), "--optimizer", r["optimizer"], "--lr", str(r["lr"]),
+               str(MICRO_BATCHES // replicas), "--data-parallel", str(replicas), "--steps", str(STEPS), "--optimizer", r["optimizer"], "--lr", str(r["lr"]),
                "--weight-decay", str(r["weight_decay"]), "--lr-schedule", r["schedule"], "--warmup-steps",
                str(r["warmup"]), "--grad-clip", str(r["clip"]), "--schedule", schedule, "--metrics-out", metrics,
                "--quiet"]
@@ -130,9 +133,9 @@ def main():
     for recipe in RECIPES:
         expected[recipe] = eager(recipe, transformers.GPT2LMHeadModel.from_pretrained(pretrained), windows)
     ok = True
-    for recipe, ranks, schedule in RUNS:
-        got = dawnpiper(binary, work, model_file, weights, tokens, recipe, ranks, schedule)
-        name = f"{recipe} on {ranks} rank(s) ({schedule})"
+    for recipe, ranks, schedule, replicas in RUNS:
+        got = dawnpiper(binary, work, model_file, weights, tokens, recipe, ranks, schedule, replicas)
+        name = f"{recipe} on {ranks} rank(s) ({schedule}" + (f", {replicas} replicas)" if replicas > 1 else ")")
         if got is None or len(got) != STEPS:
             print(f"FAIL: {name}: no metrics for {STEPS} steps")
             ok = False
