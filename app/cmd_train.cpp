@@ -41,6 +41,8 @@
 #include "trace/trace.h"
 #include "runtime/checkpoint.h"
 #include "runtime/device_placement.h"
+#include "runtime/rank_layout.h"
+#include "runtime/run_records.h"
 #include "runtime/mpi_wait.h"
 #include "runtime/stage_tracer.h"
 #include "runtime/weights_export.h"
@@ -158,69 +160,16 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
   adopt("data-parallel", plan.options.data_parallel);
 }
 
-// Data x pipeline parallelism: world = replicas x stages. A pipeline's stages exchange activations
-// every micro-batch, its replicas only gradients once a step, so a pipeline is kept on one node:
-// ranks are ordered by node (the ranks MPI says share memory), then by rank, and consecutive
-// ranks in that order form a pipeline. Under block placement this is the plain rank order.
-struct Layout {
-  int stages = 1, replicas = 1;
-  int replica = 0, stage = 0;  // this rank's
-  int nodes = 1;
-  bool pipelines_within_nodes = true;  // false when a node's rank count is no multiple of stages
-};
-
-void order_ranks_by_node(const MpiWorld& world, Layout& l) {
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank, MPI_INFO_NULL, &node);
-  int leader = world.rank;  // the node's lowest world rank names the node
-  MPI_Bcast(&leader, 1, MPI_INT, 0, node);
-  MPI_Comm_free(&node);
-  std::vector<int> leaders(static_cast<size_t>(world.size));
-  MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  std::vector<int> order(static_cast<size_t>(world.size));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return leaders[a] < leaders[b]; });
-  const int position = static_cast<int>(std::find(order.begin(), order.end(), world.rank) - order.begin());
-  l.replica = position / l.stages;
-  l.stage = position % l.stages;
-  std::map<int, int> ranks_per_node;
-  for (int n : leaders) ++ranks_per_node[n];
-  l.nodes = static_cast<int>(ranks_per_node.size());
-  for (const auto& [n, count] : ranks_per_node) l.pipelines_within_nodes &= count % l.stages == 0;
-}
-
-Layout data_pipeline_layout(const po::variables_map& vm, const MpiWorld& world, bool in_process) {
-  Layout l;
+// This rank's place: its stage and replica (runtime/rank_layout.h), or every stage here.
+RankLayout layout_from(const po::variables_map& vm, const MpiWorld& world, bool in_process) {
   const int dp = vm.count("data-parallel") ? vm["data-parallel"].as<int>() : 0;
   if (vm.count("data-parallel") && dp < 1) throw ConfigError("--data-parallel must be at least 1");
-  if (in_process) {
-    if (world.size != 1) throw ConfigError("--in-process runs every stage in one process: launch one rank");
-    if (dp > 1) throw ConfigError("--data-parallel needs MPI ranks, not --in-process");
-    l.stages = vm.count("stages") ? vm["stages"].as<int>() : 1;
-    if (l.stages < 1) throw ConfigError("--stages must be at least 1");
-    return l;
-  }
-  l.stages = vm.count("stages") ? vm["stages"].as<int>() : (dp > 0 ? world.size / dp : world.size);
-  if (l.stages < 1 || (vm.count("stages") && vm["stages"].as<int>() < 1))
-    throw ConfigError("--stages must be at least 1");
-  if (dp > 0 && dp * l.stages != world.size)
-    throw ConfigError("--data-parallel " + std::to_string(dp) + " x " + std::to_string(l.stages) + " stages needs " +
-                      std::to_string(dp * l.stages) + " MPI ranks, but " + std::to_string(world.size) +
-                      " are launched");
-  if (world.size % l.stages != 0)
-    throw ConfigError("--stages " + std::to_string(l.stages) + " but " + std::to_string(world.size) +
-                      " MPI ranks: launch with `mpirun -np " + std::to_string(l.stages) +
-                      "` (or a multiple of it for data parallelism, or use --in-process)");
-  l.replicas = world.size / l.stages;
-  order_ranks_by_node(world, l);
-  return l;
-}
-
-void broadcast(std::string& text) {
-  int64_t n = static_cast<int64_t>(text.size());
-  broadcast_quietly(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);  // the other ranks wait while rank 0 plans
-  text.resize(static_cast<size_t>(n));
-  broadcast_quietly(text.data(), static_cast<int>(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+  const int stages = vm.count("stages") ? vm["stages"].as<int>() : 0;
+  if (vm.count("stages") && stages < 1) throw ConfigError("--stages must be at least 1");
+  if (!in_process) return rank_layout(stages, dp, MPI_COMM_WORLD);
+  if (world.size != 1) throw ConfigError("--in-process runs every stage in one process: launch one rank");
+  if (dp > 1) throw ConfigError("--data-parallel needs MPI ranks, not --in-process");
+  return in_process_layout(std::max(stages, 1));
 }
 
 po::options_description train_options() {
@@ -566,7 +515,7 @@ struct GivenPlan {
 // The plan every rank runs: the given one, or rank 0's (a resumed run's saved one, or planned
 // here) broadcast; checked against this run.
 Plan agreed_plan(const po::variables_map& vm, const std::optional<GivenPlan>& given, const OpGraph& graph,
-                 const Layout& layout, const RunSettings& s, c10::Device device, int rank) {
+                 const RankLayout& layout, const RunSettings& s, c10::Device device, int rank) {
   if (vm.count("plan-out")) check_writable(vm["plan-out"].as<std::string>());
   const std::string saved_plan = s.checkpoint_dir.empty() ? "" : s.checkpoint_dir + "/plan.json";
   std::string plan_json;
@@ -582,7 +531,7 @@ Plan agreed_plan(const po::variables_map& vm, const std::optional<GivenPlan>& gi
       plan_json = keep_saved ? read_text_file(saved_plan)
                              : plan_on_rank0(vm, graph, layout.stages, layout.replicas, s.capacity, device);
     }
-    broadcast(plan_json);
+    broadcast_string_quietly(plan_json, 0, MPI_COMM_WORLD);  // the others wait while rank 0 plans
   }
   if (rank == 0 && !s.checkpoint_dir.empty() && !s.eval_only) {  // what a resumed run needs besides the weights
     make_directories(s.checkpoint_dir);
@@ -601,7 +550,7 @@ Plan agreed_plan(const po::variables_map& vm, const std::optional<GivenPlan>& gi
 }
 
 PipelineConfig pipeline_config(const Plan& plan, const po::variables_map& vm, const OpGraph& graph,
-                               const Layout& layout, const RunSettings& s, c10::Device device, int64_t first_step) {
+                               const RankLayout& layout, const RunSettings& s, c10::Device device, int64_t first_step) {
   PipelineConfig pc = pipeline_config_of(plan, graph);
   pc.schedule = vm["schedule"].as<ScheduleKind>();
   pc.micro_batches = s.config.micro_batches;
@@ -645,7 +594,7 @@ std::string memopt_summary(const StagePlan& stage) {
   return ", " + what + " of each micro-batch's activations" + overhead;
 }
 
-void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConfig& pc, const Layout& layout,
+void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConfig& pc, const RankLayout& layout,
                       const RunSettings& s) {
   std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s, %d stage%s, %s%s\n",
               graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, s.micro_batch_size, pc.micro_batches,
@@ -685,7 +634,7 @@ void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConf
 
 // Runs this rank's share: every stage in this process, or its own stage, on its replica's
 // pipeline communicator (each stage's replicas share another).
-StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const Layout& layout, RunOptions& run,
+StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const RankLayout& layout, RunOptions& run,
                        bool in_process) {
   if (in_process) {
     run_pipeline_in_process(graph, pc, run.on_loss);
@@ -704,64 +653,19 @@ StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const Lay
   return mine;
 }
 
-// Gathers every rank's actions and stage record and writes the trace on rank 0 (collective).
-void write_run_trace(const OpGraph& graph, const Plan& plan, const PipelineConfig& pc, const Layout& layout,
-                     const StageRun& mine, const MpiWorld& world, const std::string& path) {
-  Trace trace;
-  trace.actions = gather_records(mine.actions, MPI_COMM_WORLD);
-  double wall = 0;
-  MPI_Reduce(&mine.wall_s, &wall, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-  const StagePlan& planned = plan.stages[static_cast<size_t>(layout.stage)];
-  StageRecord rec;
-  rec.stage = layout.stage;
-  rec.rank = world.rank;
-  rec.replica = layout.replica;
-  rec.node_begin = planned.begin;
-  rec.node_end = planned.end;
-  for (const auto& p : mine.parameters) rec.parameters += p.tensor.numel();
-  rec.predicted_peak_bytes = planned.memory.predicted_peak();
-  rec.predicted_ms_per_micro_batch = planned.time_ms();
-  rec.measured_peak_bytes = mine.peak_bytes;
-  gethostname(rec.host, sizeof rec.host - 1);
-  std::vector<StageRecord> records(static_cast<size_t>(world.size));
-  MPI_Gather(&rec, sizeof rec, MPI_BYTE, records.data(), sizeof rec, MPI_BYTE, 0, MPI_COMM_WORLD);
-  if (world.rank != 0) return;
-  trace.model = graph.model;
-  trace.preset = graph.preset;
-  trace.graph_hash = graph.fingerprint();
-  trace.schedule = schedule_kind_name(pc.schedule);
-  trace.device = pc.device.str();
-  trace.transport = mine.transport;
-  trace.stages = layout.stages;
-  trace.replicas = layout.replicas;
-  trace.micro_batch_size = graph.micro_batch_size;
-  trace.micro_batches = pc.micro_batches;
-  trace.first_step = pc.first_step;
-  trace.steps = mine.next_step;  // fewer than planned where a signal stopped the run
-  trace.wall_s = wall;
-  trace.stage_records = records;
-  write_trace(trace, path);
-}
-
 // Rank 0: measured peaks next to the plan's predictions, the transport, throughput.
-void print_run_report(const Plan& plan, const PipelineConfig& pc, const Layout& layout, const RunSettings& s,
+void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayout& layout, const RunSettings& s,
                       const StageRun& mine, const MpiWorld& world, const Progress& progress, double seconds) {
-  std::vector<int64_t> peaks(static_cast<size_t>(world.size));
-  MPI_Gather(&mine.peak_bytes, 1, MPI_INT64_T, peaks.data(), 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
-  std::vector<int> places(2 * static_cast<size_t>(world.size));  // per rank: replica, stage
-  const int place[2] = {layout.replica, layout.stage};
-  MPI_Gather(place, 2, MPI_INT, places.data(), 2, MPI_INT, 0, MPI_COMM_WORLD);
+  const std::vector<RankPeak> peaks = gather_peaks(mine, layout, MPI_COMM_WORLD);
   if (world.rank != 0) return;
   if (!s.in_process && !s.quiet)
     std::printf("  transport: %s on %s\n", mine.transport.c_str(), pc.device.is_cuda() ? "cuda" : "cpu");
   if (!s.in_process)
-    for (int r = 0; r < world.size; ++r) {
-      const int stage = places[2 * r + 1];
-      std::printf("  stage %d%s: measured peak %s (predicted %s)\n", stage,
-                  layout.replicas > 1 ? (" of replica " + std::to_string(places[2 * r])).c_str() : "",
-                  format_bytes(double(peaks[r])).c_str(),
-                  format_bytes(double(plan.stages[static_cast<size_t>(stage)].memory.predicted_peak())).c_str());
-    }
+    for (const RankPeak& r : peaks)
+      std::printf("  stage %d%s: measured peak %s (predicted %s)\n", r.stage,
+                  layout.replicas > 1 ? (" of replica " + std::to_string(r.replica)).c_str() : "",
+                  format_bytes(double(r.peak_bytes)).c_str(),
+                  format_bytes(double(plan.stages[static_cast<size_t>(r.stage)].memory.predicted_peak())).c_str());
   const double trained = static_cast<double>(mine.next_step - pc.first_step);
   // Steady state first: the first step pays for the pipeline fill and first allocations.
   std::printf("%s: %" PRId64 " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it)\n",
@@ -774,7 +678,7 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const Layout& 
 
 // --eval-only on the pipeline: the checkpoint's (or the initial) weights, one validation.
 int evaluate_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& given, const OpGraph& graph,
-                      const Layout& layout, const RunSettings& s, const MpiWorld& world, c10::Device device,
+                      const RankLayout& layout, const RunSettings& s, const MpiWorld& world, c10::Device device,
                       TransportChoice transport, int64_t first_step) {
   const Plan plan = agreed_plan(vm, given, graph, layout, s, device, world.rank);
   const PipelineConfig pc = pipeline_config(plan, vm, graph, layout, s, device, first_step);
@@ -796,7 +700,7 @@ int evaluate_pipeline(const po::variables_map& vm, const std::optional<GivenPlan
 }
 
 int train_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& given, const OpGraph& graph,
-                   const Layout& layout, const RunSettings& s, const MpiWorld& world, c10::Device device,
+                   const RankLayout& layout, const RunSettings& s, const MpiWorld& world, c10::Device device,
                    TransportChoice transport) {
   int64_t first_step = 0;
   if (s.resume) {
@@ -857,7 +761,7 @@ int train_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& 
   synchronize(device);  // the clock stops when the device has finished this rank's work
   progress.finish();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (run.trace) write_run_trace(graph, plan, pc, layout, mine, world, s.trace_path);
+  if (run.trace) write_pipeline_trace(graph, plan, pc, layout, mine, MPI_COMM_WORLD, s.trace_path);
   if (!s.save_path.empty()) {  // replica 0's stages in stage order (the replicas hold the same weights)
     MPI_Comm first_replica;
     MPI_Comm_split(MPI_COMM_WORLD, layout.replica == 0 ? 0 : MPI_UNDEFINED, layout.stage, &first_replica);
@@ -879,7 +783,7 @@ std::optional<GivenPlan> given_plan(po::variables_map& vm, const MpiWorld& world
         "with `dawnpiper plan --calibrate-trace`)");
   GivenPlan given;
   if (world.rank == 0) given.json = read_text_file(vm["plan-in"].as<std::string>());
-  broadcast(given.json);
+  broadcast_string_quietly(given.json, 0, MPI_COMM_WORLD);
   given.plan = plan_from_json(given.json);
   adopt_plan_settings(given.plan, vm);
   return given;
@@ -897,7 +801,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   const std::optional<GivenPlan> given = given_plan(vm, world);
   const Plan* plan = given ? &given->plan : nullptr;
   const bool in_process = vm["in-process"].as<bool>();
-  const Layout layout = data_pipeline_layout(vm, world, in_process);
+  const RankLayout layout = layout_from(vm, world, in_process);
   RunSettings settings = run_settings_from(vm, layout.replicas);
   const TransportChoice transport = transport_choice_from_name(vm["transport"].as<std::string>());
   // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.

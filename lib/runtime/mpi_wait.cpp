@@ -41,4 +41,11 @@ void barrier_quietly(MPI_Comm comm) {
   wait_quietly(request);
 }
 
+void broadcast_string_quietly(std::string& text, int root, MPI_Comm comm) {
+  int64_t n = static_cast<int64_t>(text.size());
+  broadcast_quietly(&n, 1, MPI_INT64_T, root, comm);
+  text.resize(static_cast<size_t>(n));
+  broadcast_quietly(text.data(), static_cast<int>(n), MPI_CHAR, root, comm);
+}
+
 }  // namespace dawnpiper

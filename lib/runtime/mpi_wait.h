@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <string>
 
 namespace dawnpiper {
 
@@ -25,6 +26,9 @@ void allreduce_quietly(void* buffer, int count, MPI_Datatype type, MPI_Op op, MP
 
 // MPI_Bcast as MPI_Ibcast and wait_quietly: the ranks that wait while rank 0 profiles and plans.
 void broadcast_quietly(void* buffer, int count, MPI_Datatype type, int root, MPI_Comm comm);
+
+// A string from `root` to every rank (its length, then its bytes), each broadcast_quietly.
+void broadcast_string_quietly(std::string& text, int root, MPI_Comm comm);
 
 // MPI_Barrier as MPI_Ibarrier and wait_quietly.
 void barrier_quietly(MPI_Comm comm);

@@ -1,0 +1,65 @@
+#include "runtime/run_records.h"
+
+#include <unistd.h>
+
+#include "runtime/stage_tracer.h"
+#include "trace/trace.h"
+
+namespace dawnpiper {
+
+void write_pipeline_trace(const OpGraph& graph, const Plan& plan, const PipelineConfig& pc, const RankLayout& layout,
+                          const StageRun& mine, MPI_Comm world, const std::string& path) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  Trace trace;
+  trace.actions = gather_records(mine.actions, world);
+  double wall = 0;
+  MPI_Reduce(&mine.wall_s, &wall, 1, MPI_DOUBLE, MPI_MAX, 0, world);
+  const StagePlan& planned = plan.stages[static_cast<size_t>(layout.stage)];
+  StageRecord rec;
+  rec.stage = layout.stage;
+  rec.rank = rank;
+  rec.replica = layout.replica;
+  rec.node_begin = planned.begin;
+  rec.node_end = planned.end;
+  for (const auto& p : mine.parameters) rec.parameters += p.tensor.numel();
+  rec.predicted_peak_bytes = planned.memory.predicted_peak();
+  rec.predicted_ms_per_micro_batch = planned.time_ms();
+  rec.measured_peak_bytes = mine.peak_bytes;
+  gethostname(rec.host, sizeof rec.host - 1);
+  std::vector<StageRecord> records(static_cast<size_t>(size));
+  MPI_Gather(&rec, sizeof rec, MPI_BYTE, records.data(), sizeof rec, MPI_BYTE, 0, world);
+  if (rank != 0) return;
+  trace.model = graph.model;
+  trace.preset = graph.preset;
+  trace.graph_hash = graph.fingerprint();
+  trace.schedule = schedule_kind_name(pc.schedule);
+  trace.device = pc.device.str();
+  trace.transport = mine.transport;
+  trace.stages = layout.stages;
+  trace.replicas = layout.replicas;
+  trace.micro_batch_size = graph.micro_batch_size;
+  trace.micro_batches = pc.micro_batches;
+  trace.first_step = pc.first_step;
+  trace.steps = mine.next_step;  // fewer than planned where a signal stopped the run
+  trace.wall_s = wall;
+  trace.stage_records = records;
+  write_trace(trace, path);
+}
+
+std::vector<RankPeak> gather_peaks(const StageRun& mine, const RankLayout& layout, MPI_Comm world) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  const int64_t record[3] = {layout.replica, layout.stage, mine.peak_bytes};
+  std::vector<int64_t> all(3 * static_cast<size_t>(size));
+  MPI_Gather(record, 3, MPI_INT64_T, all.data(), 3, MPI_INT64_T, 0, world);
+  std::vector<RankPeak> peaks;
+  if (rank != 0) return peaks;
+  for (int r = 0; r < size; ++r)
+    peaks.push_back({static_cast<int>(all[3 * r]), static_cast<int>(all[3 * r + 1]), all[3 * r + 2]});
+  return peaks;
+}
+
+}  // namespace dawnpiper
