@@ -16,9 +16,9 @@ MODELS = {
                  "dropout_rate=0,pad_token_id=0"),
     "llama": ("llama", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,num_key_value_heads=2,head_dim=128,"
                        "intermediate_size=128,vocab_size=256,max_position_embeddings=64"),
-    # Each of these three once measured apart from the replay (docs/benchmarks.md, nineteenth
-    # session): Gemma's type_as of the norm's input, Falcon's transposed weights, GPT-BigCode's
-    # attention over a slice of one fused projection.
+    # Each of these three once measured apart from the replay (docs/benchmarks.md, "Twelve more
+    # Hugging Face architectures"): Gemma's type_as of the norm's input, Falcon's transposed
+    # weights, GPT-BigCode's attention over a slice of one fused projection.
     "gemma": ("gemma", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,num_key_value_heads=2,"
                        "intermediate_size=128,vocab_size=256,max_position_embeddings=64,head_dim=16"),
     "falcon": ("falcon", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,ffn_hidden_size=128,vocab_size=256,"
