@@ -8,6 +8,7 @@
 
 #include "exec/dtypes.h"
 #include "util/error.h"
+#include "util/seed.h"
 
 namespace dawnpiper {
 

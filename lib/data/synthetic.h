@@ -17,7 +17,7 @@
 
 #include <ATen/ATen.h>
 
-#include "exec/stage_module.h"
+#include "data/tensor_env.h"
 #include "graph/op_graph.h"
 
 namespace dawnpiper {

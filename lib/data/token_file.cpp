@@ -13,6 +13,7 @@
 
 #include "exec/dtypes.h"
 #include "util/error.h"
+#include "util/seed.h"
 #include "util/files.h"
 #include "util/json.h"
 

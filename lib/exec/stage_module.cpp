@@ -19,13 +19,6 @@
 
 namespace dawnpiper {
 
-uint64_t mix_seed(uint64_t a, uint64_t b) {
-  uint64_t z = a + 0x9e3779b97f4a7c15ULL * (b + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 namespace {
 // A matmul whose operands are batches of matrices with the same batch dimensions: at::matmul
 // folds them into one bmm, copying an operand whose layout does not fold (graph/layout.h).

@@ -14,7 +14,9 @@
 
 #include <ATen/ATen.h>
 
+#include "data/tensor_env.h"
 #include "graph/op_graph.h"
+#include "util/seed.h"
 
 namespace dawnpiper {
 
@@ -36,9 +38,6 @@ struct StageParameter {
   int index = -1;     // index in the owner's params
   at::Tensor tensor;  // leaf, requires_grad
 };
-
-// Tensors of one micro-batch by OpGraph tensor id; undefined where not (or no longer) held.
-using TensorEnv = std::vector<at::Tensor>;
 
 class StageModule {
  public:
@@ -116,8 +115,5 @@ class StageModule {
   std::vector<std::unique_ptr<AtenKernel>> kernels_;     // node offset -> imported node's call
   std::vector<at::Tensor> buffers_;                      // OpGraph::buffers the range reads
 };
-
-// Deterministic 64-bit mixing of seeds (splitmix64).
-uint64_t mix_seed(uint64_t a, uint64_t b);
 
 }  // namespace dawnpiper

@@ -23,29 +23,9 @@ const char* const kKindNames[] = {
 constexpr int kKindCount = sizeof(kKindNames) / sizeof(kKindNames[0]);
 static_assert(kKindCount == static_cast<int>(OpKind::Aten) + 1, "kind names out of sync");
 
-struct DTypeInfo {
-  const char* name;
-  int size;
-  bool floating;
-};
-const DTypeInfo kDTypes[] = {
-    {"float32", 4, true}, {"int64", 8, false}, {"bfloat16", 2, true}, {"float16", 2, true}, {"float64", 8, true},
-    {"int32", 4, false},  {"int16", 2, false}, {"int8", 1, false},    {"uint8", 1, false},  {"bool", 1, false},
-};
-static_assert(sizeof(kDTypes) / sizeof(kDTypes[0]) == static_cast<int>(DType::Bool) + 1, "dtype table out of sync");
 }  // namespace
 
 const char* op_kind_name(OpKind kind) { return kKindNames[static_cast<int>(kind)]; }
-
-int dtype_size(DType dtype) { return kDTypes[static_cast<int>(dtype)].size; }
-const char* dtype_name(DType dtype) { return kDTypes[static_cast<int>(dtype)].name; }
-bool is_floating(DType dtype) { return kDTypes[static_cast<int>(dtype)].floating; }
-
-DType dtype_from_name(const std::string& name) {
-  for (int i = 0; i <= static_cast<int>(DType::Bool); ++i)
-    if (name == kDTypes[i].name) return static_cast<DType>(i);
-  throw ConfigError("unsupported dtype '" + name + "'");
-}
 
 int64_t numel(const Shape& shape) {
   int64_t n = 1;

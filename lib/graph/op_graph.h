@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "util/dtype.h"
+
 namespace dawnpiper {
 
 enum class OpKind {
@@ -77,12 +79,6 @@ inline int64_t cross_entropy_overwrite_saving(int64_t logits_bytes, int64_t labe
 
 // The zoo's loss kinds (CrossEntropy, LinearCrossEntropy): the graph's last node, once.
 inline bool is_loss_kind(OpKind kind) { return kind == OpKind::CrossEntropy || kind == OpKind::LinearCrossEntropy; }
-
-enum class DType { F32, I64, BF16, F16, F64, I32, I16, I8, U8, Bool };
-int dtype_size(DType dtype);
-const char* dtype_name(DType dtype);             // "float32", "int64", "bfloat16", ...
-DType dtype_from_name(const std::string& name);  // throws ConfigError if unknown
-bool is_floating(DType dtype);
 
 using Shape = std::vector<int64_t>;
 int64_t numel(const Shape& shape);

@@ -7,7 +7,7 @@
 
 #include <c10/core/Allocator.h>
 
-#include "exec/torch_compat.h"
+#include "memory/torch_compat.h"
 
 namespace dawnpiper {
 

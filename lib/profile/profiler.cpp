@@ -16,7 +16,7 @@
 #include "data/synthetic.h"
 #include "exec/dtypes.h"
 #include "exec/stage_module.h"
-#include "exec/torch_compat.h"
+#include "memory/torch_compat.h"
 #include "memory/device_memory.h"
 #include "memory/runtime_bytes.h"
 #include "profile/device_timer.h"

@@ -15,6 +15,20 @@
 namespace dawnpiper {
 
 namespace {
+int64_t element_count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+}  // namespace
+
+namespace {
 
 struct DTypeCode {
   const char* code;
@@ -51,10 +65,10 @@ void read_entries(const std::string& path, const Json& root, uint64_t data_bytes
     const Json& range = v.at("data_offsets");
     e.begin = static_cast<uint64_t>(range[0].get<int64_t>());
     e.end = static_cast<uint64_t>(range[1].get<int64_t>());
-    const uint64_t expected = static_cast<uint64_t>(numel(e.shape) * dtype_size(e.dtype));
+    const uint64_t expected = static_cast<uint64_t>(element_count(e.shape) * dtype_size(e.dtype));
     if (e.end < e.begin || e.end - e.begin != expected)
       throw ConfigError("'" + path + "': tensor " + key + " has " + std::to_string(e.end - e.begin) +
-                        " bytes for shape " + shape_str(e.shape) + " (" + std::to_string(expected) + " expected)");
+                        " bytes for shape " + shape_text(e.shape) + " (" + std::to_string(expected) + " expected)");
     if (e.end > data_bytes)
       throw ConfigError("'" + path + "' is truncated: tensor " + key + " ends at byte " + std::to_string(e.end) +
                         " of a " + std::to_string(data_bytes) + "-byte data section");
@@ -127,7 +141,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   }
   uint64_t offset = 0;
   for (const SafetensorsTensor& t : tensors) {
-    const uint64_t bytes = static_cast<uint64_t>(numel(t.shape) * dtype_size(t.dtype));
+    const uint64_t bytes = static_cast<uint64_t>(element_count(t.shape) * dtype_size(t.dtype));
     Json e = Json::object();
     e["dtype"] = code_of_dtype(t.dtype);
     Json shape = Json::array();
@@ -150,7 +164,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
     out.write(reinterpret_cast<const char*>(size), 8);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
     for (const SafetensorsTensor& t : tensors)
-      out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(numel(t.shape) * dtype_size(t.dtype)));
+      out.write(static_cast<const char*>(t.data),
+                static_cast<std::streamsize>(element_count(t.shape) * dtype_size(t.dtype)));
     out.flush();
     if (!out) throw ConfigError("cannot write '" + path + "' (disk full?)");
   });

@@ -10,14 +10,14 @@
 #include <string>
 #include <vector>
 
-#include "graph/op_graph.h"
+#include "util/dtype.h"
 
 namespace dawnpiper {
 
 struct SafetensorsEntry {
   std::string name;
   DType dtype = DType::F32;
-  Shape shape;
+  std::vector<int64_t> shape;
   uint64_t begin = 0, end = 0;  // byte range in the data section
 };
 
@@ -51,7 +51,7 @@ class SafetensorsFile {
 struct SafetensorsTensor {
   std::string name;
   DType dtype = DType::F32;
-  Shape shape;
+  std::vector<int64_t> shape;
   const void* data = nullptr;
 };
 
