@@ -45,7 +45,7 @@ po::options_description profile_options() {
                                                 "(default: B, 2B and 3B for --micro-batch-size B)")
       ("warmup", po::value<int>()->default_value(2), "unmeasured iterations per node")
       ("iterations", po::value<int>()->default_value(5), "measured iterations per node")
-      ("timing", po::value<std::string>()->default_value("in-step"),
+      ("timing", po::value<NodeTiming>()->default_value(NodeTiming::InStep, "in-step"),
        "node times from whole training steps (in-step; falls back to isolated when the step does "
        "not fit) or from each node run alone (isolated)")
       ("share-blocks", po::bool_switch(), "profile repeated layers/cells once and reuse the numbers")
@@ -76,10 +76,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   opt.iterations = vm["iterations"].as<int>();
   if (opt.iterations < 1 || opt.warmup < 0) throw ConfigError("--iterations must be >= 1 and --warmup >= 0");
   opt.share_repeated_blocks = vm["share-blocks"].as<bool>();
-  const std::string timing = vm["timing"].as<std::string>();
-  if (timing != "in-step" && timing != "isolated")
-    throw ConfigError("--timing '" + timing + "': expected in-step or isolated");
-  opt.in_step_timing = timing == "in-step";
+  opt.in_step_timing = vm["timing"].as<NodeTiming>() == NodeTiming::InStep;
   const bool quiet = vm["quiet"].as<bool>();
   opt.progress = !quiet;
   CountingAllocator::install();

@@ -119,10 +119,7 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
 DataConfig data_config_from(const po::variables_map& vm) {
   DataConfig d;
   if (vm.count("data")) d.path = vm["data"].as<std::string>();
-  const std::string order = vm["data-order"].as<std::string>();
-  if (order != "shuffled" && order != "sequential")
-    throw ConfigError("--data-order '" + order + "': expected shuffled or sequential");
-  d.sequential = order == "sequential";
+  d.sequential = vm["data-order"].as<DataOrder>() == DataOrder::Sequential;
   d.validation_fraction = vm["validation-fraction"].as<double>();
   if (d.validation_fraction < 0 || d.validation_fraction >= 1)
     throw ConfigError("--validation-fraction must be in [0, 1)");
@@ -191,7 +188,7 @@ po::options_description train_options() {
        "where measured profiles are kept and reused: a directory, or off (default: $DAWNPIPER_CACHE, else "
        "$XDG_CACHE_HOME/dawnpiper or ~/.cache/dawnpiper)")
       ("plan-out", po::value<std::string>(), "write the plan used to this file")
-      ("transport", po::value<std::string>()->default_value("auto"),
+      ("transport", po::value<TransportChoice>()->default_value(TransportChoice::Auto, "auto"),
        "auto | mpi (CPU tensors) | nccl (CUDA, ranks on different GPUs) | host (CUDA through host memory over MPI; "
        "what auto takes between ranks sharing a GPU)")
       ("in-process", po::bool_switch(), "run every stage in this one process (validates a plan without MPI)")
@@ -202,14 +199,14 @@ po::options_description train_options() {
       ("checkpoint-every", po::value<int64_t>()->default_value(0), "write a checkpoint every K steps (and after the last)")
       ("save-weights", po::value<std::string>(), "after training, write the weights to this safetensors file (PyTorch names: "
                                                  "transformers' from_pretrained loads it)")
-      ("progress", po::value<std::string>()->default_value("auto"),
+      ("progress", po::value<Progress::Style>()->default_value(Progress::Style::Auto, "auto"),
        "auto (a bar on a terminal, lines in logs and under mpirun) | bar | lines")
       ("resume", po::bool_switch(), "continue from the latest checkpoint in --checkpoint-dir (with the model, data and "
                                     "optimizer settings of the run that wrote it)")
       ("resume-override", po::bool_switch(), "with --resume: accept settings that differ from the checkpoint's run")
       ("steps", po::value<int64_t>()->default_value(10), "training steps")
       ("data", po::value<std::string>(), "train on this token file (scripts/prepare_data.py) instead of synthetic data")
-      ("data-order", po::value<std::string>()->default_value("shuffled"),
+      ("data-order", po::value<DataOrder>()->default_value(DataOrder::Shuffled, "shuffled"),
        "shuffled (windows in a seeded order per epoch) | sequential (sample i of the run is window i)")
       ("validation-fraction", po::value<double>()->default_value(0.0), "share of the token file's windows held out for validation")
       ("eval-every", po::value<int64_t>()->default_value(0), "report the validation loss every N steps (0: never)")
@@ -293,7 +290,7 @@ RunSettings run_settings_from(const po::variables_map& vm, int replicas) {
     throw ConfigError(
         "--eval-only trains nothing: leave out --eval-every, --checkpoint-every, --save-weights and --trace");
   s.quiet = vm["quiet"].as<bool>();
-  s.progress_style = Progress::style_from_name(vm["progress"].as<std::string>());
+  s.progress_style = vm["progress"].as<Progress::Style>();
   s.samples_per_step = static_cast<double>(s.config.micro_batches * s.micro_batch_size * replicas);
   s.in_process = vm["in-process"].as<bool>();
   s.checkpoint_every = vm["checkpoint-every"].as<int64_t>();
@@ -803,7 +800,7 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   const bool in_process = vm["in-process"].as<bool>();
   const RankLayout layout = layout_from(vm, world, in_process);
   RunSettings settings = run_settings_from(vm, layout.replicas);
-  const TransportChoice transport = transport_choice_from_name(vm["transport"].as<std::string>());
+  const TransportChoice transport = vm["transport"].as<TransportChoice>();
   // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
   const c10::Device device =
       rank_device(parse_device(vm["device"].as<std::string>(), /*require_gpu=*/false), MPI_COMM_WORLD);

@@ -80,6 +80,18 @@ void validate(boost::any& value, const std::vector<std::string>& tokens, Optimiz
 void validate(boost::any& value, const std::vector<std::string>& tokens, LrScheduleKind*, int) {
   validate_choice(value, tokens, lr_schedule_kind_from_name);
 }
+void validate(boost::any& value, const std::vector<std::string>& tokens, TransportChoice*, int) {
+  validate_choice(value, tokens, transport_choice_from_name);
+}
+void validate(boost::any& value, const std::vector<std::string>& tokens, Progress::Style*, int) {
+  validate_choice(value, tokens, Progress::style_from_name);
+}
+void validate(boost::any& value, const std::vector<std::string>& tokens, DataOrder*, int) {
+  validate_choice(value, tokens, data_order_from_name);
+}
+void validate(boost::any& value, const std::vector<std::string>& tokens, NodeTiming*, int) {
+  validate_choice(value, tokens, node_timing_from_name);
+}
 
 bool parse_options(int argc, char** argv, const std::string& subcommand, const std::string& summary,
                    const po::options_description& options, po::variables_map& vm,

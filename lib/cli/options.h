@@ -10,7 +10,11 @@
 #include "models/model_config.h"
 #include "models/model_source.h"
 #include "plan/plan_options.h"
+#include "data/token_file.h"
+#include "profile/profiler.h"
+#include "runtime/pipeline_transport.h"
 #include "train/lr_schedule.h"
+#include "util/progress.h"
 
 namespace dawnpiper {
 
@@ -30,7 +34,8 @@ bool parse_options(int argc, char** argv, const std::string& subcommand, const s
                    const po::options_description& options, po::variables_map& vm,
                    const po::positional_options_description* positional = nullptr);
 
-// Enum-valued options (--schedule, --planner, --memopt, --optimizer) are parsed into their enum
+// Enum-valued options (--schedule, --planner, --memopt, --optimizer, --lr-schedule, --transport,
+// --progress, --data-order, --timing) are parsed into their enum
 // as the options are read, so a bad name is one error naming the option and the choices before
 // any work, whatever the subcommand does next. Boost finds these by argument-dependent lookup.
 void validate(boost::any& value, const std::vector<std::string>& tokens, ScheduleKind*, int);
@@ -38,6 +43,10 @@ void validate(boost::any& value, const std::vector<std::string>& tokens, Planner
 void validate(boost::any& value, const std::vector<std::string>& tokens, MemoptMode*, int);
 void validate(boost::any& value, const std::vector<std::string>& tokens, OptimizerKind*, int);
 void validate(boost::any& value, const std::vector<std::string>& tokens, LrScheduleKind*, int);
+void validate(boost::any& value, const std::vector<std::string>& tokens, TransportChoice*, int);
+void validate(boost::any& value, const std::vector<std::string>& tokens, Progress::Style*, int);
+void validate(boost::any& value, const std::vector<std::string>& tokens, DataOrder*, int);
+void validate(boost::any& value, const std::vector<std::string>& tokens, NodeTiming*, int);
 
 // The model preset from --model with the override options applied and checked.
 ModelConfig model_config_from(const po::variables_map& vm);

@@ -14,10 +14,14 @@
 
 namespace dawnpiper {
 
+// --data-order: windows in a seeded order per epoch, or sample i of the run is window i.
+enum class DataOrder { Shuffled, Sequential };
+DataOrder data_order_from_name(const std::string& name);  // "shuffled" | "sequential"; ConfigError
+
 // Where a run's samples come from.
 struct DataConfig {
   std::string path;         // token file; empty: synthetic data
-  bool sequential = false;  // --data-order sequential: sample i is window i
+  bool sequential = false;  // DataOrder::Sequential: sample i is window i
   double validation_fraction = 0.0;
 };
 

@@ -19,6 +19,10 @@
 
 namespace dawnpiper {
 
+// profile --timing: node times taken inside whole training steps, or each node timed alone.
+enum class NodeTiming { InStep, Isolated };
+NodeTiming node_timing_from_name(const std::string& name);  // "in-step" | "isolated"; ConfigError
+
 struct ProfilerOptions {
   int warmup = 2;      // iterations per node not measured
   int iterations = 5;  // measured iterations per node (mean and standard deviation)
@@ -30,7 +34,7 @@ struct ProfilerOptions {
   bool progress = false;  // print a line per block to stderr
   // Take per-node times from whole training steps (profile/in_step_timing.h) when the step fits
   // the device; otherwise, or when false, from the isolated per-node runs.
-  bool in_step_timing = true;
+  bool in_step_timing = true;  // NodeTiming::InStep
 };
 
 // Profiles one graph (one micro-batch size). Fits are flat (base = value, per_sample = 0).

@@ -36,9 +36,9 @@ struct MicroBatchState {
 
 // One stage's action list replayed in order: checks each action against what came before it
 // and counts passes, in-flight micro-batches, weight versions and backward gaps.
-class StageReplayer {
+class ActionListChecker {
  public:
-  StageReplayer(int stage, int stages) : x_(stage), stages_(stages) { st_.stage = stage; }
+  ActionListChecker(int stage, int stages) : x_(stage), stages_(stages) { st_.stage = stage; }
 
   void apply(const Action& a) {
     if (a.stage != x_) malformed(a, "list mixes stages");
@@ -138,7 +138,7 @@ class StageReplayer {
         if (!mb.forwarded) malformed(a, "evictor action before the forward");
         break;
       default:
-        throw std::logic_error("StageReplayer::transfer: " + to_string(a));
+        throw std::logic_error("ActionListChecker::transfer: " + to_string(a));
     }
   }
 
@@ -155,7 +155,7 @@ class StageReplayer {
 
 StageStats simulate_stage(const std::vector<Action>& actions, int stages) {
   if (actions.empty()) return {};
-  StageReplayer replay(actions.front().stage, stages);
+  ActionListChecker replay(actions.front().stage, stages);
   for (const Action& a : actions) replay.apply(a);
   return replay.finish();
 }

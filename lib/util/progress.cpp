@@ -27,7 +27,7 @@ Progress::Style Progress::style_from_name(const std::string& name) {
   if (name == "auto") return Style::Auto;
   if (name == "bar") return Style::Bar;
   if (name == "lines") return Style::Lines;
-  throw ConfigError("--progress '" + name + "': expected auto, bar or lines");
+  throw ConfigError("unknown progress style '" + name + "' (choose auto, bar or lines)");
 }
 
 Progress::Progress(int64_t first_step, int64_t steps, double samples_per_step, bool quiet, Style style, std::FILE* out)

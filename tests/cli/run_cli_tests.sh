@@ -55,7 +55,7 @@ expect_fail "profile cuda without GPU" "--device cuda" profile --model mlp-tiny 
 expect_fail "profile unwritable" "cannot write '/no/such/dir/p.h5'" profile --model mlp-tiny --out /no/such/dir/p.h5 --iterations 1
 expect_fail "profile micro-batch 0" "micro-batch size must be at least 1" profile --model mlp-tiny --micro-batch-size 0 --out "$work/x.h5"
 expect_fail "profile bad batch sizes" "--batch-sizes" profile --model mlp-tiny --batch-sizes 2,x --out "$work/x.h5"
-expect_fail "profile bad timing" "--timing 'fast': expected in-step or isolated" profile --model mlp-tiny --timing fast --out "$work/x.h5"
+expect_fail "profile bad timing" "--timing: unknown node timing 'fast' (choose in-step or isolated)" profile --model mlp-tiny --timing fast --out "$work/x.h5"
 expect_ok "analytic profile" "on a100-40gb" profile --model bert-large --micro-batch-size 1 --analytic --device-spec a100-40gb --out "$work/a.h5"
 expect_fail "analytic without spec" "--analytic needs --device-spec" profile --model mlp-tiny --analytic --out "$work/x.h5"
 expect_fail "unknown device spec" "unknown device spec 'tpu'" profile --model mlp-tiny --analytic --device-spec tpu --out "$work/x.h5"
@@ -200,7 +200,9 @@ if $mpi 3 "$bin" train --model gpt2-tiny --eval-batches 2 --eval-only --checkpoi
    grep -q "^validation loss [0-9.]*: the mean of 2 micro-batches of the validation split, weights of the checkpoint at step 6 in" "$work/out" &&
    ! grep -q "^step" "$work/out" && [ "$(cat "$work/ck/latest")" = 6 ]; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: --eval-only of a checkpoint"; cat "$work/out" "$work/err"; fi
-expect_fail "bad progress style" "--progress 'fancy': expected auto, bar or lines" train --model mlp-tiny --progress fancy
+expect_fail "bad progress style" "--progress: unknown progress style 'fancy' (choose auto, bar or lines)" train --model mlp-tiny --progress fancy
+expect_fail "bad data order" "--data-order: unknown data order 'random' (choose shuffled or sequential)" train --model mlp-tiny --data-order random
+expect_fail "bad transport" "--transport: unknown transport 'tcp' (choose auto, mpi, nccl or host)" train --model mlp-tiny --transport tcp
 # Profile cache: a second run plans from the first run's profile (the same split); another
 # micro-batch size is another profile; a damaged cache file is measured again.
 cached() { $mpi 2 "$bin" train --model gpt2-tiny --steps 1 --profile-cache "$work/cache" "$@" 2>>"$work/err"; }
