@@ -19,7 +19,7 @@ int cmd_graph(int argc, char** argv, const MpiWorld& world) {
       ("list", po::bool_switch(), "list the model presets")
       ("nodes", po::bool_switch(), "print every node: id, kind, block, output shape, parameters");
   // clang-format on
-  options.add(own).add(common_options()).add(model_override_options());
+  options.add(own).add(model_options()).add(model_override_options());
   po::variables_map vm;
   if (!parse_options(argc, argv, "graph", "Builds a model's fine-grained op graph and summarizes it.", options, vm))
     return 0;

@@ -91,6 +91,8 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
   o.fit_replayed = true;
   o.data_parallel = vm["data-parallel"].as<int>();
   if (o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
+  if (vm.count("memory") && vm.count("device-memory"))
+    throw ConfigError("--memory and --device-memory both give the memory per stage: give one");
   if (vm.count("memory")) o.capacity_bytes = parse_bytes(vm["memory"].as<std::string>(), "--memory");
   if (vm.count("device-memory"))
     o.capacity_bytes = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");

@@ -7,8 +7,8 @@
 
 namespace dawnpiper {
 
-po::options_description common_options() {
-  po::options_description d("Common options");
+po::options_description model_options() {
+  po::options_description d("Model options");
   // clang-format off
   d.add_options()
       ("config", po::value<std::string>(), "read options from an .ini file (key = value lines)")
@@ -19,13 +19,23 @@ po::options_description common_options() {
       ("seed", po::value<uint64_t>()->default_value(42), "seed for parameters, data and dropout")
       ("precision", po::value<std::string>(), "fp32 (default) | bf16: bf16 compute, fp32 master weights and optimizer state "
                                               "(a model file has the precision it was exported with)")
-      ("micro-batch-size", po::value<int64_t>()->default_value(4), "samples per micro-batch")
+      ("micro-batch-size", po::value<int64_t>()->default_value(4), "samples per micro-batch");
+  // clang-format on
+  return d;
+}
+
+po::options_description common_options() {
+  po::options_description d("Common options");
+  // clang-format off
+  d.add_options()
       ("micro-batches", po::value<int64_t>()->default_value(4), "micro-batches per step (mini-batch = size x count)")
       ("device", po::value<std::string>()->default_value("cpu"), "cpu | cuda")
       ("device-memory", po::value<std::string>(), "device memory capacity per rank, e.g. 512MiB, 40GiB (CPU: enforced by the counting allocator)")
       ("quiet", po::bool_switch(), "print only errors and the final summary");
   // clang-format on
-  return d;
+  po::options_description all;
+  all.add(model_options()).add(d);
+  return all;
 }
 
 po::options_description model_override_options() {

@@ -20,8 +20,10 @@ namespace dawnpiper {
 
 namespace po = boost::program_options;
 
-// --config --model --model-file --init-from --seed --micro-batch-size --micro-batches --device
-// --device-memory --quiet
+// --config --model --model-file --init-from --seed --precision --micro-batch-size: what selects
+// the model (all a subcommand that only builds the graph takes).
+po::options_description model_options();
+// model_options() and --micro-batches --device --device-memory --quiet.
 po::options_description common_options();
 // --layers --decoder-layers --hidden --heads --ffn --vocab --seq-len --image-size --classes
 // --in-features --output-chunks --loss-chunk-tokens --attention --dropout

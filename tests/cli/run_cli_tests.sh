@@ -201,6 +201,9 @@ if $mpi 3 "$bin" train --model gpt2-tiny --eval-batches 2 --eval-only --checkpoi
    ! grep -q "^step" "$work/out" && [ "$(cat "$work/ck/latest")" = 6 ]; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: --eval-only of a checkpoint"; cat "$work/out" "$work/err"; fi
 expect_fail "bad progress style" "--progress: unknown progress style 'fancy' (choose auto, bar or lines)" train --model mlp-tiny --progress fancy
+expect_fail "plan with two memory sizes" "--memory and --device-memory both give the memory per stage: give one" plan --model mlp-tiny \
+  --device-spec a100-40gb --stages 2 --memory 1GiB --device-memory 2GiB --out "$work/two-sizes.json"
+expect_fail "graph takes no device memory" "unrecognised option '--device-memory'" graph --model mlp-tiny --device-memory 1GiB
 expect_fail "bad data order" "--data-order: unknown data order 'random' (choose shuffled or sequential)" train --model mlp-tiny --data-order random
 expect_fail "bad transport" "--transport: unknown transport 'tcp' (choose auto, mpi, nccl or host)" train --model mlp-tiny --transport tcp
 # Profile cache: a second run plans from the first run's profile (the same split); another
