@@ -262,10 +262,7 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   config.optimizer.schedule.min_lr = vm["min-lr"].as<double>();
   config.optimizer.schedule.total_steps = config.steps;
   config.optimizer.grad_clip = vm["grad-clip"].as<double>();
-  if (config.optimizer.grad_clip > 0 && vm["schedule"].as<ScheduleKind>() == ScheduleKind::Async)
-    throw ConfigError(
-        "--grad-clip clips the norm of one step's gradients over every stage; under --schedule async each stage "
-        "updates on its own, so there is none (use gpipe or 1f1b)");
+  check_grad_clip(vm["schedule"].as<ScheduleKind>(), config.optimizer.grad_clip);
   make_optimizer(config.optimizer, {});  // validates before any work
   config.data = data_config_from(vm);
   if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
@@ -673,18 +670,27 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayo
     std::printf("wrote trace %s (dawnpiper inspect %s)\n", s.trace_path.c_str(), s.trace_path.c_str());
 }
 
+// What the runtime does besides training, from the run's settings (callbacks left to the caller).
+RunOptions run_options_from(const RunSettings& s, const OpGraph& graph, TransportChoice transport) {
+  RunOptions run;
+  run.transport = transport;
+  run.trace = !s.trace_path.empty();
+  run.checkpoint_every = s.checkpoint_every;
+  run.resume = s.resume;
+  run.checkpoint_dir = s.checkpoint_dir;
+  run.preset = graph.preset;
+  run.eval_every = s.eval_every;
+  run.eval_batches = s.eval_batches;
+  return run;
+}
+
 // --eval-only on the pipeline: the checkpoint's (or the initial) weights, one validation.
 int evaluate_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& given, const OpGraph& graph,
                       const RankLayout& layout, const RunSettings& s, const MpiWorld& world, c10::Device device,
                       TransportChoice transport, int64_t first_step) {
   const Plan plan = agreed_plan(vm, given, graph, layout, s, device, world.rank);
   const PipelineConfig pc = pipeline_config(plan, vm, graph, layout, s, device, first_step);
-  RunOptions run;
-  run.transport = transport;
-  run.resume = s.resume;
-  run.checkpoint_dir = s.checkpoint_dir;
-  run.preset = graph.preset;
-  run.eval_batches = s.eval_batches;
+  RunOptions run = run_options_from(s, graph, transport);
   run.eval_only = true;
   MetricsLog metrics(world.rank == 0 ? s.metrics_path : "", s.resume);
   run.on_validation = [&](const StepReport& r) {
@@ -729,15 +735,7 @@ int train_pipeline(const po::variables_map& vm, const std::optional<GivenPlan>& 
   DeviceMemory::set_capacity(device, s.capacity);
   if (world.rank == 0 && !s.quiet) print_run_header(graph, plan, pc, layout, s);
   DeviceMemory::reset_peak(device);
-  RunOptions run;
-  run.transport = transport;
-  run.trace = !s.trace_path.empty();
-  run.checkpoint_every = s.checkpoint_every;
-  run.resume = s.resume;
-  run.checkpoint_dir = s.checkpoint_dir;
-  run.preset = graph.preset;
-  run.eval_every = s.eval_every;
-  run.eval_batches = s.eval_batches;
+  RunOptions run = run_options_from(s, graph, transport);
   // Async can stop only where it drains (at checkpoints); without them a signal ends it at once.
   run.stop_on_signal = !s.in_process && (pc.schedule != ScheduleKind::Async || pc.drain_every > 0);
   if (run.stop_on_signal) install_stop_handlers();

@@ -26,6 +26,13 @@ void check_message_tensor(const at::Tensor& t, const TensorInfo& spec) {
 }
 }  // namespace
 
+void check_grad_clip(ScheduleKind schedule, double grad_clip) {
+  if (schedule == ScheduleKind::Async && grad_clip > 0)
+    throw ConfigError(
+        "--grad-clip clips the norm of one step's gradients over every stage; under --schedule async each "
+        "stage updates on its own, so there is none (use gpipe or 1f1b)");
+}
+
 PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Transport& transport)
     : graph_(graph),
       config_(config),
@@ -55,10 +62,7 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
     counted_in_norm_.push_back(p.node >= config.begin && p.node < config.end);
   }
   last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
-  if (config.schedule == ScheduleKind::Async && config.optimizer.grad_clip > 0)
-    throw ConfigError(
-        "--grad-clip clips the norm of one step's gradients over every stage; under --schedule async each "
-        "stage updates on its own, so there is none (use gpipe or 1f1b)");
+  check_grad_clip(config.schedule, config.optimizer.grad_clip);
   optimizer_ = make_optimizer(config.optimizer, masters_);
   auto evictor = std::make_unique<Evictor>(module_, config.evictions);
   if (evictor->active()) evictor_ = std::move(evictor);

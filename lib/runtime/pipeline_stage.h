@@ -38,6 +38,10 @@ struct StageConfig {
   int replica = 0, replicas = 1;
 };
 
+// Throws ConfigError for clipping under async: its stages update on their own, so no norm spans
+// a step's gradients.
+void check_grad_clip(ScheduleKind schedule, double grad_clip);
+
 // Sums gradients of parameters that several stages hold copies of (weights tied across the
 // cut, e.g. GPT-2's embedding and output projection). Called with the stage's copies at a
 // ReduceTiedGrads action; the default does nothing (no ties, or one process).
