@@ -53,7 +53,7 @@ po::options_description plan_options() {
       ("out", po::value<std::string>(), "write the plan as JSON");
   // clang-format on
   po::options_description options;
-  options.add(own).add(common_options()).add(model_override_options());
+  options.add(own).add(common_options()).add(allocator_headroom_option()).add(model_override_options());
   return options;
 }
 
@@ -96,6 +96,12 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
   if (vm.count("memory")) o.capacity_bytes = parse_bytes(vm["memory"].as<std::string>(), "--memory");
   if (vm.count("device-memory"))
     o.capacity_bytes = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
+  if (vm.count("allocator-headroom") && o.capacity_bytes == INT64_MAX)
+    throw ConfigError("--allocator-headroom is a share of the device memory: give --device-memory too");
+  set_device_memory(o, o.capacity_bytes,
+                    vm.count("allocator-headroom")
+                        ? parse_allocator_headroom(vm["allocator-headroom"].as<std::string>())
+                        : default_allocator_headroom(profile.source == "measured" ? profile.device : ""));
   if (vm.count("host-bandwidth"))
     o.host_bandwidth = static_cast<double>(parse_bytes(vm["host-bandwidth"].as<std::string>(), "--host-bandwidth"));
   if (vm.count("link-bandwidth"))

@@ -74,9 +74,13 @@ void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineC
   std::printf("time per step (steps %" PRId64 "..%" PRId64 "): %.3f ms\n", from, pc.steps - 1,
               1e3 * step_s / static_cast<double>(pc.steps - from));
   std::printf(
-      "peak memory: measured %s, predicted %s (%+.1f%%)\n", format_bytes(double(run.peak_bytes)).c_str(),
+      "peak memory: measured %s, predicted %s (%+.1f%%)%s\n", format_bytes(double(run.peak_bytes)).c_str(),
       format_bytes(double(sp.memory.predicted_peak())).c_str(),
-      sp.memory.predicted_peak() > 0 ? 100 * (double(run.peak_bytes) / double(sp.memory.predicted_peak()) - 1) : 0.0);
+      sp.memory.predicted_peak() > 0 ? 100 * (double(run.peak_bytes) / double(sp.memory.predicted_peak()) - 1) : 0.0,
+      pc.device.is_cuda()
+          ? ("; the caching allocator held up to " + format_bytes(double(DeviceMemory::reserved_peak_bytes(pc.device))))
+                .c_str()
+          : "");
 }
 
 }  // namespace

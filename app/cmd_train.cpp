@@ -80,7 +80,7 @@ Profile measured_profile(const po::variables_map& vm, const OpGraph& graph, c10:
 
 // Rank 0: a plan made from a loaded or freshly measured profile, as JSON.
 std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int stages, int replicas, int64_t capacity,
-                          c10::Device device) {
+                          double headroom_share, c10::Device device) {
   Profile profile;
   if (vm.count("profile-in")) {
     profile = read_profile(vm["profile-in"].as<std::string>());
@@ -107,7 +107,7 @@ std::string plan_on_rank0(const po::variables_map& vm, const OpGraph& graph, int
   o.schedule = vm["schedule"].as<ScheduleKind>();
   o.micro_batches = vm["micro-batches"].as<int64_t>();
   o.optimizer = vm["optimizer"].as<OptimizerKind>();
-  o.capacity_bytes = capacity > 0 ? capacity : INT64_MAX;
+  set_device_memory(o, capacity > 0 ? capacity : INT64_MAX, headroom_share);
   o.planner = vm["planner"].as<PlannerKind>();
   o.memopt = vm["memopt"].as<MemoptMode>();
   o.fit_replayed = true;
@@ -228,7 +228,7 @@ po::options_description train_options() {
                                                 "grad norm, samples/s and tokens/s, peak memory per stage); scripts/plot_metrics.py draws it");
   // clang-format on
   po::options_description options;
-  options.add(own).add(common_options()).add(model_override_options());
+  options.add(own).add(common_options()).add(allocator_headroom_option()).add(model_override_options());
   return options;
 }
 
@@ -236,7 +236,8 @@ po::options_description train_options() {
 struct RunSettings {
   TrainConfig config;
   int64_t micro_batch_size = 0;
-  int64_t capacity = 0;  // bytes per rank; 0: unlimited
+  int64_t capacity = 0;            // bytes per rank; 0: unlimited
+  double allocator_headroom = -1;  // share of `capacity` a plan made here leaves free; < 0: the device's default
   int64_t eval_every = 0, eval_batches = 1;
   int64_t checkpoint_every = 0;
   bool resume = false, resume_override = false, quiet = false, in_process = false, eval_only = false;
@@ -275,6 +276,11 @@ RunSettings run_settings_from(const po::variables_map& vm, int replicas) {
   s.config = train_config_from(vm);
   s.micro_batch_size = vm["micro-batch-size"].as<int64_t>();
   if (vm.count("device-memory")) s.capacity = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
+  if (vm.count("allocator-headroom")) {
+    if (s.capacity <= 0)
+      throw ConfigError("--allocator-headroom is a share of the device memory: give --device-memory too");
+    s.allocator_headroom = parse_allocator_headroom(vm["allocator-headroom"].as<std::string>());
+  }
   s.eval_every = vm["eval-every"].as<int64_t>();
   s.eval_batches = vm["eval-batches"].as<int64_t>();
   if (s.eval_every < 0 || s.eval_batches < 1) throw ConfigError("--eval-every must be >= 0 and --eval-batches >= 1");
@@ -523,7 +529,10 @@ Plan agreed_plan(const po::variables_map& vm, const std::optional<GivenPlan>& gi
         throw ConfigError("--calibrate-trace plans anew, and a resumed run keeps its checkpoint's plan (" + saved_plan +
                           ")");
       plan_json = keep_saved ? read_text_file(saved_plan)
-                             : plan_on_rank0(vm, graph, layout.stages, layout.replicas, s.capacity, device);
+                             : plan_on_rank0(vm, graph, layout.stages, layout.replicas, s.capacity,
+                                             s.allocator_headroom >= 0 ? s.allocator_headroom
+                                                                       : default_allocator_headroom(device.str()),
+                                             device);
     }
     broadcast_string_quietly(plan_json, 0, MPI_COMM_WORLD);  // the others wait while rank 0 plans
   }
@@ -604,6 +613,10 @@ void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConf
         "  warning: some host runs a number of ranks that is no multiple of %d stages, so some pipelines "
         "span hosts and send their activations between them\n",
         layout.stages);
+  if (plan.options.allocator_headroom_bytes > 0)
+    std::printf("  memory: planned within %s per rank, leaving %s of --device-memory to the allocator\n",
+                format_bytes(static_cast<double>(plan.options.capacity_bytes)).c_str(),
+                format_bytes(static_cast<double>(plan.options.allocator_headroom_bytes)).c_str());
   for (const StagePlan& stage : plan.stages)
     std::printf("  stage %d: nodes [%d, %d), predicted peak %s%s\n", stage.index, stage.begin, stage.end,
                 format_bytes(static_cast<double>(stage.memory.predicted_peak())).c_str(),
@@ -634,6 +647,7 @@ StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const Ran
     run_pipeline_in_process(graph, pc, run.on_loss);
     StageRun mine;
     mine.peak_bytes = DeviceMemory::peak_bytes(pc.device);
+    mine.reserved_peak_bytes = DeviceMemory::reserved_peak_bytes(pc.device);
     mine.next_step = pc.steps;
     return mine;
   }
@@ -643,6 +657,7 @@ StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const Ran
     MPI_Comm_split(MPI_COMM_WORLD, layout.stage, layout.replica, &run.replica_comm);
   }
   StageRun mine = run_pipeline_mpi(graph, pc, pipeline, run);
+  mine.reserved_peak_bytes = DeviceMemory::reserved_peak_bytes(pc.device);
   if (layout.replicas > 1) MPI_Comm_free(&pipeline), MPI_Comm_free(&run.replica_comm);
   return mine;
 }
@@ -656,10 +671,13 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayo
     std::printf("  transport: %s on %s\n", mine.transport.c_str(), pc.device.is_cuda() ? "cuda" : "cpu");
   if (!s.in_process)
     for (const RankPeak& r : peaks)
-      std::printf("  stage %d%s: measured peak %s (predicted %s)\n", r.stage,
+      std::printf("  stage %d%s: measured peak %s (predicted %s)%s\n", r.stage,
                   layout.replicas > 1 ? (" of replica " + std::to_string(r.replica)).c_str() : "",
                   format_bytes(double(r.peak_bytes)).c_str(),
-                  format_bytes(double(plan.stages[static_cast<size_t>(r.stage)].memory.predicted_peak())).c_str());
+                  format_bytes(double(plan.stages[static_cast<size_t>(r.stage)].memory.predicted_peak())).c_str(),
+                  pc.device.is_cuda()
+                      ? (", the caching allocator held up to " + format_bytes(double(r.reserved_peak_bytes))).c_str()
+                      : "");
   const double trained = static_cast<double>(mine.next_step - pc.first_step);
   // Steady state first: the first step pays for the pipeline fill and first allocations.
   std::printf("%s: %" PRId64 " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it)\n",

@@ -38,6 +38,16 @@ po::options_description common_options() {
   return all;
 }
 
+po::options_description allocator_headroom_option() {
+  po::options_description d("Memory");
+  // clang-format off
+  d.add_options()
+      ("allocator-headroom", po::value<std::string>(), "share of --device-memory the plan leaves free for the device allocator's "
+                                                       "fragmentation, e.g. 5%; default 5% for a CUDA profile, 0 on the CPU");
+  // clang-format on
+  return d;
+}
+
 po::options_description model_override_options() {
   po::options_description d("Model overrides (change a preset)");
   // clang-format off

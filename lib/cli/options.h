@@ -25,6 +25,8 @@ namespace po = boost::program_options;
 po::options_description model_options();
 // model_options() and --micro-batches --device --device-memory --quiet.
 po::options_description common_options();
+// --allocator-headroom: what a subcommand that plans against --device-memory takes besides.
+po::options_description allocator_headroom_option();
 // --layers --decoder-layers --hidden --heads --ffn --vocab --seq-len --image-size --classes
 // --in-features --output-chunks --loss-chunk-tokens --attention --dropout
 po::options_description model_override_options();

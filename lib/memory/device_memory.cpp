@@ -2,10 +2,15 @@
 
 #include <ATen/Context.h>
 
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+
 #include "memory/counting_allocator.h"
 #include "util/error.h"
 
 #ifdef DAWNPIPER_CUDA
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -15,6 +20,10 @@
 
 namespace dawnpiper {
 
+// What the caching allocator reserved beyond the plan's allocated peak, with expandable segments,
+// on the GPU check's capped swap/recompute plans (docs/gpu.md), rounded up.
+constexpr double kCudaAllocatorHeadroom = 0.05;
+
 #ifdef DAWNPIPER_CUDA
 namespace {
 using c10::CachingAllocator::StatType;
@@ -23,11 +32,21 @@ c10::CachingDeviceAllocator::DeviceStats cuda_stats(c10::Device d) {
   DeviceMemory::initialize(d);
   return c10::cuda::CUDACachingAllocator::getDeviceStats(cuda_index(d));
 }
+
+// Before the allocator's first block: expandable segments unless the user configured it.
+void configure_cuda_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("PYTORCH_CUDA_ALLOC_CONF") || std::getenv("PYTORCH_ALLOC_CONF")) return;
+    c10::cuda::CUDACachingAllocator::setAllocatorSettings("expandable_segments:True");
+  });
+}
 }  // namespace
 #endif
 
 void DeviceMemory::initialize(c10::Device device) {
 #ifdef DAWNPIPER_CUDA
+  if (device.is_cuda()) configure_cuda_allocator();
   // The caching allocator is made at CUDA's lazy initialization; before it, its statistics and
   // memory fraction throw "Allocator not initialized for device".
   if (device.is_cuda()) at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
@@ -49,6 +68,13 @@ int64_t DeviceMemory::peak_bytes(c10::Device device) {
 #endif
   (void)device;
   return CountingAllocator::install().peak_bytes();
+}
+
+int64_t DeviceMemory::reserved_peak_bytes(c10::Device device) {
+#ifdef DAWNPIPER_CUDA
+  if (device.is_cuda()) return cuda_stats(device).reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
+#endif
+  return peak_bytes(device);
 }
 
 void DeviceMemory::reset_peak(c10::Device device) {
@@ -96,11 +122,33 @@ bool cuda_available() {
 #endif
 }
 
+double default_allocator_headroom(const std::string& device) {
+  return device.rfind("cuda", 0) == 0 ? kCudaAllocatorHeadroom : 0.0;
+}
+
+double parse_allocator_headroom(const std::string& text) {
+  const bool percent = !text.empty() && text.back() == '%';
+  double share = 0;
+  try {
+    size_t used = 0;
+    share = std::stod(percent ? text.substr(0, text.size() - 1) : text, &used);
+    if (used != text.size() - (percent ? 1 : 0)) throw std::invalid_argument(text);
+  } catch (const std::exception&) {
+    throw ConfigError("--allocator-headroom '" + text + "': give a share of the memory, e.g. 5% or 0.05");
+  }
+  if (percent) share /= 100;
+  if (!(share >= 0 && share <= 0.5))
+    throw ConfigError("--allocator-headroom '" + text + "': give a share between 0 and 50%");
+  return share;
+}
+
 c10::Device parse_device(const std::string& name, bool require_gpu) {
   if (name == "cpu") return c10::Device(c10::kCPU);
   if (name == "cuda") {
 #ifndef DAWNPIPER_CUDA
     throw ConfigError("--device cuda: this build has no CUDA support (rebuild with a CUDA LibTorch); use --device cpu");
+#else
+    configure_cuda_allocator();
 #endif
     if (require_gpu && !cuda_available())
       throw ConfigError("--device cuda: no GPU is visible on this machine; use --device cpu");

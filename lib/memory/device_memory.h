@@ -1,6 +1,12 @@
 #pragma once
 // Device memory statistics and device synchronization behind one interface: on the CPU from the
 // CountingAllocator, on CUDA from the caching allocator's statistics (allocated bytes).
+//
+// On CUDA the caching allocator keeps freed blocks for reuse, so it holds (reserves) more than is
+// allocated; a memory cap (set_capacity) bounds what it reserves. Unless PYTORCH_CUDA_ALLOC_CONF
+// (or PYTORCH_ALLOC_CONF) says otherwise, initialize() turns on its expandable segments, which map
+// and unmap pages of a few growing segments instead of keeping one cudaMalloc block per large
+// request: the gap between reserved and allocated bytes then stays small (docs/gpu.md).
 #include <cstdint>
 #include <string>
 
@@ -14,11 +20,21 @@ struct DeviceMemory {
   static void initialize(c10::Device device);
   static int64_t live_bytes(c10::Device device);
   static int64_t peak_bytes(c10::Device device);
+  // The most the allocator has held since reset_peak: on CUDA its reserved bytes (what a cap
+  // limits), on the CPU the allocated peak (the counting allocator keeps nothing back).
+  static int64_t reserved_peak_bytes(c10::Device device);
   static void reset_peak(c10::Device device);
   // 0 = unlimited. CPU: enforced by the counting allocator; CUDA: the caching allocator's memory
   // fraction of the device total.
   static void set_capacity(c10::Device device, int64_t bytes);
 };
+
+// The share of a device's memory a plan leaves to the allocator's fragmentation when the user
+// gives none (--allocator-headroom): what the CUDA caching allocator reserved beyond its allocated
+// peak on the GPU check's capped plans; 0 on the CPU. `device` as a profile names it ("cuda:0").
+double default_allocator_headroom(const std::string& device);
+// Parses --allocator-headroom: a share of the memory ("5%", "0.05"), in [0, 0.5].
+double parse_allocator_headroom(const std::string& text);
 
 // Waits for the device's queued work (no-op on the CPU).
 void synchronize(c10::Device device);

@@ -160,6 +160,7 @@ std::string Plan::to_json(int indent) const {
   in["micro_batch_size"] = micro_batch_size;
   in["optimizer"] = optimizer_kind_name(options.optimizer);
   in["capacity_bytes"] = options.capacity_bytes;
+  in["allocator_headroom_bytes"] = options.allocator_headroom_bytes;
   in["host_bandwidth"] = options.host_bandwidth;
   in["link_bandwidth"] = options.link_bandwidth;
   in["memopt"] = memopt_mode_name(options.memopt);
@@ -263,6 +264,7 @@ Plan plan_fields(const Json& j) {
   p.micro_batch_size = in.at("micro_batch_size").get<int64_t>();
   p.options.optimizer = optimizer_kind_from_name(in.at("optimizer").get<std::string>());
   p.options.capacity_bytes = in.at("capacity_bytes").get<int64_t>();
+  p.options.allocator_headroom_bytes = in.value("allocator_headroom_bytes", int64_t{0});
   p.options.host_bandwidth = in.at("host_bandwidth").get<double>();
   p.options.link_bandwidth = in.at("link_bandwidth").get<double>();
   p.options.memopt = memopt_mode_from_name(in.at("memopt").get<std::string>());
@@ -299,6 +301,9 @@ void Plan::print_table(std::ostream& out) const {
   std::string capacity = options.capacity_bytes == INT64_MAX
                              ? std::string("unlimited")
                              : format_bytes(static_cast<double>(options.capacity_bytes));
+  if (options.allocator_headroom_bytes > 0)
+    capacity +=
+        " (+ " + format_bytes(static_cast<double>(options.allocator_headroom_bytes)) + " left to the allocator)";
   out << "plan: planner " << planner_kind_name(options.planner) << ", " << options.stages << " stages, schedule "
       << schedule_kind_name(options.schedule) << ", " << options.micro_batches << " micro-batches of "
       << micro_batch_size << ", optimizer " << optimizer_kind_name(options.optimizer) << ", memopt "

@@ -28,9 +28,12 @@ struct PlanOptions {
   ScheduleKind schedule = ScheduleKind::Async;
   int64_t micro_batches = 4;  // per mini-batch (per optimizer step for gpipe / 1f1b)
   OptimizerKind optimizer = OptimizerKind::Sgd;
-  int64_t capacity_bytes = INT64_MAX;  // device memory per stage
-  double host_bandwidth = 16e9;        // bytes/s, device <-> host (swap)
-  double link_bandwidth = 10e9;        // bytes/s, stage <-> stage
+  int64_t capacity_bytes = INT64_MAX;  // device memory per stage the plan may fill
+  // What the device memory held beyond capacity_bytes, left to the allocator's fragmentation (the
+  // CUDA caching allocator reserves more than it allocates; a cap limits what it reserves).
+  int64_t allocator_headroom_bytes = 0;
+  double host_bandwidth = 16e9;  // bytes/s, device <-> host (swap)
+  double link_bandwidth = 10e9;  // bytes/s, stage <-> stage
   PlannerKind planner = PlannerKind::DawnPiper;
   MemoptMode memopt = MemoptMode::SwapRecompute;
   // The search decides with the cost model's memory formula; the replay of each stage's action
@@ -42,5 +45,9 @@ struct PlanOptions {
   // gradients with its replicas (a ring allreduce over link_bandwidth) before every update.
   int data_parallel = 1;
 };
+
+// Splits `device_memory` (bytes per stage; INT64_MAX: unlimited) into what the plan may fill and
+// `headroom_share` of it left to the allocator.
+void set_device_memory(PlanOptions& options, int64_t device_memory, double headroom_share);
 
 }  // namespace dawnpiper

@@ -112,6 +112,7 @@ struct StageRun {
   std::vector<StageParameter> parameters;  // after the run
   std::vector<ActionRecord> actions;       // this stage's, when traced
   int64_t peak_bytes = 0;                  // measured over the run's actions
+  int64_t reserved_peak_bytes = 0;         // the device allocator's most held (DeviceMemory::reserved_peak_bytes)
   double wall_s = 0;                       // common start to this stage's last action's end
   std::string transport;                   // what carried the tensors (PipelineTransport::description)
   int stop_signal = 0;                     // the signal that stopped the run early, or 0

@@ -204,6 +204,12 @@ expect_fail "bad progress style" "--progress: unknown progress style 'fancy' (ch
 expect_fail "plan with two memory sizes" "--memory and --device-memory both give the memory per stage: give one" plan --model mlp-tiny \
   --device-spec a100-40gb --stages 2 --memory 1GiB --device-memory 2GiB --out "$work/two-sizes.json"
 expect_fail "graph takes no device memory" "unrecognised option '--device-memory'" graph --model mlp-tiny --device-memory 1GiB
+expect_fail "headroom without memory" "--allocator-headroom is a share of the device memory: give --device-memory too" \
+  train --model mlp-tiny --allocator-headroom 5%
+expect_fail "bad headroom" "--allocator-headroom '60%': give a share between 0 and 50%" plan --model mlp-tiny \
+  --device-spec a100-40gb --stages 2 --allocator-headroom 60%
+expect_ok "plan leaves headroom" "capacity 36.00 GiB (+ 4.00 GiB left to the allocator)" plan --model mlp-tiny \
+  --device-spec a100-40gb --stages 2 --device-memory 40GiB --allocator-headroom 10%
 expect_fail "bad data order" "--data-order: unknown data order 'random' (choose shuffled or sequential)" train --model mlp-tiny --data-order random
 expect_fail "bad transport" "--transport: unknown transport 'tcp' (choose auto, mpi, nccl or host)" train --model mlp-tiny --transport tcp
 # Profile cache: a second run plans from the first run's profile (the same split); another

@@ -1,7 +1,9 @@
-// The counting CPU allocator: live/peak bytes of a hand-computed allocation sequence, capacity.
+// The counting CPU allocator: live/peak bytes of a hand-computed allocation sequence, capacity;
+// the allocator headroom a plan leaves.
 #include "torch_test.h"
 
 #include "memory/counting_allocator.h"
+#include "memory/device_memory.h"
 #include "util/error.h"
 
 using namespace dawnpiper;
@@ -44,4 +46,21 @@ TEST_CASE("allocations beyond the capacity raise the project's out-of-memory err
   }
   CHECK(a.live_bytes() == base + (1 << 19));  // the refused request left no trace
   a.set_capacity(0);
+}
+
+TEST_CASE("the allocator headroom is a share of the device memory", "[memory]") {
+  CHECK(parse_allocator_headroom("5%") == Approx(0.05));
+  CHECK(parse_allocator_headroom("0.1") == Approx(0.1));
+  CHECK(parse_allocator_headroom("0") == 0);
+  CHECK_THROWS_WITH(parse_allocator_headroom("five"), Catch::Contains("give a share of the memory, e.g. 5% or 0.05"));
+  CHECK_THROWS_WITH(parse_allocator_headroom("5 %"), Catch::Contains("give a share of the memory"));
+  CHECK_THROWS_WITH(parse_allocator_headroom("60%"), Catch::Contains("between 0 and 50%"));
+  CHECK_THROWS_WITH(parse_allocator_headroom("-1%"), Catch::Contains("between 0 and 50%"));
+  // The CPU's counting allocator keeps nothing back; CUDA's caching allocator does.
+  CHECK(default_allocator_headroom("cpu") == 0);
+  CHECK(default_allocator_headroom("") == 0);
+  CHECK(default_allocator_headroom("cuda:0") > 0);
+  // On the CPU the most held is the allocated peak.
+  CountingAllocator::install();
+  CHECK(DeviceMemory::reserved_peak_bytes(c10::Device(c10::kCPU)) == DeviceMemory::peak_bytes(c10::Device(c10::kCPU)));
 }

@@ -208,6 +208,7 @@ TEST_CASE("plans round-trip through JSON", "[plan][planner]") {
   CHECK(back.to_json() == json);
   CHECK(back.version == Plan::kVersion);
   CHECK(back.options.capacity_bytes == opt.capacity_bytes);
+  CHECK(back.options.allocator_headroom_bytes == 0);
   CHECK(back.options.host_bandwidth == opt.host_bandwidth);
   CHECK(back.options.link_bandwidth == opt.link_bandwidth);
   CHECK(back.options.schedule == ScheduleKind::OneFOneB);
@@ -938,4 +939,28 @@ TEST_CASE("the device runtime's bytes are in every stage's predicted peak", "[pl
     for (const StagePlan& s : fitted->stages) CHECK(s.memory.predicted_peak() <= capped.capacity_bytes);
   CHECK(replay_whole_step(with_runtime, OptimizerKind::Sgd).peak ==
         replay_whole_step(plain, OptimizerKind::Sgd).peak + with_runtime.runtime_bytes);
+}
+
+TEST_CASE("device memory is split into what a plan fills and the allocator's headroom", "[plan][planner]") {
+  PlanOptions opt;
+  opt.stages = 2;
+  set_device_memory(opt, 1000, 0.05);
+  CHECK(opt.capacity_bytes == 950);
+  CHECK(opt.allocator_headroom_bytes == 50);
+  set_device_memory(opt, INT64_MAX, 0.05);  // unlimited stays unlimited, with nothing held back
+  CHECK(opt.capacity_bytes == INT64_MAX);
+  CHECK(opt.allocator_headroom_bytes == 0);
+  // The plan keeps both: what it was planned within and what it left free.
+  const Profile p = small_profile();
+  opt.capacity_bytes = INT64_MAX;
+  const int64_t open_peak = make_plan(p, opt).max_peak_bytes();
+  set_device_memory(opt, open_peak * 2, 0.1);
+  const Plan plan = make_plan(p, opt);
+  CHECK(plan.max_peak_bytes() <= opt.capacity_bytes);
+  const Plan back = plan_from_json(plan.to_json());
+  CHECK(back.options.capacity_bytes == opt.capacity_bytes);
+  CHECK(back.options.allocator_headroom_bytes == open_peak * 2 - opt.capacity_bytes);
+  std::ostringstream table;
+  back.print_table(table);
+  CHECK_THAT(table.str(), Catch::Contains("left to the allocator)"));
 }
