@@ -93,10 +93,10 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
   if (o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
   if (vm.count("memory") && vm.count("device-memory"))
     throw ConfigError("--memory and --device-memory both give the memory per stage: give one");
-  if (vm.count("memory")) o.capacity_bytes = parse_bytes(vm["memory"].as<std::string>(), "--memory");
+  if (vm.count("memory")) o.capacity_bytes = parse_capacity(vm["memory"].as<std::string>(), "--memory");
   if (vm.count("device-memory"))
-    o.capacity_bytes = parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory");
-  if (vm.count("allocator-headroom") && o.capacity_bytes == INT64_MAX)
+    o.capacity_bytes = parse_capacity(vm["device-memory"].as<std::string>(), "--device-memory");
+  if (vm.count("allocator-headroom") && o.capacity_bytes == kUnlimitedBytes)
     throw ConfigError("--allocator-headroom is a share of the device memory: give --device-memory too");
   set_device_memory(o, o.capacity_bytes,
                     vm.count("allocator-headroom")

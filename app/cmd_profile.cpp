@@ -81,7 +81,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   opt.progress = !quiet;
   CountingAllocator::install();
   if (vm.count("device-memory"))
-    DeviceMemory::set_capacity(opt.device, parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory"));
+    DeviceMemory::set_capacity(opt.device, parse_capacity(vm["device-memory"].as<std::string>(), "--device-memory"));
   const int64_t B = vm["micro-batch-size"].as<int64_t>();
   if (B < 1) throw ConfigError("micro-batch size must be at least 1");
   const std::vector<int64_t> sizes = vm.count("batch-sizes") ? parse_batch_sizes(vm["batch-sizes"].as<std::string>())

@@ -127,7 +127,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
 
   CountingAllocator::install();
   if (vm.count("device-memory"))
-    DeviceMemory::set_capacity(device, parse_bytes(vm["device-memory"].as<std::string>(), "--device-memory"));
+    DeviceMemory::set_capacity(device, parse_capacity(vm["device-memory"].as<std::string>(), "--device-memory"));
   print_replay(plan, x, graph, pc, run_stage_alone(graph, pc, x));
   return 0;
 }

@@ -37,7 +37,7 @@ c10::DataPtr CountingAllocator::allocate(size_t bytes) DP_ALLOCATOR_ALLOCATE_CON
   const int64_t n = static_cast<int64_t>(bytes);
   const int64_t live = live_.fetch_add(n) + n;
   const int64_t cap = capacity_.load();
-  if (cap > 0 && live > cap) {
+  if (live > cap) {
     live_.fetch_sub(n);
     throw OutOfMemoryError("cannot allocate " + format_bytes(n) + ": " + format_bytes(live - n) + " of the " +
                            format_bytes(cap) +

@@ -8,6 +8,7 @@
 #include <c10/core/Allocator.h>
 
 #include "memory/torch_compat.h"
+#include "util/units.h"
 
 namespace dawnpiper {
 
@@ -38,7 +39,7 @@ class CountingAllocator final : public c10::Allocator {
   static void release(void* data);
 
   mutable std::atomic<int64_t> live_{0}, peak_{0}, allocations_{0};
-  std::atomic<int64_t> capacity_{0};
+  std::atomic<int64_t> capacity_{kUnlimitedBytes};
 };
 
 // Measures the peak over a scope: peak() is the high-water mark since construction, relative to

@@ -8,6 +8,7 @@
 
 #include "memory/counting_allocator.h"
 #include "util/error.h"
+#include "util/units.h"
 
 #ifdef DAWNPIPER_CUDA
 #include <c10/cuda/CUDAAllocatorConfig.h>
@@ -98,7 +99,7 @@ void DeviceMemory::set_capacity(c10::Device device, int64_t bytes) {
     cudaSetDevice(index);
     cudaFree(nullptr);  // creates the context if needed
     cudaMemGetInfo(&free_bytes, &total_bytes);
-    const double fraction = bytes <= 0 ? 1.0 : std::min(1.0, double(bytes) / double(total_bytes));
+    const double fraction = bytes == kUnlimitedBytes ? 1.0 : std::min(1.0, double(bytes) / double(total_bytes));
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
     return;
   }

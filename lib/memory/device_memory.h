@@ -24,8 +24,8 @@ struct DeviceMemory {
   // limits), on the CPU the allocated peak (the counting allocator keeps nothing back).
   static int64_t reserved_peak_bytes(c10::Device device);
   static void reset_peak(c10::Device device);
-  // 0 = unlimited. CPU: enforced by the counting allocator; CUDA: the caching allocator's memory
-  // fraction of the device total.
+  // kUnlimitedBytes: no limit. CPU: enforced by the counting allocator; CUDA: the caching
+  // allocator's memory fraction of the device total.
   static void set_capacity(c10::Device device, int64_t bytes);
 };
 

@@ -298,7 +298,7 @@ Plan plan_from_json(const std::string& text) {
 
 void Plan::print_table(std::ostream& out) const {
   char line[512];
-  std::string capacity = options.capacity_bytes == INT64_MAX
+  std::string capacity = options.capacity_bytes == kUnlimitedBytes
                              ? std::string("unlimited")
                              : format_bytes(static_cast<double>(options.capacity_bytes));
   if (options.allocator_headroom_bytes > 0)

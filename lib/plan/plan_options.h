@@ -9,6 +9,7 @@
 
 #include "schedule/schedule.h"
 #include "train/optimizer_kind.h"
+#include "util/units.h"
 
 namespace dawnpiper {
 
@@ -28,7 +29,7 @@ struct PlanOptions {
   ScheduleKind schedule = ScheduleKind::Async;
   int64_t micro_batches = 4;  // per mini-batch (per optimizer step for gpipe / 1f1b)
   OptimizerKind optimizer = OptimizerKind::Sgd;
-  int64_t capacity_bytes = INT64_MAX;  // device memory per stage the plan may fill
+  int64_t capacity_bytes = kUnlimitedBytes;  // device memory per stage the plan may fill
   // What the device memory held beyond capacity_bytes, left to the allocator's fragmentation (the
   // CUDA caching allocator reserves more than it allocates; a cap limits what it reserves).
   int64_t allocator_headroom_bytes = 0;
@@ -46,7 +47,7 @@ struct PlanOptions {
   int data_parallel = 1;
 };
 
-// Splits `device_memory` (bytes per stage; INT64_MAX: unlimited) into what the plan may fill and
+// Splits `device_memory` (bytes per stage; kUnlimitedBytes: no limit) into what the plan may fill and
 // `headroom_share` of it left to the allocator.
 void set_device_memory(PlanOptions& options, int64_t device_memory, double headroom_share);
 

@@ -41,7 +41,7 @@ bool has_batch_fits(const Profile& profile) {
 }
 
 std::string capacity_text(int64_t bytes) {
-  if (bytes == INT64_MAX) return "unlimited memory";
+  if (bytes == kUnlimitedBytes) return "unlimited memory";
   return format_bytes(static_cast<double>(bytes)) + " (" + std::to_string(bytes) + " bytes)";
 }
 
@@ -49,7 +49,7 @@ std::string capacity_text(int64_t bytes) {
 // relative precision of 1/2000 (every answer is verified by planning).
 int64_t needed_capacity(const Profile& profile, const PlanOptions& options) {
   PlanOptions o = options;
-  o.capacity_bytes = INT64_MAX;
+  o.capacity_bytes = kUnlimitedBytes;
   std::optional<Plan> open = try_plan(profile, o);
   if (!open) return INT64_MAX;  // cannot happen: without a limit every stage fits
   int64_t hi = std::max<int64_t>(1, open->max_peak_bytes());
@@ -337,89 +337,68 @@ std::string needs_text(const Profile& profile, const PlanOptions& options) {
 
 namespace {
 
-// replay_capacity > 0: a stage fits when its replayed peak fits this (StageEvaluator).
-std::optional<Plan> search(const Profile& profile, const PlanOptions& options, int64_t replay_capacity) {
-  CostModel model(profile, options);
-  // A node whose forward alone needs more than a stage holds fits no stage (its tensors are a
-  // lower bound of any replayed peak): refused before any search, which would have to try every
-  // partition to find that out (the --max-batch search's sizes above its answer).
-  if (model.forward_need_bytes(0, model.size()) > options.capacity_bytes) return std::nullopt;
-  // The block planners of systems that checkpoint or swap whole layers: coarse memory
-  // optimization (a block's internal tensors together; block outputs stay as checkpoints).
-  const bool blocks = options.planner == PlannerKind::VPipe || options.planner == PlannerKind::GPipe;
-  StageEvaluator evaluator(model, options.memopt, options.capacity_bytes,
-                           blocks ? MemoptGranularity::Block : MemoptGranularity::Tensor);
-  evaluator.set_stop(planning_stop);
+// DawnPiper's cuts: the block search and BiPar judged by the tensor-level evaluator, late swaps
+// where nothing fits, and the exact DP where there is nothing to evict. Empty: none found.
+Bounds dawnpiper_bounds(const CostModel& model, StageEvaluator& evaluator, const PlanOptions& options) {
   Bounds bounds;
-  evaluator.set_replay_capacity(replay_capacity);
-  if (options.planner == PlannerKind::DawnPiper) {
-    // Two candidates. Cuts at block boundaries refined by Kernighan-Lin moves (vPipe's search),
-    // judged by the same tensor-level evaluator: BiPar's sweeps assume feasibility is monotone
-    // in a stage's range, which the replayed peak is not (more recomputation holds more re-run
-    // buffers), so they can miss splits this local search finds. It is cheap, so it goes
-    // first, and BiPar searches only for something faster (its sweeps prune by that time).
-    // BiPar may make `if_found` / `if_none` evaluations (-1: no limit), as the block search
-    // found a plan or not. The limit holds for BiPar only.
-    auto block_then_bipar = [&](bool any, int64_t if_found, int64_t if_none) {
-      bounds =
-          static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
-      const int64_t n = bounds.empty() ? if_none : if_found;
-      evaluator.set_evaluation_limit(n < 0 ? -1 : evaluator.evaluations() + n);
-      const double cutoff = bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds);
-      const Bounds bipar = BiPar(evaluator).solve(cutoff, any);
-      evaluator.set_evaluation_limit(-1);
-      if (!bipar.empty()) bounds = bipar;
-    };
-    // Where the block search finds no plan and the late swaps below can follow, BiPar may have
-    // to prove there is none first, which is the costliest case: it stops after
-    // kFirstEvaluations (t5-large, async, 8 stages, 312 samples: 37,200 evaluations, 7.7 s, none
-    // found) and the late swaps are tried. No size in the paper's tables fell so
-    // (docs/benchmarks.md, "Ops that keep less than autograd's composition").
-    constexpr int64_t kFirstEvaluations = 5000;
-    block_then_bipar(/*any=*/false, -1, evaluator.can_late_swap() ? kFirstEvaluations : -1);
-    // Where nothing fits, a stage may also swap everything late and stall for the copies
-    // (StageEvaluator::allow_late_swap). Not before: ranges that fit only so are slow, but
-    // their compute does not say so, so nothing prunes them, and the sweeps would search them
-    // all. Here the first plan found will do (any: BiPar stops at it; the block search's still
-    // bounds it). Where the block search found none, BiPar gives up after half of the first
-    // search's evaluations (at least kLateEvaluations): where nothing fits, proving it takes the
-    // longest. Where it found one, BiPar only looks for a faster plan among ones that stall
-    // anyway, for kLateEvaluations (t5-large, async, 8 stages, 312 samples: 18,400 evaluations
-    // and 4.5 s found none).
-    if ((bounds.empty() || !std::isfinite(evaluator.objective(bounds))) && evaluator.allow_late_swap()) {
-      constexpr int64_t kLateEvaluations = 1000;
-      block_then_bipar(/*any=*/true, kLateEvaluations, std::max(kLateEvaluations, evaluator.evaluations() / 2));
+  // Two candidates. Cuts at block boundaries refined by Kernighan-Lin moves (vPipe's search),
+  // judged by the same tensor-level evaluator: BiPar's sweeps assume feasibility is monotone
+  // in a stage's range, which the replayed peak is not (more recomputation holds more re-run
+  // buffers), so they can miss splits this local search finds. It is cheap, so it goes
+  // first, and BiPar searches only for something faster (its sweeps prune by that time).
+  // BiPar may make `if_found` / `if_none` evaluations (-1: no limit), as the block search
+  // found a plan or not. The limit holds for BiPar only.
+  auto block_then_bipar = [&](bool any, int64_t if_found, int64_t if_none) {
+    bounds = static_cast<int>(block_boundaries(model).size()) > options.stages ? vpipe_partition(evaluator) : Bounds{};
+    const int64_t n = bounds.empty() ? if_none : if_found;
+    evaluator.set_evaluation_limit(n < 0 ? -1 : evaluator.evaluations() + n);
+    const double cutoff = bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds);
+    const Bounds bipar = BiPar(evaluator).solve(cutoff, any);
+    evaluator.set_evaluation_limit(-1);
+    if (!bipar.empty()) bounds = bipar;
+  };
+  // Where the block search finds no plan and the late swaps below can follow, BiPar may have
+  // to prove there is none first, which is the costliest case: it stops after
+  // kFirstEvaluations (t5-large, async, 8 stages, 312 samples: 37,200 evaluations, 7.7 s, none
+  // found) and the late swaps are tried. No size in the paper's tables fell so
+  // (docs/benchmarks.md, "Ops that keep less than autograd's composition").
+  constexpr int64_t kFirstEvaluations = 5000;
+  block_then_bipar(/*any=*/false, -1, evaluator.can_late_swap() ? kFirstEvaluations : -1);
+  // Where nothing fits, a stage may also swap everything late and stall for the copies
+  // (StageEvaluator::allow_late_swap). Not before: ranges that fit only so are slow, but
+  // their compute does not say so, so nothing prunes them, and the sweeps would search them
+  // all. Here the first plan found will do (any: BiPar stops at it; the block search's still
+  // bounds it). Where the block search found none, BiPar gives up after half of the first
+  // search's evaluations (at least kLateEvaluations): where nothing fits, proving it takes the
+  // longest. Where it found one, BiPar only looks for a faster plan among ones that stall
+  // anyway, for kLateEvaluations (t5-large, async, 8 stages, 312 samples: 18,400 evaluations
+  // and 4.5 s found none).
+  if ((bounds.empty() || !std::isfinite(evaluator.objective(bounds))) && evaluator.allow_late_swap()) {
+    constexpr int64_t kLateEvaluations = 1000;
+    block_then_bipar(/*any=*/true, kLateEvaluations, std::max(kLateEvaluations, evaluator.evaluations() / 2));
+  }
+  // Without memory optimization (or memory to save) a stage's time is its compute: the exact DP over the memory
+  // formula, bounded by the best found so far, is cheap, and it catches the splits BiPar's
+  // sweeps miss (encoder-decoder graphs). Its answer must still fit when checked like the rest.
+  if (evaluator.mode() == MemoptMode::None || options.capacity_bytes == kUnlimitedBytes) {  // nothing to evict
+    StageEvaluator formula(model, MemoptMode::None, options.capacity_bytes);
+    formula.set_stop(planning_stop);
+    const Bounds exact = exact_partition(
+        formula, bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds));
+    if (!exact.empty() && (bounds.empty() || evaluator.objective(exact) < evaluator.objective(bounds))) bounds = exact;
+    // The bottleneck alone leaves the other stages free to be uneven (one large node, e.g. an
+    // LM head, sets it): keep it, and balance the rest.
+    if (!bounds.empty()) {
+      const double bottleneck = evaluator.objective(bounds);
+      const Bounds even = balanced_partition(model, options.capacity_bytes, bottleneck * (1 + 1e-12));
+      if (!even.empty() && evaluator.objective(even) <= bottleneck) bounds = even;
     }
-    // Without memory optimization (or memory to save) a stage's time is its compute: the exact DP over the memory
-    // formula, bounded by the best found so far, is cheap, and it catches the splits BiPar's
-    // sweeps miss (encoder-decoder graphs). Its answer must still fit when checked like the rest.
-    if (evaluator.mode() == MemoptMode::None || options.capacity_bytes == INT64_MAX) {  // nothing to evict
-      StageEvaluator formula(model, MemoptMode::None, options.capacity_bytes);
-      formula.set_stop(planning_stop);
-      const Bounds exact = exact_partition(
-          formula, bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds));
-      if (!exact.empty() && (bounds.empty() || evaluator.objective(exact) < evaluator.objective(bounds)))
-        bounds = exact;
-      // The bottleneck alone leaves the other stages free to be uneven (one large node, e.g. an
-      // LM head, sets it): keep it, and balance the rest.
-      if (!bounds.empty()) {
-        const double bottleneck = evaluator.objective(bounds);
-        const Bounds even = balanced_partition(model, options.capacity_bytes, bottleneck * (1 + 1e-12));
-        if (!even.empty() && evaluator.objective(even) <= bottleneck) bounds = even;
-      }
-    }
-  } else if (options.planner == PlannerKind::Exact)
-    bounds = exact_partition(evaluator);
-  else if (options.planner == PlannerKind::GPipe)
-    bounds = gpipe_partition(model);
-  else if (options.planner == PlannerKind::PipeDream)
-    bounds = pipedream_partition(model);
-  else if (options.planner == PlannerKind::VPipe)
-    bounds = vpipe_partition(evaluator);
-  else if (options.planner == PlannerKind::Even)
-    bounds = even_partition(model);
-  if (bounds.empty() || !std::isfinite(evaluator.objective(bounds)) || planning_stopped()) return std::nullopt;
+  }
+  return bounds;
+}
 
+// The plan of these cuts, each stage as the evaluator judged it.
+Plan plan_of(const Profile& profile, const PlanOptions& options, StageEvaluator& evaluator, const Bounds& bounds) {
   Plan plan;
   plan.model = profile.model;
   plan.preset = profile.preset;
@@ -433,20 +412,51 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
   return plan;
 }
 
+// replay_capacity > 0: a stage fits when its replayed peak fits this (StageEvaluator).
+std::optional<Plan> search(const Profile& profile, const PlanOptions& options, int64_t replay_capacity) {
+  CostModel model(profile, options);
+  // A node whose forward alone needs more than a stage holds fits no stage (its tensors are a
+  // lower bound of any replayed peak): refused before any search, which would have to try every
+  // partition to find that out (the --max-batch search's sizes above its answer).
+  if (model.forward_need_bytes(0, model.size()) > options.capacity_bytes) return std::nullopt;
+  // The block planners of systems that checkpoint or swap whole layers: coarse memory
+  // optimization (a block's internal tensors together; block outputs stay as checkpoints).
+  const bool blocks = options.planner == PlannerKind::VPipe || options.planner == PlannerKind::GPipe;
+  StageEvaluator evaluator(model, options.memopt, options.capacity_bytes,
+                           blocks ? MemoptGranularity::Block : MemoptGranularity::Tensor);
+  evaluator.set_stop(planning_stop);
+  evaluator.set_replay_capacity(replay_capacity);
+  Bounds bounds;
+  if (options.planner == PlannerKind::DawnPiper)
+    bounds = dawnpiper_bounds(model, evaluator, options);
+  else if (options.planner == PlannerKind::Exact)
+    bounds = exact_partition(evaluator);
+  else if (options.planner == PlannerKind::GPipe)
+    bounds = gpipe_partition(model);
+  else if (options.planner == PlannerKind::PipeDream)
+    bounds = pipedream_partition(model);
+  else if (options.planner == PlannerKind::VPipe)
+    bounds = vpipe_partition(evaluator);
+  else if (options.planner == PlannerKind::Even)
+    bounds = even_partition(model);
+  if (bounds.empty() || !std::isfinite(evaluator.objective(bounds)) || planning_stopped()) return std::nullopt;
+  return plan_of(profile, options, evaluator, bounds);
+}
+
 }  // namespace
 
 std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options) {
   validate(profile, options);
   const auto start = std::chrono::steady_clock::now();
   const int64_t replay_capacity =
-      options.fit_replayed && options.capacity_bytes != INT64_MAX ? options.capacity_bytes : 0;
+      options.fit_replayed && options.capacity_bytes != kUnlimitedBytes ? options.capacity_bytes : 0;
   std::optional<Plan> plan = search(profile, options, replay_capacity);
   auto overshoot = [&](const Plan& p) {
     int64_t most = INT64_MIN;
     for (const StagePlan& s : p.stages) most = std::max(most, s.memory.predicted_peak() - options.capacity_bytes);
     return most;
   };
-  if (plan && options.fit_replayed && options.capacity_bytes != INT64_MAX && overshoot(*plan) > 0) {
+  if (plan && options.fit_replayed && options.capacity_bytes != kUnlimitedBytes && overshoot(*plan) > 0) {
     // The largest search capacity whose plan fits when replayed: a capacity too small has no
     // plan, one too large overshoots. First guess: lowered by the overshoot; then bisection.
     std::optional<Plan> best;

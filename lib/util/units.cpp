@@ -8,6 +8,12 @@
 
 namespace dawnpiper {
 
+int64_t parse_capacity(const std::string& text, const std::string& what) {
+  const int64_t bytes = parse_bytes(text, what);
+  if (bytes <= 0) throw ConfigError(what + " must be positive (leave it out for no limit)");
+  return bytes;
+}
+
 int64_t parse_bytes(const std::string& text, const std::string& what) {
   size_t pos = 0;
   double value = 0;

@@ -35,6 +35,7 @@ expect_fail "unreadable config" "cannot read config file" train --config "$work/
 printf 'model = gpt2-tiny\nbogus = 1\n' >"$work/bad.ini"
 expect_fail "unknown key in config" "bogus" train --config "$work/bad.ini"
 expect_fail "bad memory size" "is not a size" train --model mlp-tiny --device-memory lots
+expect_fail "zero memory" "--device-memory must be positive (leave it out for no limit)" train --model mlp-tiny --device-memory 0
 expect_fail "capacity exceeded" "out of memory: cannot allocate" train --model gpt2-tiny --device-memory 100KiB --steps 1
 expect_fail "stages without ranks" "launch with" train --model mlp-tiny --stages 2
 expect_fail "zero micro-batch size" "micro-batch size must be at least 1" train --model mlp-tiny --micro-batch-size 0

@@ -10,7 +10,7 @@ using namespace dawnpiper;
 
 TEST_CASE("peak matches a hand-computed allocation sequence", "[memory]") {
   CountingAllocator& a = CountingAllocator::install();
-  a.set_capacity(0);
+  a.set_capacity(kUnlimitedBytes);
   const int64_t base = a.live_bytes();
   a.reset_peak();
   {
@@ -45,7 +45,7 @@ TEST_CASE("allocations beyond the capacity raise the project's out-of-memory err
     CHECK(what.find("--device-memory") != std::string::npos);
   }
   CHECK(a.live_bytes() == base + (1 << 19));  // the refused request left no trace
-  a.set_capacity(0);
+  a.set_capacity(kUnlimitedBytes);
 }
 
 TEST_CASE("the allocator headroom is a share of the device memory", "[memory]") {

@@ -281,7 +281,7 @@ TEST_CASE("in-step timing falls back to isolated runs when the step does not fit
   a.set_capacity(a.live_bytes() + step_peak / 2);
   Profile p;
   REQUIRE_NOTHROW(p = profile_graph(g, quick()));
-  a.set_capacity(0);
+  a.set_capacity(kUnlimitedBytes);
   CHECK(p.timing == "isolated");
   for (const NodeProfile& n : p.nodes)
     if (n.kind == "linear") CHECK(n.fwd_ms > 0);

@@ -69,11 +69,11 @@ TEST_CASE("the trainer's measured peak respects a capacity, or fails with the OO
   OpGraph g = build_model(preset_config("gpt2-tiny"), 4);
   TrainConfig c;
   c.steps = 1;
-  a.set_capacity(0);
+  a.set_capacity(kUnlimitedBytes);
   ReferenceTrainer free_run(g, c);
   StepResult r = free_run.step();
   REQUIRE(r.peak_bytes > 0);
   a.set_capacity(a.live_bytes() + (r.peak_bytes - a.live_bytes()) / 4);
   CHECK_THROWS_AS(ReferenceTrainer(g, c).step(), OutOfMemoryError);
-  a.set_capacity(0);
+  a.set_capacity(kUnlimitedBytes);
 }

@@ -1,0 +1,226 @@
+#include "cli/train_options.h"
+
+#include <sstream>
+#include <type_traits>
+
+#include "data/token_file.h"
+#include "memory/device_memory.h"
+#include "runtime/pipeline_stage.h"
+#include "train/optimizer.h"
+#include "util/atomic_file.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/units.h"
+
+namespace dawnpiper {
+
+namespace {
+
+DataConfig data_config_from(const po::variables_map& vm) {
+  DataConfig d;
+  if (vm.count("data")) d.path = vm["data"].as<std::string>();
+  d.sequential = vm["data-order"].as<DataOrder>() == DataOrder::Sequential;
+  d.validation_fraction = vm["validation-fraction"].as<double>();
+  if (d.validation_fraction < 0 || d.validation_fraction >= 1)
+    throw ConfigError("--validation-fraction must be in [0, 1)");
+  if (d.path.empty() && (!vm["data-order"].defaulted() || d.validation_fraction > 0))
+    throw ConfigError("--data-order and --validation-fraction apply to --data (a token file)");
+  if (!d.path.empty()) TokenFile check(d.path);  // the file and its metadata, before any work
+  return d;
+}
+
+TrainConfig train_config_from(const po::variables_map& vm) {
+  TrainConfig config;
+  config.steps = vm["steps"].as<int64_t>();
+  config.micro_batches = vm["micro-batches"].as<int64_t>();
+  config.seed = vm["seed"].as<uint64_t>();
+  config.optimizer.kind = vm["optimizer"].as<OptimizerKind>();
+  config.optimizer.lr = vm["lr"].as<double>();
+  config.optimizer.momentum = vm["momentum"].as<double>();
+  config.optimizer.weight_decay = vm["weight-decay"].as<double>();
+  config.optimizer.schedule.kind = vm["lr-schedule"].as<LrScheduleKind>();
+  config.optimizer.schedule.warmup_steps = vm["warmup-steps"].as<int64_t>();
+  config.optimizer.schedule.min_lr = vm["min-lr"].as<double>();
+  config.optimizer.schedule.total_steps = config.steps;
+  config.optimizer.grad_clip = vm["grad-clip"].as<double>();
+  check_grad_clip(vm["schedule"].as<ScheduleKind>(), config.optimizer.grad_clip);
+  make_optimizer(config.optimizer, {});  // validates before any work
+  config.data = data_config_from(vm);
+  if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
+  if (config.steps < 0) throw ConfigError("--steps must not be negative");
+  return config;
+}
+
+}  // namespace
+
+po::options_description train_options() {
+  po::options_description own("Training options");
+  // clang-format off
+  own.add_options()
+      ("stages", po::value<int>(), "pipeline stages (default: the number of MPI ranks / --data-parallel)")
+      ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
+                                          "averaged every step (default: MPI ranks / --stages); a pipeline's ranks share a node where they can")
+      ("schedule", po::value<ScheduleKind>()->default_value(ScheduleKind::OneFOneB, "1f1b"), "gpipe | 1f1b | async (PipeDream, weight stashing)")
+      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
+      ("memopt", po::value<MemoptMode>()->default_value(MemoptMode::None, "none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions (default none, where `plan` defaults to sr: a run evicts only when asked)")
+      ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
+      ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
+      ("calibrate-trace", po::value<std::vector<std::string>>()->composing(),
+       "plan from the profile with each traced stage's node times scaled to what that run measured (`--trace` "
+       "of an earlier run of this setup; several: each node takes the mean of its factors)")
+      ("profile-cache", po::value<std::string>()->default_value(""),
+       "where measured profiles are kept and reused: a directory, or off (default: $DAWNPIPER_CACHE, else "
+       "$XDG_CACHE_HOME/dawnpiper or ~/.cache/dawnpiper)")
+      ("plan-out", po::value<std::string>(), "write the plan used to this file")
+      ("transport", po::value<TransportChoice>()->default_value(TransportChoice::Auto, "auto"),
+       "auto | mpi (CPU tensors) | nccl (CUDA, ranks on different GPUs) | host (CUDA through host memory over MPI; "
+       "what auto takes between ranks sharing a GPU)")
+      ("in-process", po::bool_switch(), "run every stage in this one process (validates a plan without MPI)")
+      ("threads", po::value<int>()->default_value(0), "intra-op threads per rank (default: OMP_NUM_THREADS if set, else "
+                                                    "the node's cores / the ranks on it)")
+      ("trace", po::value<std::string>(), "write an HDF5 trace of every action on every rank (docs/trace-format.md)")
+      ("checkpoint-dir", po::value<std::string>(), "directory for checkpoints (every stage's parameters and optimizer state)")
+      ("checkpoint-every", po::value<int64_t>()->default_value(0), "write a checkpoint every K steps (and after the last)")
+      ("save-weights", po::value<std::string>(), "after training, write the weights to this safetensors file (PyTorch names: "
+                                                 "transformers' from_pretrained loads it)")
+      ("progress", po::value<Progress::Style>()->default_value(Progress::Style::Auto, "auto"),
+       "auto (a bar on a terminal, lines in logs and under mpirun) | bar | lines")
+      ("resume", po::bool_switch(), "continue from the latest checkpoint in --checkpoint-dir (with the model, data and "
+                                    "optimizer settings of the run that wrote it)")
+      ("resume-override", po::bool_switch(), "with --resume: accept settings that differ from the checkpoint's run")
+      ("steps", po::value<int64_t>()->default_value(10), "training steps")
+      ("data", po::value<std::string>(), "train on this token file (scripts/prepare_data.py) instead of synthetic data")
+      ("data-order", po::value<DataOrder>()->default_value(DataOrder::Shuffled, "shuffled"),
+       "shuffled (windows in a seeded order per epoch) | sequential (sample i of the run is window i)")
+      ("validation-fraction", po::value<double>()->default_value(0.0), "share of the token file's windows held out for validation")
+      ("eval-every", po::value<int64_t>()->default_value(0), "report the validation loss every N steps (0: never)")
+      ("eval-batches", po::value<int64_t>()->default_value(4), "micro-batches of the validation split per evaluation")
+      ("eval-only", po::bool_switch(), "report the validation loss of the starting weights (--resume's checkpoint, "
+                                       "--init-from's or the seed's) and train nothing")
+      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd (with momentum) | adam | adamw")
+      ("lr", po::value<double>()->default_value(0.01), "learning rate (the schedule's peak)")
+      ("momentum", po::value<double>()->default_value(0.9), "SGD momentum")
+      ("weight-decay", po::value<double>()->default_value(0.0), "weight decay of matrices and embeddings (not of biases "
+                                                                 "and norms): decoupled under adamw, L2 under sgd and adam")
+      ("lr-schedule", po::value<LrScheduleKind>()->default_value(LrScheduleKind::Constant, "constant"),
+       "constant | cosine | linear (decay to --min-lr at the last step), after --warmup-steps (transformers' schedules)")
+      ("warmup-steps", po::value<int64_t>()->default_value(0), "steps of linear warmup from 0 to --lr")
+      ("min-lr", po::value<double>()->default_value(0.0), "where cosine and linear decay end")
+      ("grad-clip", po::value<double>()->default_value(0.0), "clip the global gradient norm (over every stage) to this before each "
+                                                            "update, as clip_grad_norm_; 0: never (the norm is reported either way)")
+      ("metrics-out", po::value<std::string>(), "append one JSON line per step and validation to this file (step, loss, lr, "
+                                                "grad norm, samples/s and tokens/s, peak memory per stage); scripts/plot_metrics.py draws it");
+  // clang-format on
+  po::options_description options;
+  options.add(own).add(common_options()).add(allocator_headroom_option()).add(model_override_options());
+  return options;
+}
+
+TrainOptions read_train_options(const po::variables_map& vm) {
+  TrainOptions o;
+  o.config = train_config_from(vm);
+  o.micro_batch_size = vm["micro-batch-size"].as<int64_t>();
+  if (vm.count("device-memory")) o.capacity = parse_capacity(vm["device-memory"].as<std::string>(), "--device-memory");
+  if (vm.count("allocator-headroom")) {
+    if (o.capacity == kUnlimitedBytes)
+      throw ConfigError("--allocator-headroom is a share of the device memory: give --device-memory too");
+    o.allocator_headroom = parse_allocator_headroom(vm["allocator-headroom"].as<std::string>());
+  }
+  o.eval_every = vm["eval-every"].as<int64_t>();
+  o.eval_batches = vm["eval-batches"].as<int64_t>();
+  if (o.eval_every < 0 || o.eval_batches < 1) throw ConfigError("--eval-every must be >= 0 and --eval-batches >= 1");
+  o.eval_only = vm["eval-only"].as<bool>();
+  if ((o.eval_every > 0 || o.eval_only) && !o.config.data.path.empty() && o.config.data.validation_fraction <= 0)
+    throw ConfigError(std::string(o.eval_only ? "--eval-only" : "--eval-every") +
+                      " needs a validation split: give --validation-fraction (e.g. 0.05)");
+  if (o.eval_only && (o.eval_every > 0 || vm.count("checkpoint-every") && !vm["checkpoint-every"].defaulted() ||
+                      vm.count("save-weights") || vm.count("trace")))
+    throw ConfigError(
+        "--eval-only trains nothing: leave out --eval-every, --checkpoint-every, --save-weights and --trace");
+  o.quiet = vm["quiet"].as<bool>();
+  o.progress_style = vm["progress"].as<Progress::Style>();
+  o.in_process = vm["in-process"].as<bool>();
+  o.checkpoint_every = vm["checkpoint-every"].as<int64_t>();
+  o.resume = vm["resume"].as<bool>();
+  o.resume_override = vm["resume-override"].as<bool>();
+  if (o.resume_override && !o.resume) throw ConfigError("--resume-override applies to --resume");
+  if (vm.count("checkpoint-dir")) o.checkpoint_dir = vm["checkpoint-dir"].as<std::string>();
+  if (o.checkpoint_every < 0) throw ConfigError("--checkpoint-every must not be negative");
+  if ((o.checkpoint_every > 0 || o.resume) && o.checkpoint_dir.empty())
+    throw ConfigError("--checkpoint-every and --resume need --checkpoint-dir DIR");
+  if (vm.count("trace")) o.trace_path = vm["trace"].as<std::string>();
+  if (vm.count("save-weights")) {  // a .safetensors file, or a directory for it and config.json
+    const std::string given = vm["save-weights"].as<std::string>();
+    const std::string suffix = ".safetensors";
+    const bool file =
+        given.size() > suffix.size() && given.compare(given.size() - suffix.size(), suffix.size(), suffix) == 0;
+    o.save_directory = file ? "" : given;
+    o.save_path = file ? given : given + "/model.safetensors";
+  }
+  if (vm.count("metrics-out")) o.metrics_path = vm["metrics-out"].as<std::string>();
+  for (const char* input : {"init-from", "profile-in", "plan-in"})
+    if (vm.count(input)) check_readable(vm[input].as<std::string>(), std::string("--") + input);
+  if (vm.count("calibrate-trace"))
+    for (const std::string& trace : vm["calibrate-trace"].as<std::vector<std::string>>())
+      check_readable(trace, "--calibrate-trace");
+  if (o.in_process && (!o.trace_path.empty() || o.checkpoint_every > 0 || o.resume))
+    throw ConfigError("--trace, --checkpoint-every and --resume apply to MPI runs, not --in-process");
+  if (o.in_process && !o.save_path.empty())
+    throw ConfigError("--save-weights applies to MPI runs and one-stage runs, not --in-process");
+  if (o.in_process && (o.eval_every > 0 || o.eval_only))
+    throw ConfigError("--eval-every and --eval-only apply to MPI runs and one-stage runs, not --in-process");
+  // Outputs: their directories are made now, and each must be writable before any work.
+  if (vm.count("plan-out")) o.plan_out = vm["plan-out"].as<std::string>();
+  for (const std::string& path : {o.trace_path, o.save_path, o.metrics_path, o.plan_out})
+    if (!path.empty()) {
+      if (const std::string dir = parent_directory(path); !dir.empty()) make_directories(dir);
+      check_writable(path);
+    }
+  o.stages = vm.count("stages") ? vm["stages"].as<int>() : 0;
+  if (vm.count("stages") && o.stages < 1) throw ConfigError("--stages must be at least 1");
+  o.data_parallel = vm.count("data-parallel") ? vm["data-parallel"].as<int>() : 0;
+  if (vm.count("data-parallel") && o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
+  o.schedule = vm["schedule"].as<ScheduleKind>();
+  o.planner = vm["planner"].as<PlannerKind>();
+  o.memopt = vm["memopt"].as<MemoptMode>();
+  o.device = vm["device"].as<std::string>();
+  o.transport = vm["transport"].as<TransportChoice>();
+  o.threads_requested = vm["threads"].as<int>();
+  if (o.threads_requested < 0) throw ConfigError("--threads must be positive (0: choose)");
+  if (vm.count("plan-in")) o.plan_in = vm["plan-in"].as<std::string>();
+  if (vm.count("profile-in")) o.profile_in = vm["profile-in"].as<std::string>();
+  o.profile_cache = vm["profile-cache"].as<std::string>();
+  if (vm.count("calibrate-trace")) o.calibrate_traces = vm["calibrate-trace"].as<std::vector<std::string>>();
+  if (!o.plan_in.empty() && !o.calibrate_traces.empty())
+    throw ConfigError(
+        "--calibrate-trace corrects the profile a plan is made from; --plan-in gives the plan (make it "
+        "with `dawnpiper plan --calibrate-trace`)");
+  return o;
+}
+
+void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
+  auto adopt = [&](const char* key, const auto& planned) {
+    using T = std::decay_t<decltype(planned)>;
+    auto found = vm.find(key);
+    if (found != vm.end() && !found->second.defaulted() && found->second.template as<T>() != planned) {
+      std::ostringstream given, wanted;
+      given << found->second.template as<T>();
+      wanted << planned;
+      throw ConfigError("--" + std::string(key) + " " + given.str() + " contradicts the plan (--plan-in), made for " +
+                        wanted.str() + "; leave the option out or plan again");
+    }
+    vm.erase(key);
+    vm.insert({key, po::variable_value(boost::any(planned), false)});
+  };
+  adopt("schedule", plan.options.schedule);
+  adopt("micro-batch-size", plan.micro_batch_size);
+  adopt("micro-batches", plan.options.micro_batches);
+  adopt("optimizer", plan.options.optimizer);
+  adopt("planner", plan.options.planner);
+  adopt("memopt", plan.options.memopt);
+  adopt("precision", plan.precision);
+  adopt("stages", static_cast<int>(plan.stages.size()));
+  adopt("data-parallel", plan.options.data_parallel);
+}
+
+}  // namespace dawnpiper

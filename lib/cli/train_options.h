@@ -1,0 +1,49 @@
+#pragma once
+// What `dawnpiper train` takes: its options, and the settings read from them once, checked (every
+// input readable, every output writable) before any work.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cli/options.h"
+#include "plan/plan.h"
+#include "runtime/device_placement.h"
+#include "train/reference_trainer.h"
+
+namespace dawnpiper {
+
+po::options_description train_options();
+
+struct TrainOptions {
+  TrainConfig config;
+  int64_t micro_batch_size = 0;
+  int stages = 0, data_parallel = 0;  // 0: not given (the MPI ranks decide)
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  PlannerKind planner = PlannerKind::DawnPiper;
+  MemoptMode memopt = MemoptMode::None;
+  std::string device = "cpu";
+  TransportChoice transport = TransportChoice::Auto;
+  int threads_requested = 0;       // 0: choose
+  int64_t capacity = kUnlimitedBytes;  // bytes per rank
+  double allocator_headroom = -1;  // share of `capacity` a plan made here leaves free; < 0: the device's default
+  int64_t eval_every = 0, eval_batches = 1;
+  int64_t checkpoint_every = 0;
+  bool resume = false, resume_override = false, quiet = false, in_process = false, eval_only = false;
+  std::string checkpoint_dir, trace_path, save_path, metrics_path;
+  std::string save_directory;  // --save-weights DIR: model.safetensors and (Hugging Face models) config.json
+  std::string plan_in, plan_out, profile_in, profile_cache;
+  std::vector<std::string> calibrate_traces;
+  Progress::Style progress_style = Progress::Style::Auto;
+  // Set where the run starts, from what the options select.
+  std::string hf_config;  // config.json's text for --save-weights DIR; empty: not a Hugging Face export
+  ThreadChoice threads;   // each rank's intra-op threads
+  double samples_per_step = 0;
+};
+TrainOptions read_train_options(const po::variables_map& vm);
+
+// Takes a --plan-in's schedule, micro-batching, optimizer, planner, memory optimization, precision
+// and stage count into vm; a value given on the command line or in the config file that differs
+// is a ConfigError naming both.
+void adopt_plan_settings(const Plan& plan, po::variables_map& vm);
+
+}  // namespace dawnpiper

@@ -1,0 +1,158 @@
+#include "run/agreed_plan.h"
+
+#include <ATen/Parallel.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "memory/device_memory.h"
+#include "plan/calibrate.h"
+#include "plan/planner.h"
+#include "profile/profile_cache.h"
+#include "profile/profile_io.h"
+#include "profile/profiler.h"
+#include "run/resume.h"
+#include "runtime/mpi_wait.h"
+#include "util/atomic_file.h"
+#include "util/error.h"
+#include "util/files.h"
+
+namespace dawnpiper {
+
+namespace {
+
+// The profile train plans from: measured here, or the one measured before under the same key
+// (profile/profile_cache.h), so that runs of one setup plan from the same numbers.
+Profile measured_profile(const TrainOptions& o, const OpGraph& graph, c10::Device device) {
+  ProfilerOptions options;
+  options.warmup = 1;
+  options.iterations = 3;
+  options.seed = o.config.seed;
+  options.device = device;
+  const std::string dir = profile_cache_dir(o.profile_cache);
+  const std::string settings = device.str() + " threads " + std::to_string(at::get_num_threads()) + " warmup " +
+                               std::to_string(options.warmup) + " iterations " + std::to_string(options.iterations) +
+                               " seed " + std::to_string(options.seed);
+  const std::string path = dir.empty() ? "" : profile_cache_path(dir, graph, settings);
+  if (!path.empty())
+    if (std::optional<Profile> cached = read_cached_profile(path, graph)) {
+      if (!o.quiet) std::printf("profile: %s (cached; --profile-cache off measures afresh)\n", path.c_str());
+      return std::move(*cached);
+    }
+  Profile profile = profile_graph(graph, options);
+  if (!path.empty()) {
+    const bool kept = write_cached_profile(path, profile);
+    if (!o.quiet) std::printf("profile: measured, %s %s\n", kept ? "kept in" : "could not keep it in", path.c_str());
+  }
+  return profile;
+}
+
+// Rank 0: a plan made from a loaded or freshly measured profile, as JSON.
+std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const RankLayout& layout, c10::Device device) {
+  Profile profile;
+  if (!o.profile_in.empty()) {
+    profile = read_profile(o.profile_in);
+    if (const std::string why = profile.device_mismatch(device.str()); !why.empty())
+      throw ConfigError("--profile-in: " + why);
+    if (profile.precision != graph.precision)
+      throw ConfigError("--profile-in was profiled in " + profile.precision + ", this run trains in " +
+                        graph.precision + " (profile again with --precision " + graph.precision + ")");
+    if (profile.preset != graph.preset || profile.size() != graph.size())
+      throw ConfigError("--profile-in is a profile of " + profile.preset + " (" + std::to_string(profile.size()) +
+                        " nodes), not of this " + graph.preset + " graph (" + std::to_string(graph.size()) + " nodes)");
+    profile = profile.at_batch(graph.micro_batch_size);
+  } else {
+    profile = measured_profile(o, graph, device);
+  }
+  if (!o.calibrate_traces.empty()) {
+    calibrate_from_traces(profile, o.calibrate_traces);
+    if (!o.quiet)
+      std::printf("profile: node times scaled to what %zu traced run(s) measured\n", o.calibrate_traces.size());
+  }
+  PlanOptions p;
+  p.stages = layout.stages;
+  p.schedule = o.schedule;
+  p.micro_batches = o.config.micro_batches;
+  p.optimizer = o.config.optimizer.kind;
+  set_device_memory(p, o.capacity,
+                    o.allocator_headroom >= 0 ? o.allocator_headroom : default_allocator_headroom(device.str()));
+  p.planner = o.planner;
+  p.memopt = o.memopt;
+  p.fit_replayed = true;
+  p.data_parallel = layout.replicas;
+  Plan plan = make_plan(profile, p);
+  return plan.to_json();
+}
+
+}  // namespace
+
+std::optional<GivenPlan> read_given_plan(const std::string& path, int rank) {
+  if (path.empty()) return std::nullopt;
+  GivenPlan given;
+  if (rank == 0) given.json = read_text_file(path);
+  broadcast_string_quietly(given.json, 0, MPI_COMM_WORLD);
+  given.plan = plan_from_json(given.json);
+  return given;
+}
+
+Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, const RankLayout& layout,
+                 const TrainOptions& o, c10::Device device, int rank) {
+  const std::string saved_plan = o.checkpoint_dir.empty() ? "" : o.checkpoint_dir + "/plan.json";
+  std::string plan_json;
+  if (given) {
+    plan_json = given->json;
+  } else {
+    // A resumed run keeps the split its checkpoint was written with.
+    if (rank == 0) {
+      const bool keep_saved = o.resume && std::ifstream(saved_plan).good();
+      if (keep_saved && !o.calibrate_traces.empty())
+        throw ConfigError("--calibrate-trace plans anew, and a resumed run keeps its checkpoint's plan (" + saved_plan +
+                          ")");
+      plan_json = keep_saved ? read_text_file(saved_plan)
+                             : plan_on_rank0(o, graph, layout, device);
+    }
+    broadcast_string_quietly(plan_json, 0, MPI_COMM_WORLD);  // the others wait while rank 0 plans
+  }
+  if (rank == 0 && !o.checkpoint_dir.empty() && !o.eval_only) {  // what a resumed run needs besides the weights
+    make_directories(o.checkpoint_dir);
+    write_text_atomically(saved_plan, plan_json);
+    write_text_atomically(o.checkpoint_dir + "/run.json", run_identity(graph, o, true).dump(2) + "\n");
+  }
+  Plan plan = plan_from_json(plan_json);
+  if (plan.precision != graph.precision)
+    throw ConfigError("the plan was made for " + plan.precision + ", this run trains in " + graph.precision +
+                      " (plan again from a " + graph.precision + " profile)");
+  if (static_cast<int>(plan.stages.size()) != layout.stages)
+    throw ConfigError("the plan has " + std::to_string(plan.stages.size()) + " stages, but " +
+                      std::to_string(layout.stages) + " are launched");
+  if (rank == 0 && !o.plan_out.empty()) write_text_atomically(o.plan_out, plan_json);
+  return plan;
+}
+
+PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const RankLayout& layout, const TrainOptions& o,
+                               c10::Device device, int64_t first_step) {
+  PipelineConfig pc = pipeline_config_of(plan, graph);
+  pc.schedule = o.schedule;
+  pc.micro_batches = o.config.micro_batches;
+  pc.steps = o.config.steps;
+  pc.seed = o.config.seed;
+  pc.optimizer = o.config.optimizer;
+  pc.device = device;
+  pc.data = o.config.data;
+  pc.replica = layout.replica;
+  pc.replicas = layout.replicas;
+  pc.first_step = first_step;
+  // The asynchronous pipeline drains where it writes a checkpoint and where it evaluates
+  // (PipelineConfig::drain_every).
+  if (pc.schedule == ScheduleKind::Async) {
+    pc.drain_every = o.checkpoint_every;
+    if (o.eval_every > 0 && pc.drain_every == 0) pc.drain_every = o.eval_every;
+    if (o.eval_every > 0 && o.eval_every % pc.drain_every != 0)
+      throw ConfigError(
+          "under --schedule async, --eval-every must be a multiple of --checkpoint-every (the pipeline "
+          "drains there)");
+  }
+  return pc;
+}
+
+}  // namespace dawnpiper

@@ -1,0 +1,34 @@
+#pragma once
+// The plan every rank of a `train` run executes: the one given with --plan-in, a resumed run's
+// saved one, or one rank 0 makes from a profile (read, cached or measured here), broadcast to
+// every rank and checked against the run. Collective over MPI_COMM_WORLD.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "cli/train_options.h"
+#include "graph/op_graph.h"
+#include "plan/plan.h"
+#include "runtime/pipeline.h"
+#include "runtime/rank_layout.h"
+
+namespace dawnpiper {
+
+// A plan given with --plan-in: its text (every rank has it) and what it says.
+struct GivenPlan {
+  std::string json;
+  Plan plan;
+};
+// Read on rank 0 and broadcast; nothing without a path.
+std::optional<GivenPlan> read_given_plan(const std::string& path, int rank);
+
+// The given plan, or rank 0's; written to --plan-out and, with --checkpoint-dir, beside the
+// checkpoints with the run's identity (run/resume.h).
+Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, const RankLayout& layout,
+                 const TrainOptions& o, c10::Device device, int rank);
+
+// What the runtime builds this rank's stage with.
+PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const RankLayout& layout, const TrainOptions& o,
+                               c10::Device device, int64_t first_step);
+
+}  // namespace dawnpiper

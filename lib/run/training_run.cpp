@@ -1,0 +1,247 @@
+#include "run/training_run.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+
+#include "memory/counting_allocator.h"
+#include "memory/device_memory.h"
+#include "run/resume.h"
+#include "run/run_report.h"
+#include "runtime/checkpoint.h"
+#include "runtime/device_placement.h"
+#include "runtime/run_records.h"
+#include "runtime/weights_export.h"
+#include "train/metrics_log.h"
+#include "train/reference_trainer.h"
+#include "util/error.h"
+#include "util/json.h"
+#include "util/progress.h"
+#include "util/stop_request.h"
+#include "util/units.h"
+
+namespace dawnpiper {
+
+namespace {
+
+// This rank's place: its stage and replica (runtime/rank_layout.h), or every stage here.
+RankLayout layout_from(const TrainOptions& o, int world_size) {
+  if (!o.in_process) return rank_layout(o.stages, o.data_parallel, MPI_COMM_WORLD);
+  if (world_size != 1) throw ConfigError("--in-process runs every stage in one process: launch one rank");
+  if (o.data_parallel > 1) throw ConfigError("--data-parallel needs MPI ranks, not --in-process");
+  return in_process_layout(std::max(o.stages, 1));
+}
+
+// config.json for --save-weights DIR: the Hugging Face config a model file was exported from
+// ("" for presets and other models), so that from_pretrained(DIR) loads the trained weights.
+std::string hf_config_json(const ModelSource& source) {
+  if (!source.imported()) return "";
+  const Json& model = source.model_file().graph.at("model");
+  if (!model.contains("hf_config")) return "";
+  Json config = model.at("hf_config");
+  if (model.contains("model_class")) config["architectures"] = Json::array({model.at("model_class")});
+  return config.dump(2) + "\n";
+}
+
+// One stage, nothing the runtime alone does: the reference trainer.
+int train_one_stage(const OpGraph& graph, const TrainOptions& o) {
+  CountingAllocator::install().set_capacity(o.capacity);
+  ReferenceTrainer trainer(graph, o.config);
+  MetricsLog metrics(o.metrics_path, false);
+  if (!o.quiet)
+    std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s, one stage\n",
+                graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, o.micro_batch_size,
+                o.config.micro_batches, optimizer_summary(o.config.optimizer).c_str());
+  if (!o.quiet) print_threads(o.threads);
+  if (o.eval_only) {
+    const double loss = trainer.evaluate(o.eval_batches);
+    metrics.validation(-1, loss);  // after step -1: before any
+    print_evaluation(loss, o, 0);
+    return 0;
+  }
+  int64_t peak = 0;
+  Progress progress(0, o.config.steps, o.samples_per_step, o.quiet, o.progress_style);
+  const int64_t tokens = tokens_per_sample(graph);
+  install_stop_handlers();
+  int stopped_by = 0;
+  for (int64_t step = 0; step < o.config.steps && !stopped_by; ++step) {
+    const StepResult r = trainer.step();
+    peak = std::max(peak, r.peak_bytes);
+    progress.step(r.step, r.loss, r.lr, r.grad_norm);
+    metrics.step(step_metrics(r.step, r.loss, r.lr, r.grad_norm, {r.peak_bytes}, progress, o, tokens));
+    if (o.eval_every > 0 && (r.step + 1) % o.eval_every == 0) {
+      const double loss = trainer.evaluate(o.eval_batches);
+      progress.validation(r.step, loss);
+      metrics.validation(r.step, loss);
+    }
+    if (step + 1 < o.config.steps) stopped_by = stop_signal();
+  }
+  progress.finish();
+  std::printf("%s: %" PRId64
+              " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it), peak memory %s\n",
+              stopped_by ? "stopped" : "done", progress.steps_reported(), progress.last_loss(),
+              progress.steady_samples_per_second(), progress.samples_per_second(),
+              format_bytes(static_cast<double>(peak)).c_str());
+  if (!o.save_path.empty()) {
+    save_weights(trainer.module().parameters(), o.save_path, MPI_COMM_SELF);
+    report_saved_weights(o);
+  }
+  if (!stopped_by) return 0;
+  print_stop(stopped_by, progress.steps_reported(), o);
+  return 128 + stopped_by;
+}
+
+// Runs this rank's share: every stage in this process, or its own stage, on its replica's
+// pipeline communicator (each stage's replicas share another).
+StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const RankLayout& layout, RunOptions& run,
+                       bool in_process) {
+  if (in_process) {
+    run_pipeline_in_process(graph, pc, run.on_loss);
+    StageRun mine;
+    mine.peak_bytes = DeviceMemory::peak_bytes(pc.device);
+    mine.reserved_peak_bytes = DeviceMemory::reserved_peak_bytes(pc.device);
+    mine.next_step = pc.steps;
+    return mine;
+  }
+  MPI_Comm pipeline = MPI_COMM_WORLD;
+  if (layout.replicas > 1) {
+    MPI_Comm_split(MPI_COMM_WORLD, layout.replica, layout.stage, &pipeline);
+    MPI_Comm_split(MPI_COMM_WORLD, layout.stage, layout.replica, &run.replica_comm);
+  }
+  StageRun mine = run_pipeline_mpi(graph, pc, pipeline, run);
+  mine.reserved_peak_bytes = DeviceMemory::reserved_peak_bytes(pc.device);
+  if (layout.replicas > 1) MPI_Comm_free(&pipeline), MPI_Comm_free(&run.replica_comm);
+  return mine;
+}
+
+// What the runtime does besides training, from the run's settings (callbacks left to the caller).
+RunOptions run_options_from(const TrainOptions& o, const OpGraph& graph) {
+  RunOptions run;
+  run.transport = o.transport;
+  run.trace = !o.trace_path.empty();
+  run.checkpoint_every = o.checkpoint_every;
+  run.resume = o.resume;
+  run.checkpoint_dir = o.checkpoint_dir;
+  run.preset = graph.preset;
+  run.eval_every = o.eval_every;
+  run.eval_batches = o.eval_batches;
+  return run;
+}
+
+// --eval-only on the pipeline: the checkpoint's (or the initial) weights, one validation.
+int evaluate_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, const RankLayout& layout,
+                      const TrainOptions& o, int rank, c10::Device device, int64_t first_step) {
+  const Plan plan = agreed_plan(given, graph, layout, o, device, rank);
+  const PipelineConfig pc = pipeline_config(plan, graph, layout, o, device, first_step);
+  RunOptions run = run_options_from(o, graph);
+  run.eval_only = true;
+  MetricsLog metrics(rank == 0 ? o.metrics_path : "", o.resume);
+  run.on_validation = [&](const StepReport& r) {
+    if (rank != 0) return;
+    metrics.validation(r.step, r.loss);
+    print_evaluation(r.loss, o, r.step + 1);
+  };
+  run_this_rank(graph, pc, layout, run, false);
+  return 0;
+}
+
+int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, const RankLayout& layout,
+                   const TrainOptions& o, int rank, c10::Device device) {
+  int64_t first_step = 0;
+  if (o.resume) {
+    first_step = latest_checkpoint(o.checkpoint_dir);
+    if (first_step > o.config.steps)
+      throw ConfigError("the checkpoint is at step " + std::to_string(first_step) + ", beyond --steps " +
+                        std::to_string(o.config.steps));
+    if (first_step == o.config.steps && !o.eval_only) {
+      if (rank == 0)
+        std::printf("nothing to do: the checkpoint in %s is at step %" PRId64
+                    ", the run's last (--steps); raise --steps to train on\n",
+                    o.checkpoint_dir.c_str(), first_step);
+      return 0;
+    }
+    if (rank == 0) check_resumed_run(graph, o);
+    if (rank == 0 && !o.quiet)
+      std::printf("resuming from the checkpoint at step %" PRId64 " in %s\n", first_step, o.checkpoint_dir.c_str());
+  }
+  if (o.eval_only) {  // trains nothing: the run ends where it starts
+    TrainOptions evaluation = o;
+    evaluation.config.steps = first_step;
+    // The checkpoint holds its optimizer's state: the stages are built with that optimizer.
+    if (const std::optional<Json> saved = o.resume ? saved_run(o) : std::nullopt; saved && saved->contains("optimizer"))
+      evaluation.config.optimizer.kind = optimizer_kind_from_name((*saved)["optimizer"].get<std::string>());
+    return evaluate_pipeline(given, graph, layout, evaluation, rank, device, first_step);
+  }
+  const Plan plan = agreed_plan(given, graph, layout, o, device, rank);
+  const PipelineConfig pc = pipeline_config(plan, graph, layout, o, device, first_step);
+  DeviceMemory::set_capacity(device, o.capacity);
+  if (rank == 0 && !o.quiet) print_run_header(graph, plan, pc, layout, o);
+  DeviceMemory::reset_peak(device);
+  RunOptions run = run_options_from(o, graph);
+  // Async can stop only where it drains (at checkpoints); without them a signal ends it at once.
+  run.stop_on_signal = !o.in_process && (pc.schedule != ScheduleKind::Async || pc.drain_every > 0);
+  if (run.stop_on_signal) install_stop_handlers();
+  Progress progress(pc.first_step, pc.steps, o.samples_per_step, o.quiet || rank != 0, o.progress_style);
+  MetricsLog metrics(rank == 0 ? o.metrics_path : "", o.resume);
+  const int64_t tokens = tokens_per_sample(graph);
+  run.on_loss = [&](const StepReport& r) {
+    progress.step(r.step, r.loss, r.lr, r.grad_norm);
+    if (rank == 0)
+      metrics.step(step_metrics(r.step, r.loss, r.lr, r.grad_norm, r.peak_bytes, progress, o, tokens));
+  };
+  run.on_validation = [&](const StepReport& r) {
+    progress.validation(r.step, r.loss);
+    if (rank == 0) metrics.validation(r.step, r.loss);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const StageRun mine = run_this_rank(graph, pc, layout, run, o.in_process);
+  synchronize(device);  // the clock stops when the device has finished this rank's work
+  progress.finish();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (run.trace) write_pipeline_trace(graph, plan, pc, layout, mine, MPI_COMM_WORLD, o.trace_path);
+  if (!o.save_path.empty()) {  // replica 0's stages in stage order (the replicas hold the same weights)
+    MPI_Comm first_replica;
+    MPI_Comm_split(MPI_COMM_WORLD, layout.replica == 0 ? 0 : MPI_UNDEFINED, layout.stage, &first_replica);
+    if (first_replica != MPI_COMM_NULL)
+      save_weights(mine.parameters, o.save_path, first_replica), MPI_Comm_free(&first_replica);
+  }
+  print_run_report(plan, pc, layout, o, mine, rank, progress, seconds);
+  if (!mine.stop_signal) return 0;
+  if (rank == 0) print_stop(mine.stop_signal, mine.next_step, o);
+  return 128 + mine.stop_signal;
+}
+
+}  // namespace
+
+int run_training(TrainOptions o, const ModelSource& source, const std::optional<GivenPlan>& given, int rank,
+                 int world_size) {
+  const Plan* plan = given ? &given->plan : nullptr;
+  const RankLayout layout = layout_from(o, world_size);
+  o.samples_per_step = static_cast<double>(o.config.micro_batches * o.micro_batch_size * layout.replicas);
+  // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
+  const c10::Device device = rank_device(parse_device(o.device, /*require_gpu=*/false), MPI_COMM_WORLD);
+  check_transport_choice(o.transport, device);
+  o.threads = choose_threads(o.threads_requested, MPI_COMM_WORLD);
+  CountingAllocator::install();
+  const OpGraph graph = source.graph(o.micro_batch_size);
+  o.hf_config = hf_config_json(source);
+  if (plan && !plan->graph_hash.empty() && plan->graph_hash != graph.fingerprint())
+    throw ConfigError("the plan (--plan-in) was made for another graph: " + plan->preset + " with " +
+                      std::to_string(plan->nodes) + " nodes, fingerprint " + plan->graph_hash + "; this run's " +
+                      graph.preset + " has " + std::to_string(graph.size()) + " nodes, fingerprint " +
+                      graph.fingerprint());
+  // The reference trainer serves plain one-stage runs; traces, checkpoints and planned memory
+  // optimization need the runtime.
+  const bool runtime_features = !o.trace_path.empty() || o.checkpoint_every > 0 || o.resume ||
+                                o.memopt != MemoptMode::None || plan || device.is_cuda();
+  if (!o.calibrate_traces.empty() && layout.stages == 1)
+    throw ConfigError("--calibrate-trace corrects the stages of a pipeline; this run has one stage");
+  if (layout.stages == 1 && layout.replicas == 1 && !o.in_process && !runtime_features)
+    return train_one_stage(graph, o);
+  return train_pipeline(given, graph, layout, o, rank, device);
+}
+
+}  // namespace dawnpiper
