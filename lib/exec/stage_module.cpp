@@ -88,6 +88,17 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
   // Imported models read their weights from files, each rank only its own.
   std::unique_ptr<WeightLoader> weights;
   if (!graph.weight_files.empty()) weights = std::make_unique<WeightLoader>(graph.weight_files);
+  make_parameters(weights.get());
+  find_inputs_and_releases();
+  const std::vector<char> read = prepare_nodes();
+  load_buffers(read, weights.get());
+}
+
+void StageModule::make_parameters(WeightLoader* weights) {
+  const OpGraph& graph = *graph_;
+  const int begin = begin_, end = end_;
+  const uint64_t seed = seed_;
+  const at::Device device = device_;
   // Parameters: owned ones, and tied ones whose owner lies outside the range (held as a copy
   // with the owner's initial values; the runtime keeps copies in sync).
   for (int n = begin; n < end; ++n) {
@@ -103,13 +114,18 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
       p.name = owner_spec.source.empty() ? graph.nodes[owner].name + "." + owner_spec.name : owner_spec.source;
       p.node = owner;
       p.index = owner_index;
-      p.tensor = init_param(owner_spec, mix_seed(mix_seed(seed, owner), owner_index), weights.get())
+      p.tensor = init_param(owner_spec, mix_seed(mix_seed(seed, owner), owner_index), weights)
                      .to(device)
                      .set_requires_grad(true);
       param_index_[key] = static_cast<int>(params_.size());
       params_.push_back(std::move(p));
     }
   }
+}
+
+void StageModule::find_inputs_and_releases() {
+  const OpGraph& graph = *graph_;
+  const int begin = begin_, end = end_;
   // External inputs, outputs and release points.
   std::set<int> external;
   release_after_.assign(end - begin, {});
@@ -133,6 +149,13 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
     if (produced_here && t.consumers.empty()) continue;  // the loss: the caller reads it
     if (last_local >= 0) release_after_[last_local - begin].push_back(t.id);
   }
+}
+
+// Each node's kernel (imported ops), reshape copies, internal-buffer slots and constant key; the
+// graph's buffers the range reads.
+std::vector<char> StageModule::prepare_nodes() {
+  const OpGraph& graph = *graph_;
+  const int begin = begin_, end = end_;
   const std::vector<Strides> strides = tensor_strides(graph);
   reshape_copies_.assign(end - begin, 0);
   internal_slots_.assign(static_cast<size_t>(end - begin), {});
@@ -159,11 +182,16 @@ StageModule::StageModule(const OpGraph& graph, int begin, int end, uint64_t seed
         if (std::count(node.inputs.begin(), node.inputs.end(), in) == 1) add_slot(in);
     constant_keys_[n - begin] = graph.stage_constant(n).key;
   }
+  return read;
+}
+
+void StageModule::load_buffers(const std::vector<char>& read, WeightLoader* weights) {
+  const OpGraph& graph = *graph_;
   buffers_.resize(graph.buffers.size());
   for (size_t i = 0; i < read.size(); ++i)
     if (read[i]) {
       const BufferSpec& b = graph.buffers[i];
-      buffers_[i] = weights->load(b.name, {}, b.shape, b.dtype).to(device);
+      buffers_[i] = weights->load(b.name, {}, b.shape, b.dtype).to(device_);
     }
 }
 

@@ -21,6 +21,7 @@
 namespace dawnpiper {
 
 class AtenKernel;
+class WeightLoader;
 struct NodeInputs;
 
 // What varies between executions of the same stage: which micro-batch this is (dropout masks
@@ -84,6 +85,11 @@ class StageModule {
   at::Device device() const { return device_; }
 
  private:
+  // The constructor's parts, in order.
+  void make_parameters(WeightLoader* weights);
+  void find_inputs_and_releases();
+  std::vector<char> prepare_nodes();
+  void load_buffers(const std::vector<char>& read, WeightLoader* weights);
   at::Tensor param(int node, int index) const;
   void run_aten(const Node& node, TensorEnv& env, const RunContext& ctx) const;
   // Ops that read the stage's parameters (and the loss, which reads the precision).

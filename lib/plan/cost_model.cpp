@@ -52,6 +52,16 @@ std::vector<int64_t> forward_needs(const Profile& profile, const std::vector<std
 
 CostModel::CostModel(const Profile& profile, const PlanOptions& options)
     : profile_(&profile), n_(profile.size()), stages_(options.stages) {
+  take_options(options);
+  index_nodes();
+  const CrossingDiffs diffs = index_tensors();
+  index_crossings(diffs);
+  index_aliases();
+  forward_need_ = RangeMax(forward_needs(profile, inputs_, alias_root_));
+  index_gradients();
+}
+
+void CostModel::take_options(const PlanOptions& options) {
   if (stages_ < 1) throw ConfigError("the number of stages must be at least 1");
   if (options.micro_batches < 1) throw ConfigError("the number of micro-batches must be >= 1");
   if (!(options.host_bandwidth > 0) || !(options.link_bandwidth > 0))
@@ -66,17 +76,15 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
   schedule_actions_ =
       make_schedule(schedule_, stages_, simulated_micro_batches(schedule_, stages_, options.micro_batches));
   stats_ = simulate_stages(schedule_actions_);
+}
 
+// Prefix sums of node times and parameters; the largest workspace of a range.
+void CostModel::index_nodes() {
+  const Profile& profile = *profile_;
   const int n = n_;
-  const int t_count = static_cast<int>(profile.tensors.size());
   for (int i = 0; i < n; ++i)
     if (profile.nodes[static_cast<size_t>(i)].id != i)
       bad_profile("node " + std::to_string(i) + " has id " + std::to_string(profile.nodes[static_cast<size_t>(i)].id));
-  auto check_node = [&](int node, int tensor) {
-    if (node < 0 || node >= n)
-      bad_profile("tensor " + std::to_string(tensor) + " refers to node " + std::to_string(node));
-  };
-
   fwd_.assign(static_cast<size_t>(n) + 1, 0);
   bwd_.assign(static_cast<size_t>(n) + 1, 0);
   params_.assign(static_cast<size_t>(n) + 1, 0);
@@ -90,14 +98,29 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
     if (node.constant_bytes > 0) constant_nodes_.push_back(i);
   }
   transient_ = RangeMax(transient);
+}
 
+// Each node's inputs, each tensor's savers (a view's saving counted on its storage owner) and
+// last consumer, the saved bytes' prefix sums, and the per-cut differences of what crosses.
+CostModel::CrossingDiffs CostModel::index_tensors() {
+  const Profile& profile = *profile_;
+  const int n = n_;
+  const int t_count = static_cast<int>(profile.tensors.size());
+  auto check_node = [&](int node, int tensor) {
+    if (node < 0 || node >= n)
+      bad_profile("tensor " + std::to_string(tensor) + " refers to node " + std::to_string(node));
+  };
   inputs_.assign(static_cast<size_t>(n), {});
   saved_by_.assign(static_cast<size_t>(t_count), {});
   saved_at_.assign(static_cast<size_t>(n), {});
   last_consumer_.assign(static_cast<size_t>(t_count), -1);
   std::vector<int64_t> saved_node_bytes(static_cast<size_t>(n), 0);
   std::vector<DominanceSum::Point> repeats, spans;
-  std::vector<int64_t> count_diff(static_cast<size_t>(n) + 2, 0), bytes_diff(static_cast<size_t>(n) + 2, 0);
+  CrossingDiffs diffs;
+  std::vector<int64_t>& count_diff = diffs.count;
+  std::vector<int64_t>& bytes_diff = diffs.bytes;
+  count_diff.assign(static_cast<size_t>(n) + 2, 0);
+  bytes_diff.assign(static_cast<size_t>(n) + 2, 0);
 
   for (int t = 0; t < t_count; ++t) {
     const TensorProfile& tp = profile.tensors[static_cast<size_t>(t)];
@@ -143,13 +166,21 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
   saved_repeats_ = DominanceSum(n, repeats);
   spanning_ = DominanceSum(n + 1, spans);
 
+  return diffs;
+}
+
+// Per cut: how many tensors and bytes cross it, and which tensors.
+void CostModel::index_crossings(const CrossingDiffs& diffs) {
+  const Profile& profile = *profile_;
+  const int n = n_;
+  const int t_count = static_cast<int>(profile.tensors.size());
   cross_count_.assign(static_cast<size_t>(n) + 1, 0);
   cross_bytes_.assign(static_cast<size_t>(n) + 1, 0);
   cross_begin_.assign(static_cast<size_t>(n) + 2, 0);
   int64_t c = 0, bytes = 0;
   for (int cut = 0; cut <= n; ++cut) {
-    c += count_diff[static_cast<size_t>(cut)];
-    bytes += bytes_diff[static_cast<size_t>(cut)];
+    c += diffs.count[static_cast<size_t>(cut)];
+    bytes += diffs.bytes[static_cast<size_t>(cut)];
     cross_count_[static_cast<size_t>(cut)] = c;
     cross_bytes_[static_cast<size_t>(cut)] = bytes;
     cross_begin_[static_cast<size_t>(cut) + 1] = cross_begin_[static_cast<size_t>(cut)] + c;
@@ -163,7 +194,12 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
     for (int cut = tp.producer + 1; cut <= last_consumer_[static_cast<size_t>(t)]; ++cut)
       cross_tensors_[static_cast<size_t>(fill[static_cast<size_t>(cut)]++)] = t;
   }
+}
 
+// Alias trees and copies, data tensors, and which tensors the runtime can evict.
+void CostModel::index_aliases() {
+  const Profile& profile = *profile_;
+  const int t_count = static_cast<int>(profile.tensors.size());
   alias_children_.assign(static_cast<size_t>(t_count), {});
   copies_of_.assign(static_cast<size_t>(t_count), {});
   alias_root_.assign(static_cast<size_t>(t_count), 0);
@@ -194,9 +230,12 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
         !tp.param_view &&
         (!tp.internal || (exposed_internal(profile, tp) && internal_keys[{tp.producer, tp.copy_of}] == 1));
   }
+}
 
-  forward_need_ = RangeMax(forward_needs(profile, inputs_, alias_root_));
-
+void CostModel::index_gradients() {
+  const Profile& profile = *profile_;
+  const int n = n_;
+  const int t_count = static_cast<int>(profile.tensors.size());
   // Which tensors carry gradients: outputs of nodes with parameters or with such inputs, unless
   // the profile says.
   node_classes_.assign(profile.nodes.size(), NodeClass::Other);

@@ -128,6 +128,17 @@ class CostModel {
   bool has_backward(int node) const { return has_backward_[static_cast<size_t>(node)] != 0; }
 
  private:
+  // The constructor's parts, in order.
+  struct CrossingDiffs {
+    std::vector<int64_t> count, bytes;  // per cut 0..n+1: change in what crosses it
+  };
+  void take_options(const PlanOptions& options);
+  void index_nodes();
+  CrossingDiffs index_tensors();
+  void index_crossings(const CrossingDiffs& diffs);
+  void index_aliases();
+  void index_gradients();
+
   const Profile* profile_;
   int n_ = 0;
   int stages_ = 0;

@@ -67,23 +67,7 @@ void MemoryOptimizer::gather(int b, int e, int x) {
         continue;
       }
       // Block granularity: only tensors produced and read inside one block of this stage.
-      if (!in_stage || sent_on) continue;
-      const int block = block_of(p);
-      bool internal = true;
-      for (int c : profile.tensors[static_cast<size_t>(t)].consumers) internal = internal && block_of(c) == block;
-      for (int s : savers) internal = internal && s >= b && s < e && block_of(s) == block;
-      if (!internal) continue;
-      auto found = unit_of_block.find(block);
-      if (found == unit_of_block.end()) {
-        found = unit_of_block.emplace(block, static_cast<int>(candidates_.size())).first;
-        candidates_.push_back({-1, 0, last_fwd, first_bwd, false, true});
-        unit_members_.emplace_back();
-      }
-      Candidate& unit = candidates_[static_cast<size_t>(found->second)];
-      unit.bytes += bytes;
-      unit.last_fwd = std::max(unit.last_fwd, last_fwd);
-      unit.first_bwd = std::max(unit.first_bwd, first_bwd);
-      unit_members_[static_cast<size_t>(found->second)].push_back(t);
+      if (in_stage && !sent_on) add_to_block_unit(unit_of_block, {t, bytes, last_fwd, first_bwd, false, true}, b, e);
     }
   }
   if (granularity_ == MemoptGranularity::Block) {
@@ -94,6 +78,34 @@ void MemoryOptimizer::gather(int b, int e, int x) {
         unit_recompute_ms_[static_cast<size_t>(found->second)] += model_.recompute_ms(node);
     }
   }
+  time_candidates(b, e, x);
+}
+
+// Adds tensor c.tensor to its block's unit when the block (inside this stage) alone produces,
+// reads and saves it.
+void MemoryOptimizer::add_to_block_unit(std::map<int, int>& unit_of_block, const Candidate& c, int b, int e) {
+  const Profile& profile = model_.profile();
+  auto block_of = [&](int node) { return profile.nodes[static_cast<size_t>(node)].block; };
+  const int block = block_of(model_.producer(c.tensor));
+  bool internal = true;
+  for (int r : profile.tensors[static_cast<size_t>(c.tensor)].consumers) internal = internal && block_of(r) == block;
+  for (int s : model_.saved_by(c.tensor)) internal = internal && s >= b && s < e && block_of(s) == block;
+  if (!internal) return;
+  auto found = unit_of_block.find(block);
+  if (found == unit_of_block.end()) {
+    found = unit_of_block.emplace(block, static_cast<int>(candidates_.size())).first;
+    candidates_.push_back({-1, 0, c.last_fwd, c.first_bwd, false, true});
+    unit_members_.emplace_back();
+  }
+  Candidate& unit = candidates_[static_cast<size_t>(found->second)];
+  unit.bytes += c.bytes;
+  unit.last_fwd = std::max(unit.last_fwd, c.last_fwd);
+  unit.first_bwd = std::max(unit.first_bwd, c.first_bwd);
+  unit_members_[static_cast<size_t>(found->second)].push_back(c.tensor);
+}
+
+// Each candidate's swap time and the time it could hide in, and the order of those that hide.
+void MemoryOptimizer::time_candidates(int b, int e, int x) {
   // Idle from the last forward use to the first backward use: the rest of this forward, the
   // passes the schedule runs in between (the shortest such gap), the backward of later nodes.
   const double tf = model_.fwd_ms(b, e), tb = model_.bwd_ms(b, e);

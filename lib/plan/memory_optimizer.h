@@ -27,6 +27,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <map>
 #include <vector>
 
 #include "plan/cost_model.h"
@@ -81,6 +82,8 @@ class MemoryOptimizer {
     double swap_overhead = 0;   // stalls of the swaps taken
   };
   void gather(int b, int e, int x);
+  void add_to_block_unit(std::map<int, int>& unit_of_block, const Candidate& c, int b, int e);
+  void time_candidates(int b, int e, int x);
   void greedy(int b, int e, int x, int64_t need, StageMemopt& out);
   // The greedy pass's phases (see the file comment): free swaps, cheapest saving per ms, trim.
   void take_free_swaps(Selection& s);

@@ -80,7 +80,16 @@ class StageReplay {
   void release(MicroBatch& m, int k);
   void evict(MicroBatch& m, int64_t mb, int index);
   void restore_for(MicroBatch& m, int64_t mb, int node, size_t& next_due);
+  bool collect_due(const MicroBatch& m, int node, size_t& next_due);
+  void swap_in_due(MicroBatch& m, int64_t mb, int node, size_t first_due, size_t next_due);
+  void restore_with_rerun(MicroBatch& m, int64_t mb, int node);
+  void note_rerun(int node);
   void send(int64_t held_by_send);
+  void reset_walk();
+  void apply(const Action& a);  // one action of the list
+  void send_activations(int64_t mb);
+  void receive_gradients(int64_t mb);
+  void backward_action(int64_t mb);
 
   // Every micro-batch's forward starts from the same state (what it received), and so does
   // every backward but the first of a step (which creates the parameters' gradients): without
@@ -100,6 +109,13 @@ class StageReplay {
   void backward(int64_t mb, MicroBatch& m);
   void backward_nodes(int64_t mb, MicroBatch& m);
   void backward_node(MicroBatch& m, int i);
+  void backward_slices(MicroBatch& m, int i);
+  struct InputGradients {
+    int64_t grads = 0, transient = 0;  // allocated for the inputs; held while the node runs
+    bool passed_on = false;            // a view hands its output's gradient to its input
+    bool copied_view = false;          // ... unless it must copy it first
+  };
+  InputGradients input_gradients(MicroBatch& m, int i, bool view);
   void find_loss();
   int64_t overwritten_logits(const MicroBatch& m, int n) const;
   void optimizer_step();
@@ -532,9 +548,20 @@ void StageReplay::send(int64_t held_by_send) {
 // this backward. Every eviction due at an earlier (higher) node was restored there, so only the
 // newly due ones can be evicted still.
 void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due) {
-  std::vector<int>& rerun_nodes = rerun_scratch_;  // ascending, distinct
-  rerun_nodes.clear();
   const size_t first_due = next_due;
+  if (!collect_due(m, i, next_due)) return;
+  if (rerun_scratch_.empty() && !shared_keys_) {
+    swap_in_due(m, mb, i, first_due, next_due);
+    return;
+  }
+  restore_with_rerun(m, mb, i);
+}
+
+// The evictions due before node i still out (next_due moves past them); the nodes their
+// recomputations re-run, ascending and distinct, in rerun_scratch_. False: none is out.
+bool StageReplay::collect_due(const MicroBatch& m, int i, size_t& next_due) {
+  std::vector<int>& rerun_nodes = rerun_scratch_;
+  rerun_nodes.clear();
   bool any = false;
   for (; next_due < by_restore_.size() && placed_[at(by_restore_[next_due])].due >= i; ++next_due) {
     const Placed& pl = placed_[at(by_restore_[next_due])];
@@ -543,28 +570,36 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
     if (pl.recompute)
       for (int n : (*evictions_)[at(by_restore_[next_due])].rerun) rerun_nodes.push_back(n);
   }
-  if (!any) return;
   std::sort(rerun_nodes.begin(), rerun_nodes.end());
   rerun_nodes.erase(std::unique(rerun_nodes.begin(), rerun_nodes.end()), rerun_nodes.end());
-  auto reruns = [&](int node) { return std::binary_search(rerun_nodes.begin(), rerun_nodes.end(), node); };
-  if (rerun_nodes.empty() && !shared_keys_) {
-    // Only swaps are due: they come back in program order, nothing else moves. (Their entries
-    // stay in m.out; a storage back on the device is skipped there.)
-    std::vector<int>& due = due_scratch_;
-    due.clear();
-    for (size_t d = first_due; d < next_due; ++d) {
-      const Placed& pl = placed_[at(by_restore_[d])];
-      if (m.evicted[loc(pl.key)] && m.alive[loc(pl.key)]) due.push_back(by_restore_[d]);
-    }
-    std::sort(due.begin(), due.end());
-    for (int j : due) {
-      m.evicted[loc(placed_[at(j)].key)] = 0;
-      live_ += bytes(placed_[at(j)].key);
-      emit(ActionKind::SwapIn, mb, (*evictions_)[at(j)].tensor);
-    }
-    note(live_, i);
-    return;
+  return any;
+}
+
+// Only swaps are due: they come back in program order, nothing else moves. (Their entries stay
+// in m.out; a storage back on the device is skipped there.)
+void StageReplay::swap_in_due(MicroBatch& m, int64_t mb, int i, size_t first_due, size_t next_due) {
+  std::vector<int>& due = due_scratch_;
+  due.clear();
+  for (size_t d = first_due; d < next_due; ++d) {
+    const Placed& pl = placed_[at(by_restore_[d])];
+    if (m.evicted[loc(pl.key)] && m.alive[loc(pl.key)]) due.push_back(by_restore_[d]);
   }
+  std::sort(due.begin(), due.end());
+  for (int j : due) {
+    m.evicted[loc(placed_[at(j)].key)] = 0;
+    live_ += bytes(placed_[at(j)].key);
+    emit(ActionKind::SwapIn, mb, (*evictions_)[at(j)].tensor);
+  }
+  note(live_, i);
+}
+
+// Swaps come back first (those due, then those the re-run reads early, each in program order,
+// as the evictor starts them); the re-run then allocates every output of its nodes in order (the
+// rebuilt tensors among them), each node's workspace on top, and holds them all until the
+// rebuilt bytes move into the evicted storages.
+void StageReplay::restore_with_rerun(MicroBatch& m, int64_t mb, int i) {
+  const std::vector<int>& rerun_nodes = rerun_scratch_;
+  auto reruns = [&](int node) { return std::binary_search(rerun_nodes.begin(), rerun_nodes.end(), node); };
   std::vector<int>& chain_reads = chain_scratch_;  // storages, ascending, distinct
   chain_reads.clear();
   for (int n : rerun_nodes)
@@ -572,10 +607,6 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
       if (!reruns(p_.tensors[at(in)].producer)) chain_reads.push_back(key_[at(in)]);
   std::sort(chain_reads.begin(), chain_reads.end());
   chain_reads.erase(std::unique(chain_reads.begin(), chain_reads.end()), chain_reads.end());
-  // Swaps come back first (those due, then those the re-run reads early, each in program
-  // order, as the evictor starts them); the re-run then allocates every output of its nodes in
-  // order (the rebuilt tensors among them), each node's workspace on top, and holds them all
-  // until the rebuilt bytes move into the evicted storages.
   int64_t swapped_back = 0, rebuilt_back = 0;
   std::vector<int> still_out, early, done;
   auto swap_in = [&](int j) {
@@ -606,6 +637,17 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
   m.out = std::move(still_out);
   live_ += swapped_back;
   note(live_, i);
+  note_rerun(i);
+  live_ += rebuilt_back;
+  if (!done.empty()) emit(ActionKind::Recompute, mb, (*evictions_)[at(done.front())].tensor);
+  for (int j : done)
+    for (int k : placed_[at(j)].leaves) release(m, k);
+}
+
+// The re-run's outputs, allocated node by node with each node's workspace on top.
+void StageReplay::note_rerun(int i) {
+  const std::vector<int>& rerun_nodes = rerun_scratch_;
+  auto reruns = [&](int node) { return std::binary_search(rerun_nodes.begin(), rerun_nodes.end(), node); };
   int64_t outputs = 0;
   for (int n : rerun_nodes) {
     int64_t out = 0;
@@ -621,10 +663,6 @@ void StageReplay::restore_for(MicroBatch& m, int64_t mb, int i, size_t& next_due
     note(live_ + outputs + out + p_.nodes[at(n)].fwd_workspace - saving, i);
     outputs += out - overwritten;
   }
-  live_ += rebuilt_back;
-  if (!done.empty()) emit(ActionKind::Recompute, mb, (*evictions_)[at(done.front())].tensor);
-  for (int j : done)
-    for (int k : placed_[at(j)].leaves) release(m, k);
 }
 
 template <class Body>
@@ -728,29 +766,28 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m) {
 
 // Node i's backward: the gradients of its inputs and parameters appear, its output's gradient
 // is consumed, what it saved is released.
-void StageReplay::backward_node(MicroBatch& m, int i) {
-  const NodeProfile& node = p_.nodes[at(i)];
+// A node whose backward slices the gradient it made (find_sliced_gradients): its inputs get
+// slices, the received ones copies held until sent back.
+void StageReplay::backward_slices(MicroBatch& m, int i) {
+  const int out = model_.graph_output(i);
+  int64_t copies = 0;  // received inputs' gradients, held until sent back
+  for (int t : model_.inputs(i)) {
+    m.has_grad[loc(t)] = is_received_[at(t)] ? 1 : 3;
+    if (is_received_[at(t)]) copies += bytes(t);
+  }
+  note(live_ + copies + p_.nodes[at(i)].bwd_workspace, i);
+  live_ += copies;
+  m.input_grads += copies;
+  if (slices_gradient_[at(i - b_)] == 2) live_ -= bytes(out);
+}
+
+// What node i's backward gives its inputs: new gradients, sums into existing ones, or (a view)
+// its output's gradient handed on.
+StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, bool view) {
   const NodeClass kind = model_.node_class(i);
   const int out = model_.graph_output(i);
-  if (slices_gradient_[at(i - b_)] && m.has_grad[loc(out)] == 1) {  // slices of the gradient it made
-    int64_t copies = 0;                                             // received inputs' gradients, held until sent back
-    for (int t : model_.inputs(i)) {
-      m.has_grad[loc(t)] = is_received_[at(t)] ? 1 : 3;
-      if (is_received_[at(t)]) copies += bytes(t);
-    }
-    note(live_ + copies + node.bwd_workspace, i);
-    live_ += copies;
-    m.input_grads += copies;
-    if (slices_gradient_[at(i - b_)] == 2) live_ -= bytes(out);
-    return;
-  }
-  // A view hands its output's gradient on as a view, unless its backward allocates one of the
-  // input's size (slices, expands, splits).
-  const bool view = !model_.owns_storage()[at(out)] && kind != NodeClass::ViewAllocatingGradient;
   const char out_grad = m.has_grad[loc(out)];
-  int64_t grads = 0, transient = 0;
-  bool passed_on = false;    // a view hands its output's gradient to its input
-  bool copied_view = false;  // ... unless it must copy it first
+  InputGradients r;
   // A view's gradient goes to the tensor it views alone: type_as, expand_as and view_as read
   // another tensor only for its type or shape.
   const int viewed = view ? p_.tensors[at(out)].alias_of : -1;
@@ -759,25 +796,43 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
     char& g = m.has_grad[loc(t)];
     if (g) {  // this node's contribution is summed into the existing gradient
       if (view) continue;
-      transient += bytes(t);
+      r.transient += bytes(t);
       if (g == 2) {  // out of place: the stage still holds the received one
-        grads += bytes(t), g = 1;
+        r.grads += bytes(t), g = 1;
         // A tensor relayed to the next stage and read here: the sum is what goes back.
         if (is_received_[at(t)]) m.input_grads += bytes(t);
       }
       continue;
     }
-    passed_on = true;
+    r.passed_on = true;
     if (is_received_[at(t)]) m.input_grads += bytes(t);  // held until sent back
     if (!view) {
-      g = 1, grads += bytes(t);
+      g = 1, r.grads += bytes(t);
     } else if (kind == NodeClass::Reshape && m.permuted[loc(out)]) {
-      g = 1, grads += bytes(t), copied_view = true;  // a permuted gradient is not viewable
-    } else {                                         // a view of the output's gradient, with its owner
+      g = 1, r.grads += bytes(t), r.copied_view = true;  // a permuted gradient is not viewable
+    } else {                                             // a view of the output's gradient, with its owner
       g = out_grad ? out_grad : 1;
       m.permuted[loc(t)] = m.permuted[loc(out)] || kind == NodeClass::Permute;
     }
   }
+  return r;
+}
+
+void StageReplay::backward_node(MicroBatch& m, int i) {
+  const NodeProfile& node = p_.nodes[at(i)];
+  const NodeClass kind = model_.node_class(i);
+  const int out = model_.graph_output(i);
+  if (slices_gradient_[at(i - b_)] && m.has_grad[loc(out)] == 1) {  // slices of the gradient it made
+    backward_slices(m, i);
+    return;
+  }
+  // A view hands its output's gradient on as a view, unless its backward allocates one of the
+  // input's size (slices, expands, splits).
+  const bool view = !model_.owns_storage()[at(out)] && kind != NodeClass::ViewAllocatingGradient;
+  const char out_grad = m.has_grad[loc(out)];
+  InputGradients in = input_gradients(m, i, view);
+  int64_t grads = in.grads, transient = in.transient;
+  const bool passed_on = in.passed_on, copied_view = in.copied_view;
   if (view && !passed_on && out_grad == 1) live_ -= bytes(out);  // a view of a parameter, or summed into a gradient
   const int64_t pg = grad_at_[at(i - b_)];
   if (!grad_done_[at(i - b_)]) {
@@ -827,10 +882,8 @@ void StageReplay::optimizer_step() {
   ++version_;
 }
 
-StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
-  evictions_ = &evictions;
-  place_evictions();
-  // The walk's state, fresh (buffers of earlier runs are kept).
+// The walk's state, fresh (buffers of earlier runs are kept).
+void StageReplay::reset_walk() {
   while (!mbs_.empty()) retire(mbs_.begin()->first);
   r_ = StageMemoryReplay{};
   current_action_ = -1;
@@ -847,80 +900,24 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
   live_ = weights_ + model_.constant_bytes(b_, e_) + model_.runtime_bytes();
   note(live_, -1);
   grad_done_.assign(static_cast<size_t>(e_ - b_), 0);
+}
+
+StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
+  evictions_ = &evictions;
+  place_evictions();
+  reset_walk();
   // Synchronous schedules: the list is one step; the second pass is the steady state (optimizer
   // state allocated). The async list runs long enough to reach its own. Without events to
   // record, the second pass is not walked: it repeats the first up to the step with the
   // optimizer state on top, and before its first send also what the last send of the first
   // still holds; from its step on it is the first pass again.
-  const std::vector<Action>& actions = actions_;
   const bool derive_second = !async_ && !events_;
   const size_t passes = async_ || derive_second ? 1 : 2;
   if (derive_second) segment_ = 0;
   repeat_walks_ = !events_;
-  for (size_t ai = 0; ai < passes * actions.size(); ++ai) {
-    const Action& a = actions[ai % actions.size()];
-    current_action_ = static_cast<int>(ai % actions.size());
-    switch (a.kind) {
-      case ActionKind::RecvActivation: {
-        MicroBatch& m = state(a.micro_batch);
-        live_ += received_bytes_;
-        for (const TensorBytes& t : received_) m.alive[loc(t.tensor)] = 1;
-        break;
-      }
-      case ActionKind::Forward:
-        forward(a.micro_batch, state(a.micro_batch));
-        if (r_.first_forward_end == 0) r_.first_forward_end = live_;
-        break;
-      case ActionKind::SendActivation: {
-        MicroBatch& m = state(a.micro_batch);
-        // The activations stay referenced by the micro-batch anyway; sent tensors the evictor
-        // empties next are sent as copies.
-        const int64_t copies = evict_after_send_.empty() ? permuted_sent_bytes_ : sent_bytes_;
-        live_ += copies;
-        send(copies);
-        originals_sent_by_ = evict_after_send_.empty() ? a.micro_batch : std::numeric_limits<int64_t>::min();
-        for (int i : evict_after_send_) evict(m, a.micro_batch, i);
-        break;
-      }
-      case ActionKind::RecvGrad: {
-        MicroBatch& m = state(a.micro_batch);
-        int64_t total = 0;
-        for (const TensorBytes& t : sent_)
-          if (requires_grad_[at(t.tensor)]) total += t.bytes, m.has_grad[loc(t.tensor)] = 2;
-        live_ += total;
-        m.received_grads = total;
-        note(live_ + largest_permuted_grad_, -1);
-        break;
-      }
-      case ActionKind::Backward: {
-        MicroBatch& m = state(a.micro_batch);
-        backward(a.micro_batch, m);
-        // Activations sent as they are stay referenced by the transport until its next send
-        // completes: where this backward freed them (the step's last forward sent them), they
-        // are held until then.
-        if (a.micro_batch == originals_sent_by_)
-          for (int k : sent_originals_)
-            if (!m.alive[loc(k)] && !m.evicted[loc(k)]) live_ += bytes(k), pending_send_ += bytes(k);
-        if (b_ == 0) retire(a.micro_batch);  // nothing to send back
-        break;
-      }
-      case ActionKind::SendGrad: {
-        MicroBatch& m = state(a.micro_batch);
-        // Every received activation autograd tracks gets a gradient back (zeros where none
-        // flowed); the sent gradients live until the send completes.
-        live_ += received_grad_bytes_ - m.input_grads;
-        send(received_grad_bytes_);
-        originals_sent_by_ = std::numeric_limits<int64_t>::min();
-        for (const TensorBytes& t : received_) release(m, t.tensor);
-        retire(a.micro_batch);
-        break;
-      }
-      case ActionKind::OptimizerStep:
-        optimizer_step();
-        break;
-      default:
-        break;
-    }
+  for (size_t ai = 0; ai < passes * actions_.size(); ++ai) {
+    current_action_ = static_cast<int>(ai % actions_.size());
+    apply(actions_[static_cast<size_t>(current_action_)]);
     note(live_, -1);
   }
   if (derive_second) {
@@ -931,6 +928,79 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
         r_.peak = mark.value + extra, r_.peak_action = mark.action, r_.peak_node = mark.node;
   }
   return r_;
+}
+
+void StageReplay::apply(const Action& a) {
+  switch (a.kind) {
+    case ActionKind::RecvActivation: {
+      MicroBatch& m = state(a.micro_batch);
+      live_ += received_bytes_;
+      for (const TensorBytes& t : received_) m.alive[loc(t.tensor)] = 1;
+      break;
+    }
+    case ActionKind::Forward:
+      forward(a.micro_batch, state(a.micro_batch));
+      if (r_.first_forward_end == 0) r_.first_forward_end = live_;
+      break;
+    case ActionKind::SendActivation:
+      send_activations(a.micro_batch);
+      break;
+    case ActionKind::RecvGrad:
+      receive_gradients(a.micro_batch);
+      break;
+    case ActionKind::Backward:
+      backward_action(a.micro_batch);
+      break;
+    case ActionKind::SendGrad: {
+      MicroBatch& m = state(a.micro_batch);
+      // Every received activation autograd tracks gets a gradient back (zeros where none
+      // flowed); the sent gradients live until the send completes.
+      live_ += received_grad_bytes_ - m.input_grads;
+      send(received_grad_bytes_);
+      originals_sent_by_ = std::numeric_limits<int64_t>::min();
+      for (const TensorBytes& t : received_) release(m, t.tensor);
+      retire(a.micro_batch);
+      break;
+    }
+    case ActionKind::OptimizerStep:
+      optimizer_step();
+      break;
+    default:
+      break;
+  }
+}
+
+void StageReplay::send_activations(int64_t mb) {
+  MicroBatch& m = state(mb);
+  // The activations stay referenced by the micro-batch anyway; sent tensors the evictor empties
+  // next are sent as copies.
+  const int64_t copies = evict_after_send_.empty() ? permuted_sent_bytes_ : sent_bytes_;
+  live_ += copies;
+  send(copies);
+  originals_sent_by_ = evict_after_send_.empty() ? mb : std::numeric_limits<int64_t>::min();
+  for (int i : evict_after_send_) evict(m, mb, i);
+}
+
+void StageReplay::receive_gradients(int64_t mb) {
+  MicroBatch& m = state(mb);
+  int64_t total = 0;
+  for (const TensorBytes& t : sent_)
+    if (requires_grad_[at(t.tensor)]) total += t.bytes, m.has_grad[loc(t.tensor)] = 2;
+  live_ += total;
+  m.received_grads = total;
+  note(live_ + largest_permuted_grad_, -1);
+}
+
+void StageReplay::backward_action(int64_t mb) {
+  MicroBatch& m = state(mb);
+  backward(mb, m);
+  // Activations sent as they are stay referenced by the transport until its next send
+  // completes: where this backward freed them (the step's last forward sent them), they are
+  // held until then.
+  if (mb == originals_sent_by_)
+    for (int k : sent_originals_)
+      if (!m.alive[loc(k)] && !m.evicted[loc(k)]) live_ += bytes(k), pending_send_ += bytes(k);
+  if (b_ == 0) retire(mb);  // nothing to send back
 }
 
 }  // namespace detail

@@ -1,6 +1,7 @@
 #include "plan/stage_program.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "util/error.h"
@@ -21,114 +22,156 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
   return place_evictions(model, b, e, decisions, received);
 }
 
-std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
-                                      const std::vector<TensorDecision>& decisions, const std::vector<char>& received) {
-  const Profile& p = model.profile();
-  const int T = static_cast<int>(p.tensors.size());
-  auto in_range = [&](int node) { return node >= b && node < e; };
-  auto name = [&](int t) { return p.tensors[static_cast<size_t>(t)].name; };
-  for (const TensorDecision& d : decisions)
-    if (d.tensor < 0 || d.tensor >= T)
-      throw ConfigError("plan decision for tensor " + std::to_string(d.tensor) + ", which the profile does not have");
+namespace {
+
+// One stage's evictions placed from its decisions (place_evictions below), in parts.
+class EvictionPlacer {
+ public:
+  EvictionPlacer(const CostModel& model, int b, int e, const std::vector<char>& received)
+      : model_(model),
+        p_(model.profile()),
+        b_(b),
+        e_(e),
+        received_(received),
+        visited_(static_cast<size_t>(std::max(0, e - b)), -1) {}
+
+  // The eviction of d's tensor, or nothing where this stage holds none of its storage.
+  std::optional<Eviction> place(const TensorDecision& d, int mark);
+
   // Each tensor's action (-1: no decision; the last one for a tensor decided twice), in a
   // per-thread table sized by the graph but set and cleared only for these decisions: the
   // planner calls this for every decision set it replays, and re-runs look actions up often.
-  static thread_local std::vector<signed char> action_by_tensor;
-  if (action_by_tensor.size() < static_cast<size_t>(T)) action_by_tensor.resize(static_cast<size_t>(T), -1);
+  static std::vector<signed char>& action_table() {
+    static thread_local std::vector<signed char> action_by_tensor;
+    return action_by_tensor;
+  }
+
+ private:
+  bool in_range(int node) const { return node >= b_ && node < e_; }
+  const std::string& name(int t) const { return p_.tensors[static_cast<size_t>(t)].name; }
+  const TensorProfile& tensor(int t) const { return p_.tensors[static_cast<size_t>(t)]; }
+  // On the device when a re-run needs it: data, what earlier stages send, kept and swapped tensors.
+  bool available(int t) const {
+    const int a = action_table()[static_cast<size_t>(t)];
+    return tensor(t).is_data || tensor(t).producer < b_ || a == static_cast<int>(TensorAction::Keep) ||
+           a == static_cast<int>(TensorAction::Swap);
+  }
+  const std::vector<int>& share_storage_with(int t);
+  void add_rerun_chain(Eviction& ev, int producer, int mark);
+
+  const CostModel& model_;
+  const Profile& p_;
+  const int b_, e_;
+  const std::vector<char>& received_;
+  std::vector<int> sharing_, aliases_, stack_;
+  std::vector<int> visited_;  // per node of the stage: the eviction that last re-ran it
+};
+
+// The tensors sharing t's storage: the owner of its alias chain (stopping at a received tensor:
+// the stage's copy) and the views of it, down to received ones.
+const std::vector<int>& EvictionPlacer::share_storage_with(int t) {
+  while (!received_[static_cast<size_t>(t)] && tensor(t).alias_of >= 0) t = tensor(t).alias_of;
+  sharing_.clear();
+  aliases_.assign(1, t);
+  while (!aliases_.empty()) {
+    const int u = aliases_.back();
+    aliases_.pop_back();
+    sharing_.push_back(u);
+    for (int v : model_.alias_children(u))
+      if (!received_[static_cast<size_t>(v)]) aliases_.push_back(v);
+  }
+  return sharing_;
+}
+
+// The stage's nodes a recomputation re-runs from `producer` back to tensors still available
+// (its leaves), each once.
+void EvictionPlacer::add_rerun_chain(Eviction& ev, int producer, int mark) {
+  stack_.assign(1, producer);
+  while (!stack_.empty()) {
+    const int n = stack_.back();
+    stack_.pop_back();
+    if (visited_[static_cast<size_t>(n - b_)] == mark) continue;
+    visited_[static_cast<size_t>(n - b_)] = mark;
+    ev.rerun.push_back(n);
+    for (int in : model_.inputs(n)) {
+      if (available(in))
+        ev.leaves.push_back(in);
+      else if (in_range(tensor(in).producer))
+        stack_.push_back(tensor(in).producer);
+    }
+  }
+  std::sort(ev.rerun.begin(), ev.rerun.end());
+  std::sort(ev.leaves.begin(), ev.leaves.end());
+  ev.leaves.erase(std::unique(ev.leaves.begin(), ev.leaves.end()), ev.leaves.end());
+}
+
+std::optional<Eviction> EvictionPlacer::place(const TensorDecision& d, int mark) {
+  const TensorProfile& t = tensor(d.tensor);
+  if (t.param_view) throw ConfigError("plan evicts " + name(d.tensor) + ", a view of a parameter or buffer");
+  if (!model_.evictable(d.tensor))
+    throw ConfigError("plan evicts " + name(d.tensor) + ", an autograd-internal buffer the executor cannot reach");
+  if (model_.copy_not_made(d.tensor, b_)) return std::nullopt;  // nothing to evict
+  // A tensor of an earlier stage that reaches this one only as views of it (received as
+  // tensors of their own): nothing here holds its storage.
+  if (!t.is_data && t.producer < b_ && !received_[static_cast<size_t>(d.tensor)]) return std::nullopt;
+  Eviction ev;
+  ev.tensor = d.tensor;
+  ev.action = d.action;
+  if (t.internal) ev.internal = {t.producer, t.copy_of};
+  int last_local = in_range(t.producer) ? t.producer : -1;
+  // Read later: sent on, so emptied only after the send. Later stages load data themselves,
+  // but a view of data made here is sent like any activation.
+  bool read_later = false;
+  for (int shared : share_storage_with(d.tensor))
+    for (int c : tensor(shared).consumers) {
+      if (in_range(c)) last_local = std::max(last_local, c);
+      read_later |= c >= e_ && !tensor(shared).is_data;
+    }
+  // A data tensor this stage does not load, read here only through views an earlier stage
+  // made and sent (an imported model's reshaped input ids): nothing here holds its storage.
+  if (last_local < 0 && t.is_data) return std::nullopt;
+  if (last_local < 0)
+    throw ConfigError("plan evicts " + name(d.tensor) + ", which stage nodes [" + std::to_string(b_) + ", " +
+                      std::to_string(e_) + ") neither produce nor read");
+  ev.evict_after = read_later ? -1 : last_local;
+  ev.restore_before = in_range(d.restore_before) ? d.restore_before : last_local;
+  ev.prefetch_at = d.action == TensorAction::Swap && in_range(d.prefetch_at)
+                       ? std::max(d.prefetch_at, ev.restore_before)
+                       : ev.restore_before;
+  if (d.action == TensorAction::Recompute) {
+    if (t.is_data || !in_range(t.producer))
+      throw ConfigError("plan recomputes " + name(d.tensor) + ", which this stage does not produce");
+    add_rerun_chain(ev, t.producer, mark);
+  }
+  return ev;
+}
+
+}  // namespace
+
+std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
+                                      const std::vector<TensorDecision>& decisions, const std::vector<char>& received) {
+  const int T = static_cast<int>(model.profile().tensors.size());
+  for (const TensorDecision& d : decisions)
+    if (d.tensor < 0 || d.tensor >= T)
+      throw ConfigError("plan decision for tensor " + std::to_string(d.tensor) + ", which the profile does not have");
+  std::vector<signed char>& actions = EvictionPlacer::action_table();
+  if (actions.size() < static_cast<size_t>(T)) actions.resize(static_cast<size_t>(T), -1);
   struct Clear {
     const std::vector<TensorDecision>& decisions;
+    std::vector<signed char>& actions;
     ~Clear() {
-      for (const TensorDecision& d : decisions) action_by_tensor[static_cast<size_t>(d.tensor)] = -1;
+      for (const TensorDecision& d : decisions) actions[static_cast<size_t>(d.tensor)] = -1;
     }
-  } clear{decisions};
-  for (const TensorDecision& d : decisions)
-    action_by_tensor[static_cast<size_t>(d.tensor)] = static_cast<signed char>(d.action);
-  auto action_of = [&](int t) { return static_cast<int>(action_by_tensor[static_cast<size_t>(t)]); };
-  // On the device when a re-run needs it: data, what earlier stages send, kept and swapped tensors.
-  auto available = [&](int t) {
-    const int a = action_of(t);
-    return p.tensors[static_cast<size_t>(t)].is_data || p.tensors[static_cast<size_t>(t)].producer < b ||
-           a == static_cast<int>(TensorAction::Keep) || a == static_cast<int>(TensorAction::Swap);
-  };
-  // The tensors sharing t's storage: the owner of its alias chain (stopping at a received
-  // tensor: the stage's copy) and the views of it, down to received ones.
-  std::vector<int> sharing, aliases;
-  auto share_storage_with = [&](int t) -> const std::vector<int>& {
-    while (!received[static_cast<size_t>(t)] && p.tensors[static_cast<size_t>(t)].alias_of >= 0)
-      t = p.tensors[static_cast<size_t>(t)].alias_of;
-    sharing.clear();
-    aliases.assign(1, t);
-    while (!aliases.empty()) {
-      const int u = aliases.back();
-      aliases.pop_back();
-      sharing.push_back(u);
-      for (int v : model.alias_children(u))
-        if (!received[static_cast<size_t>(v)]) aliases.push_back(v);
-    }
-    return sharing;
-  };
+  } clear{decisions, actions};
+  for (const TensorDecision& d : decisions) actions[static_cast<size_t>(d.tensor)] = static_cast<signed char>(d.action);
 
+  EvictionPlacer placer(model, b, e, received);
   std::vector<Eviction> out;
   out.reserve(static_cast<size_t>(std::count_if(
       decisions.begin(), decisions.end(), [](const TensorDecision& d) { return d.action != TensorAction::Keep; })));
-  std::vector<int> visited(static_cast<size_t>(std::max(0, e - b)), -1), stack;  // per node: the decision
   for (const TensorDecision& d : decisions) {
     if (d.action == TensorAction::Keep) continue;
-    const TensorProfile& t = p.tensors[static_cast<size_t>(d.tensor)];
-    if (t.param_view) throw ConfigError("plan evicts " + name(d.tensor) + ", a view of a parameter or buffer");
-    if (!model.evictable(d.tensor))
-      throw ConfigError("plan evicts " + name(d.tensor) + ", an autograd-internal buffer the executor cannot reach");
-    if (model.copy_not_made(d.tensor, b)) continue;  // nothing to evict
-    // A tensor of an earlier stage that reaches this one only as views of it (received as
-    // tensors of their own): nothing here holds its storage.
-    if (!t.is_data && t.producer < b && !received[static_cast<size_t>(d.tensor)]) continue;
-    Eviction ev;
-    ev.tensor = d.tensor;
-    ev.action = d.action;
-    if (t.internal) ev.internal = {t.producer, t.copy_of};
-    int last_local = in_range(t.producer) ? t.producer : -1;
-    // Read later: sent on, so emptied only after the send. Later stages load data themselves,
-    // but a view of data made here is sent like any activation.
-    bool read_later = false;
-    for (int shared : share_storage_with(d.tensor))
-      for (int c : p.tensors[static_cast<size_t>(shared)].consumers) {
-        if (in_range(c)) last_local = std::max(last_local, c);
-        read_later |= c >= e && !p.tensors[static_cast<size_t>(shared)].is_data;
-      }
-    // A data tensor this stage does not load, read here only through views an earlier stage
-    // made and sent (an imported model's reshaped input ids): nothing here holds its storage.
-    if (last_local < 0 && t.is_data) continue;
-    if (last_local < 0)
-      throw ConfigError("plan evicts " + name(d.tensor) + ", which stage nodes [" + std::to_string(b) + ", " +
-                        std::to_string(e) + ") neither produce nor read");
-    ev.evict_after = read_later ? -1 : last_local;
-    ev.restore_before = in_range(d.restore_before) ? d.restore_before : last_local;
-    ev.prefetch_at = d.action == TensorAction::Swap && in_range(d.prefetch_at)
-                         ? std::max(d.prefetch_at, ev.restore_before)
-                         : ev.restore_before;
-    if (d.action == TensorAction::Recompute) {
-      if (t.is_data || !in_range(t.producer))
-        throw ConfigError("plan recomputes " + name(d.tensor) + ", which this stage does not produce");
-      const int mark = static_cast<int>(out.size());
-      stack.assign(1, t.producer);
-      while (!stack.empty()) {
-        const int n = stack.back();
-        stack.pop_back();
-        if (visited[static_cast<size_t>(n - b)] == mark) continue;
-        visited[static_cast<size_t>(n - b)] = mark;
-        ev.rerun.push_back(n);
-        for (int in : model.inputs(n)) {
-          if (available(in))
-            ev.leaves.push_back(in);
-          else if (in_range(p.tensors[static_cast<size_t>(in)].producer))
-            stack.push_back(p.tensors[static_cast<size_t>(in)].producer);
-        }
-      }
-      std::sort(ev.rerun.begin(), ev.rerun.end());
-      std::sort(ev.leaves.begin(), ev.leaves.end());
-      ev.leaves.erase(std::unique(ev.leaves.begin(), ev.leaves.end()), ev.leaves.end());
-    }
-    out.push_back(std::move(ev));
+    if (std::optional<Eviction> ev = placer.place(d, static_cast<int>(out.size()))) out.push_back(std::move(*ev));
   }
   return out;
 }

@@ -95,6 +95,90 @@ bool starts_with(const std::string& s, const char* prefix) { return s.rfind(pref
 
 // Formulas for the ATen operators Hugging Face models are made of: what the backward keeps (as
 // PyTorch's derivatives.yaml says) and a roofline cost. Views cost nothing and share storage.
+// A product of `a` ([..., k]) with a [k, n_out] operand.
+double matmul_flops(const Shape& a, int64_t n_out) {
+  const double k = static_cast<double>(a.back());
+  return 2.0 * static_cast<double>(numel(a)) / k * k * static_cast<double>(n_out);
+}
+
+// aten::addmm, mm, bmm and matmul: both operands kept (matmul: a copy of each operand whose
+// layout does not fold, instead of it).
+void product_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, OpFacts& f) {
+  const std::string& op = n.call.op;
+  const TensorInfo& out = g.tensor(n.outputs[0]);
+  auto save = [&](int pos) {
+    if (pos >= 0) f.saved_inputs.push_back(pos);
+  };
+  const bool addmm = op == "aten::addmm";
+  const int a = arg_input(n, addmm ? 1 : 0), b = arg_input(n, addmm ? 2 : 1);
+  save(a), save(b);
+  const Shape& as = a >= 0 ? g.tensor(n.inputs.at(static_cast<size_t>(a))).shape : out.shape;
+  f.flops = matmul_flops(as, out.shape.back());
+  if (op == "aten::matmul") {  // operands whose layout does not fold are copied, the copy kept
+    const std::vector<int> copied = matmul_copied_inputs(g, st, n.id);
+    f.saved_inputs.clear();
+    for (int pos : {a, b})
+      if (pos >= 0 && std::find(copied.begin(), copied.end(), n.inputs[static_cast<size_t>(pos)]) == copied.end())
+        save(pos);
+    for (int t : copied) f.internal_bytes += g.tensor(t).bytes();
+  }
+}
+
+void attention_facts(const OpGraph& g, const Node& n, const std::vector<bool>& rg, OpFacts& f) {
+  auto save = [&](int pos) {
+    if (pos >= 0) f.saved_inputs.push_back(pos);
+  };
+  auto shape = [&](int pos) -> const Shape& { return g.tensor(n.inputs.at(static_cast<size_t>(pos))).shape; };
+  // Fused attention keeps q, k, v, the output and the log-sum-exp per row (and a boolean mask
+  // as a float bias); backward recomputes the probabilities.
+  for (int j = 0; j < 3; ++j) save(arg_input(n, static_cast<size_t>(j)));
+  f.saves_output = true;
+  const Shape& q = shape(arg_input(n, 0));
+  const Shape& k = shape(arg_input(n, 1));
+  const double rows = static_cast<double>(numel(q)) / static_cast<double>(q.back());
+  f.internal_bytes = static_cast<int64_t>(rows) * 4;
+  const int mask = arg_input(n, 3);
+  if (mask >= 0) {
+    const TensorInfo& m = g.tensor(n.inputs[static_cast<size_t>(mask)]);
+    if (m.dtype == DType::Bool)
+      f.internal_bytes += numel(m.shape) * 4;
+    else
+      save(mask);
+    // A bias that needs a gradient (T5's position bias): the memory-efficient kernel's
+    // backward writes it at the full [B, heads, Sq, Sk] (Sk padded to 16) before summing it
+    // down to the bias's shape.
+    if (rg[static_cast<size_t>(n.inputs[static_cast<size_t>(mask)])]) {
+      const int64_t sk = (k[k.size() - 2] + 15) / 16 * 16;
+      f.bwd_workspace = static_cast<int64_t>(rows) * sk * dtype_size(m.dtype);
+    }
+  }
+  f.flops = 4.0 * rows * static_cast<double>(k[k.size() - 2]) * static_cast<double>(q.back());
+  f.bwd_flops = 2.5 * f.flops;
+  f.kernels = 1, f.bwd_kernels = 2;
+}
+
+void mul_div_facts(const Node& n, const std::vector<bool>& rg, OpFacts& f) {
+  const std::string& op = n.call.op;
+  auto save = [&](int pos) {
+    if (pos >= 0) f.saved_inputs.push_back(pos);
+  };
+  // mul: each factor for the other's gradient; div: the divisor for the dividend's, both for
+  // the divisor's. A number factor is kept as a wrapped scalar.
+  const int a = arg_input(n, 0), b = arg_input(n, 1);
+  auto grad = [&](size_t j, int pos) {  // the factor needs a gradient (a parameter always does)
+    if (n.call.args[j].kind == AtenArg::Kind::Param) return true;
+    return pos >= 0 && rg[static_cast<size_t>(n.inputs[static_cast<size_t>(pos)])];
+  };
+  const bool ga = grad(0, a), gb = grad(1, b);
+  if (gb && a >= 0) save(a);
+  if (ga || (op == "aten::div" && gb)) {
+    if (b >= 0)
+      save(b);
+    else if (n.call.args[1].kind != AtenArg::Kind::Param)
+      f.internal_bytes += 8;
+  }
+}
+
 void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, const std::vector<bool>& rg,
                 OpFacts& f) {
   const std::string& op = n.call.op;
@@ -105,10 +189,6 @@ void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n,
   auto shape = [&](int pos) -> const Shape& { return g.tensor(n.inputs.at(static_cast<size_t>(pos))).shape; };
   auto save = [&](int pos) {
     if (pos >= 0) f.saved_inputs.push_back(pos);
-  };
-  auto matmul_flops = [&](const Shape& a, int64_t n_out) {
-    const double k = static_cast<double>(a.back());
-    return 2.0 * static_cast<double>(numel(a)) / k * k * static_cast<double>(n_out);
   };
   // Views of parameters and buffers allocate nothing.
   if (g.views_weight(n.id, 0)) {
@@ -136,46 +216,9 @@ void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n,
     save(arg_input(n, 0)), save(arg_input(n, 1));
     f.flops = matmul_flops(shape(arg_input(n, 0)), out.shape.back());
   } else if (op == "aten::addmm" || op == "aten::mm" || op == "aten::bmm" || op == "aten::matmul") {
-    const bool addmm = op == "aten::addmm";
-    const int a = arg_input(n, addmm ? 1 : 0), b = arg_input(n, addmm ? 2 : 1);
-    save(a), save(b);
-    const Shape& as = a >= 0 ? shape(a) : out.shape;
-    f.flops = matmul_flops(as, out.shape.back());
-    if (op == "aten::matmul") {  // operands whose layout does not fold are copied, the copy kept
-      const std::vector<int> copied = matmul_copied_inputs(g, st, n.id);
-      f.saved_inputs.clear();
-      for (int pos : {a, b})
-        if (pos >= 0 && std::find(copied.begin(), copied.end(), n.inputs[static_cast<size_t>(pos)]) == copied.end())
-          save(pos);
-      for (int t : copied) f.internal_bytes += g.tensor(t).bytes();
-    }
+    product_facts(g, st, n, f);
   } else if (op == "aten::scaled_dot_product_attention") {
-    // Fused attention keeps q, k, v, the output and the log-sum-exp per row (and a boolean mask
-    // as a float bias); backward recomputes the probabilities.
-    for (int j = 0; j < 3; ++j) save(arg_input(n, static_cast<size_t>(j)));
-    f.saves_output = true;
-    const Shape& q = shape(arg_input(n, 0));
-    const Shape& k = shape(arg_input(n, 1));
-    const double rows = static_cast<double>(numel(q)) / static_cast<double>(q.back());
-    f.internal_bytes = static_cast<int64_t>(rows) * 4;
-    const int mask = arg_input(n, 3);
-    if (mask >= 0) {
-      const TensorInfo& m = g.tensor(n.inputs[static_cast<size_t>(mask)]);
-      if (m.dtype == DType::Bool)
-        f.internal_bytes += numel(m.shape) * 4;
-      else
-        save(mask);
-      // A bias that needs a gradient (T5's position bias): the memory-efficient kernel's
-      // backward writes it at the full [B, heads, Sq, Sk] (Sk padded to 16) before summing it
-      // down to the bias's shape.
-      if (rg[static_cast<size_t>(n.inputs[static_cast<size_t>(mask)])]) {
-        const int64_t sk = (k[k.size() - 2] + 15) / 16 * 16;
-        f.bwd_workspace = static_cast<int64_t>(rows) * sk * dtype_size(m.dtype);
-      }
-    }
-    f.flops = 4.0 * rows * static_cast<double>(k[k.size() - 2]) * static_cast<double>(q.back());
-    f.bwd_flops = 2.5 * f.flops;
-    f.kernels = 1, f.bwd_kernels = 2;
+    attention_facts(g, n, rg, f);
     return;
   } else if (op == "aten::layer_norm" || op == "aten::native_layer_norm" || op == "aten::group_norm" ||
              op == "aten::rms_norm") {
@@ -191,21 +234,7 @@ void aten_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n,
              op == "aten::sin" || op == "aten::cos" || op == "aten::abs") {
     save(arg_input(n, 0));
   } else if (op == "aten::mul" || op == "aten::div") {
-    // mul: each factor for the other's gradient; div: the divisor for the dividend's, both for
-    // the divisor's. A number factor is kept as a wrapped scalar.
-    const int a = arg_input(n, 0), b = arg_input(n, 1);
-    auto grad = [&](size_t j, int pos) {  // the factor needs a gradient (a parameter always does)
-      if (n.call.args[j].kind == AtenArg::Kind::Param) return true;
-      return pos >= 0 && rg[static_cast<size_t>(n.inputs[static_cast<size_t>(pos)])];
-    };
-    const bool ga = grad(0, a), gb = grad(1, b);
-    if (gb && a >= 0) save(a);
-    if (ga || (op == "aten::div" && gb)) {
-      if (b >= 0)
-        save(b);
-      else if (n.call.args[1].kind != AtenArg::Kind::Param)
-        f.internal_bytes += 8;
-    }
+    mul_div_facts(n, rg, f);
   } else if (op == "aten::native_dropout" || op == "aten::dropout") {
     f.internal_bytes = numel(out.shape);  // the boolean mask
     f.kernels = 3;

@@ -58,31 +58,66 @@ bool same_storage(const at::Tensor& a, const at::Tensor& b) {
 
 // Runs node n alone: fresh inputs shaped (and strided: `strides`, per tensor) as in the real
 // graph, its parameters, warm-up and measured iterations of forward + backward.
-NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& rg, const std::vector<Strides>& strides,
-                             const SyntheticData& data, const ProfilerOptions& opt) {
-  const Node& node = g.nodes[n];
-  const c10::Device dev = opt.device;
-  NodeMeasurement m;
-  StageModule module(g, n, n + 1, opt.seed, dev);
-  std::vector<int> ins(node.inputs.begin(), node.inputs.end());
-  std::sort(ins.begin(), ins.end());
-  ins.erase(std::unique(ins.begin(), ins.end()), ins.end());
+class NodeMeasurer {
+ public:
+  NodeMeasurer(const OpGraph& g, int n, const std::vector<bool>& rg, const std::vector<Strides>& strides,
+               const SyntheticData& data, const ProfilerOptions& opt)
+      : g_(g),
+        n_(n),
+        node_(g.nodes[n]),
+        rg_(rg),
+        strides_(strides),
+        opt_(opt),
+        dev_(opt.device),
+        module_(g, n, n + 1, opt.seed, opt.device),
+        env_(g.tensors.size()) {
+    // No internal-buffer slots in env_ (StageModule::internal_slot): what the node keeps is
+    // autograd's alone, and nothing of one iteration outlives it into the next one's measurement.
+    ins_.assign(node_.inputs.begin(), node_.inputs.end());
+    std::sort(ins_.begin(), ins_.end());
+    ins_.erase(std::unique(ins_.begin(), ins_.end()), ins_.end());
+    for (int t : ins_) {
+      if (g.is_data(t)) {
+        data.load(env_, {t}, 0, dev_);
+        inputs_.push_back(env_[t]);
+      } else {
+        inputs_.push_back(rebuild(t));
+      }
+    }
+  }
 
-  // No internal-buffer slots (StageModule::internal_slot): what the node keeps is autograd's
-  // alone, and nothing of one iteration outlives it into the next one's measurement.
-  TensorEnv env(g.tensors.size());
-  std::vector<at::Tensor> inputs, leaves;
+  NodeMeasurement run() {
+    const size_t outs_n = node_.outputs.size();
+    m_.kept.output_saved.assign(outs_n, 0);
+    m_.kept.output_alias_of.assign(outs_n, -1);
+    m_.kept.output_param_view.assign(outs_n, 0);
+    m_.kept.output_contiguous.assign(outs_n, 1);
+    const int total = opt_.warmup + opt_.iterations;
+    for (int it = 0; it < total; ++it) iteration(it, it >= opt_.warmup, it == total - 1);
+    return m_;
+  }
+
+ private:
+  // One forward's outputs: the input each views (-1: none), whether it views a parameter or
+  // buffer, and the bytes of the new storages among them (each counted once).
+  struct Outputs {
+    std::vector<at::Tensor> tensors;
+    std::vector<int> alias;
+    std::vector<char> param_view;
+    int64_t own_bytes = 0;
+  };
+
   // An input that is a view in the real graph (transposes, reshapes of them) is rebuilt as the
   // same chain of views over a fresh leaf, so it has the real strides: ops that copy or view
   // depending on strides (reshape, matmul) then behave as they will in training.
-  std::function<at::Tensor(int)> rebuild = [&](int t) -> at::Tensor {
-    const TensorInfo& info = g.tensor(t);
-    const Node& producer = g.nodes[info.producer];
+  at::Tensor rebuild(int t) {
+    const TensorInfo& info = g_.tensor(t);
+    const Node& producer = g_.nodes[info.producer];
     if (producer.kind == OpKind::Transpose) return rebuild(producer.inputs[0]).permute(producer.attr_ints("dims"));
     if (producer.kind == OpKind::Reshape) return rebuild(producer.inputs[0]).reshape(info.shape);
     // Integers are zeros (valid indices everywhere), booleans true (masks that keep everything).
     const at::ScalarType type = scalar_type(info.dtype);
-    const Strides& layout = strides[static_cast<size_t>(t)];
+    const Strides& layout = strides_[static_cast<size_t>(t)];
     const bool contiguous = layout == contiguous_strides(info.shape);
     int64_t storage = 1;  // elements the strides reach (an expanded dimension reaches one)
     for (size_t d = 0; d < info.shape.size(); ++d) storage += (info.shape[d] - 1) * layout[d];
@@ -91,7 +126,7 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
     // backward hands its gradient to the leaf as the real graph's view does: through as_strided
     // the backward would add a gradient buffer of the leaf's size.
     const bool permuted = !contiguous && is_dense(info.shape, layout);
-    const at::TensorOptions options = at::TensorOptions(type).device(dev);
+    const at::TensorOptions options = at::TensorOptions(type).device(dev_);
     at::Tensor leaf = contiguous ? at::empty(info.shape, options)
                       : permuted ? at::empty_strided(info.shape, layout, options)
                                  : at::empty(Shape{storage}, options);
@@ -99,122 +134,140 @@ NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& r
       leaf.uniform_(0.5, 1.5);
     else
       leaf.fill_(type == at::kBool ? 1 : 0);
-    if (rg[t]) leaf.requires_grad_(true);
-    leaves.push_back(leaf);
+    if (rg_[t]) leaf.requires_grad_(true);
+    leaves_.push_back(leaf);
     // A non-leaf handle: autograd's references to it show. A plain view where the layout is
     // contiguous or permuted: as_strided's backward would add a gradient buffer of its own.
     return contiguous || permuted ? leaf.view(info.shape) : leaf.as_strided(info.shape, layout);
-  };
-  for (int t : ins) {
-    at::Tensor x;
-    if (g.is_data(t)) {
-      data.load(env, {t}, 0, dev);
-      x = env[t];
-    } else {
-      x = rebuild(t);
-    }
-    inputs.push_back(x);
   }
-  const std::vector<int>& out_ids = node.outputs;
-  const size_t outs_n = out_ids.size();
-  m.kept.output_saved.assign(outs_n, 0);
-  m.kept.output_alias_of.assign(outs_n, -1);
-  m.kept.output_param_view.assign(outs_n, 0);
-  m.kept.output_contiguous.assign(outs_n, 1);
-  const int total = opt.warmup + opt.iterations;
-  for (int it = 0; it < total; ++it) {
-    const bool measured = it >= opt.warmup;
-    const bool last = it == total - 1;
-    for (size_t i = 0; i < ins.size(); ++i) env[ins[i]] = inputs[i];
-    // References to each input's storage before the node runs (its leaf, the view we pass):
-    // any reference autograd adds, to the input or to a view of it, means it was saved.
-    std::vector<size_t> storage_uses;
-    for (const at::Tensor& x : inputs) storage_uses.push_back(x.storage().use_count());
-    synchronize(dev);
-    const int64_t live0 = DeviceMemory::live_bytes(dev);
-    DeviceMemory::reset_peak(dev);
-    const double fwd = time_ms(dev, [&] { module.run_node(n, env, RunContext{0, it}); });
-    synchronize(dev);
-    std::vector<at::Tensor> outs;
-    for (int id : out_ids) outs.push_back(env[id]);
-    const int64_t fwd_peak = DeviceMemory::peak_bytes(dev) - live0;
-    const int64_t held = DeviceMemory::live_bytes(dev) - live0;  // outputs (if new) + internal
-    std::vector<int> alias(outs_n, -1);
-    std::vector<char> param_view(outs_n, 0);
-    std::vector<const c10::StorageImpl*> new_storages;  // outputs' own storages, counted once
-    int64_t out_bytes = 0;
-    for (size_t k = 0; k < outs_n; ++k) {
-      for (size_t i = 0; i < ins.size(); ++i)
-        if (same_storage(outs[k], inputs[i])) alias[k] = ins[i];  // views of data too (imported reshapes)
-      for (const auto& param : module.parameters())
-        param_view[k] = param_view[k] || same_storage(outs[k], param.tensor);
-      for (const at::Tensor& buffer : module.buffers())
-        param_view[k] = param_view[k] || (buffer.defined() && same_storage(outs[k], buffer));
-      const c10::StorageImpl* st = outs[k].storage().unsafeGetStorageImpl();
-      if (alias[k] < 0 && !param_view[k] &&
-          std::find(new_storages.begin(), new_storages.end(), st) == new_storages.end()) {
-        new_storages.push_back(st);
-        out_bytes += outs[k].numel() * outs[k].element_size();
-      }
-    }
-    if (measured) {
-      m.fwd_ms.push_back(fwd);
-      m.kept.fwd_workspace = std::max(m.kept.fwd_workspace, fwd_peak - held);
-    }
-    if (last) {
-      m.kept.output_param_view = param_view;
-      m.kept.internal_bytes = std::max<int64_t>(0, held - out_bytes);
-      m.kept.output_alias_of = alias;
-      m.kept.output_strides.clear();
-      for (size_t k = 0; k < outs_n; ++k) {
-        m.kept.output_contiguous[k] = outs[k].is_contiguous();
-        m.kept.output_strides.emplace_back(outs[k].strides().begin(), outs[k].strides().end());
-      }
-      // Drop every reference but ours: what autograd still references, it saved.
-      for (int t : ins) env[t] = at::Tensor();
-      for (int id : out_ids) env[id] = at::Tensor();
-      for (size_t i = 0; i < ins.size(); ++i) {
-        size_t own_views = 0;
-        for (const at::Tensor& out : outs) own_views += same_storage(out, inputs[i]) ? 1 : 0;
-        if (inputs[i].use_count() > 1 || inputs[i].storage().use_count() > storage_uses[i] + own_views)
-          m.kept.saved_inputs.push_back(ins[i]);
-      }
-      // Our handles hold an output's storage once each, and once more through the base of a
-      // view (e.g. T5's bias: a permuted embedding); a further reference is autograd's.
-      for (size_t k = 0; k < outs_n; ++k) {
-        size_t expected_uses = outs[k].is_view() ? 2 : 1;
-        for (size_t j = 0; j < outs_n; ++j)
-          if (j != k && same_storage(outs[j], outs[k])) expected_uses += outs[j].is_view() ? 2 : 1;
-        m.kept.output_saved[k] =
-            alias[k] < 0 && outs[k].requires_grad() && outs[k].storage().use_count() > expected_uses;
-      }
-    }
-    std::vector<at::Tensor> with_grad, grads;
-    for (const at::Tensor& out : outs)
-      if (out.requires_grad()) {
-        with_grad.push_back(out);
-        grads.push_back(out.dim() == 0 ? at::ones_like(out) : at::rand_like(out));
-      }
-    if (!with_grad.empty()) {
-      synchronize(dev);
-      const int64_t lb0 = DeviceMemory::live_bytes(dev);
-      DeviceMemory::reset_peak(dev);
-      // Keep the graph (and so the saved tensors) alive until we have read the memory: what
-      // remains allocated beyond it are the gradients.
-      const double bwd = time_ms(dev, [&] { torch::autograd::backward(with_grad, grads, /*retain_graph=*/true); });
-      synchronize(dev);
-      const int64_t bwd_peak = DeviceMemory::peak_bytes(dev) - lb0;
-      const int64_t grads = DeviceMemory::live_bytes(dev) - lb0;
-      if (measured) {
-        m.bwd_ms.push_back(bwd);
-        m.kept.bwd_workspace = std::max(m.kept.bwd_workspace, bwd_peak - grads);
-      }
-      for (at::Tensor& leaf : leaves) leaf.mutable_grad() = at::Tensor();
-      for (auto& p : module.parameters()) p.tensor.mutable_grad() = at::Tensor();
-    }
-    for (int id : out_ids) env[id] = at::Tensor();
+
+  void iteration(int it, bool measured, bool last);
+  Outputs outputs() const;
+  void record_kept(const Outputs& o, int64_t held, const std::vector<size_t>& storage_uses);
+  void backward(const Outputs& o, bool measured);
+
+  const OpGraph& g_;
+  const int n_;
+  const Node& node_;
+  const std::vector<bool>& rg_;
+  const std::vector<Strides>& strides_;
+  const ProfilerOptions& opt_;
+  const c10::Device dev_;
+  StageModule module_;
+  TensorEnv env_;
+  std::vector<int> ins_;                     // distinct inputs, ascending
+  std::vector<at::Tensor> inputs_, leaves_;  // per input: what the node reads; the leaves under them
+  NodeMeasurement m_;
+};
+
+void NodeMeasurer::iteration(int it, bool measured, bool last) {
+  for (size_t i = 0; i < ins_.size(); ++i) env_[ins_[i]] = inputs_[i];
+  // References to each input's storage before the node runs (its leaf, the view we pass): any
+  // reference autograd adds, to the input or to a view of it, means it was saved.
+  std::vector<size_t> storage_uses;
+  for (const at::Tensor& x : inputs_) storage_uses.push_back(x.storage().use_count());
+  synchronize(dev_);
+  const int64_t live0 = DeviceMemory::live_bytes(dev_);
+  DeviceMemory::reset_peak(dev_);
+  const double fwd = time_ms(dev_, [&] { module_.run_node(n_, env_, RunContext{0, it}); });
+  synchronize(dev_);
+  const Outputs o = outputs();
+  const int64_t fwd_peak = DeviceMemory::peak_bytes(dev_) - live0;
+  const int64_t held = DeviceMemory::live_bytes(dev_) - live0;  // outputs (if new) + internal
+  if (measured) {
+    m_.fwd_ms.push_back(fwd);
+    m_.kept.fwd_workspace = std::max(m_.kept.fwd_workspace, fwd_peak - held);
   }
-  return m;
+  if (last) record_kept(o, held, storage_uses);
+  backward(o, measured);
+  for (int id : node_.outputs) env_[id] = at::Tensor();
+}
+
+NodeMeasurer::Outputs NodeMeasurer::outputs() const {
+  Outputs o;
+  for (int id : node_.outputs) o.tensors.push_back(env_[id]);
+  const size_t outs_n = o.tensors.size();
+  o.alias.assign(outs_n, -1);
+  o.param_view.assign(outs_n, 0);
+  std::vector<const c10::StorageImpl*> new_storages;
+  for (size_t k = 0; k < outs_n; ++k) {
+    const at::Tensor& out = o.tensors[k];
+    for (size_t i = 0; i < ins_.size(); ++i)
+      if (same_storage(out, inputs_[i])) o.alias[k] = ins_[i];  // views of data too (imported reshapes)
+    for (const auto& param : module_.parameters()) o.param_view[k] = o.param_view[k] || same_storage(out, param.tensor);
+    for (const at::Tensor& buffer : module_.buffers())
+      o.param_view[k] = o.param_view[k] || (buffer.defined() && same_storage(out, buffer));
+    const c10::StorageImpl* st = out.storage().unsafeGetStorageImpl();
+    if (o.alias[k] < 0 && !o.param_view[k] &&
+        std::find(new_storages.begin(), new_storages.end(), st) == new_storages.end()) {
+      new_storages.push_back(st);
+      o.own_bytes += out.numel() * out.element_size();
+    }
+  }
+  return o;
+}
+
+// The last iteration: what the node keeps (internal bytes, outputs' layouts, which inputs and
+// outputs autograd saved).
+void NodeMeasurer::record_kept(const Outputs& o, int64_t held, const std::vector<size_t>& storage_uses) {
+  const std::vector<at::Tensor>& outs = o.tensors;
+  const size_t outs_n = outs.size();
+  m_.kept.output_param_view = o.param_view;
+  m_.kept.internal_bytes = std::max<int64_t>(0, held - o.own_bytes);
+  m_.kept.output_alias_of = o.alias;
+  m_.kept.output_strides.clear();
+  for (size_t k = 0; k < outs_n; ++k) {
+    m_.kept.output_contiguous[k] = outs[k].is_contiguous();
+    m_.kept.output_strides.emplace_back(outs[k].strides().begin(), outs[k].strides().end());
+  }
+  // Drop every reference but ours: what autograd still references, it saved.
+  for (int t : ins_) env_[t] = at::Tensor();
+  for (int id : node_.outputs) env_[id] = at::Tensor();
+  for (size_t i = 0; i < ins_.size(); ++i) {
+    size_t own_views = 0;
+    for (const at::Tensor& out : outs) own_views += same_storage(out, inputs_[i]) ? 1 : 0;
+    if (inputs_[i].use_count() > 1 || inputs_[i].storage().use_count() > storage_uses[i] + own_views)
+      m_.kept.saved_inputs.push_back(ins_[i]);
+  }
+  // Our handles hold an output's storage once each, and once more through the base of a view
+  // (e.g. T5's bias: a permuted embedding); a further reference is autograd's.
+  for (size_t k = 0; k < outs_n; ++k) {
+    size_t expected_uses = outs[k].is_view() ? 2 : 1;
+    for (size_t j = 0; j < outs_n; ++j)
+      if (j != k && same_storage(outs[j], outs[k])) expected_uses += outs[j].is_view() ? 2 : 1;
+    m_.kept.output_saved[k] =
+        o.alias[k] < 0 && outs[k].requires_grad() && outs[k].storage().use_count() > expected_uses;
+  }
+}
+
+void NodeMeasurer::backward(const Outputs& o, bool measured) {
+  std::vector<at::Tensor> with_grad, grads;
+  for (const at::Tensor& out : o.tensors)
+    if (out.requires_grad()) {
+      with_grad.push_back(out);
+      grads.push_back(out.dim() == 0 ? at::ones_like(out) : at::rand_like(out));
+    }
+  if (with_grad.empty()) return;
+  synchronize(dev_);
+  const int64_t lb0 = DeviceMemory::live_bytes(dev_);
+  DeviceMemory::reset_peak(dev_);
+  // Keep the graph (and so the saved tensors) alive until we have read the memory: what remains
+  // allocated beyond it are the gradients.
+  const double bwd = time_ms(dev_, [&] { torch::autograd::backward(with_grad, grads, /*retain_graph=*/true); });
+  synchronize(dev_);
+  const int64_t bwd_peak = DeviceMemory::peak_bytes(dev_) - lb0;
+  const int64_t grad_bytes = DeviceMemory::live_bytes(dev_) - lb0;
+  if (measured) {
+    m_.bwd_ms.push_back(bwd);
+    m_.kept.bwd_workspace = std::max(m_.kept.bwd_workspace, bwd_peak - grad_bytes);
+  }
+  for (at::Tensor& leaf : leaves_) leaf.mutable_grad() = at::Tensor();
+  for (auto& p : module_.parameters()) p.tensor.mutable_grad() = at::Tensor();
+}
+
+NodeMeasurement measure_node(const OpGraph& g, int n, const std::vector<bool>& rg, const std::vector<Strides>& strides,
+                             const SyntheticData& data, const ProfilerOptions& opt) {
+  return NodeMeasurer(g, n, rg, strides, data, opt).run();
 }
 
 // Blocks whose nodes match the first block of the same shape: (kinds, output shapes, params).

@@ -384,6 +384,34 @@ int after_step(PipelineStage& stage, Transport& transport, const PipelineConfig&
   return stop;
 }
 
+// Its parameters and optimizer are the stage's first allocations: where they do not fit (ranks
+// sharing a GPU), the message names the stage (the rank: main's error line).
+std::unique_ptr<PipelineStage> build_stage(const OpGraph& g, const PipelineConfig& c, Transport& transport, int rank) {
+  try {
+    return std::make_unique<PipelineStage>(g, stage_config(c, rank), transport);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw OutOfMemoryError("stage " + std::to_string(rank) + " (nodes [" + std::to_string(c.ranges[rank].first) + ", " +
+                           std::to_string(c.ranges[rank].second) +
+                           ")), building its parameters: " + e.what_without_backtrace());
+  }
+}
+
+// Data parallelism: the stage averages its gradients with its replicas before each update, each
+// averaging traced (through `tracing`, once the tracer exists) as an AllReduce.
+std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, const PipelineConfig& c,
+                                                         const RunOptions& options, StageTracer* const& tracing,
+                                                         std::string& description) {
+  std::unique_ptr<ReplicaAverager> averager = make_replica_averager(options.replica_comm, c.device);
+  description += ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averager->description();
+  ReplicaAverager* a = averager.get();
+  stage.set_replica_reducer([a, &tracing](std::vector<StageParameter>& params) {
+    const auto start = StageTracer::Clock::now();
+    const int64_t bytes = a->average(params);
+    if (tracing) tracing->record_nested(ActionKind::AllReduce, -1, -1, bytes, start, StageTracer::Clock::now());
+  });
+  return averager;
+}
+
 // Builds and runs this rank's stage: its action list, the losses sent to rank 0, validation and
 // checkpoints.
 StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI_Comm data_comm, MPI_Comm control_comm,
@@ -395,31 +423,13 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   PipelineTransport link = make_pipeline_transport(data_comm, c.device, options.transport);
   Transport& transport = *link.transport;
   result.transport = link.description;
-  // Its parameters and optimizer are the stage's first allocations: where they do not fit (ranks
-  // sharing a GPU), the message names the stage (the rank: main's error line).
-  std::unique_ptr<PipelineStage> built;
-  try {
-    built = std::make_unique<PipelineStage>(g, stage_config(c, rank), transport);
-  } catch (const c10::OutOfMemoryError& e) {
-    throw OutOfMemoryError("stage " + std::to_string(rank) + " (nodes [" + std::to_string(c.ranges[rank].first) + ", " +
-                           std::to_string(c.ranges[rank].second) +
-                           ")), building its parameters: " + e.what_without_backtrace());
-  }
+  const std::unique_ptr<PipelineStage> built = build_stage(g, c, transport, rank);
   PipelineStage& stage = *built;
   if (options.resume) read_checkpoint(options.checkpoint_dir, c.first_step, stage, identity);
   const TieComms tie_comms = tie_communicators(g, c, comm, rank);
   StageTracer* tracing = nullptr;  // set once the tracer exists
-  std::unique_ptr<ReplicaAverager> averager;
-  if (c.replicas > 1) {
-    averager = make_replica_averager(options.replica_comm, c.device);
-    result.transport +=
-        ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averager->description();
-    stage.set_replica_reducer([&](std::vector<StageParameter>& params) {
-      const auto start = StageTracer::Clock::now();
-      const int64_t bytes = averager->average(params);
-      if (tracing) tracing->record_nested(ActionKind::AllReduce, -1, -1, bytes, start, StageTracer::Clock::now());
-    });
-  }
+  const std::unique_ptr<ReplicaAverager> averager =
+      c.replicas > 1 ? attach_replica_averager(stage, c, options, tracing, result.transport) : nullptr;
   if (c.schedule != ScheduleKind::Async && !tie_comms.empty())
     stage.set_tied_reducer([&](std::vector<StageParameter>& params) { reduce_tied(tie_comms, params); });
   StepRelay relay(c, options, control_comm, rank, static_cast<int>(c.ranges.size()));

@@ -105,80 +105,91 @@ void PipelineStage::run(const Action& a) {
     case ActionKind::ReduceTiedGrads:
       if (reduce_tied_) reduce_tied_(module_.parameters());
       break;
-    case ActionKind::RecvActivation: {
-      InFlight& f = in_flight_[a.micro_batch];
-      f.inputs = transport_.recv(config_.stage - 1, MessageKind::Activation, a.micro_batch, recv_specs_);
-      for (size_t i = 0; i < f.inputs.size(); ++i) {
-        // An imported tensor that is a permuted view in the whole graph gets that layout back, so
-        // the stage views and copies where the whole graph does (a reshape of a transposed
-        // attention output views there; of a contiguous copy it would copy), and kernels that
-        // lay out their outputs like their inputs do so as there (CPU attention: its output
-        // follows the query's layout, a transposed slice of a fused projection).
-        const TensorInfo& spec = *recv_specs_[i];
-        if (!spec.strides.empty() && !is_contiguous(spec.shape, spec.strides)) {
-          const Strides layout = dense_strides_like(spec.shape, spec.strides);  // a permuted view's own if dense
-          if (!layout.empty() && !is_contiguous(spec.shape, layout)) {
-            at::NoGradGuard no_grad;
-            f.inputs[i] = at::empty_strided(spec.shape, layout, f.inputs[i].options()).copy_(f.inputs[i]);
-          }
-        }
-        if (recv_requires_grad_[i]) f.inputs[i].requires_grad_(true);
-      }
+    case ActionKind::RecvActivation:
+      receive_activations(a.micro_batch);
       break;
-    }
-    case ActionKind::SendActivation: {
-      // Copies when the evictor empties sent storages next: the transport may still read them.
-      // Contiguous ones, which the transport sends as they are.
-      const bool copy = evictor_ && evictor_->evicts_after_send();
-      std::vector<at::Tensor> out;
-      const std::vector<at::Tensor>& outputs = in_flight_.at(a.micro_batch).outputs;
-      for (size_t i = 0; i < outputs.size(); ++i) {
-        const at::Tensor& t = outputs[i];
-        check_message_tensor(t, graph_.tensor(send_ids_[i]));
-        out.push_back(copy ? t.detach().clone(at::MemoryFormat::Contiguous) : t.detach());
-      }
-      transport_.send(config_.stage + 1, MessageKind::Activation, a.micro_batch, std::move(out));
-      if (evictor_) evictor_->after_send(a.micro_batch);
+    case ActionKind::SendActivation:
+      send_activations(a.micro_batch);
       break;
-    }
-    case ActionKind::SendGrad: {
-      InFlight& f = in_flight_.at(a.micro_batch);
-      std::vector<at::Tensor> grads;
-      for (size_t i = 0; i < f.inputs.size(); ++i) {
-        if (!recv_requires_grad_[i]) continue;
-        grads.push_back(f.inputs[i].grad().defined() ? f.inputs[i].grad() : at::zeros_like(f.inputs[i]));
-        check_message_tensor(grads.back(), *recv_specs_[i]);
-      }
-      transport_.send(config_.stage - 1, MessageKind::Gradient, a.micro_batch, std::move(grads));
-      in_flight_.erase(a.micro_batch);  // the micro-batch is done on this stage
+    case ActionKind::SendGrad:
+      send_gradients(a.micro_batch);
       break;
-    }
-    case ActionKind::RecvGrad: {
-      // Kept until Backward: stored as the outputs' pending gradients.
-      InFlight& f = in_flight_.at(a.micro_batch);
-      std::vector<at::Tensor> grads =
-          transport_.recv(config_.stage + 1, MessageKind::Gradient, a.micro_batch, grad_specs_);
-      // A gradient arrives contiguous. Autograd gives a gradient its tensor's layout (a
-      // transposed attention output's), and the backward kernels expect that: given another,
-      // they copy it while they run.
-      for (size_t i = 0, g = 0; i < send_ids_.size(); ++i) {
-        if (!send_requires_grad_[i]) continue;
-        const at::Tensor& out = f.outputs[i];
-        at::Tensor& grad = grads.at(g++);
-        if (!out.is_contiguous() && out.is_non_overlapping_and_dense()) {
-          at::NoGradGuard no_grad;
-          grad = at::empty_like(out).copy_(grad);
-        }
-      }
-      f.outputs.insert(f.outputs.end(), grads.begin(), grads.end());  // [outputs..., grads...]
+    case ActionKind::RecvGrad:
+      receive_gradients(a.micro_batch);
       break;
-    }
     case ActionKind::SwapOut:
     case ActionKind::SwapIn:
     case ActionKind::Recompute:
     case ActionKind::AllReduce:
       throw std::logic_error(std::string(action_kind_code(a.kind)) + " runs inside the stage's own actions");
   }
+}
+
+void PipelineStage::receive_activations(int64_t mb) {
+  InFlight& f = in_flight_[mb];
+  f.inputs = transport_.recv(config_.stage - 1, MessageKind::Activation, mb, recv_specs_);
+  for (size_t i = 0; i < f.inputs.size(); ++i) {
+    // An imported tensor that is a permuted view in the whole graph gets that layout back, so
+    // the stage views and copies where the whole graph does (a reshape of a transposed
+    // attention output views there; of a contiguous copy it would copy), and kernels that
+    // lay out their outputs like their inputs do so as there (CPU attention: its output
+    // follows the query's layout, a transposed slice of a fused projection).
+    const TensorInfo& spec = *recv_specs_[i];
+    if (!spec.strides.empty() && !is_contiguous(spec.shape, spec.strides)) {
+      const Strides layout = dense_strides_like(spec.shape, spec.strides);  // a permuted view's own if dense
+      if (!layout.empty() && !is_contiguous(spec.shape, layout)) {
+        at::NoGradGuard no_grad;
+        f.inputs[i] = at::empty_strided(spec.shape, layout, f.inputs[i].options()).copy_(f.inputs[i]);
+      }
+    }
+    if (recv_requires_grad_[i]) f.inputs[i].requires_grad_(true);
+  }
+}
+
+void PipelineStage::send_activations(int64_t mb) {
+  // Copies when the evictor empties sent storages next: the transport may still read them.
+  // Contiguous ones, which the transport sends as they are.
+  const bool copy = evictor_ && evictor_->evicts_after_send();
+  std::vector<at::Tensor> out;
+  const std::vector<at::Tensor>& outputs = in_flight_.at(mb).outputs;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor& t = outputs[i];
+    check_message_tensor(t, graph_.tensor(send_ids_[i]));
+    out.push_back(copy ? t.detach().clone(at::MemoryFormat::Contiguous) : t.detach());
+  }
+  transport_.send(config_.stage + 1, MessageKind::Activation, mb, std::move(out));
+  if (evictor_) evictor_->after_send(mb);
+}
+
+void PipelineStage::send_gradients(int64_t mb) {
+  InFlight& f = in_flight_.at(mb);
+  std::vector<at::Tensor> grads;
+  for (size_t i = 0; i < f.inputs.size(); ++i) {
+    if (!recv_requires_grad_[i]) continue;
+    grads.push_back(f.inputs[i].grad().defined() ? f.inputs[i].grad() : at::zeros_like(f.inputs[i]));
+    check_message_tensor(grads.back(), *recv_specs_[i]);
+  }
+  transport_.send(config_.stage - 1, MessageKind::Gradient, mb, std::move(grads));
+  in_flight_.erase(mb);  // the micro-batch is done on this stage
+}
+
+void PipelineStage::receive_gradients(int64_t mb) {
+  // Kept until Backward: stored as the outputs' pending gradients.
+  InFlight& f = in_flight_.at(mb);
+  std::vector<at::Tensor> grads = transport_.recv(config_.stage + 1, MessageKind::Gradient, mb, grad_specs_);
+  // A gradient arrives contiguous. Autograd gives a gradient its tensor's layout (a
+  // transposed attention output's), and the backward kernels expect that: given another,
+  // they copy it while they run.
+  for (size_t i = 0, g = 0; i < send_ids_.size(); ++i) {
+    if (!send_requires_grad_[i]) continue;
+    const at::Tensor& out = f.outputs[i];
+    at::Tensor& grad = grads.at(g++);
+    if (!out.is_contiguous() && out.is_non_overlapping_and_dense()) {
+      at::NoGradGuard no_grad;
+      grad = at::empty_like(out).copy_(grad);
+    }
+  }
+  f.outputs.insert(f.outputs.end(), grads.begin(), grads.end());  // [outputs..., grads...]
 }
 
 std::vector<at::Tensor>& PipelineStage::version_tensors(int64_t version) {

@@ -93,6 +93,10 @@ class PipelineStage {
   };
 
   void run(const Action& action);
+  void receive_activations(int64_t mb);
+  void send_activations(int64_t mb);   // copies where the evictor empties sent storages next
+  void send_gradients(int64_t mb);     // the micro-batch is then done on this stage
+  void receive_gradients(int64_t mb);  // kept until Backward, as the outputs' pending gradients
   void forward(int64_t mb);
   void backward(int64_t mb);
   void optimizer_step();
