@@ -116,16 +116,18 @@ po::options_description train_options() {
   return options;
 }
 
-TrainOptions read_train_options(const po::variables_map& vm) {
-  TrainOptions o;
-  o.config = train_config_from(vm);
-  o.micro_batch_size = vm["micro-batch-size"].as<int64_t>();
+namespace {
+
+void read_memory(const po::variables_map& vm, TrainOptions& o) {
   if (vm.count("device-memory")) o.capacity = parse_capacity(vm["device-memory"].as<std::string>(), "--device-memory");
   if (vm.count("allocator-headroom")) {
     if (o.capacity == kUnlimitedBytes)
       throw ConfigError("--allocator-headroom is a share of the device memory: give --device-memory too");
     o.allocator_headroom = parse_allocator_headroom(vm["allocator-headroom"].as<std::string>());
   }
+}
+
+void read_evaluation(const po::variables_map& vm, TrainOptions& o) {
   o.eval_every = vm["eval-every"].as<int64_t>();
   o.eval_batches = vm["eval-batches"].as<int64_t>();
   if (o.eval_every < 0 || o.eval_batches < 1) throw ConfigError("--eval-every must be >= 0 and --eval-batches >= 1");
@@ -137,9 +139,9 @@ TrainOptions read_train_options(const po::variables_map& vm) {
                       vm.count("save-weights") || vm.count("trace")))
     throw ConfigError(
         "--eval-only trains nothing: leave out --eval-every, --checkpoint-every, --save-weights and --trace");
-  o.quiet = vm["quiet"].as<bool>();
-  o.progress_style = vm["progress"].as<Progress::Style>();
-  o.in_process = vm["in-process"].as<bool>();
+}
+
+void read_checkpointing(const po::variables_map& vm, TrainOptions& o) {
   o.checkpoint_every = vm["checkpoint-every"].as<int64_t>();
   o.resume = vm["resume"].as<bool>();
   o.resume_override = vm["resume-override"].as<bool>();
@@ -148,6 +150,10 @@ TrainOptions read_train_options(const po::variables_map& vm) {
   if (o.checkpoint_every < 0) throw ConfigError("--checkpoint-every must not be negative");
   if ((o.checkpoint_every > 0 || o.resume) && o.checkpoint_dir.empty())
     throw ConfigError("--checkpoint-every and --resume need --checkpoint-dir DIR");
+}
+
+// Inputs must be readable, and outputs writable (their directories made), before any work.
+void read_files(const po::variables_map& vm, TrainOptions& o) {
   if (vm.count("trace")) o.trace_path = vm["trace"].as<std::string>();
   if (vm.count("save-weights")) {  // a .safetensors file, or a directory for it and config.json
     const std::string given = vm["save-weights"].as<std::string>();
@@ -176,6 +182,10 @@ TrainOptions read_train_options(const po::variables_map& vm) {
       if (const std::string dir = parent_directory(path); !dir.empty()) make_directories(dir);
       check_writable(path);
     }
+}
+
+// Where and how the stages run, and what the plan is made from.
+void read_placement(const po::variables_map& vm, TrainOptions& o) {
   o.stages = vm.count("stages") ? vm["stages"].as<int>() : 0;
   if (vm.count("stages") && o.stages < 1) throw ConfigError("--stages must be at least 1");
   o.data_parallel = vm.count("data-parallel") ? vm["data-parallel"].as<int>() : 0;
@@ -195,6 +205,22 @@ TrainOptions read_train_options(const po::variables_map& vm) {
     throw ConfigError(
         "--calibrate-trace corrects the profile a plan is made from; --plan-in gives the plan (make it "
         "with `dawnpiper plan --calibrate-trace`)");
+}
+
+}  // namespace
+
+TrainOptions read_train_options(const po::variables_map& vm) {
+  TrainOptions o;
+  o.config = train_config_from(vm);
+  o.micro_batch_size = vm["micro-batch-size"].as<int64_t>();
+  read_memory(vm, o);
+  read_evaluation(vm, o);
+  o.quiet = vm["quiet"].as<bool>();
+  o.progress_style = vm["progress"].as<Progress::Style>();
+  o.in_process = vm["in-process"].as<bool>();
+  read_checkpointing(vm, o);
+  read_files(vm, o);
+  read_placement(vm, o);
   return o;
 }
 

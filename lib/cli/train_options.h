@@ -23,9 +23,9 @@ struct TrainOptions {
   MemoptMode memopt = MemoptMode::None;
   std::string device = "cpu";
   TransportChoice transport = TransportChoice::Auto;
-  int threads_requested = 0;       // 0: choose
+  int threads_requested = 0;           // 0: choose
   int64_t capacity = kUnlimitedBytes;  // bytes per rank
-  double allocator_headroom = -1;  // share of `capacity` a plan made here leaves free; < 0: the device's default
+  double allocator_headroom = -1;      // share of `capacity` a plan made here leaves free; < 0: the device's default
   int64_t eval_every = 0, eval_batches = 1;
   int64_t checkpoint_every = 0;
   bool resume = false, resume_override = false, quiet = false, in_process = false, eval_only = false;

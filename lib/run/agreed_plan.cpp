@@ -108,8 +108,7 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
       if (keep_saved && !o.calibrate_traces.empty())
         throw ConfigError("--calibrate-trace plans anew, and a resumed run keeps its checkpoint's plan (" + saved_plan +
                           ")");
-      plan_json = keep_saved ? read_text_file(saved_plan)
-                             : plan_on_rank0(o, graph, layout, device);
+      plan_json = keep_saved ? read_text_file(saved_plan) : plan_on_rank0(o, graph, layout, device);
     }
     broadcast_string_quietly(plan_json, 0, MPI_COMM_WORLD);  // the others wait while rank 0 plans
   }

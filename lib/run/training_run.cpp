@@ -189,8 +189,7 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
   const int64_t tokens = tokens_per_sample(graph);
   run.on_loss = [&](const StepReport& r) {
     progress.step(r.step, r.loss, r.lr, r.grad_norm);
-    if (rank == 0)
-      metrics.step(step_metrics(r.step, r.loss, r.lr, r.grad_norm, r.peak_bytes, progress, o, tokens));
+    if (rank == 0) metrics.step(step_metrics(r.step, r.loss, r.lr, r.grad_norm, r.peak_bytes, progress, o, tokens));
   };
   run.on_validation = [&](const StepReport& r) {
     progress.validation(r.step, r.loss);
