@@ -35,7 +35,7 @@ po::options_description plan_options() {
       ("schedule", po::value<ScheduleKind>()->default_value(ScheduleKind::Async, "async"), "gpipe | 1f1b | async")
       ("memory", po::value<std::string>(), "device memory per stage (default: the device spec's, else unlimited)")
       ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
-      ("memopt", po::value<MemoptMode>()->default_value(MemoptMode::SwapRecompute, "sr"), "none | r (recompute) | sr (swap + recompute)")
+      ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::SwapRecompute, "sr"), "none | r (recompute) | sr (swap + recompute)")
       ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd | adam | adamw (optimizer state in the memory model)")
       ("host-bandwidth", po::value<std::string>(), "device<->host bytes/s for swaps, e.g. 24GB")
       ("link-bandwidth", po::value<std::string>(), "stage<->stage bytes/s, e.g. 10GB")
@@ -87,7 +87,7 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
   o.micro_batches = vm["micro-batches"].as<int64_t>();
   o.optimizer = vm["optimizer"].as<OptimizerKind>();
   o.planner = vm["planner"].as<PlannerKind>();
-  o.memopt = vm["memopt"].as<MemoptMode>();
+  o.memopt = vm["memopt"].as<MemoptKind>();
   o.fit_replayed = true;
   o.data_parallel = vm["data-parallel"].as<int>();
   if (o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");

@@ -55,9 +55,8 @@ void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineC
   const double measured_ms = ms.total();
   std::printf("stage %d of %d (%s, nodes [%d, %d), %s schedule, %" PRId64 " micro-batches of %" PRId64 "), %" PRId64
               " steps on %s with stand-in inputs\n",
-              x, static_cast<int>(plan.stages.size()), graph.preset.c_str(), sp.begin, sp.end,
-              schedule_kind_name(pc.schedule), pc.micro_batches, graph.micro_batch_size, pc.steps,
-              pc.device.str().c_str());
+              x, static_cast<int>(plan.stages.size()), graph.preset.c_str(), sp.begin, sp.end, name_of(pc.schedule),
+              pc.micro_batches, graph.micro_batch_size, pc.steps, pc.device.str().c_str());
   std::printf(
       "forward+backward per micro-batch: measured %.3f ms (forward %.3f, backward %.3f), predicted %.3f ms (%+.1f%%)\n",
       measured_ms, ms.forward, ms.backward, sp.compute_ms,

@@ -70,49 +70,6 @@ po::options_description model_override_options() {
   return d;
 }
 
-namespace {
-
-template <class Enum>
-void validate_choice(boost::any& value, const std::vector<std::string>& tokens, Enum (*from_name)(const std::string&)) {
-  po::validators::check_first_occurrence(value);
-  const std::string& token = po::validators::get_single_string(tokens);
-  try {
-    value = boost::any(from_name(token));
-  } catch (const ConfigError& e) {
-    throw po::error_with_option_name("%canonical_option%: " + e.reason());  // Boost names the option
-  }
-}
-
-}  // namespace
-
-void validate(boost::any& value, const std::vector<std::string>& tokens, ScheduleKind*, int) {
-  validate_choice(value, tokens, schedule_kind_from_name);
-}
-void validate(boost::any& value, const std::vector<std::string>& tokens, PlannerKind*, int) {
-  validate_choice(value, tokens, planner_kind_from_name);
-}
-void validate(boost::any& value, const std::vector<std::string>& tokens, MemoptMode*, int) {
-  validate_choice(value, tokens, memopt_mode_from_name);
-}
-void validate(boost::any& value, const std::vector<std::string>& tokens, OptimizerKind*, int) {
-  validate_choice(value, tokens, optimizer_kind_from_name);
-}
-void validate(boost::any& value, const std::vector<std::string>& tokens, LrScheduleKind*, int) {
-  validate_choice(value, tokens, lr_schedule_kind_from_name);
-}
-void validate(boost::any& value, const std::vector<std::string>& tokens, TransportChoice*, int) {
-  validate_choice(value, tokens, transport_choice_from_name);
-}
-void validate(boost::any& value, const std::vector<std::string>& tokens, Progress::Style*, int) {
-  validate_choice(value, tokens, Progress::style_from_name);
-}
-void validate(boost::any& value, const std::vector<std::string>& tokens, DataOrder*, int) {
-  validate_choice(value, tokens, data_order_from_name);
-}
-void validate(boost::any& value, const std::vector<std::string>& tokens, NodeTiming*, int) {
-  validate_choice(value, tokens, node_timing_from_name);
-}
-
 bool parse_options(int argc, char** argv, const std::string& subcommand, const std::string& summary,
                    const po::options_description& options, po::variables_map& vm,
                    const po::positional_options_description* positional) {

@@ -15,6 +15,8 @@
 #include "runtime/pipeline_transport.h"
 #include "train/lr_schedule.h"
 #include "util/progress.h"
+#include "util/enum_names.h"
+#include "util/error.h"
 
 namespace dawnpiper {
 
@@ -38,19 +40,21 @@ bool parse_options(int argc, char** argv, const std::string& subcommand, const s
                    const po::options_description& options, po::variables_map& vm,
                    const po::positional_options_description* positional = nullptr);
 
-// Enum-valued options (--schedule, --planner, --memopt, --optimizer, --lr-schedule, --transport,
-// --progress, --data-order, --timing) are parsed into their enum
-// as the options are read, so a bad name is one error naming the option and the choices before
-// any work, whatever the subcommand does next. Boost finds these by argument-dependent lookup.
-void validate(boost::any& value, const std::vector<std::string>& tokens, ScheduleKind*, int);
-void validate(boost::any& value, const std::vector<std::string>& tokens, PlannerKind*, int);
-void validate(boost::any& value, const std::vector<std::string>& tokens, MemoptMode*, int);
-void validate(boost::any& value, const std::vector<std::string>& tokens, OptimizerKind*, int);
-void validate(boost::any& value, const std::vector<std::string>& tokens, LrScheduleKind*, int);
-void validate(boost::any& value, const std::vector<std::string>& tokens, TransportChoice*, int);
-void validate(boost::any& value, const std::vector<std::string>& tokens, Progress::Style*, int);
-void validate(boost::any& value, const std::vector<std::string>& tokens, DataOrder*, int);
-void validate(boost::any& value, const std::vector<std::string>& tokens, NodeTiming*, int);
+// Enum-valued options (every enum with EnumNames: --schedule, --planner, --memopt, --optimizer,
+// --lr-schedule, --transport, --progress, --data-order, --timing) are parsed into their enum as
+// the options are read, so a bad name is one error naming the option and the choices before any
+// work, whatever the subcommand does next. Boost finds this by argument-dependent lookup (and
+// prefers it to its own, whose last parameter is a long).
+template <class E, std::enable_if_t<has_enum_names<E>::value, int> = 0>
+void validate(boost::any& value, const std::vector<std::string>& tokens, E*, int) {
+  po::validators::check_first_occurrence(value);
+  const std::string& token = po::validators::get_single_string(tokens);
+  try {
+    value = boost::any(from_name<E>(token));
+  } catch (const ConfigError& e) {
+    throw po::error_with_option_name("%canonical_option%: " + e.reason());  // Boost names the option
+  }
+}
 
 // The model preset from --model with the override options applied and checked.
 ModelConfig model_config_from(const po::variables_map& vm);

@@ -62,7 +62,7 @@ po::options_description train_options() {
                                           "averaged every step (default: MPI ranks / --stages); a pipeline's ranks share a node where they can")
       ("schedule", po::value<ScheduleKind>()->default_value(ScheduleKind::OneFOneB, "1f1b"), "gpipe | 1f1b | async (PipeDream, weight stashing)")
       ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
-      ("memopt", po::value<MemoptMode>()->default_value(MemoptMode::None, "none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions (default none, where `plan` defaults to sr: a run evicts only when asked)")
+      ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions (default none, where `plan` defaults to sr: a run evicts only when asked)")
       ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
       ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
       ("calibrate-trace", po::value<std::vector<std::string>>()->composing(),
@@ -72,7 +72,7 @@ po::options_description train_options() {
        "where measured profiles are kept and reused: a directory, or off (default: $DAWNPIPER_CACHE, else "
        "$XDG_CACHE_HOME/dawnpiper or ~/.cache/dawnpiper)")
       ("plan-out", po::value<std::string>(), "write the plan used to this file")
-      ("transport", po::value<TransportChoice>()->default_value(TransportChoice::Auto, "auto"),
+      ("transport", po::value<TransportKind>()->default_value(TransportKind::Auto, "auto"),
        "auto | mpi (CPU tensors) | nccl (CUDA, ranks on different GPUs) | host (CUDA through host memory over MPI; "
        "what auto takes between ranks sharing a GPU)")
       ("in-process", po::bool_switch(), "run every stage in this one process (validates a plan without MPI)")
@@ -192,9 +192,9 @@ void read_placement(const po::variables_map& vm, TrainOptions& o) {
   if (vm.count("data-parallel") && o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
   o.schedule = vm["schedule"].as<ScheduleKind>();
   o.planner = vm["planner"].as<PlannerKind>();
-  o.memopt = vm["memopt"].as<MemoptMode>();
+  o.memopt = vm["memopt"].as<MemoptKind>();
   o.device = vm["device"].as<std::string>();
-  o.transport = vm["transport"].as<TransportChoice>();
+  o.transport = vm["transport"].as<TransportKind>();
   o.threads_requested = vm["threads"].as<int>();
   if (o.threads_requested < 0) throw ConfigError("--threads must be positive (0: choose)");
   if (vm.count("plan-in")) o.plan_in = vm["plan-in"].as<std::string>();

@@ -20,9 +20,9 @@ struct TrainOptions {
   int stages = 0, data_parallel = 0;  // 0: not given (the MPI ranks decide)
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   PlannerKind planner = PlannerKind::DawnPiper;
-  MemoptMode memopt = MemoptMode::None;
+  MemoptKind memopt = MemoptKind::None;
   std::string device = "cpu";
-  TransportChoice transport = TransportChoice::Auto;
+  TransportKind transport = TransportKind::Auto;
   int threads_requested = 0;           // 0: choose
   int64_t capacity = kUnlimitedBytes;  // bytes per rank
   double allocator_headroom = -1;      // share of `capacity` a plan made here leaves free; < 0: the device's default

@@ -19,12 +19,6 @@
 
 namespace dawnpiper {
 
-DataOrder data_order_from_name(const std::string& name) {
-  if (name == "shuffled") return DataOrder::Shuffled;
-  if (name == "sequential") return DataOrder::Sequential;
-  throw ConfigError("unknown data order '" + name + "' (choose shuffled or sequential)");
-}
-
 TokenFile::TokenFile(const std::string& path) : path_(path) {
   check_readable(path, "token file");
   const std::string meta_path = path + ".json";

@@ -11,12 +11,18 @@
 #include <vector>
 
 #include "data/synthetic.h"
+#include "util/enum_names.h"
 
 namespace dawnpiper {
 
 // --data-order: windows in a seeded order per epoch, or sample i of the run is window i.
 enum class DataOrder { Shuffled, Sequential };
-DataOrder data_order_from_name(const std::string& name);  // "shuffled" | "sequential"; ConfigError
+template <>
+struct EnumNames<DataOrder> {
+  static constexpr const char* what = "data order";
+  static constexpr std::array<std::pair<DataOrder, const char*>, 2> table{
+      {{DataOrder::Shuffled, "shuffled"}, {DataOrder::Sequential, "sequential"}}};
+};
 
 // Where a run's samples come from.
 struct DataConfig {

@@ -35,7 +35,7 @@ int BiPar::reach(int from, int x, Direction way) {
   auto found = reach_.find(key);
   if (found != reach_.end()) return found->second;
   const int64_t capacity = evaluator_.capacity();
-  const bool evictable = evaluator_.mode() != MemoptMode::None;
+  const bool evictable = evaluator_.mode() != MemoptKind::None;
   // What no memory optimization removes (CostModel::memory_floor) only grows with the range,
   // so the farthest fitting end (or start) is found by bisection.
   auto floor_fits = [&](int other) {

@@ -15,7 +15,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 enum TensorState { kNotSaved = 0, kKeep = 1, kSwap = 2, kRecompute = 3 };
 }  // namespace
 
-MemoryOptimizer::MemoryOptimizer(const CostModel& model, MemoptMode mode, int64_t capacity,
+MemoryOptimizer::MemoryOptimizer(const CostModel& model, MemoptKind mode, int64_t capacity,
                                  MemoptGranularity granularity)
     : model_(model), mode_(mode), capacity_(capacity), granularity_(granularity) {
   size_t tensors = model.profile().tensors.size();
@@ -219,7 +219,7 @@ void MemoryOptimizer::take_free_swaps(Selection& s) {
 // Phase 2: the option saving the most memory per millisecond of added time, until enough is
 // saved; the last step takes the cheapest single candidate that covers what is left.
 void MemoryOptimizer::take_cheapest(Selection& s, int b, int e) {
-  const bool swaps = mode_ == MemoptMode::SwapRecompute;
+  const bool swaps = mode_ == MemoptKind::SwapRecompute;
   const size_t count = candidates_.size();
   auto saving = [&](size_t i) { return s.k * candidates_[i].bytes; };
   using Entry = std::pair<double, size_t>;  // (bytes saved per ms, candidate)
@@ -324,7 +324,7 @@ void MemoryOptimizer::greedy(int b, int e, int x, int64_t need, StageMemopt& out
   s.link_left = model_.compute_ms(b, e);
   ++rerun_;
   recompute_total_ms_ = 0;
-  if (mode_ == MemoptMode::SwapRecompute) take_free_swaps(s);
+  if (mode_ == MemoptKind::SwapRecompute) take_free_swaps(s);
   if (s.need > 0) take_cheapest(s, b, e);
   if (s.need <= 0) trim(s, b, e);
 
@@ -355,7 +355,7 @@ StageMemopt MemoryOptimizer::optimize(int b, int e, int x, bool with_decisions) 
   out.peak = out.peak_before;
   out.activation_per_micro_batch = model_.activation_bytes(b, e);
   const int64_t need = out.peak_before - capacity_;
-  if (!with_decisions && (need <= 0 || mode_ == MemoptMode::None)) {
+  if (!with_decisions && (need <= 0 || mode_ == MemoptKind::None)) {
     out.feasible = need <= 0;
     return out;
   }
@@ -363,7 +363,7 @@ StageMemopt MemoryOptimizer::optimize(int b, int e, int x, bool with_decisions) 
   gather(b, e, x);
   if (need <= 0) {
     out.feasible = true;
-  } else if (mode_ == MemoptMode::None) {
+  } else if (mode_ == MemoptKind::None) {
     out.feasible = false;
   } else {
     greedy(b, e, x, need, out);

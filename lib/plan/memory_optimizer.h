@@ -49,13 +49,13 @@ struct StageMemopt {
 
 class MemoryOptimizer {
  public:
-  MemoryOptimizer(const CostModel& model, MemoptMode mode, int64_t capacity,
+  MemoryOptimizer(const CostModel& model, MemoptKind mode, int64_t capacity,
                   MemoptGranularity granularity = MemoptGranularity::Tensor);
 
   // Stage x holding nodes [b, e). Nothing is evicted when the stage fits as it is.
   StageMemopt optimize(int b, int e, int x, bool with_decisions);
 
-  MemoptMode mode() const { return mode_; }
+  MemoptKind mode() const { return mode_; }
   MemoptGranularity granularity() const { return granularity_; }
   int64_t capacity() const { return capacity_; }
   void set_capacity(int64_t capacity) { capacity_ = capacity; }
@@ -100,7 +100,7 @@ class MemoryOptimizer {
   void rebuild_recompute(int b, int e, const std::vector<char>& decided);
 
   const CostModel& model_;
-  MemoptMode mode_;
+  MemoptKind mode_;
   int64_t capacity_;
   MemoptGranularity granularity_;
 

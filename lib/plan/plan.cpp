@@ -10,25 +10,6 @@
 
 namespace dawnpiper {
 
-const char* tensor_action_name(TensorAction action) {
-  switch (action) {
-    case TensorAction::Keep:
-      return "keep";
-    case TensorAction::Swap:
-      return "swap";
-    case TensorAction::Recompute:
-      return "recompute";
-  }
-  return "?";
-}
-
-TensorAction tensor_action_from_name(const std::string& name) {
-  if (name == "keep") return TensorAction::Keep;
-  if (name == "swap") return TensorAction::Swap;
-  if (name == "recompute") return TensorAction::Recompute;
-  throw ConfigError("unknown tensor action '" + name + "' (keep, swap or recompute)");
-}
-
 double Plan::bottleneck_ms() const {
   double worst = 0;
   for (const StagePlan& s : stages) worst = std::max(worst, s.time_ms());
@@ -73,7 +54,7 @@ std::vector<int> int_list_from(const Json& list) {
 Json eviction_json(const Eviction& ev) {
   Json t = Json::object();
   t["tensor"] = ev.tensor;
-  t["action"] = tensor_action_name(ev.action);
+  t["action"] = name_of(ev.action);
   t["evict_after"] = ev.evict_after;
   t["restore_before"] = ev.restore_before;
   t["prefetch_at"] = ev.prefetch_at;
@@ -88,7 +69,7 @@ Json eviction_json(const Eviction& ev) {
 Eviction eviction_from_json(const Json& t) {
   Eviction ev;
   ev.tensor = t.at("tensor").get<int>();
-  ev.action = tensor_action_from_name(t.at("action").get<std::string>());
+  ev.action = from_name<TensorAction>(t.at("action").get<std::string>());
   if (ev.action == TensorAction::Keep)
     throw ConfigError("plan eviction of tensor " + std::to_string(ev.tensor) + " keeps it");
   ev.evict_after = t.at("evict_after").get<int>();
@@ -148,22 +129,22 @@ std::string Plan::to_json(int indent) const {
   Json j = Json::object();
   j["format"] = "dawnpiper-plan";
   j["version"] = version;
-  j["planner"] = planner_kind_name(options.planner);
+  j["planner"] = name_of(options.planner);
   j["model"] = model;
   j["preset"] = preset;
   j["precision"] = precision;
   j["graph_hash"] = graph_hash;
   Json in = Json::object();
   in["stages"] = options.stages;
-  in["schedule"] = schedule_kind_name(options.schedule);
+  in["schedule"] = name_of(options.schedule);
   in["micro_batches"] = options.micro_batches;
   in["micro_batch_size"] = micro_batch_size;
-  in["optimizer"] = optimizer_kind_name(options.optimizer);
+  in["optimizer"] = name_of(options.optimizer);
   in["capacity_bytes"] = options.capacity_bytes;
   in["allocator_headroom_bytes"] = options.allocator_headroom_bytes;
   in["host_bandwidth"] = options.host_bandwidth;
   in["link_bandwidth"] = options.link_bandwidth;
-  in["memopt"] = memopt_mode_name(options.memopt);
+  in["memopt"] = name_of(options.memopt);
   in["data_parallel"] = options.data_parallel;
   in["nodes"] = nodes;
   j["inputs"] = in;
@@ -199,7 +180,7 @@ std::string Plan::to_json(int indent) const {
       Json t = Json::object();
       t["tensor"] = d.tensor;
       t["bytes"] = d.bytes;
-      t["action"] = tensor_action_name(d.action);
+      t["action"] = name_of(d.action);
       if (d.restore_before >= 0) t["restore_before"] = d.restore_before;
       if (d.prefetch_at >= 0) t["prefetch_at"] = d.prefetch_at;
       decisions.push_back(t);
@@ -235,7 +216,7 @@ StagePlan stage_from_json(const Json& st) {
   s.crossing_bytes = st.at("crossing_bytes").get<int64_t>();
   for (const Json& d : st.at("decisions"))
     s.decisions.push_back({d.at("tensor").get<int>(), d.at("bytes").get<int64_t>(),
-                           tensor_action_from_name(d.at("action").get<std::string>()), d.value("restore_before", -1),
+                           from_name<TensorAction>(d.at("action").get<std::string>()), d.value("restore_before", -1),
                            d.value("prefetch_at", -1)});
   for (const Json& ev : st.at("evictions")) s.evictions.push_back(eviction_from_json(ev));
   return s;
@@ -252,22 +233,22 @@ Plan plan_fields(const Json& j) {
                       (p.version < Plan::kVersion ? "; plans before it lack their stage programs: make it again with "
                                                     "`dawnpiper plan`)"
                                                   : ")"));
-  p.options.planner = planner_kind_from_name(j.at("planner").get<std::string>());
+  p.options.planner = from_name<PlannerKind>(j.at("planner").get<std::string>());
   p.model = j.at("model").get<std::string>();
   p.preset = j.at("preset").get<std::string>();
   p.precision = j.at("precision").get<std::string>();
   p.graph_hash = j.at("graph_hash").get<std::string>();
   const Json& in = j.at("inputs");
   p.options.stages = in.at("stages").get<int>();
-  p.options.schedule = schedule_kind_from_name(in.at("schedule").get<std::string>());
+  p.options.schedule = from_name<ScheduleKind>(in.at("schedule").get<std::string>());
   p.options.micro_batches = in.at("micro_batches").get<int64_t>();
   p.micro_batch_size = in.at("micro_batch_size").get<int64_t>();
-  p.options.optimizer = optimizer_kind_from_name(in.at("optimizer").get<std::string>());
+  p.options.optimizer = from_name<OptimizerKind>(in.at("optimizer").get<std::string>());
   p.options.capacity_bytes = in.at("capacity_bytes").get<int64_t>();
   p.options.allocator_headroom_bytes = in.value("allocator_headroom_bytes", int64_t{0});
   p.options.host_bandwidth = in.at("host_bandwidth").get<double>();
   p.options.link_bandwidth = in.at("link_bandwidth").get<double>();
-  p.options.memopt = memopt_mode_from_name(in.at("memopt").get<std::string>());
+  p.options.memopt = from_name<MemoptKind>(in.at("memopt").get<std::string>());
   p.options.data_parallel = in.value("data_parallel", p.options.data_parallel);
   p.nodes = in.at("nodes").get<int>();
   p.planning_ms = j.at("planning_ms").get<double>();
@@ -304,10 +285,10 @@ void Plan::print_table(std::ostream& out) const {
   if (options.allocator_headroom_bytes > 0)
     capacity +=
         " (+ " + format_bytes(static_cast<double>(options.allocator_headroom_bytes)) + " left to the allocator)";
-  out << "plan: planner " << planner_kind_name(options.planner) << ", " << options.stages << " stages, schedule "
-      << schedule_kind_name(options.schedule) << ", " << options.micro_batches << " micro-batches of "
-      << micro_batch_size << ", optimizer " << optimizer_kind_name(options.optimizer) << ", memopt "
-      << memopt_mode_name(options.memopt) << ", capacity " << capacity << "\n";
+  out << "plan: planner " << name_of(options.planner) << ", " << options.stages << " stages, schedule "
+      << name_of(options.schedule) << ", " << options.micro_batches << " micro-batches of " << micro_batch_size
+      << ", optimizer " << name_of(options.optimizer) << ", memopt " << name_of(options.memopt) << ", capacity "
+      << capacity << "\n";
   std::snprintf(line, sizeof line, "%5s %13s %10s %10s %10s %11s %11s %11s %11s %4s %4s %11s %7s\n", "stage", "nodes",
                 "compute", "memopt", "time", "peak", "weights*v", "grad+opt", "act/mb", "in", "ver", "sent/mb",
                 "sw/rc");

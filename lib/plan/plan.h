@@ -10,12 +10,17 @@
 #include <vector>
 
 #include "plan/plan_options.h"
+#include "util/enum_names.h"
 
 namespace dawnpiper {
 
 enum class TensorAction { Keep, Swap, Recompute };
-const char* tensor_action_name(TensorAction action);            // "keep" | "swap" | "recompute"
-TensorAction tensor_action_from_name(const std::string& name);  // throws ConfigError
+template <>
+struct EnumNames<TensorAction> {
+  static constexpr const char* what = "tensor action";
+  static constexpr std::array<std::pair<TensorAction, const char*>, 3> table{
+      {{TensorAction::Keep, "keep"}, {TensorAction::Swap, "swap"}, {TensorAction::Recompute, "recompute"}}};
+};
 
 struct TensorDecision {
   int tensor = -1;

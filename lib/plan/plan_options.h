@@ -10,19 +10,29 @@
 #include "schedule/schedule.h"
 #include "train/optimizer_kind.h"
 #include "util/units.h"
+#include "util/enum_names.h"
 
 namespace dawnpiper {
 
 enum class PlannerKind { DawnPiper, GPipe, PipeDream, VPipe, Even, Exact };
-const char* planner_kind_name(PlannerKind kind);              // "dawnpiper" | "gpipe" | ... | "exact"
-PlannerKind planner_kind_from_name(const std::string& name);  // throws ConfigError
-const std::vector<PlannerKind>& all_planner_kinds();
-std::ostream& operator<<(std::ostream& out, PlannerKind kind);  // by name
+template <>
+struct EnumNames<PlannerKind> {
+  static constexpr const char* what = "planner";
+  static constexpr std::array<std::pair<PlannerKind, const char*>, 6> table{{{PlannerKind::DawnPiper, "dawnpiper"},
+                                                                             {PlannerKind::GPipe, "gpipe"},
+                                                                             {PlannerKind::PipeDream, "pipedream"},
+                                                                             {PlannerKind::VPipe, "vpipe"},
+                                                                             {PlannerKind::Even, "even"},
+                                                                             {PlannerKind::Exact, "exact"}}};
+};
 
-enum class MemoptMode { None, Recompute, SwapRecompute };
-const char* memopt_mode_name(MemoptMode mode);                 // "none" | "r" | "sr"
-MemoptMode memopt_mode_from_name(const std::string& name);     // throws ConfigError
-std::ostream& operator<<(std::ostream& out, MemoptMode mode);  // by name
+enum class MemoptKind { None, Recompute, SwapRecompute };
+template <>
+struct EnumNames<MemoptKind> {
+  static constexpr const char* what = "memopt";
+  static constexpr std::array<std::pair<MemoptKind, const char*>, 3> table{
+      {{MemoptKind::None, "none"}, {MemoptKind::Recompute, "r"}, {MemoptKind::SwapRecompute, "sr"}}};
+};
 
 struct PlanOptions {
   int stages = 1;
@@ -36,7 +46,7 @@ struct PlanOptions {
   double host_bandwidth = 16e9;  // bytes/s, device <-> host (swap)
   double link_bandwidth = 10e9;  // bytes/s, stage <-> stage
   PlannerKind planner = PlannerKind::DawnPiper;
-  MemoptMode memopt = MemoptMode::SwapRecompute;
+  MemoptKind memopt = MemoptKind::SwapRecompute;
   // The search decides with the cost model's memory formula; the replay of each stage's action
   // list (plan/stage_memory) is what the runtime measures. When set (the command line does), a
   // plan whose replayed peak exceeds the capacity is searched again with the capacity lowered

@@ -282,12 +282,11 @@ std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& opt
 
 std::string describe(const Profile& profile, const PlanOptions& options) {
   std::string model = profile.preset.empty() ? profile.model : profile.preset;
-  return std::string("planner '") + planner_kind_name(options.planner) + "' found no plan for " +
+  return std::string("planner '") + name_of(options.planner) + "' found no plan for " +
          (model.empty() ? std::string("the model") : model) + " on " + std::to_string(options.stages) +
-         " stages (schedule " + schedule_kind_name(options.schedule) + ", " + std::to_string(options.micro_batches) +
-         " micro-batches of " + std::to_string(profile.micro_batch_size) + ", optimizer " +
-         optimizer_kind_name(options.optimizer) + ", memopt " + memopt_mode_name(options.memopt) + ") within " +
-         capacity_text(options.capacity_bytes) + " per stage";
+         " stages (schedule " + name_of(options.schedule) + ", " + std::to_string(options.micro_batches) +
+         " micro-batches of " + std::to_string(profile.micro_batch_size) + ", optimizer " + name_of(options.optimizer) +
+         ", memopt " + name_of(options.memopt) + ") within " + capacity_text(options.capacity_bytes) + " per stage";
 }
 
 // The node that needs the most by itself (CostModel::memory_floor of it alone, on the stage
@@ -380,8 +379,8 @@ Bounds dawnpiper_bounds(const CostModel& model, StageEvaluator& evaluator, const
   // Without memory optimization (or memory to save) a stage's time is its compute: the exact DP over the memory
   // formula, bounded by the best found so far, is cheap, and it catches the splits BiPar's
   // sweeps miss (encoder-decoder graphs). Its answer must still fit when checked like the rest.
-  if (evaluator.mode() == MemoptMode::None || options.capacity_bytes == kUnlimitedBytes) {  // nothing to evict
-    StageEvaluator formula(model, MemoptMode::None, options.capacity_bytes);
+  if (evaluator.mode() == MemoptKind::None || options.capacity_bytes == kUnlimitedBytes) {  // nothing to evict
+    StageEvaluator formula(model, MemoptKind::None, options.capacity_bytes);
     formula.set_stop(planning_stop);
     const Bounds exact = exact_partition(
         formula, bounds.empty() ? std::numeric_limits<double>::infinity() : evaluator.objective(bounds));

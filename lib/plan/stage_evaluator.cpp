@@ -7,7 +7,7 @@
 
 namespace dawnpiper {
 
-StageEvaluator::StageEvaluator(const CostModel& model, MemoptMode mode, int64_t capacity, MemoptGranularity granularity)
+StageEvaluator::StageEvaluator(const CostModel& model, MemoptKind mode, int64_t capacity, MemoptGranularity granularity)
     : model_(model), optimizer_(model, mode, capacity, granularity) {}
 
 const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
@@ -83,7 +83,7 @@ StageMemopt StageEvaluator::optimize_at(int b, int e, int x, int64_t capacity, i
 }
 
 bool StageEvaluator::can_late_swap() const {
-  return replay_capacity_ > 0 && optimizer_.mode() == MemoptMode::SwapRecompute &&
+  return replay_capacity_ > 0 && optimizer_.mode() == MemoptKind::SwapRecompute &&
          optimizer_.granularity() == MemoptGranularity::Tensor;
 }
 
@@ -120,7 +120,7 @@ StageMemopt StageEvaluator::fitted(int b, int e, int x, int64_t& replayed) {
   int64_t capacity = optimizer_.capacity();
   StageMemopt m = optimize_at(b, e, x, capacity, replayed);
   if (replay_capacity_ <= 0) return m;
-  if (optimizer_.mode() != MemoptMode::None) {
+  if (optimizer_.mode() != MemoptKind::None) {
     // The optimizer's formula counts a swapped tensor as gone for every micro-batch in flight;
     // the replay brings it back at its prefetch point. Where the replay overshoots, lower the
     // optimizer's capacity by the overshoot (a few rounds; an optimizer short of its capacity

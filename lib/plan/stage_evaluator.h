@@ -40,7 +40,7 @@ using Bounds = std::vector<int>;
 
 class StageEvaluator {
  public:
-  StageEvaluator(const CostModel& model, MemoptMode mode, int64_t capacity,
+  StageEvaluator(const CostModel& model, MemoptKind mode, int64_t capacity,
                  MemoptGranularity granularity = MemoptGranularity::Tensor);
 
   const StageEval& evaluate(int b, int e, int x);
@@ -68,7 +68,7 @@ class StageEvaluator {
   void set_stop(const std::atomic<bool>* stop) { stop_ = stop; }
 
   const CostModel& model() const { return model_; }
-  MemoptMode mode() const { return optimizer_.mode(); }
+  MemoptKind mode() const { return optimizer_.mode(); }
   int64_t capacity() const { return optimizer_.capacity(); }
   int64_t evaluations() const { return evaluations_; }
 

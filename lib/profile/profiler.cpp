@@ -368,12 +368,6 @@ void use_in_step_timing(Profile& p, const OpGraph& g, const ProfilerOptions& opt
 
 }  // namespace
 
-NodeTiming node_timing_from_name(const std::string& name) {
-  if (name == "in-step") return NodeTiming::InStep;
-  if (name == "isolated") return NodeTiming::Isolated;
-  throw ConfigError("unknown node timing '" + name + "' (choose in-step or isolated)");
-}
-
 Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
   if (g.micro_batch_size < 1) throw ConfigError("micro-batch size must be at least 1");
   Profile p = profile_skeleton(g, "measured", opt.device.str());

@@ -16,12 +16,18 @@
 #include "profile/profile.h"
 #include "profile/profile_builder.h"
 #include "train/optimizer_kind.h"
+#include "util/enum_names.h"
 
 namespace dawnpiper {
 
 // profile --timing: node times taken inside whole training steps, or each node timed alone.
 enum class NodeTiming { InStep, Isolated };
-NodeTiming node_timing_from_name(const std::string& name);  // "in-step" | "isolated"; ConfigError
+template <>
+struct EnumNames<NodeTiming> {
+  static constexpr const char* what = "node timing";
+  static constexpr std::array<std::pair<NodeTiming, const char*>, 2> table{
+      {{NodeTiming::InStep, "in-step"}, {NodeTiming::Isolated, "isolated"}}};
+};
 
 struct ProfilerOptions {
   int warmup = 2;      // iterations per node not measured

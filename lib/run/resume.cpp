@@ -19,11 +19,11 @@ Json run_identity(const OpGraph& graph, const TrainOptions& o, bool with_trainin
   const OptimizerConfig& opt = o.config.optimizer;
   j["micro-batches"] = o.config.micro_batches;
   j["data-order"] = o.config.data.sequential ? "sequential" : "shuffled";
-  j["optimizer"] = optimizer_kind_name(opt.kind);
+  j["optimizer"] = name_of(opt.kind);
   j["lr"] = opt.lr;
   if (opt.kind == OptimizerKind::Sgd) j["momentum"] = opt.momentum;
   j["weight-decay"] = opt.weight_decay;
-  j["lr-schedule"] = lr_schedule_kind_name(opt.schedule.kind);
+  j["lr-schedule"] = name_of(opt.schedule.kind);
   j["warmup-steps"] = opt.schedule.warmup_steps;
   j["min-lr"] = opt.schedule.min_lr;
   j["grad-clip"] = opt.grad_clip;

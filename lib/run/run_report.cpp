@@ -39,7 +39,7 @@ void print_threads(const ThreadChoice& t) { std::printf("  threads: %d per rank 
 
 std::string optimizer_summary(const OptimizerConfig& o) {
   std::ostringstream out;
-  out << optimizer_kind_name(o.kind) << " lr " << o.lr;
+  out << name_of(o.kind) << " lr " << o.lr;
   const LrSchedule& sc = o.schedule;
   if (sc.kind != LrScheduleKind::Constant || sc.warmup_steps > 0) {
     out << " (" << sc.kind;
@@ -57,7 +57,7 @@ void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConf
   std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s, %d stage%s, %s%s\n",
               graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, o.micro_batch_size, pc.micro_batches,
               optimizer_summary(pc.optimizer).c_str(), layout.stages, layout.stages == 1 ? "" : "s",
-              schedule_kind_name(pc.schedule),
+              name_of(pc.schedule),
               layout.replicas > 1 ? (", " + std::to_string(layout.replicas) + " data-parallel replicas on " +
                                      std::to_string(layout.nodes) + (layout.nodes == 1 ? " host" : " hosts"))
                                         .c_str()

@@ -96,7 +96,7 @@ int train_one_stage(const OpGraph& graph, const TrainOptions& o) {
 
 // Runs this rank's share: every stage in this process, or its own stage, on its replica's
 // pipeline communicator (each stage's replicas share another).
-StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const RankLayout& layout, RunOptions& run,
+StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const RankLayout& layout, RunConfig& run,
                        bool in_process) {
   if (in_process) {
     run_pipeline_in_process(graph, pc, run.on_loss);
@@ -118,8 +118,8 @@ StageRun run_this_rank(const OpGraph& graph, const PipelineConfig& pc, const Ran
 }
 
 // What the runtime does besides training, from the run's settings (callbacks left to the caller).
-RunOptions run_options_from(const TrainOptions& o, const OpGraph& graph) {
-  RunOptions run;
+RunConfig run_config_from(const TrainOptions& o, const OpGraph& graph) {
+  RunConfig run;
   run.transport = o.transport;
   run.trace = !o.trace_path.empty();
   run.checkpoint_every = o.checkpoint_every;
@@ -136,7 +136,7 @@ int evaluate_pipeline(const std::optional<GivenPlan>& given, const OpGraph& grap
                       const TrainOptions& o, int rank, c10::Device device, int64_t first_step) {
   const Plan plan = agreed_plan(given, graph, layout, o, device, rank);
   const PipelineConfig pc = pipeline_config(plan, graph, layout, o, device, first_step);
-  RunOptions run = run_options_from(o, graph);
+  RunConfig run = run_config_from(o, graph);
   run.eval_only = true;
   MetricsLog metrics(rank == 0 ? o.metrics_path : "", o.resume);
   run.on_validation = [&](const StepReport& r) {
@@ -172,7 +172,7 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
     evaluation.config.steps = first_step;
     // The checkpoint holds its optimizer's state: the stages are built with that optimizer.
     if (const std::optional<Json> saved = o.resume ? saved_run(o) : std::nullopt; saved && saved->contains("optimizer"))
-      evaluation.config.optimizer.kind = optimizer_kind_from_name((*saved)["optimizer"].get<std::string>());
+      evaluation.config.optimizer.kind = from_name<OptimizerKind>((*saved)["optimizer"].get<std::string>());
     return evaluate_pipeline(given, graph, layout, evaluation, rank, device, first_step);
   }
   const Plan plan = agreed_plan(given, graph, layout, o, device, rank);
@@ -180,7 +180,7 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
   DeviceMemory::set_capacity(device, o.capacity);
   if (rank == 0 && !o.quiet) print_run_header(graph, plan, pc, layout, o);
   DeviceMemory::reset_peak(device);
-  RunOptions run = run_options_from(o, graph);
+  RunConfig run = run_config_from(o, graph);
   // Async can stop only where it drains (at checkpoints); without them a signal ends it at once.
   run.stop_on_signal = !o.in_process && (pc.schedule != ScheduleKind::Async || pc.drain_every > 0);
   if (run.stop_on_signal) install_stop_handlers();
@@ -222,7 +222,7 @@ int run_training(TrainOptions o, const ModelSource& source, const std::optional<
   o.samples_per_step = static_cast<double>(o.config.micro_batches * o.micro_batch_size * layout.replicas);
   // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
   const c10::Device device = rank_device(parse_device(o.device, /*require_gpu=*/false), MPI_COMM_WORLD);
-  check_transport_choice(o.transport, device);
+  check_transport(o.transport, device);
   o.threads = choose_threads(o.threads_requested, MPI_COMM_WORLD);
   CountingAllocator::install();
   const OpGraph graph = source.graph(o.micro_batch_size);
@@ -235,7 +235,7 @@ int run_training(TrainOptions o, const ModelSource& source, const std::optional<
   // The reference trainer serves plain one-stage runs; traces, checkpoints and planned memory
   // optimization need the runtime.
   const bool runtime_features = !o.trace_path.empty() || o.checkpoint_every > 0 || o.resume ||
-                                o.memopt != MemoptMode::None || plan || device.is_cuda();
+                                o.memopt != MemoptKind::None || plan || device.is_cuda();
   if (!o.calibrate_traces.empty() && layout.stages == 1)
     throw ConfigError("--calibrate-trace corrects the stages of a pipeline; this run has one stage");
   if (layout.stages == 1 && layout.replicas == 1 && !o.in_process && !runtime_features)

@@ -227,7 +227,7 @@ namespace {
 // a step to options.on_loss, in step order, once every stage's record of it has arrived.
 class StepRelay {
  public:
-  StepRelay(const PipelineConfig& c, const RunOptions& options, MPI_Comm control, int rank, int stages)
+  StepRelay(const PipelineConfig& c, const RunConfig& options, MPI_Comm control, int rank, int stages)
       : c_(c),
         options_(options),
         control_(control),
@@ -302,7 +302,7 @@ class StepRelay {
     int records = 0;
   };
   const PipelineConfig& c_;
-  const RunOptions& options_;
+  const RunConfig& options_;
   MPI_Comm control_;
   int rank_, stages_;
   int64_t reported_, end_;
@@ -340,7 +340,7 @@ void reduce_tied(const TieComms& tie_comms, std::vector<StageParameter>& params)
 
 // The mean loss of options.eval_batches validation micro-batches, on every rank (collective over
 // the pipeline). Message ids from `first_id` on, apart from every training micro-batch's.
-double validation_loss(PipelineStage& stage, const PipelineConfig& c, const RunOptions& options, MPI_Comm comm,
+double validation_loss(PipelineStage& stage, const PipelineConfig& c, const RunConfig& options, MPI_Comm comm,
                        int64_t first_id) {
   double sum = 0;
   for (int64_t k = 0; k < options.eval_batches; ++k) sum += stage.evaluate(first_id + k, k);
@@ -351,7 +351,7 @@ double validation_loss(PipelineStage& stage, const PipelineConfig& c, const RunO
 
 // Whether a stop signal reached any rank (collective over the pipeline and its replicas): the
 // signal, the same on every rank, or 0.
-int agreed_stop_signal(const RunOptions& options, MPI_Comm comm) {
+int agreed_stop_signal(const RunConfig& options, MPI_Comm comm) {
   int signal = stop_signal();
   allreduce_quietly(&signal, 1, MPI_INT, MPI_MAX, comm);
   if (options.replica_comm != MPI_COMM_NULL) allreduce_quietly(&signal, 1, MPI_INT, MPI_MAX, options.replica_comm);
@@ -362,7 +362,7 @@ int agreed_stop_signal(const RunOptions& options, MPI_Comm comm) {
 // whether a stop signal ends the run here (where the ranks can stop: after every step of a
 // synchronous schedule, at async's drains), and a checkpoint every checkpoint_every steps, after
 // the last and where the run stops. Returns the stop signal, or 0.
-int after_step(PipelineStage& stage, Transport& transport, const PipelineConfig& c, const RunOptions& options,
+int after_step(PipelineStage& stage, Transport& transport, const PipelineConfig& c, const RunConfig& options,
                const CheckpointIdentity& identity, MPI_Comm comm, int rank, int64_t step, StepRelay& relay) {
   if (options.eval_every > 0 && (step + 1) % options.eval_every == 0) {
     const int64_t evaluation = (step + 1) / options.eval_every;  // 1, 2, ...; 0: --eval-only's
@@ -399,7 +399,7 @@ std::unique_ptr<PipelineStage> build_stage(const OpGraph& g, const PipelineConfi
 // Data parallelism: the stage averages its gradients with its replicas before each update, each
 // averaging traced (through `tracing`, once the tracer exists) as an AllReduce.
 std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, const PipelineConfig& c,
-                                                         const RunOptions& options, StageTracer* const& tracing,
+                                                         const RunConfig& options, StageTracer* const& tracing,
                                                          std::string& description) {
   std::unique_ptr<ReplicaAverager> averager = make_replica_averager(options.replica_comm, c.device);
   description += ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averager->description();
@@ -415,10 +415,10 @@ std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, c
 // Builds and runs this rank's stage: its action list, the losses sent to rank 0, validation and
 // checkpoints.
 StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI_Comm data_comm, MPI_Comm control_comm,
-                   const RunOptions& options, int rank) {
+                   const RunConfig& options, int rank) {
   StageRun result;
   result.next_step = c.steps;
-  const CheckpointIdentity identity{options.preset, optimizer_kind_name(c.optimizer.kind), g.size(),
+  const CheckpointIdentity identity{options.preset, name_of(c.optimizer.kind), g.size(),
                                     static_cast<int64_t>(c.ranges.size())};
   PipelineTransport link = make_pipeline_transport(data_comm, c.device, options.transport);
   Transport& transport = *link.transport;
@@ -484,7 +484,7 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
 
 }  // namespace
 
-StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, const RunOptions& options) {
+StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, const RunConfig& options) {
   check_ranges(g, c.ranges);
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);

@@ -84,14 +84,14 @@ InProcessResult run_pipeline_in_process(const OpGraph& graph, const PipelineConf
                                         const std::function<void(const StepReport&)>& on_step = {});
 
 // What a distributed run does besides training.
-struct RunOptions {
+struct RunConfig {
   std::function<void(const StepReport&)> on_loss;  // rank 0, every finished step, in step order
   bool trace = false;                              // keep a record per action (trace/trace.h)
   std::string checkpoint_dir;                      // write / resume checkpoints here
   int64_t checkpoint_every = 0;                    // steps between checkpoints; 0: none
   bool resume = false;  // load the checkpoint of step config.first_step (latest_checkpoint()) first
   std::string preset;   // checkpoint identity (with the optimizer)
-  TransportChoice transport = TransportChoice::Auto;
+  TransportKind transport = TransportKind::Auto;
   // Validation: every `eval_every` steps (at drains under async), `eval_batches` micro-batches
   // of the validation split; rank 0 gets the mean loss.
   int64_t eval_every = 0, eval_batches = 1;
@@ -125,6 +125,6 @@ struct StageRun {
 std::map<int, at::Tensor> exact_integer_inputs(const OpGraph& graph, int begin, uint64_t seed);
 
 // This rank's stage (rank == stage in `comm`, size == stages).
-StageRun run_pipeline_mpi(const OpGraph& graph, const PipelineConfig& config, MPI_Comm comm, const RunOptions& options);
+StageRun run_pipeline_mpi(const OpGraph& graph, const PipelineConfig& config, MPI_Comm comm, const RunConfig& options);
 
 }  // namespace dawnpiper

@@ -121,7 +121,7 @@ void PipelineStage::run(const Action& a) {
     case ActionKind::SwapIn:
     case ActionKind::Recompute:
     case ActionKind::AllReduce:
-      throw std::logic_error(std::string(action_kind_code(a.kind)) + " runs inside the stage's own actions");
+      throw std::logic_error(std::string(name_of(a.kind)) + " runs inside the stage's own actions");
   }
 }
 

@@ -8,14 +8,6 @@
 
 namespace dawnpiper {
 
-TransportChoice transport_choice_from_name(const std::string& name) {
-  if (name == "auto") return TransportChoice::Auto;
-  if (name == "mpi") return TransportChoice::Mpi;
-  if (name == "nccl") return TransportChoice::Nccl;
-  if (name == "host") return TransportChoice::Host;
-  throw ConfigError("unknown transport '" + name + "' (choose auto, mpi, nccl or host)");
-}
-
 void HostStagedTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) {
   for (at::Tensor& t : tensors) t = t.to(at::kCPU).contiguous();
   mpi_.send(to_stage, kind, micro_batch, std::move(tensors));
@@ -67,24 +59,24 @@ void RoutedTransport::flush() {
     if (*l) (*l)->flush();
 }
 
-void check_transport_choice(TransportChoice choice, c10::Device device) {
-  if (choice == TransportChoice::Mpi && device.is_cuda())
+void check_transport(TransportKind choice, c10::Device device) {
+  if (choice == TransportKind::Mpi && device.is_cuda())
     throw ConfigError("--transport mpi sends CPU tensors; with --device cuda use auto, nccl or host");
-  if (choice == TransportChoice::Nccl && !device.is_cuda())
+  if (choice == TransportKind::Nccl && !device.is_cuda())
     throw ConfigError("--transport nccl moves CUDA tensors: use it with --device cuda");
-  if (choice == TransportChoice::Nccl && !nccl_available())
+  if (choice == TransportKind::Nccl && !nccl_available())
     throw ConfigError("--transport nccl: this build has no NCCL (see CMakeLists.txt); use --transport host");
 }
 
-PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, TransportChoice choice) {
+PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, TransportKind choice) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  check_transport_choice(choice, device);
+  check_transport(choice, device);
   const std::vector<std::string> ids = device_identities(device, comm);
-  if (choice == TransportChoice::Auto && !device.is_cuda()) choice = TransportChoice::Mpi;
+  if (choice == TransportKind::Auto && !device.is_cuda()) choice = TransportKind::Mpi;
   PipelineTransport out;
-  if (choice == TransportChoice::Mpi) {
+  if (choice == TransportKind::Mpi) {
     out.transport = std::make_unique<MpiTransport>(comm);
     out.description = "mpi";
     return out;
@@ -94,10 +86,10 @@ PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, Tra
   std::vector<bool> nccl_link(static_cast<size_t>(std::max(size - 1, 0)));
   for (int x = 0; x + 1 < size; ++x) {
     const bool shared = ids[x] == ids[x + 1];
-    if (choice == TransportChoice::Nccl && shared)
+    if (choice == TransportKind::Nccl && shared)
       throw ConfigError("--transport nccl: ranks " + std::to_string(x) + " and " + std::to_string(x + 1) +
                         " share one GPU (" + ids[x] + "), which NCCL refuses; use --transport auto or host");
-    nccl_link[x] = choice != TransportChoice::Host && !shared && nccl_available();
+    nccl_link[x] = choice != TransportKind::Host && !shared && nccl_available();
   }
   MPI_Comm setup;  // NCCL ids travel apart from the data messages
   MPI_Comm_dup(comm, &setup);

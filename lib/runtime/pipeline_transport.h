@@ -15,11 +15,19 @@
 
 #include "runtime/mpi_transport.h"
 #include "runtime/transport.h"
+#include "util/enum_names.h"
 
 namespace dawnpiper {
 
-enum class TransportChoice { Auto, Mpi, Nccl, Host };
-TransportChoice transport_choice_from_name(const std::string& name);  // ConfigError if unknown
+enum class TransportKind { Auto, Mpi, Nccl, Host };
+template <>
+struct EnumNames<TransportKind> {
+  static constexpr const char* what = "transport";
+  static constexpr std::array<std::pair<TransportKind, const char*>, 4> table{{{TransportKind::Auto, "auto"},
+                                                                               {TransportKind::Mpi, "mpi"},
+                                                                               {TransportKind::Nccl, "nccl"},
+                                                                               {TransportKind::Host, "host"}}};
+};
 
 // CUDA tensors through host memory: a device-to-host copy, MPI, a host-to-device copy at the
 // receiver. On the CPU the copies are no-ops (it is MpiTransport).
@@ -60,10 +68,10 @@ struct PipelineTransport {
 
 // ConfigError for a choice that cannot work on `device` (nccl on the CPU or without NCCL, mpi
 // with CUDA); sharing a GPU is found only by make_pipeline_transport.
-void check_transport_choice(TransportChoice choice, c10::Device device);
+void check_transport(TransportKind choice, c10::Device device);
 
 // This rank's transport (rank == stage in `comm`). Collective over `comm`. ConfigError for a
 // choice that cannot work (nccl on the CPU or between ranks sharing a GPU, mpi with CUDA).
-PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, TransportChoice choice);
+PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, TransportKind choice);
 
 }  // namespace dawnpiper

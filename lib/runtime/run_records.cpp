@@ -34,7 +34,7 @@ void write_pipeline_trace(const OpGraph& graph, const Plan& plan, const Pipeline
   trace.model = graph.model;
   trace.preset = graph.preset;
   trace.graph_hash = graph.fingerprint();
-  trace.schedule = schedule_kind_name(pc.schedule);
+  trace.schedule = name_of(pc.schedule);
   trace.device = pc.device.str();
   trace.transport = mine.transport;
   trace.stages = layout.stages;

@@ -8,26 +8,6 @@
 namespace dawnpiper {
 
 namespace {
-struct KindCode {
-  ActionKind kind;
-  const char* code;
-};
-// Longest codes first so that prefix matching in parse_action is unambiguous.
-const KindCode kKindCodes[] = {
-    {ActionKind::ReduceTiedGrads, "REDUCE_TIED"},
-    {ActionKind::AllReduce, "ALLREDUCE"},
-    {ActionKind::SwapOut, "SWAP_OUT"},
-    {ActionKind::SwapIn, "SWAP_IN"},
-    {ActionKind::Recompute, "RECOMPUTE"},
-    {ActionKind::SendActivation, "SEND_F"},
-    {ActionKind::RecvActivation, "RECV_F"},
-    {ActionKind::SendGrad, "SEND_B"},
-    {ActionKind::RecvGrad, "RECV_B"},
-    {ActionKind::Forward, "F"},
-    {ActionKind::Backward, "B"},
-    {ActionKind::OptimizerStep, "U"},
-};
-
 // Actions of the whole step, not of one micro-batch.
 bool per_step(ActionKind kind) {
   return kind == ActionKind::OptimizerStep || kind == ActionKind::ReduceTiedGrads || kind == ActionKind::AllReduce;
@@ -38,20 +18,8 @@ bool has_tensor(ActionKind kind) {
 }
 }  // namespace
 
-const char* action_kind_code(ActionKind kind) {
-  for (const KindCode& kc : kKindCodes)
-    if (kc.kind == kind) return kc.code;
-  return "?";
-}
-
-ActionKind action_kind_from_code(const std::string& code) {
-  for (const KindCode& kc : kKindCodes)
-    if (code == kc.code) return kc.kind;
-  throw ConfigError("unknown action kind '" + code + "'");
-}
-
 std::string to_string(const Action& action) {
-  std::string s = std::to_string(action.stage) + action_kind_code(action.kind);
+  std::string s = std::to_string(action.stage) + name_of(action.kind);
   if (!per_step(action.kind)) s += std::to_string(action.micro_batch);
   if (has_tensor(action.kind) && action.tensor >= 0) s += "t" + std::to_string(action.tensor);
   return s;
@@ -73,9 +41,9 @@ Action parse_action(const std::string& text) {
   if (pos == 0 || pos > 9) throw bad();
   Action a;
   a.stage = std::stoi(text.substr(0, pos));
-  const KindCode* found = nullptr;
-  for (const KindCode& kc : kKindCodes) {
-    std::string code = kc.code;
+  const std::pair<ActionKind, const char*>* found = nullptr;
+  for (const auto& kc : EnumNames<ActionKind>::table) {
+    std::string code = kc.second;
     if (text.compare(pos, code.size(), code) == 0) {
       found = &kc;
       pos += code.size();
@@ -83,7 +51,7 @@ Action parse_action(const std::string& text) {
     }
   }
   if (!found) throw bad();
-  a.kind = found->kind;
+  a.kind = found->first;
   if (per_step(a.kind)) {
     if (pos != text.size()) throw bad();
     return a;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "util/enum_names.h"
+
 namespace dawnpiper {
 
 enum class ActionKind {
@@ -34,6 +36,25 @@ enum class ActionKind {
   // before a synchronous optimizer step (DeepSpeed's ReduceTiedGrads); no micro-batch.
   ReduceTiedGrads,
 };
+// The codes of the text form (name_of, from_name), longest first: parse_action matches prefixes.
+template <>
+struct EnumNames<ActionKind> {
+  static constexpr const char* what = "action kind";
+  static constexpr std::array<std::pair<ActionKind, const char*>, 12> table{{
+      {ActionKind::ReduceTiedGrads, "REDUCE_TIED"},
+      {ActionKind::AllReduce, "ALLREDUCE"},
+      {ActionKind::SwapOut, "SWAP_OUT"},
+      {ActionKind::SwapIn, "SWAP_IN"},
+      {ActionKind::Recompute, "RECOMPUTE"},
+      {ActionKind::SendActivation, "SEND_F"},
+      {ActionKind::RecvActivation, "RECV_F"},
+      {ActionKind::SendGrad, "SEND_B"},
+      {ActionKind::RecvGrad, "RECV_B"},
+      {ActionKind::Forward, "F"},
+      {ActionKind::Backward, "B"},
+      {ActionKind::OptimizerStep, "U"},
+  }};
+};
 
 struct Action {
   ActionKind kind = ActionKind::Forward;
@@ -47,11 +68,6 @@ struct Action {
   bool operator!=(const Action& o) const { return !(*this == o); }
 };
 
-// "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "U", "SWAP_OUT", "SWAP_IN", "RECOMPUTE",
-// "ALLREDUCE", "REDUCE_TIED".
-const char* action_kind_code(ActionKind kind);
-// Inverse of action_kind_code; throws ConfigError for an unknown code.
-ActionKind action_kind_from_code(const std::string& code);
 std::string to_string(const Action& action);
 // Space-separated compact forms.
 std::string to_string(const std::vector<Action>& actions);

@@ -7,27 +7,6 @@
 
 namespace dawnpiper {
 
-const char* schedule_kind_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::GPipe:
-      return "gpipe";
-    case ScheduleKind::OneFOneB:
-      return "1f1b";
-    case ScheduleKind::Async:
-      return "async";
-  }
-  return "?";
-}
-
-ScheduleKind schedule_kind_from_name(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::GPipe;
-  if (name == "1f1b") return ScheduleKind::OneFOneB;
-  if (name == "async") return ScheduleKind::Async;
-  throw ConfigError("unknown schedule '" + name + "' (choose gpipe, 1f1b or async)");
-}
-
-std::ostream& operator<<(std::ostream& out, ScheduleKind kind) { return out << schedule_kind_name(kind); }
-
 std::string Schedule::to_string() const {
   std::string s;
   for (const std::vector<Action>& list : actions) {
@@ -115,7 +94,7 @@ Schedule make_schedule(ScheduleKind kind, int stages, int64_t m) {
 }
 
 Schedule make_schedule(const std::string& name, int stages, int64_t m) {
-  return make_schedule(schedule_kind_from_name(name), stages, m);
+  return make_schedule(from_name<ScheduleKind>(name), stages, m);
 }
 
 std::vector<Action> with_tied_reduce(const std::vector<Action>& actions) {

@@ -25,14 +25,17 @@
 #include <vector>
 
 #include "schedule/action.h"
+#include "util/enum_names.h"
 
 namespace dawnpiper {
 
 enum class ScheduleKind { GPipe, OneFOneB, Async };
-
-const char* schedule_kind_name(ScheduleKind kind);               // "gpipe" | "1f1b" | "async"
-ScheduleKind schedule_kind_from_name(const std::string& name);   // throws ConfigError
-std::ostream& operator<<(std::ostream& out, ScheduleKind kind);  // by name
+template <>
+struct EnumNames<ScheduleKind> {
+  static constexpr const char* what = "schedule";
+  static constexpr std::array<std::pair<ScheduleKind, const char*>, 3> table{
+      {{ScheduleKind::GPipe, "gpipe"}, {ScheduleKind::OneFOneB, "1f1b"}, {ScheduleKind::Async, "async"}}};
+};
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::GPipe;

@@ -37,8 +37,8 @@ const std::vector<Column<ActionRecord>>& action_columns() {
       member("end_s", &A::end_s),
       member("cpu_s", &A::cpu_s, true),
       column_of<A>(
-          "kind", [](const A& r) { return std::string(action_kind_code(r.action_kind())); },
-          [](A& r, const std::string& code) { r.kind = static_cast<int64_t>(action_kind_from_code(code)); })};
+          "kind", [](const A& r) { return std::string(name_of(r.action_kind())); },
+          [](A& r, const std::string& code) { r.kind = static_cast<int64_t>(from_name<ActionKind>(code)); })};
   return columns;
 }
 

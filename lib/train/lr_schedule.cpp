@@ -8,26 +8,6 @@
 
 namespace dawnpiper {
 
-const char* lr_schedule_kind_name(LrScheduleKind kind) {
-  switch (kind) {
-    case LrScheduleKind::Constant:
-      return "constant";
-    case LrScheduleKind::Cosine:
-      return "cosine";
-    case LrScheduleKind::Linear:
-      return "linear";
-  }
-  return "?";
-}
-
-LrScheduleKind lr_schedule_kind_from_name(const std::string& name) {
-  for (LrScheduleKind k : {LrScheduleKind::Constant, LrScheduleKind::Cosine, LrScheduleKind::Linear})
-    if (name == lr_schedule_kind_name(k)) return k;
-  throw ConfigError("unknown learning-rate schedule '" + name + "' (choose constant, cosine or linear)");
-}
-
-std::ostream& operator<<(std::ostream& out, LrScheduleKind kind) { return out << lr_schedule_kind_name(kind); }
-
 double scheduled_lr(double lr, const LrSchedule& s, int64_t step) {
   const double warmup = static_cast<double>(std::max<int64_t>(1, s.warmup_steps));
   if (step < s.warmup_steps) return lr * static_cast<double>(step) / warmup;

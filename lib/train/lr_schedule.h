@@ -8,14 +8,17 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include "util/enum_names.h"
 
 namespace dawnpiper {
 
 enum class LrScheduleKind { Constant, Cosine, Linear };
-
-const char* lr_schedule_kind_name(LrScheduleKind kind);              // "constant" | "cosine" | "linear"
-LrScheduleKind lr_schedule_kind_from_name(const std::string& name);  // throws ConfigError
-std::ostream& operator<<(std::ostream& out, LrScheduleKind kind);    // by name
+template <>
+struct EnumNames<LrScheduleKind> {
+  static constexpr const char* what = "learning-rate schedule";
+  static constexpr std::array<std::pair<LrScheduleKind, const char*>, 3> table{
+      {{LrScheduleKind::Constant, "constant"}, {LrScheduleKind::Cosine, "cosine"}, {LrScheduleKind::Linear, "linear"}}};
+};
 
 struct LrSchedule {
   LrScheduleKind kind = LrScheduleKind::Constant;

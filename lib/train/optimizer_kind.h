@@ -3,14 +3,17 @@
 // the planner's memory model needs the state size, the trainer the kind.
 #include <iosfwd>
 #include <string>
+#include "util/enum_names.h"
 
 namespace dawnpiper {
 
 enum class OptimizerKind { Sgd, Adam, AdamW };
-
-const char* optimizer_kind_name(OptimizerKind kind);              // "sgd" | "adam" | "adamw"
-OptimizerKind optimizer_kind_from_name(const std::string& name);  // throws ConfigError
-std::ostream& operator<<(std::ostream& out, OptimizerKind kind);  // by name
+template <>
+struct EnumNames<OptimizerKind> {
+  static constexpr const char* what = "optimizer";
+  static constexpr std::array<std::pair<OptimizerKind, const char*>, 3> table{
+      {{OptimizerKind::Sgd, "sgd"}, {OptimizerKind::Adam, "adam"}, {OptimizerKind::AdamW, "adamw"}}};
+};
 
 // Adam and AdamW keep two moments per parameter and need one parameter-sized temporary in their
 // update; SGD one momentum buffer.

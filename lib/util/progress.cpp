@@ -23,13 +23,6 @@ std::string duration_text(double seconds) {
 }
 }  // namespace
 
-Progress::Style Progress::style_from_name(const std::string& name) {
-  if (name == "auto") return Style::Auto;
-  if (name == "bar") return Style::Bar;
-  if (name == "lines") return Style::Lines;
-  throw ConfigError("unknown progress style '" + name + "' (choose auto, bar or lines)");
-}
-
 Progress::Progress(int64_t first_step, int64_t steps, double samples_per_step, bool quiet, Style style, std::FILE* out)
     : first_(first_step),
       steps_(steps),

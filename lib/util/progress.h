@@ -6,14 +6,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include "util/enum_names.h"
 
 namespace dawnpiper {
 
 class Progress {
  public:
-  enum class Style { Auto, Bar, Lines };
-  // "auto" | "bar" | "lines"; throws ConfigError otherwise.
-  static Style style_from_name(const std::string& name);
+  enum class Style { Auto, Bar, Lines };  // by name: EnumNames below
   // Steps first_step .. steps - 1 will be reported. Output goes to `out` unless quiet. Auto
   // draws a bar on a terminal, except under an MPI launcher: mpirun hands every rank a
   // pseudo-terminal even when its own output goes to a file.
@@ -41,6 +40,13 @@ class Progress {
   std::FILE* out_;
   Clock::time_point start_, last_, first_done_;
   double last_loss_ = 0, last_step_s_ = 0;
+};
+
+template <>
+struct EnumNames<Progress::Style> {
+  static constexpr const char* what = "progress style";
+  static constexpr std::array<std::pair<Progress::Style, const char*>, 3> table{
+      {{Progress::Style::Auto, "auto"}, {Progress::Style::Bar, "bar"}, {Progress::Style::Lines, "lines"}}};
 };
 
 }  // namespace dawnpiper

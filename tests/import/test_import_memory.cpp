@@ -143,11 +143,11 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
             const int64_t predicted = replay_stage_program(model, programs[static_cast<size_t>(x)]).peak;
             const int64_t measured = measured_stage_peak(counter, g, pc, x);
             if (std::getenv("DEBUG_MEMORY"))
-              std::fprintf(stderr, "%s %s cut %d round %d stage %d (%+.1f%%)\n", name, schedule_kind_name(kind), cut,
-                           round, x, 100.0 * (double(measured) / double(predicted) - 1));
-            INFO(name << " cut " << cut << " (" << g.nodes[static_cast<size_t>(cut)].name << ") "
-                      << schedule_kind_name(kind) << " round " << round << " stage " << x << ": measured " << measured
-                      << " predicted " << predicted);
+              std::fprintf(stderr, "%s %s cut %d round %d stage %d (%+.1f%%)\n", name, name_of(kind), cut, round, x,
+                           100.0 * (double(measured) / double(predicted) - 1));
+            INFO(name << " cut " << cut << " (" << g.nodes[static_cast<size_t>(cut)].name << ") " << name_of(kind)
+                      << " round " << round << " stage " << x << ": measured " << measured << " predicted "
+                      << predicted);
             // At most 1% above (measured: up to +0.3%), Gemma 1.5% (+1.2% at cut 69, a sum of
             // linears' input gradients: docs/benchmarks.md). Before: +2.0% and +3.4% before the
             // stand-in transport drew received gradients in place (BERT's loss alone on the

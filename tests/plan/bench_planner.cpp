@@ -38,7 +38,7 @@ double median_ms(int runs, const std::function<void()>& f) {
 void time_planning(int layers, int stages, int runs) {
   Profile p = transformer_like_profile(layers);
   for (ScheduleKind schedule : {ScheduleKind::Async, ScheduleKind::OneFOneB}) {
-    for (MemoptMode memopt : {MemoptMode::SwapRecompute, MemoptMode::Recompute}) {
+    for (MemoptKind memopt : {MemoptKind::SwapRecompute, MemoptKind::Recompute}) {
       PlanOptions opt;
       opt.stages = stages;
       opt.schedule = schedule;
@@ -53,7 +53,7 @@ void time_planning(int layers, int stages, int runs) {
         std::printf(
             "planning %6d nodes, l=%2d, %-5s %-2s, capacity %3.0f%% of the unconstrained "
             "peak: median %8.2f ms over %d runs, %s, bottleneck %.2f ms\n",
-            p.size(), stages, schedule_kind_name(schedule), memopt_mode_name(memopt), 100 * fraction, ms, runs,
+            p.size(), stages, name_of(schedule), name_of(memopt), 100 * fraction, ms, runs,
             plan ? "plan found" : "no plan", plan ? plan->bottleneck_ms() : 0.0);
       }
     }
@@ -70,7 +70,7 @@ TEST_CASE("planning time on transformer-shaped graphs", "[.bench]") {
 TEST_CASE("BiPar against exact on medium graphs", "[.bench]") {
   std::mt19937_64 rng(99);
   const ScheduleKind schedules[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async};
-  const MemoptMode memopts[] = {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute};
+  const MemoptKind memopts[] = {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute};
   int instances = 0, equal = 0, within3 = 0, no_plan = 0;
   double worst = 0, bipar_ms = 0, exact_ms = 0;
   for (int seed = 1; seed <= 200; ++seed) {
@@ -133,7 +133,7 @@ TEST_CASE("BiPar against the exact optimum on the paper's models", "[.bench]") {
     base.capacity_bytes = spec.memory_bytes;
     base.host_bandwidth = spec.host_bandwidth;
     base.link_bandwidth = spec.link_bandwidth;
-    base.memopt = MemoptMode::None;
+    base.memopt = MemoptKind::None;
     base.stages = 2;
     base.micro_batches = 4;
     base.planner = PlannerKind::Exact;
@@ -166,7 +166,7 @@ TEST_CASE("BiPar against the exact optimum on the paper's models", "[.bench]") {
         double bipar = inf;
         bipar_ms += median_ms(1, [&] {
           CostModel model(p, opt);
-          StageEvaluator evaluator(model, MemoptMode::None, opt.capacity_bytes);
+          StageEvaluator evaluator(model, MemoptKind::None, opt.capacity_bytes);
           Bounds bounds = BiPar(evaluator).solve();
           const Bounds refined = vpipe_partition(evaluator);
           if (!refined.empty() && (bounds.empty() || evaluator.objective(refined) < evaluator.objective(bounds)))
@@ -178,8 +178,7 @@ TEST_CASE("BiPar against the exact optimum on the paper's models", "[.bench]") {
         cell(planner_gaps, dp ? dp->bottleneck_ms() : inf, optimum);
       }
       std::printf("| %s | %lld | %s | %s | %s | %.0f | %.0f | %.0f |\n", preset, static_cast<long long>(batch),
-                  schedule_kind_name(schedule), bipar_gaps.c_str(), planner_gaps.c_str(), bipar_ms, planner_ms,
-                  exact_ms);
+                  name_of(schedule), bipar_gaps.c_str(), planner_gaps.c_str(), bipar_ms, planner_ms, exact_ms);
       std::fflush(stdout);
     }
   }

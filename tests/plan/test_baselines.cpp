@@ -78,7 +78,7 @@ TEST_CASE("gpipe balances time, not memory", "[plan][baselines]") {
   PlanOptions opt;
   opt.stages = 2;
   opt.schedule = ScheduleKind::OneFOneB;
-  opt.memopt = MemoptMode::None;
+  opt.memopt = MemoptKind::None;
   opt.planner = PlannerKind::GPipe;
   Plan g = make_plan(p, opt);
   REQUIRE(g.stages.size() == 2);
@@ -112,7 +112,7 @@ TEST_CASE("pipedream is time-optimal without a memory limit", "[plan][baselines]
     opt.stages = 2 + static_cast<int>(seed % 5);
     opt.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
     opt.link_bandwidth = 1e18;
-    opt.memopt = MemoptMode::None;
+    opt.memopt = MemoptKind::None;
     opt.planner = PlannerKind::PipeDream;
     Plan pd = make_plan(p, opt);
     opt.planner = PlannerKind::Exact;
@@ -158,7 +158,7 @@ TEST_CASE("exact is never beaten and fits whenever anything fits", "[plan][basel
     PlanOptions opt;
     opt.stages = 2 + static_cast<int>(seed % 4);
     opt.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
-    opt.memopt = seed % 2 ? MemoptMode::SwapRecompute : MemoptMode::Recompute;
+    opt.memopt = seed % 2 ? MemoptKind::SwapRecompute : MemoptKind::Recompute;
     opt.planner = PlannerKind::Exact;
     opt.capacity_bytes = INT64_MAX;
     int64_t peak = make_plan(p, opt).max_peak_bytes();
@@ -208,7 +208,7 @@ TEST_CASE("exact equals the plain DP over every stage range", "[plan][baselines]
     PlanOptions opt;
     opt.stages = 1 + static_cast<int>(seed % 6);
     opt.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
-    opt.memopt = seed % 4 == 0 ? MemoptMode::SwapRecompute : seed % 4 == 1 ? MemoptMode::Recompute : MemoptMode::None;
+    opt.memopt = seed % 4 == 0 ? MemoptKind::SwapRecompute : seed % 4 == 1 ? MemoptKind::Recompute : MemoptKind::None;
     opt.data_parallel = seed % 5 == 0 ? 4 : 1;
     opt.planner = PlannerKind::Exact;
     opt.capacity_bytes = INT64_MAX;
@@ -240,7 +240,7 @@ TEST_CASE("with nothing to evict the planner keeps the optimum and balances the 
     PlanOptions opt;
     opt.stages = 2 + static_cast<int>(seed % 5);
     opt.schedule = seed % 2 ? ScheduleKind::OneFOneB : ScheduleKind::GPipe;
-    opt.memopt = MemoptMode::None;
+    opt.memopt = MemoptKind::None;
     opt.planner = PlannerKind::Exact;
     const Plan exact = make_plan(p, opt);
     opt.planner = PlannerKind::DawnPiper;

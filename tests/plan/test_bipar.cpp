@@ -20,7 +20,7 @@ using namespace dawnpiper::testing;
 namespace {
 
 const ScheduleKind kSchedules[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async};
-const MemoptMode kMemopts[] = {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute};
+const MemoptKind kMemopts[] = {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute};
 
 // Max peak of a plan without a memory limit: the scale for test capacities.
 int64_t unlimited_peak(const Profile& profile, PlanOptions options) {
@@ -117,13 +117,13 @@ TEST_CASE("partition theorem: the optimal cut of two stages lies between rho_cb 
     opt.stages = 2;
     opt.schedule = kSchedules[seed % 3];
     opt.micro_batches = std::uniform_int_distribution<int>(1, 8)(rng);
-    opt.memopt = MemoptMode::Recompute;
+    opt.memopt = MemoptKind::Recompute;
     opt.link_bandwidth = 1e12;
     double fraction = std::uniform_real_distribution<double>(0.5, 1.05)(rng);
     opt.capacity_bytes = static_cast<int64_t>(fraction * static_cast<double>(unlimited_peak(profile, opt)));
 
     CostModel model(profile, opt);
-    StageEvaluator ev(model, MemoptMode::Recompute, opt.capacity_bytes);
+    StageEvaluator ev(model, MemoptKind::Recompute, opt.capacity_bytes);
     const int n = model.size();
     double best = std::numeric_limits<double>::infinity();
     std::vector<double> value(static_cast<size_t>(n) + 1, best);

@@ -40,10 +40,10 @@ TEST_CASE("memory optimization fits the capacity and never raises the peak", "[p
       int x = std::uniform_int_distribution<int>(0, 2)(rng);
       int64_t before = m.peak_without_memopt(b, e, x);
       int64_t capacity = static_cast<int64_t>(before * std::uniform_real_distribution<double>(0.3, 1.1)(rng));
-      for (MemoptMode mode : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+      for (MemoptKind mode : {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
         MemoryOptimizer opt_(m, mode, capacity);
         StageMemopt r = opt_.optimize(b, e, x, true);
-        INFO("seed " << seed << " [" << b << "," << e << ") x " << x << " mode " << memopt_mode_name(mode));
+        INFO("seed " << seed << " [" << b << "," << e << ") x " << x << " mode " << name_of(mode));
         CHECK(r.peak_before == before);
         CHECK(r.peak <= r.peak_before);
         CHECK(r.overhead_ms >= 0);
@@ -57,13 +57,13 @@ TEST_CASE("memory optimization fits the capacity and never raises the peak", "[p
         }
         CHECK(swaps == r.swapped);
         CHECK(recomputes == r.recomputed);
-        if (before <= capacity || mode == MemoptMode::None) {
+        if (before <= capacity || mode == MemoptKind::None) {
           CHECK(swaps + recomputes == 0);
           CHECK(r.overhead_ms == 0);
           CHECK(r.feasible == (before <= capacity));
         }
-        if (mode == MemoptMode::Recompute) CHECK(swaps == 0);
-        if (before > capacity && mode != MemoptMode::None) (r.feasible ? ++optimized : ++infeasible);
+        if (mode == MemoptKind::Recompute) CHECK(swaps == 0);
+        if (before > capacity && mode != MemoptKind::None) (r.feasible ? ++optimized : ++infeasible);
         // Without decisions the same answer comes back.
         MemoryOptimizer again(m, mode, capacity);
         StageMemopt quick = again.optimize(b, e, x, false);
@@ -91,14 +91,14 @@ TEST_CASE("overlapped swaps come first and cost nothing", "[plan][memopt]") {
   opt.host_bandwidth = 16e9;
   CostModel m(p, opt);
   int64_t before = m.peak_without_memopt(0, 20, 0);
-  MemoryOptimizer sr(m, MemoptMode::SwapRecompute, before * 7 / 10);
+  MemoryOptimizer sr(m, MemoptKind::SwapRecompute, before * 7 / 10);
   StageMemopt r = sr.optimize(0, 20, 0, true);
   CHECK(r.feasible);
   CHECK(r.swapped > 0);
   CHECK(r.recomputed == 0);
   CHECK(r.overhead_ms == 0);
   // Recompute-only has to pay for the same saving.
-  MemoryOptimizer ro(m, MemoptMode::Recompute, before * 7 / 10);
+  MemoryOptimizer ro(m, MemoptKind::Recompute, before * 7 / 10);
   StageMemopt rr = ro.optimize(0, 20, 0, true);
   CHECK(rr.feasible);
   CHECK(rr.overhead_ms > 0);
@@ -117,7 +117,7 @@ TEST_CASE("a swap's copy back starts early enough to hide behind the backward", 
     opt.micro_batches = 8;
     opt.host_bandwidth = bandwidth;
     CostModel m(p, opt);
-    MemoryOptimizer sr(m, MemoptMode::SwapRecompute, m.peak_without_memopt(0, 20, 0) * 7 / 10);
+    MemoryOptimizer sr(m, MemoptKind::SwapRecompute, m.peak_without_memopt(0, 20, 0) * 7 / 10);
     StageMemopt r = sr.optimize(0, 20, 0, true);
     int swaps = 0, early = 0;
     for (const TensorDecision& d : r.decisions) {
@@ -173,7 +173,7 @@ TEST_CASE("recomputing a tensor re-runs the producers of inputs that are gone", 
   CostModel m(p, opt);
   REQUIRE(m.activation_bytes(0, 5) == 9000);
   const int64_t before = m.peak_without_memopt(0, 5, 0);
-  MemoryOptimizer r(m, MemoptMode::Recompute, before - 5000);
+  MemoryOptimizer r(m, MemoptKind::Recompute, before - 5000);
   StageMemopt out = r.optimize(0, 5, 0, true);
   REQUIRE(out.feasible);
   CHECK(out.recomputed == 1);
@@ -182,9 +182,9 @@ TEST_CASE("recomputing a tensor re-runs the producers of inputs that are gone", 
     CHECK(d.action == (d.tensor == tb ? TensorAction::Recompute : TensorAction::Keep));
   // The data tensor cannot be recomputed (no producer to re-run), only swapped: asking for
   // more than b's output is infeasible for recompute-only.
-  MemoryOptimizer tight(m, MemoptMode::Recompute, before - 8500);
+  MemoryOptimizer tight(m, MemoptKind::Recompute, before - 8500);
   CHECK_FALSE(tight.optimize(0, 5, 0, false).feasible);
-  MemoryOptimizer swap(m, MemoptMode::SwapRecompute, before - 8500);
+  MemoryOptimizer swap(m, MemoptKind::SwapRecompute, before - 8500);
   CHECK(swap.optimize(0, 5, 0, false).feasible);
 }
 
@@ -198,7 +198,7 @@ TEST_CASE("block granularity evicts whole blocks", "[plan][memopt]") {
   opt.schedule = ScheduleKind::OneFOneB;
   CostModel m(p, opt);
   int64_t before = m.peak_without_memopt(0, 25, 0);
-  for (MemoptMode mode : {MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+  for (MemoptKind mode : {MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
     MemoryOptimizer blocks(m, mode, before * 8 / 10, MemoptGranularity::Block);
     StageMemopt r = blocks.optimize(0, 25, 0, true);
     REQUIRE(r.feasible);
@@ -249,9 +249,9 @@ TEST_CASE("internal buffers count but are never evicted; views count nothing", "
   int64_t data_bytes = 0;  // the loaded input can be swapped but not recomputed
   for (const TensorProfile& t : p.tensors)
     if (t.is_data && !t.saved_by.empty()) data_bytes += t.bytes;
-  for (MemoptMode mode : {MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+  for (MemoptKind mode : {MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
     // Down to the internal buffers (and, recomputing only, the data) everything can go.
-    const int64_t lowest = floor + (mode == MemoptMode::Recompute ? data_bytes : 0);
+    const int64_t lowest = floor + (mode == MemoptKind::Recompute ? data_bytes : 0);
     MemoryOptimizer enough(m, mode, lowest);
     StageMemopt r = enough.optimize(0, 20, 0, true);
     CHECK(r.feasible);

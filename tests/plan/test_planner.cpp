@@ -54,12 +54,12 @@ void check_plan(const Profile& p, const PlanOptions& opt, const Plan& plan) {
     int64_t kept = 0, evicted = 0;
     for (const TensorDecision& d : s.decisions) {
       (d.action == TensorAction::Keep ? kept : evicted) += d.bytes;
-      if (opt.memopt == MemoptMode::None) CHECK(d.action == TensorAction::Keep);
-      if (opt.memopt == MemoptMode::Recompute) CHECK(d.action != TensorAction::Swap);
+      if (opt.memopt == MemoptKind::None) CHECK(d.action == TensorAction::Keep);
+      if (opt.memopt == MemoptKind::Recompute) CHECK(d.action != TensorAction::Swap);
     }
     CHECK(s.memory.activation_per_micro_batch == kept);
     CHECK(s.memory.total() == s.peak_without_memopt - s.memory.in_flight * evicted);
-    if (opt.memopt == MemoptMode::None) CHECK(s.memopt_ms == 0);
+    if (opt.memopt == MemoptKind::None) CHECK(s.memopt_ms == 0);
     if (evicted == 0) CHECK(s.memopt_ms == 0);
   }
   CHECK(begin == p.size());
@@ -94,16 +94,15 @@ TEST_CASE("make_plan rejects bad options", "[plan][planner]") {
 }
 
 TEST_CASE("option names are parsed once into enums and printed back by name", "[plan][planner]") {
-  CHECK_THROWS_WITH(planner_kind_from_name("alpa"), Catch::Contains("unknown planner 'alpa'"));
-  CHECK_THROWS_AS(schedule_kind_from_name("zb"), ConfigError);
-  CHECK_THROWS_AS(memopt_mode_from_name("s"), ConfigError);
-  CHECK_THROWS_AS(optimizer_kind_from_name("lion"), ConfigError);
-  CHECK(all_planner_kinds().size() == 6);
-  for (PlannerKind k : all_planner_kinds()) CHECK(planner_kind_from_name(planner_kind_name(k)) == k);
-  for (MemoptMode m : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute})
-    CHECK(memopt_mode_from_name(memopt_mode_name(m)) == m);
-  for (OptimizerKind k : {OptimizerKind::Sgd, OptimizerKind::Adam})
-    CHECK(optimizer_kind_from_name(optimizer_kind_name(k)) == k);
+  CHECK_THROWS_WITH(from_name<PlannerKind>("alpa"), Catch::Contains("unknown planner 'alpa'"));
+  CHECK_THROWS_AS(from_name<ScheduleKind>("zb"), ConfigError);
+  CHECK_THROWS_AS(from_name<MemoptKind>("s"), ConfigError);
+  CHECK_THROWS_AS(from_name<OptimizerKind>("lion"), ConfigError);
+  CHECK(all_values<PlannerKind>().size() == 6);
+  for (PlannerKind k : all_values<PlannerKind>()) CHECK(from_name<PlannerKind>(name_of(k)) == k);
+  for (MemoptKind m : {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute})
+    CHECK(from_name<MemoptKind>(name_of(m)) == m);
+  for (OptimizerKind k : {OptimizerKind::Sgd, OptimizerKind::Adam}) CHECK(from_name<OptimizerKind>(name_of(k)) == k);
   // A plan file naming an unknown planner is refused where it is read.
   PlanOptions opt;
   opt.stages = 2;
@@ -137,8 +136,8 @@ TEST_CASE("every planner's plan respects the capacity and its memopt mode", "[pl
       opt.capacity_bytes = INT64_MAX;
       int64_t peak = make_plan(p, opt).max_peak_bytes();
       opt.capacity_bytes = static_cast<int64_t>(peak * std::uniform_real_distribution<double>(0.5, 1.0)(rng));
-      for (PlannerKind planner : all_planner_kinds()) {
-        for (MemoptMode memopt : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+      for (PlannerKind planner : all_values<PlannerKind>()) {
+        for (MemoptKind memopt : {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
           PlanOptions o = opt;
           o.planner = planner;
           o.memopt = memopt;
@@ -159,7 +158,7 @@ TEST_CASE("every planner's plan respects the capacity and its memopt mode", "[pl
 
 TEST_CASE("one stage holds the whole graph for every planner", "[plan][planner]") {
   Profile p = small_profile(5, 20);
-  for (PlannerKind planner : all_planner_kinds()) {
+  for (PlannerKind planner : all_values<PlannerKind>()) {
     PlanOptions opt;
     opt.stages = 1;
     opt.planner = planner;
@@ -279,7 +278,7 @@ TEST_CASE("an infeasible plan names the capacity that would work", "[plan][plann
   Profile p = small_profile(8, 30).at_batch(4);
   int named_batch = 0, none_fits = 0;
   for (PlannerKind planner : {PlannerKind::DawnPiper, PlannerKind::Exact, PlannerKind::PipeDream}) {
-    for (MemoptMode memopt : {MemoptMode::None, MemoptMode::SwapRecompute}) {
+    for (MemoptKind memopt : {MemoptKind::None, MemoptKind::SwapRecompute}) {
       PlanOptions opt;
       opt.stages = 3;
       opt.schedule = ScheduleKind::OneFOneB;
@@ -336,7 +335,7 @@ TEST_CASE("an infeasible plan names the node that alone needs more than the capa
   PlanOptions opt;
   opt.stages = 3;
   opt.schedule = ScheduleKind::OneFOneB;
-  opt.memopt = MemoptMode::SwapRecompute;
+  opt.memopt = MemoptKind::SwapRecompute;
   const CostModel model(p, opt);
   int64_t largest = 0;
   int node = -1;
@@ -375,7 +374,7 @@ TEST_CASE("an infeasible plan names the node that alone needs more than the capa
 TEST_CASE("find_max_batch returns the largest micro-batch size that fits", "[plan][planner]") {
   Profile p = small_profile(3, 30);
   for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
-    for (MemoptMode memopt : {MemoptMode::None, MemoptMode::SwapRecompute}) {
+    for (MemoptKind memopt : {MemoptKind::None, MemoptKind::SwapRecompute}) {
       PlanOptions opt;
       opt.stages = 3;
       opt.schedule = schedule;
@@ -411,7 +410,7 @@ TEST_CASE("find_max_batch returns the largest micro-batch size that fits", "[pla
 
 namespace {
 // Three stages at `capacity`, judged by the replay: the max-batch tests' configurations.
-PlanOptions max_batch_options(ScheduleKind schedule, MemoptMode memopt, int64_t capacity) {
+PlanOptions max_batch_options(ScheduleKind schedule, MemoptKind memopt, int64_t capacity) {
   PlanOptions opt;
   opt.stages = 3;
   opt.schedule = schedule;
@@ -429,7 +428,7 @@ TEST_CASE("find_max_batch gives the same answer on any number of threads", "[pla
   Profile p = small_profile(3, 30);
   int cases = 0;
   for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
-    for (MemoptMode memopt : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+    for (MemoptKind memopt : {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
       for (int64_t capacity : {150000000, 400000000}) {
         const PlanOptions opt = max_batch_options(schedule, memopt, capacity);
         const MaxBatch one = find_max_batch(p, opt, 4096, 1);
@@ -475,7 +474,7 @@ TEST_CASE("find_max_batch answers as the search over try_plan's plans", "[plan][
     return lo;
   };
   for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
-    for (MemoptMode memopt : {MemoptMode::None, MemoptMode::SwapRecompute}) {
+    for (MemoptKind memopt : {MemoptKind::None, MemoptKind::SwapRecompute}) {
       for (int64_t capacity : {150000000, 400000000}) {
         const PlanOptions opt = max_batch_options(schedule, memopt, capacity);
         const MaxBatch found = find_max_batch(p, opt, 4096, 2);
@@ -500,7 +499,7 @@ TEST_CASE("a stopped evaluator evaluates nothing more", "[plan][planner]") {
   const Profile p = small_profile(2, 30);
   PlanOptions opt;
   opt.stages = 3;
-  opt.memopt = MemoptMode::SwapRecompute;
+  opt.memopt = MemoptKind::SwapRecompute;
   const CostModel model(p, opt);
   std::atomic<bool> stop{false};
   StageEvaluator ev(model, opt.memopt, INT64_MAX);
@@ -528,7 +527,7 @@ TEST_CASE("with fit_replayed every stage's replayed peak fits the capacity", "[p
   for (const StagePlan& s : free.stages) top = std::max(top, s.memory.predicted_peak());
   int overshooting = 0, fitted = 0;
   for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
-    for (MemoptMode memopt : {MemoptMode::None, MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+    for (MemoptKind memopt : {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
       for (double fraction : {0.5, 0.6, 0.7, 0.8, 0.9}) {
         PlanOptions o = unconstrained;
         o.schedule = schedule;
@@ -561,7 +560,7 @@ TEST_CASE("with fit_replayed the search tests each stage by its replayed peak", 
   o.stages = 8;
   o.micro_batches = 8;
   o.schedule = ScheduleKind::Async;
-  o.memopt = MemoptMode::SwapRecompute;
+  o.memopt = MemoptKind::SwapRecompute;
   o.capacity_bytes = 40LL << 30;
   o.fit_replayed = true;
   std::optional<Plan> plan = try_plan(p, o);
@@ -582,7 +581,7 @@ TEST_CASE("dawnpiper finds a split wherever vPipe's search over block boundaries
   o.stages = 4;
   o.micro_batches = 4;
   o.schedule = ScheduleKind::GPipe;
-  o.memopt = MemoptMode::SwapRecompute;
+  o.memopt = MemoptKind::SwapRecompute;
   o.capacity_bytes = 40LL << 30;
   o.fit_replayed = true;
   o.planner = PlannerKind::VPipe;
@@ -610,7 +609,7 @@ TEST_CASE("with fit_replayed a stage evicts no more than its replay needs", "[pl
   int64_t top = 0;
   for (const StagePlan& s : make_plan(p, o).stages) top = std::max(top, s.memory.predicted_peak());
   int relaxed = 0;
-  for (MemoptMode memopt : {MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+  for (MemoptKind memopt : {MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
     for (double fraction : {0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9}) {
       o.memopt = memopt;
       o.capacity_bytes = static_cast<int64_t>(fraction * static_cast<double>(top));
@@ -643,7 +642,7 @@ TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "
     PlanOptions opt;
     opt.stages = 4;
     opt.schedule = schedule;
-    opt.memopt = MemoptMode::None;
+    opt.memopt = MemoptKind::None;
     opt.micro_batches = 4;
     opt.link_bandwidth = 10e9;
     const Plan alone = make_plan(p, opt);
@@ -691,8 +690,8 @@ TEST_CASE("replay-checked feasibility keeps its promise", "[plan][planner]") {
       const int e = std::uniform_int_distribution<int>(b + 1, 30)(rng);
       const int x = std::uniform_int_distribution<int>(0, 2)(rng);
       const int64_t open = replay_stage_memory(model, b, e, x, {}).peak;
-      for (MemoptMode mode : {MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
-        INFO("seed " << seed << " [" << b << "," << e << ") x " << x << " " << memopt_mode_name(mode));
+      for (MemoptKind mode : {MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
+        INFO("seed " << seed << " [" << b << "," << e << ") x " << x << " " << name_of(mode));
         bool was_feasible = false, was_feasible_late = false;
         for (int step = 1; step <= 24; ++step) {  // capacities rising from 15% to 130% of the open peak
           const int64_t capacity = static_cast<int64_t>(static_cast<double>(open) * (0.1 + 0.05 * step));
@@ -708,7 +707,7 @@ TEST_CASE("replay-checked feasibility keeps its promise", "[plan][planner]") {
           lost += !ev.feasible && was_feasible;
           was_feasible = ev.feasible;
           // The fallback applies to swap + recompute only, and keeps what fitted without it.
-          CHECK(evaluator.allow_late_swap() == (mode == MemoptMode::SwapRecompute && capacity > 0));
+          CHECK(evaluator.allow_late_swap() == (mode == MemoptKind::SwapRecompute && capacity > 0));
           const StageEval late = evaluator.evaluate(b, e, x);
           if (ev.feasible) CHECK(late.time_ms() == ev.time_ms());
           // What the re-try after allow_late_swap gives is what evaluating afresh with it gives.
@@ -749,7 +748,7 @@ TEST_CASE("where nothing else fits, stages swap everything late and the plan sti
       o.stages = 3;
       o.micro_batches = 3;
       o.schedule = schedule;
-      o.memopt = MemoptMode::SwapRecompute;
+      o.memopt = MemoptKind::SwapRecompute;
       o.host_bandwidth = a100.host_bandwidth;
       o.fit_replayed = true;
       // The least capacity with a plan, to 1/256.
@@ -760,7 +759,7 @@ TEST_CASE("where nothing else fits, stages swap everything late and the plan sti
         (try_plan(p, o) ? hi : lo) = mid;
       }
       o.capacity_bytes = hi;
-      INFO(preset << " " << schedule_kind_name(schedule) << " at " << hi << " bytes");
+      INFO(preset << " " << name_of(schedule) << " at " << hi << " bytes");
       const std::optional<Plan> plan = try_plan(p, o);
       REQUIRE(plan);
       const CostModel model(p, o);
@@ -785,7 +784,7 @@ PlanOptions calibration_options() {
   o.stages = 4;
   o.schedule = ScheduleKind::OneFOneB;
   o.micro_batches = 8;
-  o.memopt = MemoptMode::None;
+  o.memopt = MemoptKind::None;
   return o;
 }
 }  // namespace
@@ -917,7 +916,7 @@ TEST_CASE("the device runtime's bytes are in every stage's predicted peak", "[pl
   PlanOptions o;
   o.stages = 3;
   o.schedule = ScheduleKind::OneFOneB;
-  o.memopt = MemoptMode::None;
+  o.memopt = MemoptKind::None;
   const Plan a = make_plan(plain, o), b = make_plan(with_runtime, o);
   REQUIRE(a.stages.size() == b.stages.size());
   for (size_t x = 0; x < a.stages.size(); ++x) {
@@ -932,7 +931,7 @@ TEST_CASE("the device runtime's bytes are in every stage's predicted peak", "[pl
   // A capacity the runtime-free plan just fits: with the runtime's bytes on top every stage still
   // fits it (the planner cuts and evicts differently), or no plan does.
   PlanOptions capped = o;
-  capped.memopt = MemoptMode::SwapRecompute;
+  capped.memopt = MemoptKind::SwapRecompute;
   capped.fit_replayed = true;
   capped.capacity_bytes = a.max_predicted_peak_bytes() + (with_runtime.runtime_bytes / 2);
   if (const std::optional<Plan> fitted = try_plan(with_runtime, capped))

@@ -38,11 +38,10 @@ TEST_CASE("the replay's shortcuts give what walking every pass and micro-batch g
           const int64_t open = replay_stage_memory(model, b, e, x, {}).peak;
           // Evict down to a random share of the open peak (nothing, when it already fits).
           const double share = std::uniform_real_distribution<double>(0.3, 1.1)(rng);
-          MemoryOptimizer optimizer_pass(model, MemoptMode::SwapRecompute, static_cast<int64_t>(share * open));
+          MemoryOptimizer optimizer_pass(model, MemoptKind::SwapRecompute, static_cast<int64_t>(share * open));
           const StageMemopt m = optimizer_pass.optimize(b, e, x, /*with_decisions=*/true);
           evicting += m.swapped + m.recomputed > 0;
-          INFO(preset << " " << schedule_kind_name(schedule) << " [" << b << "," << e << ") stage " << x << " share "
-                      << share);
+          INFO(preset << " " << name_of(schedule) << " [" << b << "," << e << ") stage " << x << " share " << share);
           const StageMemoryReplay derived = replay_stage_memory(model, b, e, x, m.decisions);
           std::vector<Action> events;  // recording events walks both passes
           const StageMemoryReplay walked =
@@ -83,9 +82,9 @@ TEST_CASE("no eviction takes a stage's replayed peak below its forward floor", "
         const int x = b == 0 ? 0 : e == model.size() ? 2 : 1;
         const MemoryBreakdown m = model.memory(b, e, x, 0);
         const int64_t floor = m.weights + m.optimizer + m.constants + model.forward_need_bytes(b, e);
-        INFO(preset << " " << schedule_kind_name(schedule) << " [" << b << "," << e << ") stage " << x);
+        INFO(preset << " " << name_of(schedule) << " [" << b << "," << e << ") stage " << x);
         for (int64_t capacity : {int64_t{0}, replay_stage_memory(model, b, e, x, {}).peak / 2, INT64_MAX}) {
-          MemoryOptimizer optimizer(model, MemoptMode::SwapRecompute, capacity);
+          MemoryOptimizer optimizer(model, MemoptKind::SwapRecompute, capacity);
           const StageMemopt decided = optimizer.optimize(b, e, x, /*with_decisions=*/true);
           const int64_t peak = replay_stage_memory(model, b, e, x, decided.decisions).peak;
           CHECK(peak >= floor);

@@ -112,7 +112,7 @@ TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedu
       po.stages = 2;
       po.schedule = kind;
       po.micro_batches = 3;
-      po.memopt = MemoptMode::None;
+      po.memopt = MemoptKind::None;
       const Plan plan = make_plan(profile, po);
       PipelineConfig pc;
       pc.schedule = kind;
@@ -122,7 +122,7 @@ TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedu
       pc.optimizer.kind = OptimizerKind::Adam;
       const InProcessResult kept = run_pipeline_in_process(g, pc);
       for (Policy policy : {Policy::Swap, Policy::Recompute, Policy::Mixed}) {
-        INFO(preset << " " << schedule_kind_name(kind) << " policy " << static_cast<int>(policy));
+        INFO(preset << " " << name_of(kind) << " policy " << static_cast<int>(policy));
         PipelineConfig evicting = pc;
         evicting.evictions = decide(CostModel(profile, po), plan, policy);
         // Dropout masks, matmul operand copies, pooling indices, the loss's log-probabilities.
@@ -153,7 +153,7 @@ TEST_CASE("evictions are placed the same in whatever order the decisions come", 
     const Profile profile = quick_profile(g);
     PlanOptions po;
     po.stages = 3;
-    po.memopt = MemoptMode::None;
+    po.memopt = MemoptKind::None;
     po.planner = PlannerKind::Even;  // cuts by block count: the measured times must not move them
     const Plan plan = make_plan(profile, po);
     const CostModel model(profile, po);
@@ -312,7 +312,7 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
                 replay_stage_program(model, programs[static_cast<size_t>(x)], &replayed, &replayed_live).peak;
             const int64_t measured =
                 run_program(counter, g, pc, programs[static_cast<size_t>(x)], executed, &executed_live);
-            INFO(preset << " cut " << cut << " " << schedule_kind_name(kind) << " round " << round << " stage " << x
+            INFO(preset << " cut " << cut << " " << name_of(kind) << " round " << round << " stage " << x
                         << ": measured " << measured << " predicted " << predicted);
             // The same program: the evictor swaps, fetches and re-runs in the replayed order.
             CHECK(to_string(replayed) == to_string(executed));
@@ -386,7 +386,7 @@ TEST_CASE("a stage receiving a matmul operand and relaying a tensor it reads pea
     pc.steps = 3;
     const int64_t predicted = replay_stage_memory(model, b, e, 1, {}).peak;
     const int64_t measured = measured_stage_peak(counter, g, pc, 1);
-    INFO(schedule_kind_name(kind) << ": measured " << measured << " predicted " << predicted);
+    INFO(name_of(kind) << ": measured " << measured << " predicted " << predicted);
     CHECK(double(measured) <= 1.005 * double(predicted));
     CHECK(double(measured) >= 0.955 * double(predicted));  // before: 0.94 (gpipe), 0.93 (async)
   }
@@ -405,7 +405,7 @@ TEST_CASE("block-level recompute and swap plans of gpipe and vpipe run bitwise u
     OpGraph g = build_model(preset_config(preset), 2);
     const Profile profile = quick_profile(g);
     for (PlannerKind planner : {PlannerKind::GPipe, PlannerKind::VPipe})
-      for (MemoptMode memopt : {MemoptMode::Recompute, MemoptMode::SwapRecompute}) {
+      for (MemoptKind memopt : {MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
         INFO(preset << " " << planner << " " << memopt);
         PlanOptions po;
         po.stages = 2;

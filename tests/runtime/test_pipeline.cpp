@@ -69,7 +69,7 @@ TEST_CASE("gpipe and 1f1b pipelines reproduce the reference trainer's parameters
     for (const auto& p : reference.module().parameters()) expected[p.name] = p.tensor;
     for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
       for (int stages : {2, 3, 4}) {
-        INFO(preset << " " << schedule_kind_name(kind) << " " << stages << " stages");
+        INFO(preset << " " << name_of(kind) << " " << stages << " stages");
         PipelineConfig pc;
         pc.schedule = kind;
         pc.ranges = even_ranges(g, stages);
@@ -135,7 +135,7 @@ TEST_CASE("a chunked output projection trains like the whole one, cut between it
       if (n.name.size() > 7 && n.name.compare(n.name.size() - 7, 7, ".chunk1") == 0) second_chunk = n.id;
     REQUIRE(second_chunk > 0);
     for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
-      INFO(preset << " " << schedule_kind_name(kind));
+      INFO(preset << " " << name_of(kind));
       const std::vector<StepReport> losses =
           pipeline_losses(g, rc, kind, {{0, g.size() / 2}, {g.size() / 2, second_chunk}, {second_chunk, g.size()}});
       REQUIRE(losses.size() == chunked.size());
@@ -178,7 +178,7 @@ TEST_CASE("a fused LM loss trains like a projection and a cross-entropy, alone o
           CHECK(fused[s].loss == Approx(whole[s].loss).epsilon(tolerance));
         }
       for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
-        INFO(preset << " " << precision << " " << schedule_kind_name(kind));
+        INFO(preset << " " << precision << " " << name_of(kind));
         const std::vector<StepReport> losses =
             pipeline_losses(g, rc, kind, {{0, g.size() / 2}, {g.size() / 2, g.loss_node()}, {g.loss_node(), g.size()}});
         REQUIRE(losses.size() == fused.size());
@@ -212,7 +212,7 @@ TEST_CASE("the asynchronous pipeline is deterministic and differs from synchrono
 TEST_CASE("an in-process pipeline reports every step as it finishes", "[runtime]") {
   OpGraph g = build_model(preset_config("mlp-tiny"), 4);
   for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
-    INFO(schedule_kind_name(kind));
+    INFO(name_of(kind));
     PipelineConfig pc;
     pc.schedule = kind;
     pc.ranges = even_ranges(g, 3);
@@ -286,7 +286,7 @@ TEST_CASE("stages sharing a tied weight reduce its gradients in an action of the
       const CostModel model(profile, po);
       const bool tied = std::string(preset) == "gpt2-tiny";
       for (int x = 0; x < 3; ++x) {
-        INFO(preset << " " << schedule_kind_name(kind) << " stage " << x);
+        INFO(preset << " " << name_of(kind) << " stage " << x);
         const std::vector<Action> actions = stage_actions(g, pc, x);
         const auto [b, e] = pc.ranges[static_cast<size_t>(x)];
         const bool holds = tied && x != 1 && kind != ScheduleKind::Async;  // embedding first, head last

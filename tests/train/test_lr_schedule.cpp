@@ -48,6 +48,6 @@ TEST_CASE("bad learning-rate schedules are refused with the option named", "[tra
   s.kind = LrScheduleKind::Constant;
   s.min_lr = 0.1;
   CHECK_THROWS_WITH(check_lr_schedule(1.0, s), Catch::Contains("constant schedule"));
-  CHECK_THROWS_AS(lr_schedule_kind_from_name("cosine-annealing"), ConfigError);
-  CHECK(lr_schedule_kind_from_name("linear") == LrScheduleKind::Linear);
+  CHECK_THROWS_AS(from_name<LrScheduleKind>("cosine-annealing"), ConfigError);
+  CHECK(from_name<LrScheduleKind>("linear") == LrScheduleKind::Linear);
 }
