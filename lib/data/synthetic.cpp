@@ -6,7 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "exec/dtypes.h"
+#include "data/scalar_type.h"
 #include "util/error.h"
 #include "util/seed.h"
 

@@ -11,7 +11,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "exec/dtypes.h"
+#include "data/scalar_type.h"
 #include "util/error.h"
 #include "util/seed.h"
 #include "util/files.h"

@@ -8,7 +8,7 @@
 
 #include <sstream>
 
-#include "exec/dtypes.h"
+#include "data/scalar_type.h"
 #include "util/error.h"
 
 namespace dawnpiper {

@@ -14,7 +14,7 @@
 #include <set>
 
 #include "data/synthetic.h"
-#include "exec/dtypes.h"
+#include "data/scalar_type.h"
 #include "exec/stage_module.h"
 #include "memory/torch_compat.h"
 #include "memory/device_memory.h"

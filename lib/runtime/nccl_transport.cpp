@@ -1,6 +1,6 @@
 #include "runtime/nccl_transport.h"
 
-#include "exec/dtypes.h"
+#include "data/scalar_type.h"
 #include "util/error.h"
 
 #ifdef DAWNPIPER_NCCL

@@ -9,7 +9,7 @@
 #include <limits>
 #include <stdexcept>
 
-#include "exec/dtypes.h"
+#include "data/scalar_type.h"
 #include "graph/layout.h"
 #include "train/grad_norm.h"
 #include "util/error.h"

@@ -5,7 +5,7 @@
 
 #include <stdexcept>
 
-#include "exec/dtypes.h"
+#include "data/scalar_type.h"
 #include "runtime/mpi_wait.h"
 #include "util/error.h"
 

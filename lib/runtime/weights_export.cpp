@@ -5,7 +5,7 @@
 #include <cstring>
 #include <map>
 
-#include "exec/dtypes.h"
+#include "data/scalar_type.h"
 #include "util/safetensors.h"
 
 namespace dawnpiper {

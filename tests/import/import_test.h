@@ -7,7 +7,7 @@
 
 #include "torch_test.h"
 
-#include "exec/dtypes.h"
+#include "data/scalar_type.h"
 #include "util/safetensors.h"
 
 namespace dawnpiper::test {

@@ -1,8 +1,9 @@
 #pragma once
-// The graph's dtypes as LibTorch scalar types and back.
+// The graph's dtypes as LibTorch scalar types and back (here, below exec/, because data sources
+// make tensors of the graph's dtypes too).
 #include <c10/core/ScalarType.h>
 
-#include "graph/op_graph.h"
+#include "util/dtype.h"
 
 namespace dawnpiper {
 
