@@ -65,9 +65,9 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
   Profile profile;
   if (vm.count("profile-in")) {
     profile = read_profile(vm["profile-in"].as<std::string>());
-    if (vm.count("precision") && vm["precision"].as<std::string>() != profile.precision)
-      throw ConfigError("--profile-in was profiled in " + profile.precision + ", not " +
-                        vm["precision"].as<std::string>());
+    if (vm.count("precision") && vm["precision"].as<Precision>() != profile.precision)
+      throw ConfigError("--profile-in was profiled in " + std::string(name_of(profile.precision)) + ", not " +
+                        name_of(vm["precision"].as<Precision>()));
     if (!vm["micro-batch-size"].defaulted()) profile = profile.at_batch(B);
   } else if (vm.count("device-spec")) {
     const DeviceSpec spec = device_spec(vm["device-spec"].as<std::string>());
@@ -119,7 +119,7 @@ Plan calibrated(const po::variables_map& vm, const Profile& profile, const PlanO
                       " with these options is not the graph the profile was made for (give the model options the "
                       "profile was made with)");
   CountingAllocator::install();
-  const c10::Device device = parse_device(vm["device"].as<std::string>());
+  const c10::Device device = parse_device(vm["device"].as<DeviceKind>());
   const CalibratedPlan c =
       calibrate_plan(profile, o, rounds, stage_alone_timer(graph, device, steps, vm["seed"].as<uint64_t>()));
   for (size_t r = 0; r < c.rounds.size() && !vm["quiet"].as<bool>(); ++r) {

@@ -70,7 +70,7 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   if (!vm.count("out")) throw ConfigError("--out FILE is required (where to write the profile)");
   if (world.rank != 0) return 0;
   ProfilerOptions opt;
-  opt.device = parse_device(vm["device"].as<std::string>());
+  opt.device = parse_device(vm["device"].as<DeviceKind>());
   opt.seed = vm["seed"].as<uint64_t>();
   opt.warmup = vm["warmup"].as<int>();
   opt.iterations = vm["iterations"].as<int>();

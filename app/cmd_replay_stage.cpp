@@ -99,7 +99,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
     throw ConfigError("--stage " + std::to_string(x) + ": the plan has stages 0.." + std::to_string(stages - 1));
   const int64_t steps = vm["steps"].as<int64_t>();
   if (steps < 1) throw ConfigError("--steps must be at least 1");
-  const c10::Device device = parse_device(vm["device"].as<std::string>());
+  const c10::Device device = parse_device(vm["device"].as<DeviceKind>());
 
   // The plan's model, batch and schedule unless overridden.
   std::optional<ModelSource> model;

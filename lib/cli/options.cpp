@@ -17,7 +17,7 @@ po::options_description model_options() {
       ("init-from", po::value<std::string>(), "with --model-file: initial weights from this safetensors checkpoint (PyTorch names, "
                                               "e.g. a Hugging Face model.safetensors)")
       ("seed", po::value<uint64_t>()->default_value(42), "seed for parameters, data and dropout")
-      ("precision", po::value<std::string>(), "fp32 (default) | bf16: bf16 compute, fp32 master weights and optimizer state "
+      ("precision", po::value<Precision>(), "fp32 (default) | bf16: bf16 compute, fp32 master weights and optimizer state "
                                               "(a model file has the precision it was exported with)")
       ("micro-batch-size", po::value<int64_t>()->default_value(4), "samples per micro-batch");
   // clang-format on
@@ -29,7 +29,7 @@ po::options_description common_options() {
   // clang-format off
   d.add_options()
       ("micro-batches", po::value<int64_t>()->default_value(4), "micro-batches per step (mini-batch = size x count)")
-      ("device", po::value<std::string>()->default_value("cpu"), "cpu | cuda")
+      ("device", po::value<DeviceKind>()->default_value(DeviceKind::Cpu, "cpu"), "cpu | cuda")
       ("device-memory", po::value<std::string>(), "device memory capacity per rank, e.g. 512MiB, 40GiB (CPU: enforced by the counting allocator)")
       ("quiet", po::bool_switch(), "print only errors and the final summary");
   // clang-format on
@@ -115,7 +115,7 @@ ModelSource model_source_from(const po::variables_map& vm) {
   if (!vm.count("model-file")) {
     if (vm.count("init-from")) throw ConfigError("--init-from needs --model-file (presets start from their seed)");
     return ModelSource::preset(model_config_from(vm),
-                               vm.count("precision") ? vm["precision"].as<std::string>() : "fp32");
+                               vm.count("precision") ? vm["precision"].as<Precision>() : Precision::Fp32);
   }
   if (!vm["model"].defaulted()) throw ConfigError("give either --model or --model-file, not both");
   const po::options_description overrides = model_override_options();
@@ -123,9 +123,9 @@ ModelSource model_source_from(const po::variables_map& vm) {
     if (vm.count(opt->long_name()))
       throw ConfigError("--" + opt->long_name() +
                         " changes a preset; an imported model is fixed by its file (export it again)");
-  return ModelSource::file(vm["model-file"].as<std::string>(),
-                           vm.count("init-from") ? vm["init-from"].as<std::string>() : "",
-                           vm.count("precision") ? vm["precision"].as<std::string>() : "");
+  return ModelSource::file(
+      vm["model-file"].as<std::string>(), vm.count("init-from") ? vm["init-from"].as<std::string>() : "",
+      vm.count("precision") ? std::optional<Precision>(vm["precision"].as<Precision>()) : std::nullopt);
 }
 
 }  // namespace dawnpiper

@@ -11,6 +11,7 @@
 #include "models/model_source.h"
 #include "plan/plan_options.h"
 #include "data/token_file.h"
+#include "memory/device_memory.h"
 #include "profile/profiler.h"
 #include "runtime/pipeline_transport.h"
 #include "train/lr_schedule.h"

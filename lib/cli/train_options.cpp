@@ -193,7 +193,7 @@ void read_placement(const po::variables_map& vm, TrainOptions& o) {
   o.schedule = vm["schedule"].as<ScheduleKind>();
   o.planner = vm["planner"].as<PlannerKind>();
   o.memopt = vm["memopt"].as<MemoptKind>();
-  o.device = vm["device"].as<std::string>();
+  o.device = vm["device"].as<DeviceKind>();
   o.transport = vm["transport"].as<TransportKind>();
   o.threads_requested = vm["threads"].as<int>();
   if (o.threads_requested < 0) throw ConfigError("--threads must be positive (0: choose)");

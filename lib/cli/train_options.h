@@ -21,7 +21,7 @@ struct TrainOptions {
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   PlannerKind planner = PlannerKind::DawnPiper;
   MemoptKind memopt = MemoptKind::None;
-  std::string device = "cpu";
+  DeviceKind device = DeviceKind::Cpu;
   TransportKind transport = TransportKind::Auto;
   int threads_requested = 0;           // 0: choose
   int64_t capacity = kUnlimitedBytes;  // bytes per rank

@@ -415,7 +415,7 @@ at::Tensor StageModule::cross_entropy(const Node& node, const NodeInputs& in, Te
 
 at::Tensor StageModule::parametric_op(const Node& node, const NodeInputs& in) const {
   // bf16: parameters are cast at each use (autograd carries fp32 gradients to the masters).
-  const bool bf16 = graph_->precision == "bf16";
+  const bool bf16 = graph_->precision == Precision::Bf16;
   auto weight = [&](int i) {
     at::Tensor p = param(node.id, i);
     return bf16 ? p.to(at::kBFloat16) : p;

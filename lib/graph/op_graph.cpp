@@ -220,7 +220,7 @@ std::string OpGraph::fingerprint() const {
     for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
     h = (h ^ 0xff) * 1099511628211ULL;
   };
-  mix(precision);
+  mix(name_of(precision));
   for (const Node& n : nodes) {
     mix(op_kind_name(n.kind));
     mix(n.call.qualified());

@@ -205,7 +205,7 @@ class OpGraph {
   // "fp32", or "bf16": bf16 compute with fp32 master weights (presets: every floating-point
   // activation bf16, parameters cast at each use, the loss in fp32; imported models: the
   // torch.autocast casts the exporter recorded).
-  std::string precision = "fp32";
+  Precision precision = Precision::Fp32;
 
   // --- building (used by lib/models) ---
   int add_block(const std::string& name);  // returns block index, becomes the current block

@@ -143,19 +143,16 @@ double parse_allocator_headroom(const std::string& text) {
   return share;
 }
 
-c10::Device parse_device(const std::string& name, bool require_gpu) {
-  if (name == "cpu") return c10::Device(c10::kCPU);
-  if (name == "cuda") {
+c10::Device parse_device(DeviceKind kind, bool require_gpu) {
+  if (kind == DeviceKind::Cpu) return c10::Device(c10::kCPU);
 #ifndef DAWNPIPER_CUDA
-    throw ConfigError("--device cuda: this build has no CUDA support (rebuild with a CUDA LibTorch); use --device cpu");
+  throw ConfigError("--device cuda: this build has no CUDA support (rebuild with a CUDA LibTorch); use --device cpu");
 #else
-    configure_cuda_allocator();
+  configure_cuda_allocator();
 #endif
-    if (require_gpu && !cuda_available())
-      throw ConfigError("--device cuda: no GPU is visible on this machine; use --device cpu");
-    return c10::Device(c10::kCUDA, 0);
-  }
-  throw ConfigError("unknown device '" + name + "' (choose cpu or cuda)");
+  if (require_gpu && !cuda_available())
+    throw ConfigError("--device cuda: no GPU is visible on this machine; use --device cpu");
+  return c10::Device(c10::kCUDA, 0);
 }
 
 }  // namespace dawnpiper

@@ -12,6 +12,8 @@
 
 #include <c10/core/Device.h>
 
+#include "util/enum_names.h"
+
 namespace dawnpiper {
 
 struct DeviceMemory {
@@ -40,9 +42,17 @@ double parse_allocator_headroom(const std::string& text);
 void synchronize(c10::Device device);
 // True if this build has the CUDA paths and a GPU is visible.
 bool cuda_available();
-// Parses "cpu" / "cuda"; ConfigError for anything else, for cuda in a build without CUDA, and
-// (require_gpu) for cuda without cuda_available(). `train` checks the GPU per rank instead
+// --device: what a run trains on (the option is read as this enum).
+enum class DeviceKind { Cpu, Cuda };
+template <>
+struct EnumNames<DeviceKind> {
+  static constexpr const char* what = "device";
+  static constexpr std::array<std::pair<DeviceKind, const char*>, 2> table{
+      {{DeviceKind::Cpu, "cpu"}, {DeviceKind::Cuda, "cuda"}}};
+};
+// The device of that kind; ConfigError for cuda in a build without CUDA and (require_gpu) for
+// cuda without cuda_available(). `train` checks the GPU per rank instead
 // (runtime/device_placement.h).
-c10::Device parse_device(const std::string& name, bool require_gpu = true);
+c10::Device parse_device(DeviceKind kind, bool require_gpu = true);
 
 }  // namespace dawnpiper

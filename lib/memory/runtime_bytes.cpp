@@ -34,17 +34,17 @@ void run_products(c10::Device device, at::ScalarType type, bool convolutions) {
 }
 }  // namespace
 
-int64_t measure_runtime_bytes(c10::Device device, const std::string& precision, bool convolutions) {
+int64_t measure_runtime_bytes(c10::Device device, Precision precision, bool convolutions) {
   if (!device.is_cuda()) return 0;
   static std::mutex mutex;
-  static std::map<std::tuple<int, std::string, bool>, int64_t> measured;  // the first measurement stands
+  static std::map<std::tuple<int, Precision, bool>, int64_t> measured;  // the first measurement stands
   std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_tuple(static_cast<int>(device.index()), precision, convolutions);
   if (auto it = measured.find(key); it != measured.end()) return it->second;
   synchronize(device);
   const int64_t before = DeviceMemory::live_bytes(device);
   run_products(device, at::kFloat, convolutions);
-  if (precision == "bf16") run_products(device, at::kBFloat16, convolutions);
+  if (precision == Precision::Bf16) run_products(device, at::kBFloat16, convolutions);
   synchronize(device);
   const int64_t bytes = std::max<int64_t>(0, DeviceMemory::live_bytes(device) - before);
   measured[key] = bytes;

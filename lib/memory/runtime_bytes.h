@@ -10,6 +10,8 @@
 
 #include <c10/core/Device.h>
 
+#include "util/dtype.h"
+
 namespace dawnpiper {
 
 // Measured once per process and device: live bytes after a warm-up forward and backward of
@@ -17,6 +19,6 @@ namespace dawnpiper {
 // fp32 and (bf16 precision) in bf16, with every warm-up tensor freed. Call it before the model's
 // first product on `device` (the profiler does, first thing): once the workspaces exist they
 // are not new. 0 on the CPU, whose kernels keep nothing allocated between calls.
-int64_t measure_runtime_bytes(c10::Device device, const std::string& precision, bool convolutions);
+int64_t measure_runtime_bytes(c10::Device device, Precision precision, bool convolutions);
 
 }  // namespace dawnpiper

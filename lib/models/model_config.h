@@ -56,8 +56,6 @@ void check_config(const ModelConfig& config);
 
 // Builds the validated OpGraph for one micro-batch of `micro_batch_size` samples, in precision
 // "fp32" or "bf16" (ConfigError otherwise).
-OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size, const std::string& precision = "fp32");
-// Throws ConfigError unless precision is fp32 or bf16.
-void check_precision(const std::string& precision);
+OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size, Precision precision = Precision::Fp32);
 
 }  // namespace dawnpiper

@@ -287,7 +287,8 @@ void read_header(ModelFile& file, const SafetensorsFile& st) {
   file.architecture = model.contains("architecture")
                           ? model.at("architecture").get<std::string>()
                           : (model.contains("function") ? model.at("function").get<std::string>() : "imported");
-  file.precision = g.contains("precision") ? g.at("precision").get<std::string>() : "fp32";
+  file.precision =
+      g.contains("precision") ? from_name<Precision>(g.at("precision").get<std::string>()) : Precision::Fp32;
   file.min_batch = g.at("batch").at("min").get<int64_t>();
   file.max_batch = g.at("batch").at("max").get<int64_t>();
   for (const Json& w : g.at("weights"))

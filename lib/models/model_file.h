@@ -18,8 +18,8 @@ struct ModelFile {
   std::string name;          // the file's base name: the graph's preset (profile/plan identity)
   std::string architecture;  // "gpt2", "llama", ... or the user's function
   int64_t min_batch = 1, max_batch = 1;
-  std::string precision = "fp32";  // "bf16": exported under torch.autocast
-  Json graph;                      // the metadata's graph, parsed once
+  Precision precision = Precision::Fp32;  // "bf16": exported under torch.autocast
+  Json graph;                             // the metadata's graph, parsed once
 };
 
 // Reads and checks a model file's header; throws ConfigError naming the file and the problem

@@ -4,21 +4,22 @@
 
 namespace dawnpiper {
 
-ModelSource ModelSource::preset(const ModelConfig& config, const std::string& precision) {
-  check_precision(precision);
+ModelSource ModelSource::preset(const ModelConfig& config, Precision precision) {
   ModelSource s(config);
   s.precision_ = precision;
   return s;
 }
 
-ModelSource ModelSource::file(const std::string& path, const std::string& init_from, const std::string& precision) {
+ModelSource ModelSource::file(const std::string& path, const std::string& init_from,
+                              std::optional<Precision> precision) {
   ModelSource s;
   s.file_ = read_model_file(path);
   s.init_from_ = init_from;
   s.precision_ = s.file_->precision;
-  if (!precision.empty() && precision != s.file_->precision)
-    throw ConfigError("model file '" + path + "' was exported in " + s.file_->precision + ", not " + precision +
-                      " (export it with scripts/export_model.py --precision " + precision + ")");
+  if (precision && *precision != s.file_->precision)
+    throw ConfigError("model file '" + path + "' was exported in " + name_of(s.file_->precision) + ", not " +
+                      name_of(*precision) + " (export it with scripts/export_model.py --precision " +
+                      name_of(*precision) + ")");
   return s;
 }
 

@@ -15,12 +15,12 @@ namespace dawnpiper {
 class ModelSource {
  public:
   ModelSource(const ModelConfig& config) : config_(config) {}  // NOLINT: a preset is a source
-  static ModelSource preset(const ModelConfig& config, const std::string& precision = "fp32");
+  static ModelSource preset(const ModelConfig& config, Precision precision = Precision::Fp32);
   // Reads the file's header now (errors surface before any work); `init_from` is a safetensors
   // checkpoint whose weights replace the file's (by PyTorch name). The file fixes its precision
   // (scripts/export_model.py --precision); asking for another is a ConfigError.
   static ModelSource file(const std::string& path, const std::string& init_from = "",
-                          const std::string& precision = "");
+                          std::optional<Precision> precision = std::nullopt);
 
   OpGraph graph(int64_t micro_batch_size) const;
   std::string name() const;  // the preset, or the model file's base name
@@ -33,7 +33,7 @@ class ModelSource {
   std::optional<ModelConfig> config_;
   std::shared_ptr<const ModelFile> file_;
   std::string init_from_;
-  std::string precision_ = "fp32";
+  Precision precision_ = Precision::Fp32;
 };
 
 }  // namespace dawnpiper

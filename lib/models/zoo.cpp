@@ -490,15 +490,9 @@ void check_config(const ModelConfig& c) {
                       "projection into nodes a cut may fall between, the second fuses it with the loss into one");
 }
 
-void check_precision(const std::string& precision) {
-  if (precision != "fp32" && precision != "bf16")
-    throw ConfigError("--precision '" + precision + "': expected fp32 or bf16");
-}
-
-OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size, const std::string& precision) {
+OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size, Precision precision) {
   if (micro_batch_size < 1) throw ConfigError("micro-batch size must be at least 1");
   check_config(config);
-  check_precision(precision);
   OpGraph g;
   g.model = config.family;
   g.preset = config.preset;
@@ -507,7 +501,7 @@ OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size, const s
       {"gpt2", build_gpt2}, {"bert", build_bert}, {"t5", build_t5}, {"amoebanet", build_amoebanet}, {"mlp", build_mlp}};
   builders.at(config.family)(config, micro_batch_size, g);
   g.validate();
-  if (precision == "bf16") {  // bf16 activations; the loss stays fp32
+  if (precision == Precision::Bf16) {  // bf16 activations; the loss stays fp32
     g.precision = precision;
     const int loss = g.nodes[g.loss_node()].outputs[0];
     for (TensorInfo& t : g.tensors)

@@ -86,41 +86,88 @@ Eviction eviction_from_json(const Json& t) {
   return ev;
 }
 
+template <class M, class Field>
+void memory_fields(M& m, Field&& field) {
+  field("weights", m.weights);
+  field("weight_versions", m.weight_versions);
+  field("stashed_weights", m.stashed_weights);
+  field("gradients", m.gradients);
+  field("optimizer", m.optimizer);
+  field("activation_per_micro_batch", m.activation_per_micro_batch);
+  field("in_flight", m.in_flight);
+  field("activations", m.activations);
+  field("transient", m.transient);
+  field("constants", m.constants, kOptionalField);
+  field("runtime", m.runtime, kOptionalField);
+  field("replayed_peak", m.replayed_peak, kOptionalField);
+}
+
 Json memory_json(const MemoryBreakdown& m) {
   Json j = Json::object();
-  j["weights"] = m.weights;
-  j["weight_versions"] = m.weight_versions;
-  j["stashed_weights"] = m.stashed_weights;
-  j["gradients"] = m.gradients;
-  j["optimizer"] = m.optimizer;
-  j["activation_per_micro_batch"] = m.activation_per_micro_batch;
-  j["in_flight"] = m.in_flight;
-  j["activations"] = m.activations;
-  j["transient"] = m.transient;
-  j["constants"] = m.constants;
-  j["runtime"] = m.runtime;
-  j["replayed_peak"] = m.replayed_peak;
+  memory_fields(m, JsonWriter{j});
   j["peak"] = m.total();
   return j;
 }
 
 MemoryBreakdown memory_from_json(const Json& j) {
   MemoryBreakdown m;
-  m.weights = j.at("weights").get<int64_t>();
-  m.weight_versions = j.at("weight_versions").get<int>();
-  m.stashed_weights = j.at("stashed_weights").get<int64_t>();
-  m.gradients = j.at("gradients").get<int64_t>();
-  m.optimizer = j.at("optimizer").get<int64_t>();
-  m.activation_per_micro_batch = j.at("activation_per_micro_batch").get<int64_t>();
-  m.in_flight = j.at("in_flight").get<int>();
-  m.activations = j.at("activations").get<int64_t>();
-  m.transient = j.at("transient").get<int64_t>();
-  m.constants = j.value("constants", m.constants);
-  m.runtime = j.value("runtime", m.runtime);
-  m.replayed_peak = j.value("replayed_peak", m.replayed_peak);
+  memory_fields(m, JsonReader{j});
   if (j.contains("peak") && j.at("peak").get<int64_t>() != m.total())
     throw ConfigError("plan: a stage's memory peak does not match its breakdown");
   return m;
+}
+
+// A stage's numbers (its lists and memory are written beside them).
+template <class S, class Field>
+void stage_fields(S& s, Field&& field) {
+  field("index", s.index);
+  field("begin", s.begin);
+  field("end", s.end);
+  field("compute_ms", s.compute_ms);
+  field("memopt_ms", s.memopt_ms);
+  field("allreduce_ms", s.allreduce_ms, kOptionalField);
+  field("allreduce_per_micro_batch_ms", s.allreduce_per_micro_batch_ms, kOptionalField);
+}
+
+template <class S, class Field>
+void stage_peak_fields(S& s, Field&& field) {
+  field("peak_without_memopt", s.peak_without_memopt);
+  field("replayed_peak_without_memopt", s.replayed_peak_without_memopt, kOptionalField);
+}
+
+template <class D, class Field>
+void decision_fields(D& d, Field&& field) {
+  field("tensor", d.tensor);
+  field("bytes", d.bytes);
+  field("action", d.action);
+  field("restore_before", d.restore_before, kOptionalField);
+  field("prefetch_at", d.prefetch_at, kOptionalField);
+}
+
+// What the plan was made for and with (the file's "inputs").
+template <class P, class Field>
+void input_fields(P& p, Field&& field) {
+  field("stages", p.options.stages);
+  field("schedule", p.options.schedule);
+  field("micro_batches", p.options.micro_batches);
+  field("micro_batch_size", p.micro_batch_size);
+  field("optimizer", p.options.optimizer);
+  field("capacity_bytes", p.options.capacity_bytes);
+  field("allocator_headroom_bytes", p.options.allocator_headroom_bytes, kOptionalField);
+  field("host_bandwidth", p.options.host_bandwidth);
+  field("link_bandwidth", p.options.link_bandwidth);
+  field("memopt", p.options.memopt);
+  field("data_parallel", p.options.data_parallel, kOptionalField);
+  field("nodes", p.nodes);
+}
+
+template <class P, class Field>
+void header_fields(P& p, Field&& field) {
+  field("planner", p.options.planner);
+  field("model", p.model);
+  field("preset", p.preset);
+  field("precision", p.precision);
+  field("graph_hash", p.graph_hash);
 }
 
 }  // namespace
@@ -129,24 +176,9 @@ std::string Plan::to_json(int indent) const {
   Json j = Json::object();
   j["format"] = "dawnpiper-plan";
   j["version"] = version;
-  j["planner"] = name_of(options.planner);
-  j["model"] = model;
-  j["preset"] = preset;
-  j["precision"] = precision;
-  j["graph_hash"] = graph_hash;
+  header_fields(*this, JsonWriter{j});
   Json in = Json::object();
-  in["stages"] = options.stages;
-  in["schedule"] = name_of(options.schedule);
-  in["micro_batches"] = options.micro_batches;
-  in["micro_batch_size"] = micro_batch_size;
-  in["optimizer"] = name_of(options.optimizer);
-  in["capacity_bytes"] = options.capacity_bytes;
-  in["allocator_headroom_bytes"] = options.allocator_headroom_bytes;
-  in["host_bandwidth"] = options.host_bandwidth;
-  in["link_bandwidth"] = options.link_bandwidth;
-  in["memopt"] = name_of(options.memopt);
-  in["data_parallel"] = options.data_parallel;
-  in["nodes"] = nodes;
+  input_fields(*this, JsonWriter{in});
   j["inputs"] = in;
   j["planning_ms"] = planning_ms;
   j["bottleneck_ms"] = bottleneck_ms();
@@ -155,17 +187,10 @@ std::string Plan::to_json(int indent) const {
   Json list = Json::array();
   for (const StagePlan& s : stages) {
     Json st = Json::object();
-    st["index"] = s.index;
-    st["begin"] = s.begin;
-    st["end"] = s.end;
-    st["compute_ms"] = s.compute_ms;
-    st["memopt_ms"] = s.memopt_ms;
-    st["allreduce_ms"] = s.allreduce_ms;
-    st["allreduce_per_micro_batch_ms"] = s.allreduce_per_micro_batch_ms;
+    stage_fields(s, JsonWriter{st});
     st["time_ms"] = s.time_ms();
     st["memory"] = memory_json(s.memory);
-    st["peak_without_memopt"] = s.peak_without_memopt;
-    st["replayed_peak_without_memopt"] = s.replayed_peak_without_memopt;
+    stage_peak_fields(s, JsonWriter{st});
     Json crossing = Json::array();
     for (const TensorBytes& c : s.crossing) {
       Json t = Json::object();
@@ -178,11 +203,7 @@ std::string Plan::to_json(int indent) const {
     Json decisions = Json::array();
     for (const TensorDecision& d : s.decisions) {
       Json t = Json::object();
-      t["tensor"] = d.tensor;
-      t["bytes"] = d.bytes;
-      t["action"] = name_of(d.action);
-      if (d.restore_before >= 0) t["restore_before"] = d.restore_before;
-      if (d.prefetch_at >= 0) t["prefetch_at"] = d.prefetch_at;
+      decision_fields(d, JsonWriter{t});
       decisions.push_back(t);
     }
     st["decisions"] = decisions;
@@ -199,25 +220,17 @@ namespace {
 
 StagePlan stage_from_json(const Json& st) {
   StagePlan s;
-  s.index = st.at("index").get<int>();
-  s.begin = st.at("begin").get<int>();
-  s.end = st.at("end").get<int>();
-  s.compute_ms = st.at("compute_ms").get<double>();
-  s.memopt_ms = st.at("memopt_ms").get<double>();
-  s.allreduce_ms = st.value("allreduce_ms", s.allreduce_ms);
-  if (st.contains("allreduce_per_micro_batch_ms"))
-    s.allreduce_per_micro_batch_ms = st.at("allreduce_per_micro_batch_ms").get<double>();
+  stage_fields(s, JsonReader{st});
   s.memory = memory_from_json(st.at("memory"));
-  s.peak_without_memopt = st.at("peak_without_memopt").get<int64_t>();
-  if (st.contains("replayed_peak_without_memopt"))
-    s.replayed_peak_without_memopt = st.at("replayed_peak_without_memopt").get<int64_t>();
+  stage_peak_fields(s, JsonReader{st});
   for (const Json& c : st.at("crossing"))
     s.crossing.push_back({c.at("tensor").get<int>(), c.at("bytes").get<int64_t>()});
   s.crossing_bytes = st.at("crossing_bytes").get<int64_t>();
-  for (const Json& d : st.at("decisions"))
-    s.decisions.push_back({d.at("tensor").get<int>(), d.at("bytes").get<int64_t>(),
-                           from_name<TensorAction>(d.at("action").get<std::string>()), d.value("restore_before", -1),
-                           d.value("prefetch_at", -1)});
+  for (const Json& d : st.at("decisions")) {
+    TensorDecision decision;
+    decision_fields(decision, JsonReader{d});
+    s.decisions.push_back(decision);
+  }
   for (const Json& ev : st.at("evictions")) s.evictions.push_back(eviction_from_json(ev));
   return s;
 }
@@ -233,24 +246,8 @@ Plan plan_fields(const Json& j) {
                       (p.version < Plan::kVersion ? "; plans before it lack their stage programs: make it again with "
                                                     "`dawnpiper plan`)"
                                                   : ")"));
-  p.options.planner = from_name<PlannerKind>(j.at("planner").get<std::string>());
-  p.model = j.at("model").get<std::string>();
-  p.preset = j.at("preset").get<std::string>();
-  p.precision = j.at("precision").get<std::string>();
-  p.graph_hash = j.at("graph_hash").get<std::string>();
-  const Json& in = j.at("inputs");
-  p.options.stages = in.at("stages").get<int>();
-  p.options.schedule = from_name<ScheduleKind>(in.at("schedule").get<std::string>());
-  p.options.micro_batches = in.at("micro_batches").get<int64_t>();
-  p.micro_batch_size = in.at("micro_batch_size").get<int64_t>();
-  p.options.optimizer = from_name<OptimizerKind>(in.at("optimizer").get<std::string>());
-  p.options.capacity_bytes = in.at("capacity_bytes").get<int64_t>();
-  p.options.allocator_headroom_bytes = in.value("allocator_headroom_bytes", int64_t{0});
-  p.options.host_bandwidth = in.at("host_bandwidth").get<double>();
-  p.options.link_bandwidth = in.at("link_bandwidth").get<double>();
-  p.options.memopt = from_name<MemoptKind>(in.at("memopt").get<std::string>());
-  p.options.data_parallel = in.value("data_parallel", p.options.data_parallel);
-  p.nodes = in.at("nodes").get<int>();
+  header_fields(p, JsonReader{j});
+  input_fields(p, JsonReader{j.at("inputs")});
   p.planning_ms = j.at("planning_ms").get<double>();
   for (const Json& st : j.at("stages")) p.stages.push_back(stage_from_json(st));
   // The runtime relies on these: contiguous stages covering every node, in order.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "plan/plan_options.h"
+#include "util/dtype.h"
 #include "util/enum_names.h"
 
 namespace dawnpiper {
@@ -120,10 +121,10 @@ struct StagePlan {
 struct Plan {
   static constexpr int kVersion = 2;  // 2: stages carry their evictions
   int version = kVersion;
-  std::string model, preset;       // from the profile, for the reader's orientation
-  std::string precision = "fp32";  // the profile's: train refuses to run the plan in another
-  std::string graph_hash;          // the profile's OpGraph::fingerprint(): train refuses another graph
-  PlanOptions options;             // the inputs; options.stages == stages.size()
+  std::string model, preset;              // from the profile, for the reader's orientation
+  Precision precision = Precision::Fp32;  // the profile's: train refuses to run the plan in another
+  std::string graph_hash;                 // the profile's OpGraph::fingerprint(): train refuses another graph
+  PlanOptions options;                    // the inputs; options.stages == stages.size()
   int64_t micro_batch_size = 1;
   int nodes = 0;           // profile size the node ranges refer to
   double planning_ms = 0;  // wall time of the search

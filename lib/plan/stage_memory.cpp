@@ -261,7 +261,7 @@ void StageReplay::place_storages() {
 // has_grad 2, checked in backward_node.
 void StageReplay::find_in_place_gradients() {
   in_place_grad_.assign(static_cast<size_t>(e_ - b_), 0);
-  if (p_.precision != "fp32") return;
+  if (p_.precision != Precision::Fp32) return;
   for (int i = b_; i < e_; ++i) in_place_grad_[at(i - b_)] = model_.node_class(i) == NodeClass::InPlaceGradient;
   for (int j = b_; j < e_; ++j) {
     const int out = model_.graph_output(j);
@@ -404,7 +404,7 @@ void StageReplay::place_weights() {
       // in place into an embedding's gradient, a sum of chunks' slices or a bf16 copy's
       // gradient, out of place (one buffer more) into a single fp32 linear's weight gradient.
       const bool out_of_place =
-          users.size() == 1 && model_.node_class(users.front()) == NodeClass::Linear && p_.precision != "bf16";
+          users.size() == 1 && model_.node_class(users.front()) == NodeClass::Linear && p_.precision != Precision::Bf16;
       tied_sum_at_[at(owner - b_)] += tied * (out_of_place ? 2 : 1);
       users.push_back(owner);
     }

@@ -353,7 +353,7 @@ void zoo_facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, 
       break;
     case OpKind::Softmax:  // exec/lean_ops.cpp: fp32 backward in three passes, with row sums
       f.saves_output = true;
-      if (g.precision == "fp32") {
+      if (g.precision == Precision::Fp32) {
         f.bwd_bytes = 3.5 * f.bytes;
         f.bwd_kernels = 3;
         f.bwd_workspace = rows * 4;
@@ -471,7 +471,7 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, c
     return f;
   }
   zoo_facts(g, st, n, f);
-  if (g.precision == "bf16") bf16_weight_copies(g, n, f);
+  if (g.precision == Precision::Bf16) bf16_weight_copies(g, n, f);
   return f;
 }
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "util/dtype.h"
+
 namespace dawnpiper {
 
 // value(B) = base + per_sample * B, fitted over the profiled batch sizes.
@@ -138,7 +140,7 @@ struct Profile {
   std::string model, preset, device, source;  // source: "measured" | "analytic"
   std::string timing;                         // how node times were obtained: "in-step" | "isolated" | "roofline"
   std::string torch_version, created;         // provenance
-  std::string precision = "fp32";             // of the graph profiled: fp32 | bf16
+  Precision precision = Precision::Fp32;      // of the graph profiled: fp32 | bf16
   std::string graph_hash;                     // OpGraph::fingerprint() of the graph profiled ("" in older files)
   std::string notes;  // caveats a reader should know (operators the analytic profile has no formula for)
   int64_t micro_batch_size = 1;

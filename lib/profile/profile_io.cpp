@@ -10,7 +10,9 @@
 #include "util/atomic_file.h"
 #include "util/hdf5_io.h"
 #include "util/hdf5_table.h"
+#include "util/enum_names.h"
 #include "util/error.h"
+#include "util/field_list.h"
 
 namespace dawnpiper {
 
@@ -81,6 +83,59 @@ const std::vector<Column<TensorProfile>>& tensor_columns() {
   return columns;
 }
 
+// The profile's attributes, declared once for writing and reading (kOptionalField: older files
+// may lack it). Enums go by name, integers as int64, other numbers as double.
+template <class P, class Field>
+void profile_attributes(P& p, Field&& field) {
+  field("model", p.model);
+  field("preset", p.preset);
+  field("graph_hash", p.graph_hash, kOptionalField);
+  field("device", p.device);
+  field("source", p.source);
+  field("timing", p.timing);
+  field("notes", p.notes, kOptionalField);  // schema 2
+  field("precision", p.precision, kOptionalField);
+  field("torch_version", p.torch_version);
+  field("micro_batch_size", p.micro_batch_size);
+  field("fit_max_rel_error", p.fit_max_rel_error);
+  field("measured_step_ms", p.measured_step_ms);
+  field("measured_fwd_bwd_ms", p.measured_fwd_bwd_ms);
+  field("largest_param_bytes", p.largest_param_bytes);
+  field("measured_peak_bytes", p.measured_peak_bytes);
+  field("runtime_bytes", p.runtime_bytes, kOptionalField);  // older: 0
+}
+
+struct AttributeWriter {
+  hid_t file;
+  template <class T>
+  void operator()(const char* key, const T& value, bool /*optional*/ = false) const {
+    if constexpr (has_enum_names<T>::value)
+      write_attr(file, key, std::string(name_of(value)));
+    else if constexpr (std::is_same_v<T, std::string>)
+      write_attr(file, key, value);
+    else if constexpr (std::is_integral_v<T>)
+      write_attr<int64_t>(file, key, value);
+    else
+      write_attr<double>(file, key, value);
+  }
+};
+
+struct AttributeReader {
+  hid_t file;
+  template <class T>
+  void operator()(const char* key, T& value, bool optional = false) const {
+    if (optional && !has_attr(file, key)) return;
+    if constexpr (has_enum_names<T>::value)
+      value = from_name<T>(read_attr_string(file, key));
+    else if constexpr (std::is_same_v<T, std::string>)
+      value = read_attr_string(file, key);
+    else if constexpr (std::is_integral_v<T>)
+      value = static_cast<T>(read_attr<int64_t>(file, key));
+    else
+      value = read_attr<double>(file, key);
+  }
+};
+
 }  // namespace
 
 void write_profile(const Profile& p, const std::string& path) {
@@ -88,23 +143,8 @@ void write_profile(const Profile& p, const std::string& path) {
     Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose, "create " + path);
     write_attr(file, "format", std::string("dawnpiper-profile"));
     write_attr<int64_t>(file, "schema_version", Profile::kSchemaVersion);
-    write_attr(file, "model", p.model);
-    write_attr(file, "preset", p.preset);
-    write_attr(file, "graph_hash", p.graph_hash);
-    write_attr(file, "device", p.device);
-    write_attr(file, "source", p.source);
-    write_attr(file, "timing", p.timing);
-    write_attr(file, "notes", p.notes);
-    write_attr(file, "precision", p.precision);
-    write_attr(file, "torch_version", p.torch_version);
+    profile_attributes(p, AttributeWriter{file});
     write_attr(file, "created", p.created.empty() ? now_iso8601() : p.created);
-    write_attr<int64_t>(file, "micro_batch_size", p.micro_batch_size);
-    write_attr<double>(file, "fit_max_rel_error", p.fit_max_rel_error);
-    write_attr<double>(file, "measured_step_ms", p.measured_step_ms);
-    write_attr<double>(file, "measured_fwd_bwd_ms", p.measured_fwd_bwd_ms);
-    write_attr<int64_t>(file, "largest_param_bytes", p.largest_param_bytes);
-    write_attr<int64_t>(file, "measured_peak_bytes", p.measured_peak_bytes);
-    write_attr<int64_t>(file, "runtime_bytes", p.runtime_bytes);
     write_column(file, "profiled_batch_sizes", p.profiled_batch_sizes);
     write_strings(file, "blocks", p.blocks);
 
@@ -129,23 +169,8 @@ Profile read_profile(const std::string& path) {
     if (version != Profile::kSchemaVersion)
       throw ConfigError("'" + path + "' has profile schema version " + std::to_string(version) +
                         "; this build reads version " + std::to_string(Profile::kSchemaVersion) + " (re-profile)");
-    p.model = read_attr_string(file, "model");
-    p.preset = read_attr_string(file, "preset");
-    if (has_attr(file, "graph_hash")) p.graph_hash = read_attr_string(file, "graph_hash");
-    p.device = read_attr_string(file, "device");
-    p.source = read_attr_string(file, "source");
-    p.timing = read_attr_string(file, "timing");
-    if (has_attr(file, "notes")) p.notes = read_attr_string(file, "notes");  // optional in schema 2
-    if (has_attr(file, "precision")) p.precision = read_attr_string(file, "precision");
-    p.torch_version = read_attr_string(file, "torch_version");
+    profile_attributes(p, AttributeReader{file});
     p.created = read_attr_string(file, "created");
-    p.micro_batch_size = read_attr<int64_t>(file, "micro_batch_size");
-    p.fit_max_rel_error = read_attr<double>(file, "fit_max_rel_error");
-    p.measured_step_ms = read_attr<double>(file, "measured_step_ms");
-    p.measured_fwd_bwd_ms = read_attr<double>(file, "measured_fwd_bwd_ms");
-    p.largest_param_bytes = read_attr<int64_t>(file, "largest_param_bytes");
-    p.measured_peak_bytes = read_attr<int64_t>(file, "measured_peak_bytes");
-    if (has_attr(file, "runtime_bytes")) p.runtime_bytes = read_attr<int64_t>(file, "runtime_bytes");  // older: 0
     p.profiled_batch_sizes = read_column<int64_t>(file, "profiled_batch_sizes");
     p.blocks = read_strings(file, "blocks");
 

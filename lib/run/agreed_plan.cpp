@@ -55,8 +55,9 @@ std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const Ran
     if (const std::string why = profile.device_mismatch(device.str()); !why.empty())
       throw ConfigError("--profile-in: " + why);
     if (profile.precision != graph.precision)
-      throw ConfigError("--profile-in was profiled in " + profile.precision + ", this run trains in " +
-                        graph.precision + " (profile again with --precision " + graph.precision + ")");
+      throw ConfigError("--profile-in was profiled in " + std::string(name_of(profile.precision)) +
+                        ", this run trains in " + name_of(graph.precision) + " (profile again with --precision " +
+                        name_of(graph.precision) + ")");
     if (profile.preset != graph.preset || profile.size() != graph.size())
       throw ConfigError("--profile-in is a profile of " + profile.preset + " (" + std::to_string(profile.size()) +
                         " nodes), not of this " + graph.preset + " graph (" + std::to_string(graph.size()) + " nodes)");
@@ -119,8 +120,8 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
   }
   Plan plan = plan_from_json(plan_json);
   if (plan.precision != graph.precision)
-    throw ConfigError("the plan was made for " + plan.precision + ", this run trains in " + graph.precision +
-                      " (plan again from a " + graph.precision + " profile)");
+    throw ConfigError("the plan was made for " + std::string(name_of(plan.precision)) + ", this run trains in " +
+                      name_of(graph.precision) + " (plan again from a " + name_of(graph.precision) + " profile)");
   if (static_cast<int>(plan.stages.size()) != layout.stages)
     throw ConfigError("the plan has " + std::to_string(plan.stages.size()) + " stages, but " +
                       std::to_string(layout.stages) + " are launched");

@@ -4,8 +4,12 @@
 // Integers stay exact (int64), other numbers are written with 17 significant digits and
 // round-trip bit for bit.
 #include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
+
+#include "util/enum_names.h"
+#include "util/field_list.h"
 
 namespace dawnpiper {
 
@@ -24,5 +28,31 @@ auto read_json(const std::string& what, Read&& read) -> decltype(read()) {
     throw_json_error(what, e);
   }
 }
+
+// Writer and reader of a field list (util/field_list.h) as a JSON object; enums with EnumNames
+// go by name.
+
+struct JsonWriter {
+  Json& out;
+  template <class T>
+  void operator()(const char* key, const T& value, bool /*optional*/ = false) const {
+    if constexpr (has_enum_names<T>::value)
+      out[key] = name_of(value);
+    else
+      out[key] = value;
+  }
+};
+
+struct JsonReader {
+  const Json& in;
+  template <class T>
+  void operator()(const char* key, T& value, bool optional = false) const {
+    if (optional && !in.contains(key)) return;
+    if constexpr (has_enum_names<T>::value)
+      value = from_name<T>(in.at(key).template get<std::string>());
+    else
+      value = in.at(key).template get<T>();
+  }
+};
 
 }  // namespace dawnpiper

@@ -92,7 +92,7 @@ done
 fp32_first=$("$bin" train --model gpt2-tiny --steps 1 --micro-batch-size 4 2>&1 | losses)
 bf16_first=$("$bin" train --model gpt2-tiny --precision bf16 --steps 1 --micro-batch-size 4 2>&1 | losses)
 check "bf16 loss near fp32" awk -v a="$fp32_first" -v b="$bf16_first" 'BEGIN {d = (a - b) / a; exit !(a > 0 && d < 0.01 && d > -0.01)}'
-expect_fail "unknown precision" "--precision 'fp16': expected fp32 or bf16" train --model gpt2-tiny --precision fp16
+expect_fail "unknown precision" "--precision: unknown precision 'fp16' (choose fp32 or bf16)" train --model gpt2-tiny --precision fp16
 expect_fail "model file of another precision" "was exported in bf16, not fp32" train --model-file "$models/gpt2_bf16.dpm" --precision fp32
 "$bin" profile --model gpt2-tiny --micro-batch-size 4 --out "$work/fp32.h5" --quiet >/dev/null 2>&1
 expect_fail "profile of another precision" "profiled in fp32, this run trains in bf16" \

@@ -110,7 +110,7 @@ TEST_CASE("a tied weight's owner holds its own gradient (twice after an fp32 lin
     Profile p;
     p.micro_batch_size = 1;
     p.profiled_batch_sizes = {1};
-    p.precision = precision;
+    p.precision = from_name<Precision>(precision);
     p.blocks = {"all"};
     const char* kinds[] = {"input", "embedding", "op", user.c_str(), "loss"};
     for (int i = 0; i < 5; ++i) {

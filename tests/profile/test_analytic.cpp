@@ -77,7 +77,7 @@ TEST_CASE("a fused LM loss's workspace: analytic against measured, and across ba
     INFO(preset);
     const bool bf16 = preset.size() > 5 && preset.substr(preset.size() - 5) == " bf16";
     const OpGraph g = build_model(test::chunked_preset(bf16 ? preset.substr(0, preset.size() - 5) : preset), 2,
-                                  bf16 ? "bf16" : "fp32");  // 64 positions: chunks 24, 24, 16
+                                  bf16 ? Precision::Bf16 : Precision::Fp32);  // 64 positions: chunks 24, 24, 16
     const NodeProfile measured = profile_graph(g, quick).nodes[static_cast<size_t>(g.loss_node())];
     const NodeProfile analytic = analytic_profile(g, spec).nodes[static_cast<size_t>(g.loss_node())];
     WARN(preset << " workspace forward measured " << measured.fwd_workspace << " analytic " << analytic.fwd_workspace

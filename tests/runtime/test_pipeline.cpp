@@ -150,9 +150,9 @@ TEST_CASE("a chunked output projection trains like the whole one, cut between it
   TrainConfig rc;
   rc.steps = 2;
   rc.micro_batches = 2;
-  const std::vector<StepResult> whole = ReferenceTrainer(build_model(c, 2, "bf16"), rc).run();
+  const std::vector<StepResult> whole = ReferenceTrainer(build_model(c, 2, Precision::Bf16), rc).run();
   apply_override(c, "output-chunks", "3");
-  const std::vector<StepResult> chunked = ReferenceTrainer(build_model(c, 2, "bf16"), rc).run();
+  const std::vector<StepResult> chunked = ReferenceTrainer(build_model(c, 2, Precision::Bf16), rc).run();
   for (size_t s = 0; s < whole.size(); ++s) CHECK(chunked[s].loss == Approx(whole[s].loss).epsilon(1e-3));
 }
 
@@ -162,14 +162,14 @@ TEST_CASE("a chunked output projection trains like the whole one, cut between it
 TEST_CASE("a fused LM loss trains like a projection and a cross-entropy, alone on its stage too", "[runtime]") {
   at::set_num_threads(1);
   for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny"}) {
-    for (const char* precision : {"fp32", "bf16"}) {
+    for (Precision precision : {Precision::Fp32, Precision::Bf16}) {
       ModelConfig c = preset_config(preset);
       const TrainConfig rc = three_sgd_steps();
       const std::vector<StepResult> whole = ReferenceTrainer(build_model(c, 2, precision), rc).run();
       apply_override(c, "loss-chunk-tokens", "24");  // 64 positions: chunks of 24, 24, 16
       const OpGraph g = build_model(c, 2, precision);
       const std::vector<StepResult> fused = ReferenceTrainer(g, rc).run();
-      const double tolerance = std::string(precision) == "fp32" ? 1e-5 : 1e-3;
+      const double tolerance = precision == Precision::Fp32 ? 1e-5 : 1e-3;
       // T5's head is untied: its weight is drawn for another node id, so it is compared with
       // its own pipelines only.
       if (c.family != "t5")
