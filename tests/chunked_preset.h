@@ -20,11 +20,16 @@ inline ModelConfig chunked_preset(std::string spec) {
   const size_t mark = spec.find_first_of("/@");
   ModelConfig c = preset_config(spec.substr(0, mark));
   if (mark != std::string::npos)
-    apply_override(c, spec[mark] == '/' ? "output-chunks" : "loss-chunk-tokens", spec.substr(mark + 1));
-  if (fused_attention) apply_override(c, "attention", "fused");
+    set_integer_override(c, spec[mark] == '/' ? "output-chunks" : "loss-chunk-tokens",
+                         std::stoll(spec.substr(mark + 1)));
+  c.fused_attention = fused_attention;
   for (std::string word; words >> word;) {
     const size_t eq = word.find('=');
-    apply_override(c, word.substr(0, eq), word.substr(eq + 1));
+    const std::string name = word.substr(0, eq), value = word.substr(eq + 1);
+    if (name == "dropout")
+      set_dropout(c, std::stod(value));
+    else
+      set_integer_override(c, name, std::stoll(value));
   }
   return c;
 }

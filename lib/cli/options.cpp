@@ -52,20 +52,20 @@ po::options_description model_override_options() {
   po::options_description d("Model overrides (change a preset)");
   // clang-format off
   d.add_options()
-      ("layers", po::value<std::string>(), "transformer layers / AmoebaNet normal cells per stack / MLP layers")
-      ("decoder-layers", po::value<std::string>(), "T5 decoder layers")
-      ("hidden", po::value<std::string>(), "hidden width (AmoebaNet: filters)")
-      ("heads", po::value<std::string>(), "attention heads")
-      ("ffn", po::value<std::string>(), "feed-forward width")
-      ("vocab", po::value<std::string>(), "vocabulary size")
-      ("seq-len", po::value<std::string>(), "sequence length")
-      ("image-size", po::value<std::string>(), "image side (multiple of 32)")
-      ("classes", po::value<std::string>(), "output classes")
-      ("in-features", po::value<std::string>(), "MLP input width")
-      ("output-chunks", po::value<std::string>(), "split the LM head into this many vocabulary ranges, so a stage cut may fall inside it")
-      ("attention", po::value<std::string>(), "ops (default) | fused: each attention as one scaled_dot_product_attention call, which keeps no scores for backward where the device has a fused kernel")
-      ("loss-chunk-tokens", po::value<std::string>(), "fuse the LM head with its loss, computing the logits of this many positions at a time (never all of them)")
-      ("dropout", po::value<std::string>(), "dropout probability");
+      ("layers", po::value<int64_t>(), "transformer layers / AmoebaNet normal cells per stack / MLP layers")
+      ("decoder-layers", po::value<int64_t>(), "T5 decoder layers")
+      ("hidden", po::value<int64_t>(), "hidden width (AmoebaNet: filters)")
+      ("heads", po::value<int64_t>(), "attention heads")
+      ("ffn", po::value<int64_t>(), "feed-forward width")
+      ("vocab", po::value<int64_t>(), "vocabulary size")
+      ("seq-len", po::value<int64_t>(), "sequence length")
+      ("image-size", po::value<int64_t>(), "image side (multiple of 32)")
+      ("classes", po::value<int64_t>(), "output classes")
+      ("in-features", po::value<int64_t>(), "MLP input width")
+      ("output-chunks", po::value<int64_t>(), "split the LM head into this many vocabulary ranges, so a stage cut may fall inside it")
+      ("attention", po::value<AttentionKind>(), "ops (default) | fused: each attention as one scaled_dot_product_attention call, which keeps no scores for backward where the device has a fused kernel")
+      ("loss-chunk-tokens", po::value<int64_t>(), "fuse the LM head with its loss, computing the logits of this many positions at a time (never all of them)")
+      ("dropout", po::value<double>(), "dropout probability");
   // clang-format on
   return d;
 }
@@ -102,11 +102,10 @@ bool parse_options(int argc, char** argv, const std::string& subcommand, const s
 
 ModelConfig model_config_from(const po::variables_map& vm) {
   ModelConfig c = preset_config(vm["model"].as<std::string>());
-  const po::options_description overrides = model_override_options();
-  for (const auto& opt : overrides.options()) {
-    const std::string key = opt->long_name();
-    if (vm.count(key)) apply_override(c, key, vm[key].as<std::string>());
-  }
+  for (const std::string& name : integer_override_names())
+    if (vm.count(name)) set_integer_override(c, name, vm[name].as<int64_t>());
+  if (vm.count("dropout")) set_dropout(c, vm["dropout"].as<double>());
+  if (vm.count("attention")) c.fused_attention = vm["attention"].as<AttentionKind>() == AttentionKind::Fused;
   check_config(c);
   return c;
 }

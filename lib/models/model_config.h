@@ -46,10 +46,21 @@ struct ModelConfig {
 std::vector<std::string> preset_names();
 // Throws ConfigError naming the known presets.
 ModelConfig preset_config(const std::string& preset);
-// Applies "key=value" style overrides (layers, decoder-layers, hidden, heads, ffn, vocab,
-// seq-len, image-size, classes, in-features, output-chunks, loss-chunk-tokens, dropout; attention = ops|fused). Unknown
-// keys or non-numbers: ConfigError.
-void apply_override(ModelConfig& config, const std::string& key, const std::string& value);
+// A preset's overrides, typed as the model options of the same names read them: whole numbers
+// (layers, decoder-layers, hidden, heads, ffn, vocab, seq-len, image-size, classes, in-features,
+// output-chunks, loss-chunk-tokens), the dropout probability and the attention's form.
+const std::vector<std::string>& integer_override_names();
+// ConfigError for an unknown name or a value below 1.
+void set_integer_override(ModelConfig& config, const std::string& name, int64_t value);
+// ConfigError outside [0, 1).
+void set_dropout(ModelConfig& config, double dropout);
+enum class AttentionKind { Ops, Fused };  // --attention
+template <>
+struct EnumNames<AttentionKind> {
+  static constexpr const char* what = "attention";
+  static constexpr std::array<std::pair<AttentionKind, const char*>, 2> table{
+      {{AttentionKind::Ops, "ops"}, {AttentionKind::Fused, "fused"}}};
+};
 // Throws ConfigError for inconsistent settings (hidden not divisible by heads, seq-len above the
 // position table, image size that the reduction cells cannot halve evenly, ...).
 void check_config(const ModelConfig& config);

@@ -1,5 +1,6 @@
 // The model zoo: presets and the OpGraph builders for gpt2, bert, t5, amoebanet and mlp.
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 
@@ -402,57 +403,54 @@ ModelConfig preset_config(const std::string& preset) {
   return it->second;
 }
 
-void apply_override(ModelConfig& c, const std::string& key, const std::string& value) {
-  if (key == "attention") {
-    if (value != "ops" && value != "fused")
-      throw ConfigError("model override attention='" + value + "': expected ops or fused");
-    c.fused_attention = value == "fused";
+namespace {
+// Each integer override and the field it sets.
+const std::vector<std::pair<std::string, int64_t ModelConfig::*>>& integer_overrides() {
+  static const std::vector<std::pair<std::string, int64_t ModelConfig::*>> fields{
+      {"layers", &ModelConfig::layers},
+      {"decoder-layers", &ModelConfig::decoder_layers},
+      {"hidden", &ModelConfig::hidden},
+      {"heads", &ModelConfig::heads},
+      {"ffn", &ModelConfig::ffn},
+      {"vocab", &ModelConfig::vocab},
+      {"seq-len", &ModelConfig::seq_len},
+      {"image-size", &ModelConfig::image_size},
+      {"classes", &ModelConfig::classes},
+      {"in-features", &ModelConfig::in_features},
+      {"output-chunks", &ModelConfig::output_chunks},
+      {"loss-chunk-tokens", &ModelConfig::loss_chunk_tokens},
+  };
+  return fields;
+}
+}  // namespace
+
+const std::vector<std::string>& integer_override_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all;
+    for (const auto& [name, field] : integer_overrides()) all.push_back(name);
+    return all;
+  }();
+  return names;
+}
+
+void set_integer_override(ModelConfig& c, const std::string& name, int64_t value) {
+  for (const auto& [key, field] : integer_overrides()) {
+    if (key != name) continue;
+    if (value < 1) throw ConfigError("--" + name + " " + std::to_string(value) + " must be a positive integer");
+    c.*field = value;
+    if (name == "seq-len" && c.max_positions > 0 && c.max_positions < value) c.max_positions = value;
     return;
   }
-  double v = 0;
-  size_t used = 0;
-  try {
-    v = std::stod(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
+  throw ConfigError("unknown model override '" + name + "'");
+}
+
+void set_dropout(ModelConfig& c, double dropout) {
+  if (!(dropout >= 0 && dropout < 1)) {
+    char given[32];
+    std::snprintf(given, sizeof given, "%g", dropout);
+    throw ConfigError(std::string("dropout must be in [0, 1), got ") + given);
   }
-  if (used == 0 || used != value.size())
-    throw ConfigError("model override " + key + "='" + value + "' is not a number");
-  if (key == "dropout") {
-    if (v < 0 || v >= 1) throw ConfigError("dropout must be in [0, 1), got " + value);
-    c.dropout = v;
-    return;
-  }
-  if (v != std::floor(v) || v < 1)
-    throw ConfigError("model override " + key + "='" + value + "' must be a positive integer");
-  auto n = static_cast<int64_t>(v);
-  if (key == "layers")
-    c.layers = n;
-  else if (key == "decoder-layers")
-    c.decoder_layers = n;
-  else if (key == "hidden")
-    c.hidden = n;
-  else if (key == "heads")
-    c.heads = n;
-  else if (key == "ffn")
-    c.ffn = n;
-  else if (key == "vocab")
-    c.vocab = n;
-  else if (key == "seq-len")
-    c.seq_len = n;
-  else if (key == "image-size")
-    c.image_size = n;
-  else if (key == "classes")
-    c.classes = n;
-  else if (key == "in-features")
-    c.in_features = n;
-  else if (key == "output-chunks")
-    c.output_chunks = n;
-  else if (key == "loss-chunk-tokens")
-    c.loss_chunk_tokens = n;
-  else
-    throw ConfigError("unknown model override '" + key + "'");
-  if (key == "seq-len" && c.max_positions > 0 && c.max_positions < n) c.max_positions = n;
+  c.dropout = dropout;
 }
 
 void check_config(const ModelConfig& c) {

@@ -22,13 +22,13 @@ expect_fail "misspelled subcommand" "unknown subcommand 'trian' (did you mean tr
 expect_fail "unknown model" "unknown model 'gpt5'" graph --model gpt5
 expect_fail "unknown option" "unrecognised option '--colour'" train --colour red
 expect_fail "heads do not divide hidden" "must be divisible by heads" train --model gpt2-tiny --heads 5
-expect_fail "non-numeric override" "is not a number" graph --model gpt2-tiny --layers many
+expect_fail "non-numeric override" "the argument ('many') for option '--layers' is invalid" graph --model gpt2-tiny --layers many
 expect_fail "fused loss with chunks" "exclude each other" graph --model gpt2-tiny --loss-chunk-tokens 64 \
   --output-chunks 2
 expect_fail "fused loss on a classifier" "language model" graph --model mlp-tiny --loss-chunk-tokens 64
 expect_fail "fused loss of no positions" "must be a positive integer" graph --model gpt2-tiny --loss-chunk-tokens 0
 expect_ok "fused loss trains" "done: 2 steps" train --model gpt2-tiny --loss-chunk-tokens 48 --steps 2
-expect_fail "unknown attention" "expected ops or fused" graph --model gpt2-tiny --attention flash
+expect_fail "unknown attention" "--attention: unknown attention 'flash' (choose ops or fused)" graph --model gpt2-tiny --attention flash
 expect_fail "fused attention on a CNN" "transformer" graph --model amoebanet-tiny --attention fused
 expect_ok "fused attention trains" "done: 2 steps" train --model t5-tiny --attention fused --steps 2
 expect_fail "unreadable config" "cannot read config file" train --config "$work/missing.ini"

@@ -143,9 +143,9 @@ TEST_CASE("fused attention computes the op-by-op attention's loss and gradients"
   for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny"}) {
     INFO(preset);
     ModelConfig c = preset_config(preset);
-    apply_override(c, "dropout", "0");
+    set_dropout(c, 0);
     const OpGraph ops = build_model(c, 2);
-    apply_override(c, "attention", "fused");
+    c.fused_attention = true;
     const OpGraph fused = build_model(c, 2);
     int calls = 0;
     for (const Node& n : fused.nodes) calls += n.kind == OpKind::Aten;
@@ -175,9 +175,9 @@ TEST_CASE("fused attention computes the op-by-op attention's loss and gradients"
   }
   // Evaluation runs the call without its dropout: the dropout-0 model's loss, at any step.
   ModelConfig c = preset_config("gpt2-tiny");  // dropout 0.1
-  apply_override(c, "attention", "fused");
+  c.fused_attention = true;
   const OpGraph with_dropout = build_model(c, 2);
-  apply_override(c, "dropout", "0");
+  set_dropout(c, 0);
   const OpGraph without = build_model(c, 2);
   StageModule a(with_dropout, 0, with_dropout.size(), 3), b(without, 0, without.size(), 3);
   copy_weights(a, b);
@@ -193,7 +193,8 @@ TEST_CASE("fused attention computes the op-by-op attention's loss and gradients"
   CHECK(eval_loss(with_dropout, a, 1) == eval_loss(with_dropout, a, 2));
   CHECK(eval_loss(with_dropout, a, 1) == Approx(eval_loss(without, b, 1)).epsilon(1e-6));
   ModelConfig mlp = preset_config("mlp-tiny");
-  apply_override(mlp, "attention", "fused");
+  mlp.fused_attention = true;
   CHECK_THROWS_WITH(check_config(mlp), Catch::Contains("transformer"));
-  CHECK_THROWS_WITH(apply_override(mlp, "attention", "flash"), Catch::Contains("expected ops or fused"));
+  CHECK_THROWS_WITH(from_name<AttentionKind>("flash"),
+                    Catch::Contains("unknown attention 'flash' (choose ops or fused)"));
 }

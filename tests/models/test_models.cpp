@@ -68,19 +68,19 @@ TEST_CASE("output shapes follow the configuration", "[models]") {
 
 TEST_CASE("overrides change the graph and bad ones are rejected", "[models]") {
   ModelConfig c = preset_config("gpt2-tiny");
-  apply_override(c, "layers", "3");
-  apply_override(c, "hidden", "96");
-  apply_override(c, "heads", "6");
+  set_integer_override(c, "layers", 3);
+  set_integer_override(c, "hidden", 96);
+  set_integer_override(c, "heads", 6);
   OpGraph g = build_model(c, 1);
   CHECK(g.blocks.size() == 5);  // embed, 3 layers, head
-  apply_override(c, "heads", "5");
+  set_integer_override(c, "heads", 5);
   CHECK_THROWS_AS(check_config(c), ConfigError);
   CHECK_THROWS_AS(preset_config("gpt3-huge"), ConfigError);
-  CHECK_THROWS_AS(apply_override(c, "layers", "two"), ConfigError);
-  CHECK_THROWS_AS(apply_override(c, "layers", "0"), ConfigError);
-  CHECK_THROWS_AS(apply_override(c, "colour", "3"), ConfigError);
+  CHECK_THROWS_WITH(set_integer_override(c, "layers", 0), Catch::Contains("--layers 0 must be a positive integer"));
+  CHECK_THROWS_AS(set_integer_override(c, "colour", 3), ConfigError);
+  CHECK_THROWS_AS(set_dropout(c, 1.0), ConfigError);
   ModelConfig a = preset_config("amoebanet-tiny");
-  apply_override(a, "image-size", "48");
+  set_integer_override(a, "image-size", 48);
   CHECK_THROWS_AS(check_config(a), ConfigError);
   CHECK_THROWS_AS(build_model(preset_config("mlp-tiny"), 0), ConfigError);
 }
@@ -90,7 +90,7 @@ TEST_CASE("a chunked output projection has the whole projection's parameters and
     INFO(preset);
     ModelConfig c = preset_config(preset);
     const OpGraph whole = build_model(c, 2);
-    apply_override(c, "output-chunks", "3");
+    set_integer_override(c, "output-chunks", 3);
     const OpGraph chunked = build_model(c, 2);
     // Three linears and a concat where one linear was.
     CHECK(chunked.size() == whole.size() + 3);
@@ -116,13 +116,13 @@ TEST_CASE("a chunked output projection has the whole projection's parameters and
   }
   // One chunk is the graph the preset always had (profiles and plans made for it still match).
   ModelConfig one = preset_config("gpt2-tiny");
-  apply_override(one, "output-chunks", "1");
+  set_integer_override(one, "output-chunks", 1);
   CHECK(build_model(one, 2).fingerprint() == build_model(preset_config("gpt2-tiny"), 2).fingerprint());
   ModelConfig too_many = preset_config("gpt2-tiny");
-  apply_override(too_many, "output-chunks", "513");
+  set_integer_override(too_many, "output-chunks", 513);
   CHECK_THROWS_AS(check_config(too_many), ConfigError);
   ModelConfig classifier = preset_config("mlp-tiny");
-  apply_override(classifier, "output-chunks", "2");
+  set_integer_override(classifier, "output-chunks", 2);
   CHECK_THROWS_WITH(check_config(classifier), Catch::Contains("language model"));
 }
 
@@ -131,7 +131,7 @@ TEST_CASE("a fused LM loss is one node with the head's parameters, names and lab
     INFO(preset);
     ModelConfig c = preset_config(preset);
     const OpGraph whole = build_model(c, 2);
-    apply_override(c, "loss-chunk-tokens", "24");
+    set_integer_override(c, "loss-chunk-tokens", 24);
     const OpGraph fused = build_model(c, 2);
     CHECK(fused.size() == whole.size() - 1);  // the projection and the loss are one node
     CHECK(fused.parameter_count() == whole.parameter_count());
@@ -154,14 +154,14 @@ TEST_CASE("a fused LM loss is one node with the head's parameters, names and lab
     }
   }
   ModelConfig both = preset_config("gpt2-tiny");
-  apply_override(both, "loss-chunk-tokens", "24");
-  apply_override(both, "output-chunks", "2");
+  set_integer_override(both, "loss-chunk-tokens", 24);
+  set_integer_override(both, "output-chunks", 2);
   CHECK_THROWS_WITH(check_config(both), Catch::Contains("exclude each other"));
   ModelConfig classifier = preset_config("amoebanet-tiny");
-  apply_override(classifier, "loss-chunk-tokens", "24");
+  set_integer_override(classifier, "loss-chunk-tokens", 24);
   CHECK_THROWS_WITH(check_config(classifier), Catch::Contains("language model"));
   ModelConfig zero = preset_config("gpt2-tiny");
-  CHECK_THROWS_AS(apply_override(zero, "loss-chunk-tokens", "0"), ConfigError);
+  CHECK_THROWS_AS(set_integer_override(zero, "loss-chunk-tokens", 0), ConfigError);
 }
 
 TEST_CASE("t5 decoder layers read the encoder output: long edges cross every decoder cut", "[models]") {

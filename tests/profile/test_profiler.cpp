@@ -246,8 +246,8 @@ TEST_CASE("in-step timing charges each node the time it takes inside a step", "[
   CountingAllocator::install();
   at::set_num_threads(1);
   ModelConfig c = preset_config("mlp-tiny");
-  apply_override(c, "hidden", "512");
-  apply_override(c, "in-features", "512");
+  set_integer_override(c, "hidden", 512);
+  set_integer_override(c, "in-features", 512);
   const OpGraph g = build_model(c, 64);
   ProfilerOptions o = quick();
   o.iterations = 3;

@@ -125,7 +125,7 @@ TEST_CASE("a chunked output projection trains like the whole one, cut between it
     ModelConfig c = preset_config(preset);
     const TrainConfig rc = three_sgd_steps();
     const std::vector<StepResult> whole = ReferenceTrainer(build_model(c, 2), rc).run();
-    apply_override(c, "output-chunks", "3");
+    set_integer_override(c, "output-chunks", 3);
     const OpGraph g = build_model(c, 2);
     const std::vector<StepResult> chunked = ReferenceTrainer(g, rc).run();
     // T5's head is untied: its chunks are new parameters, drawn afresh.
@@ -151,7 +151,7 @@ TEST_CASE("a chunked output projection trains like the whole one, cut between it
   rc.steps = 2;
   rc.micro_batches = 2;
   const std::vector<StepResult> whole = ReferenceTrainer(build_model(c, 2, Precision::Bf16), rc).run();
-  apply_override(c, "output-chunks", "3");
+  set_integer_override(c, "output-chunks", 3);
   const std::vector<StepResult> chunked = ReferenceTrainer(build_model(c, 2, Precision::Bf16), rc).run();
   for (size_t s = 0; s < whole.size(); ++s) CHECK(chunked[s].loss == Approx(whole[s].loss).epsilon(1e-3));
 }
@@ -166,7 +166,7 @@ TEST_CASE("a fused LM loss trains like a projection and a cross-entropy, alone o
       ModelConfig c = preset_config(preset);
       const TrainConfig rc = three_sgd_steps();
       const std::vector<StepResult> whole = ReferenceTrainer(build_model(c, 2, precision), rc).run();
-      apply_override(c, "loss-chunk-tokens", "24");  // 64 positions: chunks of 24, 24, 16
+      set_integer_override(c, "loss-chunk-tokens", 24);  // 64 positions: chunks of 24, 24, 16
       const OpGraph g = build_model(c, 2, precision);
       const std::vector<StepResult> fused = ReferenceTrainer(g, rc).run();
       const double tolerance = precision == Precision::Fp32 ? 1e-5 : 1e-3;
