@@ -18,6 +18,7 @@
 #include "plan/stage_memory.h"
 #include "profile/profiler.h"
 #include "quick_profile.h"
+#include "two_stage_setup.h"
 #include "runtime/pipeline.h"
 #include "runtime/pipeline_stage.h"
 #include "runtime/transport.h"
@@ -106,11 +107,7 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
     const OpGraph g = build_imported(*read_model_file(test_model(name)), 4);
     const Profile profile = quick_profile(g);
     std::mt19937 rng(5);
-    std::set<int> cuts;
-    for (int n = 1; n < g.size(); ++n)
-      if (profile.nodes[static_cast<size_t>(n)].block != profile.nodes[static_cast<size_t>(n) - 1].block)
-        cuts.insert(n);
-    for (int q = 1; q < 8; ++q) cuts.insert(g.size() * q / 8);
+    std::set<int> cuts = test::block_and_eighth_cuts(g, profile);
     // After a view of a data input (GPT-2's reshaped input ids): the next stage receives the
     // view and loads no data, so a decision to evict the data it saves through it changes
     // nothing; the first stage sends the view, so it empties the data only after the send (it
@@ -122,16 +119,9 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
     for (int cut : cuts)
       for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async})
         for (int round = 0; round < 2; ++round) {
-          PlanOptions po;
-          po.stages = 2;
-          po.schedule = kind;
-          po.micro_batches = 3;
-          const CostModel model(profile, po);
-          PipelineConfig pc;
-          pc.schedule = kind;
-          pc.ranges = {{0, cut}, {cut, g.size()}};
-          pc.micro_batches = 3;
-          pc.steps = 2;
+          test::TwoStages two(profile, g.size(), cut, kind, /*steps=*/2);
+          const CostModel& model = two.model;
+          PipelineConfig& pc = two.pc;
           std::vector<StageProgram> programs;
           for (const auto& [b, e] : pc.ranges) {
             programs.push_back(stage_program(

@@ -18,6 +18,7 @@
 #include "plan/stage_memory.h"
 #include "profile/profiler.h"
 #include "quick_profile.h"
+#include "two_stage_setup.h"
 #include "runtime/pipeline.h"
 #include "runtime/pipeline_stage.h"
 #include "runtime/swap_copier.h"
@@ -260,26 +261,15 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
     std::mt19937 rng(11);
     // Fixed cuts (not the planner's, which follow the profiled timings): every block boundary,
     // and every eighth of the graph (gpt2-tiny's node 16 sends three transposed views).
-    std::set<int> cuts;
-    for (int n = 1; n < g.size(); ++n)
-      if (profile.nodes[static_cast<size_t>(n)].block != profile.nodes[static_cast<size_t>(n) - 1].block)
-        cuts.insert(n);
-    for (int q = 1; q < 8; ++q) cuts.insert(g.size() * q / 8);
+    std::set<int> cuts = test::block_and_eighth_cuts(g, profile);
     for (const Node& n : g.nodes)  // between the chunks of an output projection
       if (n.name.find(".chunk") != std::string::npos && n.name.compare(n.name.size() - 6, 6, "chunk0") != 0)
         cuts.insert(n.id);
     for (int cut : cuts)
       for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
-        PlanOptions po;
-        po.stages = 2;
-        po.schedule = kind;
-        po.micro_batches = 3;
-        const CostModel model(profile, po);
-        PipelineConfig pc;
-        pc.schedule = kind;
-        pc.ranges = {{0, cut}, {cut, g.size()}};
-        pc.micro_batches = 3;
-        pc.steps = 3;
+        test::TwoStages two(profile, g.size(), cut, kind, /*steps=*/3);
+        const CostModel& model = two.model;
+        PipelineConfig& pc = two.pc;
         for (int round = 0; round < 2; ++round) {
           pc.evictions.clear();
           std::vector<StageProgram> programs;
