@@ -15,8 +15,7 @@ namespace dawnpiper::test {
 inline std::set<int> block_and_eighth_cuts(const OpGraph& g, const Profile& profile) {
   std::set<int> cuts;
   for (int n = 1; n < g.size(); ++n)
-    if (profile.nodes[static_cast<size_t>(n)].block != profile.nodes[static_cast<size_t>(n) - 1].block)
-      cuts.insert(n);
+    if (profile.nodes[static_cast<size_t>(n)].block != profile.nodes[static_cast<size_t>(n) - 1].block) cuts.insert(n);
   for (int q = 1; q < 8; ++q) cuts.insert(g.size() * q / 8);
   return cuts;
 }
