@@ -51,73 +51,6 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   return config;
 }
 
-}  // namespace
-
-po::options_description train_options() {
-  po::options_description own("Training options");
-  // clang-format off
-  own.add_options()
-      ("stages", po::value<int>(), "pipeline stages (default: the number of MPI ranks / --data-parallel)")
-      ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
-                                          "averaged every step (default: MPI ranks / --stages); a pipeline's ranks share a node where they can")
-      ("schedule", po::value<ScheduleKind>()->default_value(ScheduleKind::OneFOneB, "1f1b"), "gpipe | 1f1b | async (PipeDream, weight stashing)")
-      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
-      ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions (default none, where `plan` defaults to sr: a run evicts only when asked)")
-      ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
-      ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
-      ("calibrate-trace", po::value<std::vector<std::string>>()->composing(),
-       "plan from the profile with each traced stage's node times scaled to what that run measured (`--trace` "
-       "of an earlier run of this setup; several: each node takes the mean of its factors)")
-      ("profile-cache", po::value<std::string>()->default_value(""),
-       "where measured profiles are kept and reused: a directory, or off (default: $DAWNPIPER_CACHE, else "
-       "$XDG_CACHE_HOME/dawnpiper or ~/.cache/dawnpiper)")
-      ("plan-out", po::value<std::string>(), "write the plan used to this file")
-      ("transport", po::value<TransportKind>()->default_value(TransportKind::Auto, "auto"),
-       "auto | mpi (CPU tensors) | nccl (CUDA, ranks on different GPUs) | host (CUDA through host memory over MPI; "
-       "what auto takes between ranks sharing a GPU)")
-      ("in-process", po::bool_switch(), "run every stage in this one process (validates a plan without MPI)")
-      ("threads", po::value<int>()->default_value(0), "intra-op threads per rank (default: OMP_NUM_THREADS if set, else "
-                                                    "the node's cores / the ranks on it)")
-      ("trace", po::value<std::string>(), "write an HDF5 trace of every action on every rank (docs/trace-format.md)")
-      ("checkpoint-dir", po::value<std::string>(), "directory for checkpoints (every stage's parameters and optimizer state)")
-      ("checkpoint-every", po::value<int64_t>()->default_value(0), "write a checkpoint every K steps (and after the last)")
-      ("save-weights", po::value<std::string>(), "after training, write the weights to this safetensors file (PyTorch names: "
-                                                 "transformers' from_pretrained loads it)")
-      ("progress", po::value<Progress::Style>()->default_value(Progress::Style::Auto, "auto"),
-       "auto (a bar on a terminal, lines in logs and under mpirun) | bar | lines")
-      ("resume", po::bool_switch(), "continue from the latest checkpoint in --checkpoint-dir (with the model, data and "
-                                    "optimizer settings of the run that wrote it)")
-      ("resume-override", po::bool_switch(), "with --resume: accept settings that differ from the checkpoint's run")
-      ("steps", po::value<int64_t>()->default_value(10), "training steps")
-      ("data", po::value<std::string>(), "train on this token file (scripts/prepare_data.py) instead of synthetic data")
-      ("data-order", po::value<DataOrder>()->default_value(DataOrder::Shuffled, "shuffled"),
-       "shuffled (windows in a seeded order per epoch) | sequential (sample i of the run is window i)")
-      ("validation-fraction", po::value<double>()->default_value(0.0), "share of the token file's windows held out for validation")
-      ("eval-every", po::value<int64_t>()->default_value(0), "report the validation loss every N steps (0: never)")
-      ("eval-batches", po::value<int64_t>()->default_value(4), "micro-batches of the validation split per evaluation")
-      ("eval-only", po::bool_switch(), "report the validation loss of the starting weights (--resume's checkpoint, "
-                                       "--init-from's or the seed's) and train nothing")
-      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd (with momentum) | adam | adamw")
-      ("lr", po::value<double>()->default_value(0.01), "learning rate (the schedule's peak)")
-      ("momentum", po::value<double>()->default_value(0.9), "SGD momentum")
-      ("weight-decay", po::value<double>()->default_value(0.0), "weight decay of matrices and embeddings (not of biases "
-                                                                 "and norms): decoupled under adamw, L2 under sgd and adam")
-      ("lr-schedule", po::value<LrScheduleKind>()->default_value(LrScheduleKind::Constant, "constant"),
-       "constant | cosine | linear (decay to --min-lr at the last step), after --warmup-steps (transformers' schedules)")
-      ("warmup-steps", po::value<int64_t>()->default_value(0), "steps of linear warmup from 0 to --lr")
-      ("min-lr", po::value<double>()->default_value(0.0), "where cosine and linear decay end")
-      ("grad-clip", po::value<double>()->default_value(0.0), "clip the global gradient norm (over every stage) to this before each "
-                                                            "update, as clip_grad_norm_; 0: never (the norm is reported either way)")
-      ("metrics-out", po::value<std::string>(), "append one JSON line per step and validation to this file (step, loss, lr, "
-                                                "grad norm, samples/s and tokens/s, peak memory per stage); scripts/plot_metrics.py draws it");
-  // clang-format on
-  po::options_description options;
-  options.add(own).add(common_options()).add(allocator_headroom_option()).add(model_override_options());
-  return options;
-}
-
-namespace {
-
 void read_memory(const po::variables_map& vm, TrainOptions& o) {
   if (vm.count("device-memory")) o.capacity = parse_capacity(vm["device-memory"].as<std::string>(), "--device-memory");
   if (vm.count("allocator-headroom")) {
@@ -208,6 +141,69 @@ void read_placement(const po::variables_map& vm, TrainOptions& o) {
 }
 
 }  // namespace
+
+po::options_description train_options() {
+  po::options_description own("Training options");
+  // clang-format off
+  own.add_options()
+      ("stages", po::value<int>(), "pipeline stages (default: the number of MPI ranks / --data-parallel)")
+      ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
+                                          "averaged every step (default: MPI ranks / --stages); a pipeline's ranks share a node where they can")
+      ("schedule", po::value<ScheduleKind>()->default_value(ScheduleKind::OneFOneB, "1f1b"), "gpipe | 1f1b | async (PipeDream, weight stashing)")
+      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
+      ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions (default none, where `plan` defaults to sr: a run evicts only when asked)")
+      ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
+      ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
+      ("calibrate-trace", po::value<std::vector<std::string>>()->composing(),
+       "plan from the profile with each traced stage's node times scaled to what that run measured (`--trace` "
+       "of an earlier run of this setup; several: each node takes the mean of its factors)")
+      ("profile-cache", po::value<std::string>()->default_value(""),
+       "where measured profiles are kept and reused: a directory, or off (default: $DAWNPIPER_CACHE, else "
+       "$XDG_CACHE_HOME/dawnpiper or ~/.cache/dawnpiper)")
+      ("plan-out", po::value<std::string>(), "write the plan used to this file")
+      ("transport", po::value<TransportKind>()->default_value(TransportKind::Auto, "auto"),
+       "auto | mpi (CPU tensors) | nccl (CUDA, ranks on different GPUs) | host (CUDA through host memory over MPI; "
+       "what auto takes between ranks sharing a GPU)")
+      ("in-process", po::bool_switch(), "run every stage in this one process (validates a plan without MPI)")
+      ("threads", po::value<int>()->default_value(0), "intra-op threads per rank (default: OMP_NUM_THREADS if set, else "
+                                                    "the node's cores / the ranks on it)")
+      ("trace", po::value<std::string>(), "write an HDF5 trace of every action on every rank (docs/trace-format.md)")
+      ("checkpoint-dir", po::value<std::string>(), "directory for checkpoints (every stage's parameters and optimizer state)")
+      ("checkpoint-every", po::value<int64_t>()->default_value(0), "write a checkpoint every K steps (and after the last)")
+      ("save-weights", po::value<std::string>(), "after training, write the weights to this safetensors file (PyTorch names: "
+                                                 "transformers' from_pretrained loads it)")
+      ("progress", po::value<Progress::Style>()->default_value(Progress::Style::Auto, "auto"),
+       "auto (a bar on a terminal, lines in logs and under mpirun) | bar | lines")
+      ("resume", po::bool_switch(), "continue from the latest checkpoint in --checkpoint-dir (with the model, data and "
+                                    "optimizer settings of the run that wrote it)")
+      ("resume-override", po::bool_switch(), "with --resume: accept settings that differ from the checkpoint's run")
+      ("steps", po::value<int64_t>()->default_value(10), "training steps")
+      ("data", po::value<std::string>(), "train on this token file (scripts/prepare_data.py) instead of synthetic data")
+      ("data-order", po::value<DataOrder>()->default_value(DataOrder::Shuffled, "shuffled"),
+       "shuffled (windows in a seeded order per epoch) | sequential (sample i of the run is window i)")
+      ("validation-fraction", po::value<double>()->default_value(0.0), "share of the token file's windows held out for validation")
+      ("eval-every", po::value<int64_t>()->default_value(0), "report the validation loss every N steps (0: never)")
+      ("eval-batches", po::value<int64_t>()->default_value(4), "micro-batches of the validation split per evaluation")
+      ("eval-only", po::bool_switch(), "report the validation loss of the starting weights (--resume's checkpoint, "
+                                       "--init-from's or the seed's) and train nothing")
+      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd (with momentum) | adam | adamw")
+      ("lr", po::value<double>()->default_value(0.01), "learning rate (the schedule's peak)")
+      ("momentum", po::value<double>()->default_value(0.9), "SGD momentum")
+      ("weight-decay", po::value<double>()->default_value(0.0), "weight decay of matrices and embeddings (not of biases "
+                                                                 "and norms): decoupled under adamw, L2 under sgd and adam")
+      ("lr-schedule", po::value<LrScheduleKind>()->default_value(LrScheduleKind::Constant, "constant"),
+       "constant | cosine | linear (decay to --min-lr at the last step), after --warmup-steps (transformers' schedules)")
+      ("warmup-steps", po::value<int64_t>()->default_value(0), "steps of linear warmup from 0 to --lr")
+      ("min-lr", po::value<double>()->default_value(0.0), "where cosine and linear decay end")
+      ("grad-clip", po::value<double>()->default_value(0.0), "clip the global gradient norm (over every stage) to this before each "
+                                                            "update, as clip_grad_norm_; 0: never (the norm is reported either way)")
+      ("metrics-out", po::value<std::string>(), "append one JSON line per step and validation to this file (step, loss, lr, "
+                                                "grad norm, samples/s and tokens/s, peak memory per stage); scripts/plot_metrics.py draws it");
+  // clang-format on
+  po::options_description options;
+  options.add(own).add(common_options()).add(allocator_headroom_option()).add(model_override_options());
+  return options;
+}
 
 TrainOptions read_train_options(const po::variables_map& vm) {
   TrainOptions o;
