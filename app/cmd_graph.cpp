@@ -15,9 +15,11 @@ int cmd_graph(int argc, char** argv, const MpiWorld& world) {
   po::options_description options;
   po::options_description own("Graph options");
   // clang-format off
-  own.add_options()("summary", po::bool_switch(), "print counts (the default)")
+  own.add_options()
+      ("summary", po::bool_switch(), "print the counts (what graph prints without --nodes)")
       ("list", po::bool_switch(), "list the model presets")
-      ("nodes", po::bool_switch(), "print every node: id, kind, block, output shape, parameters");
+      ("nodes", po::bool_switch(), "print every node: id, kind, block, output shape, parameters (and the counts "
+                                   "too with --summary)");
   // clang-format on
   options.add(own).add(model_options()).add(model_override_options());
   po::variables_map vm;
@@ -27,7 +29,7 @@ int cmd_graph(int argc, char** argv, const MpiWorld& world) {
   if (vm["list"].as<bool>()) {
     for (const std::string& p : preset_names()) {
       ModelConfig c = preset_config(p);
-      std::printf("%-16s %s\n", p.c_str(), c.family.c_str());
+      std::printf("%-16s %s\n", p.c_str(), name_of(c.family));
     }
     return 0;
   }
@@ -52,8 +54,9 @@ int cmd_graph(int argc, char** argv, const MpiWorld& world) {
                   shape_str(g.tensor(n.outputs[0]).shape).c_str(), static_cast<long long>(params), n.name.c_str());
     }
   }
-  std::printf("model        %s (%s), micro-batch %lld\n", g.preset.c_str(), g.model.c_str(),
-              static_cast<long long>(g.micro_batch_size));
+  if (vm["nodes"].as<bool>() && !vm["summary"].as<bool>()) return 0;
+  std::printf("model        %s (%s), micro-batch %lld, %s\n", g.preset.c_str(), g.model.c_str(),
+              static_cast<long long>(g.micro_batch_size), name_of(g.precision));
   std::printf("nodes        %d\n", g.size());
   std::printf("edges        %lld\n", static_cast<long long>(edges));
   std::printf("blocks       %zu\n", g.blocks.size());

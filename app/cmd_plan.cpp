@@ -53,7 +53,7 @@ po::options_description plan_options() {
       ("out", po::value<std::string>(), "write the plan as JSON");
   // clang-format on
   po::options_description options;
-  options.add(own).add(common_options()).add(allocator_headroom_option()).add(model_override_options());
+  options.add(own).add(run_options()).add(allocator_headroom_option()).add(model_override_options());
   return options;
 }
 
@@ -64,6 +64,8 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
   if (B < 1) throw ConfigError("micro-batch size must be at least 1");
   Profile profile;
   if (vm.count("profile-in")) {
+    if (vm.count("device-spec"))
+      throw ConfigError("--profile-in and --device-spec both give the profile to plan from: give one");
     profile = read_profile(vm["profile-in"].as<std::string>());
     if (vm.count("precision") && vm["precision"].as<Precision>() != profile.precision)
       throw ConfigError("--profile-in was profiled in " + std::string(name_of(profile.precision)) + ", not " +

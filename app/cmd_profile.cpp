@@ -55,8 +55,36 @@ po::options_description profile_options() {
       ("device-spec", po::value<std::string>(), "with --analytic: a100-40gb | h100-80gb | spec file");
   // clang-format on
   po::options_description options;
-  options.add(own).add(common_options()).add(model_override_options());
+  options.add(own)
+      .add(run_options(RunOptionSet{/*micro_batches=*/false, /*quiet=*/true}))
+      .add(model_override_options());
   return options;
+}
+
+// The micro-batch sizes to profile: --batch-sizes, or B, 2B and 3B for --micro-batch-size B.
+std::vector<int64_t> batch_sizes(const po::variables_map& vm) {
+  const int64_t B = vm["micro-batch-size"].as<int64_t>();
+  if (B < 1) throw ConfigError("micro-batch size must be at least 1");
+  const std::vector<int64_t> sizes = vm.count("batch-sizes") ? parse_batch_sizes(vm["batch-sizes"].as<std::string>())
+                                                             : std::vector<int64_t>{B, 2 * B, 3 * B};
+  // The profile is taken at the first size; a different --micro-batch-size would be dropped.
+  if (!vm["micro-batch-size"].defaulted() && sizes.front() != B)
+    throw ConfigError("--batch-sizes profiles at its first size, " + std::to_string(sizes.front()) +
+                      ", not --micro-batch-size " + std::to_string(B) + ": give one, or list " + std::to_string(B) +
+                      " first");
+  return sizes;
+}
+
+// --analytic with its --device-spec, and none of the options that set how nodes are measured.
+bool is_analytic(const po::variables_map& vm) {
+  const bool analytic = vm["analytic"].as<bool>();
+  if (vm.count("device-spec") && !analytic) throw ConfigError("--device-spec needs --analytic");
+  if (analytic && !vm.count("device-spec")) throw ConfigError("--analytic needs --device-spec (e.g. a100-40gb)");
+  if (analytic)
+    for (const char* measuring : {"warmup", "iterations", "timing", "share-blocks", "no-step-check"})
+      if (!vm[measuring].defaulted())
+        throw ConfigError("--" + std::string(measuring) + " sets how nodes are measured; --analytic measures none");
+  return analytic;
 }
 
 }  // namespace
@@ -82,18 +110,13 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   CountingAllocator::install();
   if (vm.count("device-memory"))
     DeviceMemory::set_capacity(opt.device, parse_capacity(vm["device-memory"].as<std::string>(), "--device-memory"));
-  const int64_t B = vm["micro-batch-size"].as<int64_t>();
-  if (B < 1) throw ConfigError("micro-batch size must be at least 1");
-  const std::vector<int64_t> sizes = vm.count("batch-sizes") ? parse_batch_sizes(vm["batch-sizes"].as<std::string>())
-                                                             : std::vector<int64_t>{B, 2 * B, 3 * B};
+  const std::vector<int64_t> sizes = batch_sizes(vm);
   const ModelSource model = model_source_from(vm);
   const OptimizerKind optimizer = vm["optimizer"].as<OptimizerKind>();
   const std::string out = vm["out"].as<std::string>();
   check_writable(out);
 
-  const bool analytic = vm["analytic"].as<bool>();
-  if (vm.count("device-spec") && !analytic) throw ConfigError("--device-spec needs --analytic");
-  if (analytic && !vm.count("device-spec")) throw ConfigError("--analytic needs --device-spec (e.g. a100-40gb)");
+  const bool analytic = is_analytic(vm);
   const auto t0 = std::chrono::steady_clock::now();
   // Operators without a roofline formula: what autograd keeps is measured here.
   const MeasureNode measure = [&opt](const OpGraph& g, int node) { return measure_node_facts(g, node, opt); };

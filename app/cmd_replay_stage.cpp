@@ -31,7 +31,9 @@ po::options_description replay_options() {
       ("lr", po::value<double>()->default_value(0.01), "learning rate");
   // clang-format on
   po::options_description options;
-  options.add(own).add(common_options()).add(model_override_options());
+  options.add(own)
+      .add(run_options(RunOptionSet{/*micro_batches=*/true, /*quiet=*/false}))
+      .add(model_override_options());
   return options;
 }
 
@@ -101,18 +103,19 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   if (steps < 1) throw ConfigError("--steps must be at least 1");
   const c10::Device device = parse_device(vm["device"].as<DeviceKind>());
 
-  // The plan's model, batch and schedule unless overridden.
-  std::optional<ModelSource> model;
-  if (vm["model"].defaulted() && !vm.count("model-file")) {
-    po::variables_map with_preset = vm;
-    with_preset.at("model").value() = boost::any(plan.preset);
-    model = model_source_from(with_preset);
-  } else {
-    model = model_source_from(vm);
+  // The plan's model, precision, batch and schedule unless overridden.
+  po::variables_map chosen = vm;
+  if (!vm.count("model-file")) {
+    if (vm["model"].defaulted()) chosen.at("model").value() = boost::any(plan.preset);
+    if (!vm.count("precision")) chosen.insert({"precision", po::variable_value(boost::any(plan.precision), false)});
   }
+  const ModelSource model = model_source_from(chosen);
   const int64_t batch =
       vm["micro-batch-size"].defaulted() ? plan.micro_batch_size : vm["micro-batch-size"].as<int64_t>();
-  const OpGraph graph = model->graph(batch);
+  const OpGraph graph = model.graph(batch);
+  if (graph.precision != plan.precision)
+    throw ConfigError("the plan was made for " + std::string(name_of(plan.precision)) + ", this replay builds " +
+                      name_of(graph.precision) + " (leave --precision out, or plan again)");
   if (graph.size() != plan.nodes)
     throw ConfigError("the plan is for " + std::to_string(plan.nodes) + " nodes, " + graph.preset + " has " +
                       std::to_string(graph.size()) + " (give the model options the plan was made with)");

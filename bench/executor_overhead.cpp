@@ -93,8 +93,9 @@ int main(int argc, char** argv) {
     return loss.item<double>();
   };
   auto plain_step = [&] {
-    at::Tensor loss = config.family == "gpt2" ? plain_gpt2(params, config, input("tokens"), input("labels"))
-                                              : plain_mlp(params, config, input("features"), input("labels"));
+    at::Tensor loss = config.family == ModelFamily::Gpt2
+                          ? plain_gpt2(params, config, input("tokens"), input("labels"))
+                          : plain_mlp(params, config, input("features"), input("labels"));
     loss.backward();
     return loss.item<double>();
   };

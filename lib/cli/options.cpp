@@ -14,9 +14,6 @@ po::options_description model_options() {
       ("config", po::value<std::string>(), "read options from an .ini file (key = value lines)")
       ("model", po::value<std::string>()->default_value("gpt2-tiny"), "model preset (see `dawnpiper graph --list`)")
       ("model-file", po::value<std::string>(), "an imported model (scripts/export_model.py; docs/model-format.md) instead of a preset")
-      ("init-from", po::value<std::string>(), "with --model-file: initial weights from this safetensors checkpoint (PyTorch names, "
-                                              "e.g. a Hugging Face model.safetensors)")
-      ("seed", po::value<uint64_t>()->default_value(42), "seed for parameters, data and dropout")
       ("precision", po::value<Precision>(), "fp32 (default) | bf16: bf16 compute, fp32 master weights and optimizer state "
                                               "(a model file has the precision it was exported with)")
       ("micro-batch-size", po::value<int64_t>()->default_value(4), "samples per micro-batch");
@@ -24,17 +21,28 @@ po::options_description model_options() {
   return d;
 }
 
-po::options_description common_options() {
+po::options_description run_options(const RunOptionSet& set) {
+  po::options_description weights("Weights");
+  // clang-format off
+  weights.add_options()
+      ("init-from", po::value<std::string>(), "with --model-file: initial weights from this safetensors checkpoint (PyTorch names, "
+                                              "e.g. a Hugging Face model.safetensors)")
+      ("seed", po::value<uint64_t>()->default_value(42), "seed for parameters, data and dropout");
+  // clang-format on
   po::options_description d("Common options");
+  if (set.micro_batches)
+    d.add_options()("micro-batches", po::value<int64_t>()->default_value(4),
+                    "micro-batches per step (mini-batch = size x count)");
   // clang-format off
   d.add_options()
-      ("micro-batches", po::value<int64_t>()->default_value(4), "micro-batches per step (mini-batch = size x count)")
       ("device", po::value<DeviceKind>()->default_value(DeviceKind::Cpu, "cpu"), "cpu | cuda")
-      ("device-memory", po::value<std::string>(), "device memory capacity per rank, e.g. 512MiB, 40GiB (CPU: enforced by the counting allocator)")
-      ("quiet", po::bool_switch(), "print only errors and the final summary");
+      ("device-memory", po::value<std::string>(), "device memory capacity per rank, e.g. 512MiB, 40GiB (CPU: enforced by the counting allocator; CUDA: the "
+                                                     "caching allocator's limit; train on CUDA without it: the GPU's free memory "
+                                                     "shared by its ranks)");
   // clang-format on
+  if (set.quiet) d.add_options()("quiet", po::bool_switch(), "print only errors and the final summary");
   po::options_description all;
-  all.add(model_options()).add(d);
+  all.add(model_options()).add(weights).add(d);
   return all;
 }
 

@@ -23,11 +23,15 @@ namespace dawnpiper {
 
 namespace po = boost::program_options;
 
-// --config --model --model-file --init-from --seed --precision --micro-batch-size: what selects
-// the model (all a subcommand that only builds the graph takes).
+// --config --model --model-file --precision --micro-batch-size: what selects the model (all a
+// subcommand that only builds the graph takes).
 po::options_description model_options();
-// model_options() and --micro-batches --device --device-memory --quiet.
-po::options_description common_options();
+// model_options(), --init-from --seed (the weights), --device --device-memory, and of
+// --micro-batches and --quiet those the subcommand reads.
+struct RunOptionSet {
+  bool micro_batches = true, quiet = true;
+};
+po::options_description run_options(const RunOptionSet& set = {});
 // --allocator-headroom: what a subcommand that plans against --device-memory takes besides.
 po::options_description allocator_headroom_option();
 // --layers --decoder-layers --hidden --heads --ffn --vocab --seq-len --image-size --classes

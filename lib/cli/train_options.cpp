@@ -54,7 +54,7 @@ TrainConfig train_config_from(const po::variables_map& vm) {
 void read_memory(const po::variables_map& vm, TrainOptions& o) {
   if (vm.count("device-memory")) o.capacity = parse_capacity(vm["device-memory"].as<std::string>(), "--device-memory");
   if (vm.count("allocator-headroom")) {
-    if (o.capacity == kUnlimitedBytes)
+    if (o.capacity == kUnlimitedBytes && o.device == DeviceKind::Cpu)
       throw ConfigError("--allocator-headroom is a share of the device memory: give --device-memory too");
     o.allocator_headroom = parse_allocator_headroom(vm["allocator-headroom"].as<std::string>());
   }
@@ -134,6 +134,11 @@ void read_placement(const po::variables_map& vm, TrainOptions& o) {
   if (vm.count("profile-in")) o.profile_in = vm["profile-in"].as<std::string>();
   o.profile_cache = vm["profile-cache"].as<std::string>();
   if (vm.count("calibrate-trace")) o.calibrate_traces = vm["calibrate-trace"].as<std::vector<std::string>>();
+  if (!o.plan_in.empty())
+    for (const char* planning : {"profile-in", "profile-cache", "allocator-headroom"})
+      if (vm.count(planning) && !vm[planning].defaulted())
+        throw ConfigError("--" + std::string(planning) +
+                          " shapes the plan a run makes; --plan-in gives one made before");
   if (!o.plan_in.empty() && !o.calibrate_traces.empty())
     throw ConfigError(
         "--calibrate-trace corrects the profile a plan is made from; --plan-in gives the plan (make it "
@@ -172,7 +177,7 @@ po::options_description train_options() {
       ("checkpoint-every", po::value<int64_t>()->default_value(0), "write a checkpoint every K steps (and after the last)")
       ("save-weights", po::value<std::string>(), "after training, write the weights to this safetensors file (PyTorch names: "
                                                  "transformers' from_pretrained loads it)")
-      ("progress", po::value<Progress::Style>()->default_value(Progress::Style::Auto, "auto"),
+      ("progress", po::value<ProgressKind>()->default_value(ProgressKind::Auto, "auto"),
        "auto (a bar on a terminal, lines in logs and under mpirun) | bar | lines")
       ("resume", po::bool_switch(), "continue from the latest checkpoint in --checkpoint-dir (with the model, data and "
                                     "optimizer settings of the run that wrote it)")
@@ -201,7 +206,7 @@ po::options_description train_options() {
                                                 "grad norm, samples/s and tokens/s, peak memory per stage); scripts/plot_metrics.py draws it");
   // clang-format on
   po::options_description options;
-  options.add(own).add(common_options()).add(allocator_headroom_option()).add(model_override_options());
+  options.add(own).add(run_options()).add(allocator_headroom_option()).add(model_override_options());
   return options;
 }
 
@@ -209,14 +214,14 @@ TrainOptions read_train_options(const po::variables_map& vm) {
   TrainOptions o;
   o.config = train_config_from(vm);
   o.micro_batch_size = vm["micro-batch-size"].as<int64_t>();
-  read_memory(vm, o);
   read_evaluation(vm, o);
   o.quiet = vm["quiet"].as<bool>();
-  o.progress_style = vm["progress"].as<Progress::Style>();
+  o.progress = vm["progress"].as<ProgressKind>();
   o.in_process = vm["in-process"].as<bool>();
   read_checkpointing(vm, o);
   read_files(vm, o);
   read_placement(vm, o);
+  read_memory(vm, o);  // after the device: a CUDA run has a memory budget without --device-memory
   return o;
 }
 

@@ -23,9 +23,10 @@ struct TrainOptions {
   MemoptKind memopt = MemoptKind::None;
   DeviceKind device = DeviceKind::Cpu;
   TransportKind transport = TransportKind::Auto;
-  int threads_requested = 0;           // 0: choose
-  int64_t capacity = kUnlimitedBytes;  // bytes per rank
-  double allocator_headroom = -1;      // share of `capacity` a plan made here leaves free; < 0: the device's default
+  int threads_requested = 0;                        // 0: choose
+  int64_t capacity = kUnlimitedBytes;               // bytes per rank
+  std::string capacity_source = "--device-memory";  // where `capacity` came from, for messages
+  double allocator_headroom = -1;  // share of `capacity` a plan made here leaves free; < 0: the device's default
   int64_t eval_every = 0, eval_batches = 1;
   int64_t checkpoint_every = 0;
   bool resume = false, resume_override = false, quiet = false, in_process = false, eval_only = false;
@@ -33,10 +34,10 @@ struct TrainOptions {
   std::string save_directory;  // --save-weights DIR: model.safetensors and (Hugging Face models) config.json
   std::string plan_in, plan_out, profile_in, profile_cache;
   std::vector<std::string> calibrate_traces;
-  Progress::Style progress_style = Progress::Style::Auto;
+  ProgressKind progress = ProgressKind::Auto;
   // Set where the run starts, from what the options select.
   std::string hf_config;  // config.json's text for --save-weights DIR; empty: not a Hugging Face export
-  ThreadChoice threads;   // each rank's intra-op threads
+  ThreadCount threads;    // each rank's intra-op threads
   double samples_per_step = 0;
 };
 TrainOptions read_train_options(const po::variables_map& vm);

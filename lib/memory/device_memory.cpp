@@ -108,6 +108,29 @@ void DeviceMemory::set_capacity(c10::Device device, int64_t bytes) {
   CountingAllocator::install().set_capacity(bytes);
 }
 
+int64_t DeviceMemory::free_bytes(c10::Device device) {
+#ifdef DAWNPIPER_CUDA
+  if (device.is_cuda()) {
+    initialize(device);
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaSetDevice(cuda_index(device));
+    cudaFree(nullptr);  // creates the context if needed
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess)
+      throw Error("cannot read the free memory of " + device.str());
+    return static_cast<int64_t>(free_bytes);
+  }
+#endif
+  (void)device;
+  return kUnlimitedBytes;
+}
+
+void DeviceMemory::release_cached(c10::Device device) {
+#ifdef DAWNPIPER_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  (void)device;
+}
+
 void synchronize(c10::Device device) {
 #ifdef DAWNPIPER_CUDA
   if (device.is_cuda()) c10::cuda::device_synchronize();

@@ -29,7 +29,19 @@ struct DeviceMemory {
   // kUnlimitedBytes: no limit. CPU: enforced by the counting allocator; CUDA: the caching
   // allocator's memory fraction of the device total.
   static void set_capacity(c10::Device device, int64_t bytes);
+  // What the device has free now (CUDA: cudaMemGetInfo, after creating this process's context);
+  // kUnlimitedBytes on the CPU.
+  static int64_t free_bytes(c10::Device device);
+  // Returns the blocks the caching allocator keeps but nothing uses to the device (CUDA), so that
+  // what profiling held does not count against the stage a rank runs next. A no-op on the CPU.
+  static void release_cached(c10::Device device);
 };
+
+// What a CUDA process takes beyond its caching allocator once its context exists: the kernels
+// and library handles loaded on first use. Measured on an H200 with LibTorch 2.11 (CUDA 13):
+// 738-745 MiB per DawnPiper process outside the allocator, of which the context, present from
+// the start, is 527 MiB (docs/gpu.md, "Memory without --device-memory").
+constexpr int64_t kCudaLazyLoadBytes = int64_t{256} << 20;
 
 // The share of a device's memory a plan leaves to the allocator's fragmentation when the user
 // gives none (--allocator-headroom): what the CUDA caching allocator reserved beyond its allocated

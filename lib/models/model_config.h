@@ -9,8 +9,23 @@
 
 namespace dawnpiper {
 
+enum class ModelFamily { Gpt2, Bert, T5, AmoebaNet, Mlp };
+template <>
+struct EnumNames<ModelFamily> {
+  static constexpr const char* what = "model family";
+  static constexpr std::array<std::pair<ModelFamily, const char*>, 5> table{{{ModelFamily::Gpt2, "gpt2"},
+                                                                             {ModelFamily::Bert, "bert"},
+                                                                             {ModelFamily::T5, "t5"},
+                                                                             {ModelFamily::AmoebaNet, "amoebanet"},
+                                                                             {ModelFamily::Mlp, "mlp"}}};
+};
+// gpt2, bert and t5: the transformers with a language-model head.
+inline bool is_language_model(ModelFamily family) {
+  return family == ModelFamily::Gpt2 || family == ModelFamily::Bert || family == ModelFamily::T5;
+}
+
 struct ModelConfig {
-  std::string family;  // gpt2 | bert | t5 | amoebanet | mlp
+  ModelFamily family = ModelFamily::Gpt2;
   std::string preset;
   int64_t layers = 0;          // transformer layers (t5: encoder layers), mlp hidden layers,
                                // amoebanet normal cells per stack

@@ -12,13 +12,13 @@ namespace dawnpiper {
 
 namespace {
 
-ModelConfig transformer(const std::string& family, const std::string& preset, int64_t layers, int64_t hidden,
-                        int64_t heads, int64_t vocab, int64_t seq_len, int64_t max_positions) {
+ModelConfig transformer(ModelFamily family, const std::string& preset, int64_t layers, int64_t hidden, int64_t heads,
+                        int64_t vocab, int64_t seq_len, int64_t max_positions) {
   ModelConfig c;
   c.family = family;
   c.preset = preset;
   c.layers = layers;
-  c.decoder_layers = family == "t5" ? layers : 0;
+  c.decoder_layers = family == ModelFamily::T5 ? layers : 0;
   c.hidden = hidden;
   c.heads = heads;
   c.ffn = 4 * hidden;
@@ -30,7 +30,7 @@ ModelConfig transformer(const std::string& family, const std::string& preset, in
 
 ModelConfig amoebanet(const std::string& preset, int64_t cells, int64_t filters, int64_t image, int64_t classes) {
   ModelConfig c;
-  c.family = "amoebanet";
+  c.family = ModelFamily::AmoebaNet;
   c.preset = preset;
   c.layers = cells;
   c.hidden = filters;
@@ -41,7 +41,7 @@ ModelConfig amoebanet(const std::string& preset, int64_t cells, int64_t filters,
 
 ModelConfig mlp(const std::string& preset, int64_t layers, int64_t hidden, int64_t in, int64_t classes) {
   ModelConfig c;
-  c.family = "mlp";
+  c.family = ModelFamily::Mlp;
   c.preset = preset;
   c.layers = layers;
   c.hidden = hidden;
@@ -56,24 +56,24 @@ const std::map<std::string, ModelConfig>& presets() {
   static const std::map<std::string, ModelConfig> table = [] {
     std::map<std::string, ModelConfig> t;
     auto put = [&t](ModelConfig c) { t[c.preset] = c; };
-    put(transformer("gpt2", "gpt2-tiny", 2, 64, 4, 512, 32, 64));
-    put(transformer("gpt2", "gpt2-mini", 4, 256, 8, 8192, 128, 128));
-    put(transformer("gpt2", "gpt2-small", 12, 768, 12, 50257, 1024, 1024));
-    put(transformer("gpt2", "gpt2-large", 36, 1280, 20, 50257, 1024, 1024));
-    put(transformer("bert", "bert-tiny", 2, 64, 4, 512, 32, 64));
-    put(transformer("bert", "bert-mini", 4, 256, 4, 8192, 128, 128));
-    put(transformer("bert", "bert-base", 12, 768, 12, 30522, 512, 512));
-    put(transformer("bert", "bert-large", 24, 1024, 16, 30522, 512, 512));
-    put(transformer("t5", "t5-tiny", 2, 64, 4, 512, 32, 0));
-    put(transformer("t5", "t5-mini", 4, 256, 4, 8192, 64, 0));
-    put(transformer("t5", "t5-large", 24, 1024, 16, 32128, 512, 0));
+    put(transformer(ModelFamily::Gpt2, "gpt2-tiny", 2, 64, 4, 512, 32, 64));
+    put(transformer(ModelFamily::Gpt2, "gpt2-mini", 4, 256, 8, 8192, 128, 128));
+    put(transformer(ModelFamily::Gpt2, "gpt2-small", 12, 768, 12, 50257, 1024, 1024));
+    put(transformer(ModelFamily::Gpt2, "gpt2-large", 36, 1280, 20, 50257, 1024, 1024));
+    put(transformer(ModelFamily::Bert, "bert-tiny", 2, 64, 4, 512, 32, 64));
+    put(transformer(ModelFamily::Bert, "bert-mini", 4, 256, 4, 8192, 128, 128));
+    put(transformer(ModelFamily::Bert, "bert-base", 12, 768, 12, 30522, 512, 512));
+    put(transformer(ModelFamily::Bert, "bert-large", 24, 1024, 16, 30522, 512, 512));
+    put(transformer(ModelFamily::T5, "t5-tiny", 2, 64, 4, 512, 32, 0));
+    put(transformer(ModelFamily::T5, "t5-mini", 4, 256, 4, 8192, 64, 0));
+    put(transformer(ModelFamily::T5, "t5-large", 24, 1024, 16, 32128, 512, 0));
     put(amoebanet("amoebanet-tiny", 1, 16, 32, 10));
     put(amoebanet("amoebanet-mini", 2, 32, 64, 100));
     put(amoebanet("amoebanet-d", 6, 70, 224, 1000));
     put(mlp("mlp-tiny", 3, 128, 64, 10));
     put(mlp("mlp-mini", 6, 1024, 512, 100));
     for (auto& kv : t)
-      if (kv.second.family == "amoebanet" || kv.second.family == "mlp") kv.second.dropout = 0;
+      if (!is_language_model(kv.second.family)) kv.second.dropout = 0;
     return t;
   }();
   return table;
@@ -455,7 +455,7 @@ void set_dropout(ModelConfig& c, double dropout) {
 
 void check_config(const ModelConfig& c) {
   const std::string who = "model " + c.preset + ": ";
-  const bool language_model = c.family == "gpt2" || c.family == "bert" || c.family == "t5";
+  const bool language_model = is_language_model(c.family);
   if (language_model) {
     if (c.heads < 1 || c.hidden % c.heads != 0)
       throw ConfigError(who + "hidden (" + std::to_string(c.hidden) + ") must be divisible by heads (" +
@@ -466,23 +466,21 @@ void check_config(const ModelConfig& c) {
     if (c.output_chunks > c.vocab)
       throw ConfigError(who + "output-chunks (" + std::to_string(c.output_chunks) + ") exceeds the vocabulary (" +
                         std::to_string(c.vocab) + ")");
-  } else if (c.family == "amoebanet") {
+  } else if (c.family == ModelFamily::AmoebaNet) {
     if (c.hidden < 4) throw ConfigError(who + "filters (hidden) must be at least 4");
     // stem conv + 4 reductions halve the image 5 times; each reduction needs an even input.
     if (c.image_size % 32 != 0)
       throw ConfigError(who + "image-size must be a multiple of 32, got " + std::to_string(c.image_size));
-  } else if (c.family != "mlp") {
-    throw ConfigError("unknown model family '" + c.family + "'");
   }
   if (!language_model && c.output_chunks != 1)
     throw ConfigError(who + "output-chunks splits a language model's output projection (gpt2, bert, t5), not " +
-                      c.family + "'s classifier");
+                      name_of(c.family) + "'s classifier");
   if (!language_model && c.loss_chunk_tokens != 0)
     throw ConfigError(who + "loss-chunk-tokens fuses a language model's output projection with its loss (gpt2, bert, " +
-                      "t5), not " + c.family + "'s classifier");
+                      "t5), not " + name_of(c.family) + "'s classifier");
   if (!language_model && c.fused_attention)
-    throw ConfigError(who + "attention=fused changes a transformer's attention (gpt2, bert, t5), not " + c.family +
-                      "'s layers");
+    throw ConfigError(who + "attention=fused changes a transformer's attention (gpt2, bert, t5), not " +
+                      name_of(c.family) + "'s layers");
   if (c.loss_chunk_tokens != 0 && c.output_chunks != 1)
     throw ConfigError(who + "output-chunks and loss-chunk-tokens exclude each other: the first splits the output " +
                       "projection into nodes a cut may fall between, the second fuses it with the loss into one");
@@ -492,12 +490,26 @@ OpGraph build_model(const ModelConfig& config, int64_t micro_batch_size, Precisi
   if (micro_batch_size < 1) throw ConfigError("micro-batch size must be at least 1");
   check_config(config);
   OpGraph g;
-  g.model = config.family;
+  g.model = name_of(config.family);
   g.preset = config.preset;
   g.micro_batch_size = micro_batch_size;
-  static const std::map<std::string, std::function<void(const ModelConfig&, int64_t, OpGraph&)>> builders = {
-      {"gpt2", build_gpt2}, {"bert", build_bert}, {"t5", build_t5}, {"amoebanet", build_amoebanet}, {"mlp", build_mlp}};
-  builders.at(config.family)(config, micro_batch_size, g);
+  switch (config.family) {
+    case ModelFamily::Gpt2:
+      build_gpt2(config, micro_batch_size, g);
+      break;
+    case ModelFamily::Bert:
+      build_bert(config, micro_batch_size, g);
+      break;
+    case ModelFamily::T5:
+      build_t5(config, micro_batch_size, g);
+      break;
+    case ModelFamily::AmoebaNet:
+      build_amoebanet(config, micro_batch_size, g);
+      break;
+    case ModelFamily::Mlp:
+      build_mlp(config, micro_batch_size, g);
+      break;
+  }
   g.validate();
   if (precision == Precision::Bf16) {  // bf16 activations; the loss stays fp32
     g.precision = precision;

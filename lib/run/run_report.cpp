@@ -35,7 +35,7 @@ std::string memopt_summary(const StagePlan& stage) {
 
 }  // namespace
 
-void print_threads(const ThreadChoice& t) { std::printf("  threads: %d per rank (%s)\n", t.threads, t.why.c_str()); }
+void print_threads(const ThreadCount& t) { std::printf("  threads: %d per rank (%s)\n", t.threads, t.why.c_str()); }
 
 std::string optimizer_summary(const OptimizerConfig& o) {
   std::ostringstream out;
@@ -68,10 +68,14 @@ void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConf
         "  warning: some host runs a number of ranks that is no multiple of %d stages, so some pipelines "
         "span hosts and send their activations between them\n",
         layout.stages);
-  if (plan.options.allocator_headroom_bytes > 0)
-    std::printf("  memory: planned within %s per rank, leaving %s of --device-memory to the allocator\n",
-                format_bytes(static_cast<double>(plan.options.capacity_bytes)).c_str(),
-                format_bytes(static_cast<double>(plan.options.allocator_headroom_bytes)).c_str());
+  if (o.capacity != kUnlimitedBytes) {
+    const int64_t planned = plan.options.capacity_bytes;
+    std::printf("  memory: %s per rank (%s); %s\n", format_bytes(static_cast<double>(o.capacity)).c_str(),
+                o.capacity_source.c_str(),
+                planned == kUnlimitedBytes
+                    ? "the plan was made without a limit"
+                    : ("the plan fills up to " + format_bytes(static_cast<double>(planned)) + " of it").c_str());
+  }
   for (const StagePlan& stage : plan.stages)
     std::printf("  stage %d: nodes [%d, %d), predicted peak %s%s\n", stage.index, stage.begin, stage.end,
                 format_bytes(static_cast<double>(stage.memory.predicted_peak())).c_str(),
@@ -89,9 +93,10 @@ void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConf
   for (const StagePlan& stage : plan.stages)
     if (stage.memory.predicted_peak() > o.capacity)
       std::printf(
-          "  warning: stage %d is predicted to peak at %s, above --device-memory; the planner's search "
-          "model under-estimated it: expect an out-of-memory error\n",
-          stage.index, format_bytes(static_cast<double>(stage.memory.predicted_peak())).c_str());
+          "  warning: stage %d is predicted to peak at %s, above the %s a rank has; the plan was made for more "
+          "memory or its search model under-estimated it: expect an out-of-memory error\n",
+          stage.index, format_bytes(static_cast<double>(stage.memory.predicted_peak())).c_str(),
+          format_bytes(static_cast<double>(o.capacity)).c_str());
 }
 
 void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayout& layout, const TrainOptions& o,

@@ -16,7 +16,7 @@
 
 namespace dawnpiper {
 
-void print_threads(const ThreadChoice& t);
+void print_threads(const ThreadCount& t);
 // "adamw lr 0.0003 (cosine after 100 warmup steps to 3e-05), weight decay 0.1, grad clip 1"
 std::string optimizer_summary(const OptimizerConfig& o);
 // The training line, the threads, every stage's cut, predicted peak and evictions, tied weights.

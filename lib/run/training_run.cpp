@@ -63,7 +63,7 @@ int train_one_stage(const OpGraph& graph, const TrainOptions& o) {
     return 0;
   }
   int64_t peak = 0;
-  Progress progress(0, o.config.steps, o.samples_per_step, o.quiet, o.progress_style);
+  Progress progress(0, o.config.steps, o.samples_per_step, o.quiet, o.progress);
   const int64_t tokens = tokens_per_sample(graph);
   install_stop_handlers();
   int stopped_by = 0;
@@ -177,6 +177,7 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
   }
   const Plan plan = agreed_plan(given, graph, layout, o, device, rank);
   const PipelineConfig pc = pipeline_config(plan, graph, layout, o, device, first_step);
+  DeviceMemory::release_cached(device);  // rank 0 may have profiled the whole model
   DeviceMemory::set_capacity(device, o.capacity);
   if (rank == 0 && !o.quiet) print_run_header(graph, plan, pc, layout, o);
   DeviceMemory::reset_peak(device);
@@ -184,7 +185,7 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
   // Async can stop only where it drains (at checkpoints); without them a signal ends it at once.
   run.stop_on_signal = !o.in_process && (pc.schedule != ScheduleKind::Async || pc.drain_every > 0);
   if (run.stop_on_signal) install_stop_handlers();
-  Progress progress(pc.first_step, pc.steps, o.samples_per_step, o.quiet || rank != 0, o.progress_style);
+  Progress progress(pc.first_step, pc.steps, o.samples_per_step, o.quiet || rank != 0, o.progress);
   MetricsLog metrics(rank == 0 ? o.metrics_path : "", o.resume);
   const int64_t tokens = tokens_per_sample(graph);
   run.on_loss = [&](const StepReport& r) {
@@ -223,6 +224,11 @@ int run_training(TrainOptions o, const ModelSource& source, const std::optional<
   // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
   const c10::Device device = rank_device(parse_device(o.device, /*require_gpu=*/false), MPI_COMM_WORLD);
   check_transport(o.transport, device);
+  if (o.capacity == kUnlimitedBytes && !o.in_process) {  // on a GPU, plan within what it has free
+    const DeviceBudget budget = default_device_memory(device, MPI_COMM_WORLD);
+    o.capacity = budget.bytes;
+    o.capacity_source = budget.why;
+  }
   o.threads = choose_threads(o.threads_requested, MPI_COMM_WORLD);
   CountingAllocator::install();
   const OpGraph graph = source.graph(o.micro_batch_size);
@@ -232,10 +238,11 @@ int run_training(TrainOptions o, const ModelSource& source, const std::optional<
                       std::to_string(plan->nodes) + " nodes, fingerprint " + plan->graph_hash + "; this run's " +
                       graph.preset + " has " + std::to_string(graph.size()) + " nodes, fingerprint " +
                       graph.fingerprint());
-  // The reference trainer serves plain one-stage runs; traces, checkpoints and planned memory
-  // optimization need the runtime.
+  // The reference trainer serves plain one-stage runs; traces, checkpoints, plans (given, made
+  // from a profile or written out) and planned memory optimization need the runtime.
   const bool runtime_features = !o.trace_path.empty() || o.checkpoint_every > 0 || o.resume ||
-                                o.memopt != MemoptKind::None || plan || device.is_cuda();
+                                o.memopt != MemoptKind::None || plan || device.is_cuda() || !o.plan_out.empty() ||
+                                !o.profile_in.empty();
   if (!o.calibrate_traces.empty() && layout.stages == 1)
     throw ConfigError("--calibrate-trace corrects the stages of a pipeline; this run has one stage");
   if (layout.stages == 1 && layout.replicas == 1 && !o.in_process && !runtime_features)

@@ -13,6 +13,7 @@
 
 #include "memory/device_memory.h"
 #include "util/error.h"
+#include "util/units.h"
 
 #ifdef DAWNPIPER_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -88,18 +89,42 @@ std::vector<std::string> device_identities(c10::Device device, MPI_Comm comm) {
   return ids;
 }
 
+DeviceBudget default_device_memory(c10::Device device, MPI_Comm comm) {
+  if (!device.is_cuda()) return {kUnlimitedBytes, ""};
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const std::vector<std::string> ids = device_identities(device, comm);
+  const auto sharing = std::count(ids.begin(), ids.end(), ids[static_cast<size_t>(rank)]);
+  DeviceMemory::free_bytes(device);  // every context first: each takes its share of the free memory
+  MPI_Barrier(comm);
+  const int64_t free_bytes = DeviceMemory::free_bytes(device);
+  const int64_t mine = free_bytes / sharing - kCudaLazyLoadBytes;
+  int64_t least = mine;
+  MPI_Allreduce(&mine, &least, 1, MPI_INT64_T, MPI_MIN, comm);
+  const std::string split = sharing > 1 ? " / " + std::to_string(sharing) + " ranks" : "";
+  if (least <= 0)
+    throw ConfigError("--device cuda: a GPU has " + format_bytes(static_cast<double>(least + kCudaLazyLoadBytes)) +
+                      " free per rank that shares it, too little to train in; free the GPU or launch fewer ranks "
+                      "per GPU");
+  DeviceBudget budget;
+  budget.bytes = least;
+  budget.why = "the GPU's free memory" + split + " less " + format_bytes(static_cast<double>(kCudaLazyLoadBytes)) +
+               " for CUDA's own use (--device-memory sets it)";
+  return budget;
+}
+
 }  // namespace dawnpiper
 
 namespace dawnpiper {
 
-ThreadChoice choose_threads(int requested, MPI_Comm comm) {
+ThreadCount choose_threads(int requested, MPI_Comm comm) {
   MPI_Comm node;
   int rank = 0, ranks_on_node = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
   MPI_Comm_size(node, &ranks_on_node);
   MPI_Comm_free(&node);
-  ThreadChoice c;
+  ThreadCount c;
   const char* env = std::getenv("OMP_NUM_THREADS");
   if (requested > 0) {
     c.threads = requested;

@@ -24,11 +24,22 @@ c10::Device rank_device(c10::Device requested, MPI_Comm comm);
 // cores shared among its ranks (cores / ranks on the node, at least 1, at most the cores the rank
 // may run on). Sets them (at::set_num_threads) and returns them with where the number came from
 // ("--threads", "OMP_NUM_THREADS", "4 cores / 2 ranks on the node"). Collective over `comm`.
-struct ThreadChoice {
+struct ThreadCount {
   int threads = 1;
   std::string why;
 };
-ThreadChoice choose_threads(int requested, MPI_Comm comm);
+ThreadCount choose_threads(int requested, MPI_Comm comm);
+
+// The memory per rank a run plans within when the user gives no --device-memory: on CUDA, the
+// free memory of each rank's GPU (once every rank has its context) split among the ranks sharing
+// it, less kCudaLazyLoadBytes each; the least over all ranks. Unlimited on the CPU. With `why`
+// saying where the number came from. ConfigError when a GPU has nothing left to share.
+// Collective over `comm`.
+struct DeviceBudget {
+  int64_t bytes = 0;
+  std::string why;
+};
+DeviceBudget default_device_memory(c10::Device device, MPI_Comm comm);
 
 // One string per rank (in rank order) naming the physical device it trains on: host name and
 // GPU UUID on CUDA, host name and rank on the CPU (never shared). Collective over `comm`.

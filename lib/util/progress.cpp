@@ -23,12 +23,14 @@ std::string duration_text(double seconds) {
 }
 }  // namespace
 
-Progress::Progress(int64_t first_step, int64_t steps, double samples_per_step, bool quiet, Style style, std::FILE* out)
+Progress::Progress(int64_t first_step, int64_t steps, double samples_per_step, bool quiet, ProgressKind style,
+                   std::FILE* out)
     : first_(first_step),
       steps_(steps),
       samples_per_step_(samples_per_step),
       quiet_(quiet),
-      terminal_(style == Style::Bar || (style == Style::Auto && isatty(fileno(out)) && !under_mpi_launcher())),
+      terminal_(style == ProgressKind::Bar ||
+                (style == ProgressKind::Auto && isatty(fileno(out)) && !under_mpi_launcher())),
       out_(out),
       start_(Clock::now()),
       last_(start_) {}

@@ -10,14 +10,15 @@
 
 namespace dawnpiper {
 
+enum class ProgressKind { Auto, Bar, Lines };  // --progress; by name: EnumNames below
+
 class Progress {
  public:
-  enum class Style { Auto, Bar, Lines };  // by name: EnumNames below
   // Steps first_step .. steps - 1 will be reported. Output goes to `out` unless quiet. Auto
   // draws a bar on a terminal, except under an MPI launcher: mpirun hands every rank a
   // pseudo-terminal even when its own output goes to a file.
-  Progress(int64_t first_step, int64_t steps, double samples_per_step, bool quiet, Style style = Style::Auto,
-           std::FILE* out = stdout);
+  Progress(int64_t first_step, int64_t steps, double samples_per_step, bool quiet,
+           ProgressKind style = ProgressKind::Auto, std::FILE* out = stdout);
   // lr and grad_norm are shown where they are numbers (a NaN norm: async, which has none).
   void step(int64_t step, double loss, double lr = std::nan(""), double grad_norm = std::nan(""));
   // A line "validation step <n> loss <value>" (after the step it follows).
@@ -43,10 +44,10 @@ class Progress {
 };
 
 template <>
-struct EnumNames<Progress::Style> {
+struct EnumNames<ProgressKind> {
   static constexpr const char* what = "progress style";
-  static constexpr std::array<std::pair<Progress::Style, const char*>, 3> table{
-      {{Progress::Style::Auto, "auto"}, {Progress::Style::Bar, "bar"}, {Progress::Style::Lines, "lines"}}};
+  static constexpr std::array<std::pair<ProgressKind, const char*>, 3> table{
+      {{ProgressKind::Auto, "auto"}, {ProgressKind::Bar, "bar"}, {ProgressKind::Lines, "lines"}}};
 };
 
 }  // namespace dawnpiper

@@ -10,7 +10,7 @@ namespace dawnpiper {
 
 int64_t parse_capacity(const std::string& text, const std::string& what) {
   const int64_t bytes = parse_bytes(text, what);
-  if (bytes <= 0) throw ConfigError(what + " must be positive (leave it out for no limit)");
+  if (bytes <= 0) throw ConfigError(what + " must be positive (leave it out for the default)");
   return bytes;
 }
 

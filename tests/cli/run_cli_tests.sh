@@ -35,7 +35,7 @@ expect_fail "unreadable config" "cannot read config file" train --config "$work/
 printf 'model = gpt2-tiny\nbogus = 1\n' >"$work/bad.ini"
 expect_fail "unknown key in config" "bogus" train --config "$work/bad.ini"
 expect_fail "bad memory size" "is not a size" train --model mlp-tiny --device-memory lots
-expect_fail "zero memory" "--device-memory must be positive (leave it out for no limit)" train --model mlp-tiny --device-memory 0
+expect_fail "zero memory" "--device-memory must be positive (leave it out for the default)" train --model mlp-tiny --device-memory 0
 expect_fail "capacity exceeded" "out of memory: cannot allocate" train --model gpt2-tiny --device-memory 100KiB --steps 1
 expect_fail "stages without ranks" "launch with" train --model mlp-tiny --stages 2
 expect_fail "zero micro-batch size" "micro-batch size must be at least 1" train --model mlp-tiny --micro-batch-size 0
@@ -205,8 +205,35 @@ expect_fail "bad progress style" "--progress: unknown progress style 'fancy' (ch
 expect_fail "plan with two memory sizes" "--memory and --device-memory both give the memory per stage: give one" plan --model mlp-tiny \
   --device-spec a100-40gb --stages 2 --memory 1GiB --device-memory 2GiB --out "$work/two-sizes.json"
 expect_fail "graph takes no device memory" "unrecognised option '--device-memory'" graph --model mlp-tiny --device-memory 1GiB
+# A subcommand accepts only the options it uses.
+expect_fail "graph takes no seed" "unrecognised option '--seed'" graph --model mlp-tiny --seed 3
+expect_fail "graph takes no weights" "unrecognised option '--init-from'" graph --model mlp-tiny --init-from w.safetensors
+expect_fail "profile takes no micro-batch count" "unrecognised option '--micro-batches'" profile --model mlp-tiny \
+  --micro-batches 8 --out "$work/unused.h5"
+expect_fail "replay-stage takes no --quiet" "unrecognised option '--quiet'" replay-stage --plan "$work/plan2.json" \
+  --stage 0 --quiet
+expect_fail "profile at two batch sizes" "--batch-sizes profiles at its first size, 2, not --micro-batch-size 8" \
+  profile --model mlp-tiny --micro-batch-size 8 --batch-sizes 2,4 --out "$work/unused.h5"
+expect_fail "analytic profile measures nothing" "--iterations sets how nodes are measured; --analytic measures none" \
+  profile --model mlp-tiny --analytic --device-spec a100-40gb --iterations 9 --out "$work/unused.h5"
+expect_fail "plan from two profiles" "--profile-in and --device-spec both give the profile to plan from: give one" \
+  plan --profile-in "$work/p.h5" --device-spec a100-40gb --stages 2
+expect_fail "a given plan is not made" "--profile-in shapes the plan a run makes; --plan-in gives one made before" \
+  train --model gpt2-tiny --plan-in "$work/plan2.json" --profile-in "$work/p.h5"
+if "$bin" graph --model mlp-tiny --nodes >"$work/out" 2>&1 && grep -q "^    0 " "$work/out" && ! grep -q "^nodes " "$work/out" &&
+   "$bin" graph --model mlp-tiny --nodes --summary >"$work/out" 2>&1 && grep -q "^nodes        " "$work/out"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: graph --nodes [--summary]"; cat "$work/out"; fi
+expect_ok "graph names the precision" "model        gpt2-tiny (gpt2), micro-batch 4, bf16" graph --model gpt2-tiny --precision bf16
+# One rank: a plan written out comes from the runtime's path (the reference trainer makes none).
+expect_ok "one rank writes its plan" "step 1 loss" train --model mlp-tiny --steps 2 --plan-out "$work/one.json"
+[ -s "$work/one.json" ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: train --plan-out on one rank wrote no plan"; }
 expect_fail "headroom without memory" "--allocator-headroom is a share of the device memory: give --device-memory too" \
   train --model mlp-tiny --allocator-headroom 5%
+# On CUDA the GPU's free memory is the default budget: the headroom is accepted (this machine has no GPU).
+expect_fail "headroom of a GPU's default memory" "--device cuda: no GPU is visible to rank 0 (of 1)" \
+  train --model mlp-tiny --allocator-headroom 5% --device cuda
+expect_ok "train names its memory" "memory: 1.00 GiB per rank (--device-memory); the plan fills up to 1.00 GiB of it" \
+  train --model mlp-tiny --steps 1 --stages 2 --in-process --device-memory 1GiB
 expect_fail "bad headroom" "--allocator-headroom '60%': give a share between 0 and 50%" plan --model mlp-tiny \
   --device-spec a100-40gb --stages 2 --allocator-headroom 60%
 expect_ok "plan leaves headroom" "capacity 36.00 GiB (+ 4.00 GiB left to the allocator)" plan --model mlp-tiny \

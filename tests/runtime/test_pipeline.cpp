@@ -129,7 +129,7 @@ TEST_CASE("a chunked output projection trains like the whole one, cut between it
     const OpGraph g = build_model(c, 2);
     const std::vector<StepResult> chunked = ReferenceTrainer(g, rc).run();
     // T5's head is untied: its chunks are new parameters, drawn afresh.
-    const bool tied = c.family != "t5";
+    const bool tied = c.family != ModelFamily::T5;
     int second_chunk = -1;
     for (const Node& n : g.nodes)
       if (n.name.size() > 7 && n.name.compare(n.name.size() - 7, 7, ".chunk1") == 0) second_chunk = n.id;
@@ -172,7 +172,7 @@ TEST_CASE("a fused LM loss trains like a projection and a cross-entropy, alone o
       const double tolerance = precision == Precision::Fp32 ? 1e-5 : 1e-3;
       // T5's head is untied: its weight is drawn for another node id, so it is compared with
       // its own pipelines only.
-      if (c.family != "t5")
+      if (c.family != ModelFamily::T5)
         for (size_t s = 0; s < whole.size(); ++s) {
           INFO(preset << " " << precision << " step " << s);
           CHECK(fused[s].loss == Approx(whole[s].loss).epsilon(tolerance));

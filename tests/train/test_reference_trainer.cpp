@@ -21,7 +21,7 @@ TEST_CASE("loss decreases over 20 steps on every tiny preset", "[train]") {
   for (const std::string& preset : preset_names()) {
     if (preset.find("-tiny") == std::string::npos) continue;
     const ModelConfig config = preset_config(preset);
-    const bool conv = config.family == "amoebanet";
+    const bool conv = config.family == ModelFamily::AmoebaNet;
     for (OptimizerKind optimizer : {OptimizerKind::Sgd, OptimizerKind::Adam}) {
       INFO(preset << " " << optimizer);
       OpGraph g = build_model(config, 4);
