@@ -5,6 +5,8 @@
 #include <climits>
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "app/commands.h"
 #include "cli/options.h"
@@ -111,6 +113,18 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
   return profile;
 }
 
+// A plan from --profile-in alone builds no model: what selects one is refused, not ignored.
+void refuse_model_options(const po::variables_map& vm) {
+  std::vector<std::string> names = {"model", "model-file", "init-from", "seed", "device"};
+  const po::options_description overrides = model_override_options();
+  for (const auto& opt : overrides.options()) names.push_back(opt->long_name());
+  for (const std::string& name : names)
+    if (vm.count(name) && !vm[name].defaulted())
+      throw ConfigError("--" + name +
+                        " selects the model that --calibrate-rounds runs; --profile-in alone plans from " +
+                        "the profile's graph");
+}
+
 // Plans from the profile, then corrects it by running every stage alone (plan/calibrate.h).
 Plan calibrated(const po::variables_map& vm, const Profile& profile, const PlanOptions& o, int rounds) {
   const int64_t steps = vm["calibrate-steps"].as<int64_t>();
@@ -163,6 +177,7 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
     throw ConfigError("--calibrate-rounds needs --profile-in (a profile measured on the device it runs the stages on)");
   if (calibrate == 0 && !vm["calibrate-steps"].defaulted())
     throw ConfigError("--calibrate-steps applies with --calibrate-rounds");
+  if (calibrate == 0 && vm.count("profile-in")) refuse_model_options(vm);
   if (calibrate > 0) {
     plan = calibrated(vm, profile, o, calibrate);
   } else if (vm["max-batch"].as<bool>()) {

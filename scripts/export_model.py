@@ -36,6 +36,8 @@ def quiet_torch_logs():
 warnings.filterwarnings("ignore", category=FutureWarning)
 import traceback
 
+from atomic_file import atomic_write
+
 FORMAT_VERSION = 1
 VERBOSE = False
 
@@ -1154,28 +1156,11 @@ def blocks_of(nodes):
 # ----------------------------------------------------------------------------- output
 
 
-def new_file_mode():
-    """The mode open() gives a new file: 0666 less the user's umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def write_model_file(path, graph, tensors):
     from safetensors.torch import save_file
 
     metadata = {"format": "pt", "dawnpiper_model": json.dumps(graph, separators=(",", ":"))}
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".export-", dir=directory)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.chmod(tmp, new_file_mode())  # mkstemp's is 0600: give the user's umask's
-        os.replace(tmp, path)  # nothing half-written under the final name
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), ".export-")
 
 
 def write_reference(path, wrapper, inputs, prefix, seed):
@@ -1194,7 +1179,7 @@ def write_reference(path, wrapper, inputs, prefix, seed):
         key = name[len(prefix):] if name.startswith(prefix) else name
         if p.grad is not None:
             out["grad." + key] = p.grad.detach().contiguous().clone()
-    save_file(out, path)
+    atomic_write(path, lambda tmp: save_file(out, tmp), ".export-")
 
 
 def main(argv=None):

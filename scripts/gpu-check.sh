@@ -41,7 +41,7 @@ pack() {
   strip -o "$dir/dawnpiper" "$bin" 2>/dev/null || cp "$bin" "$dir/dawnpiper"
   cp "$root/scripts/gpu-check.sh" "$dir/"
   cp "$root"/inputs/*.ini "$dir/inputs/"
-  cp "$root/scripts/export_model.py" "$root/scripts/dawnpiper_ops.py" "$root/scripts/gpt2_reference.py" "$dir/python/"
+  cp "$root/scripts/export_model.py" "$root/scripts/atomic_file.py" "$root/scripts/dawnpiper_ops.py" "$root/scripts/gpt2_reference.py" "$dir/python/"
   (cd "$root" && echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes')") \
     >"$dir/VERSION"
   # The packages, once per list (a second pack into the same DIR only checks).

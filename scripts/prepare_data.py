@@ -16,7 +16,8 @@ import argparse
 import json
 import os
 import sys
-import tempfile
+
+from atomic_file import atomic_write
 
 FORMAT_VERSION = 1
 END_OF_TEXT = "<|endoftext|>"
@@ -24,28 +25,6 @@ END_OF_TEXT = "<|endoftext|>"
 
 class UserError(Exception):
     pass
-
-
-def new_file_mode():
-    """The mode open() gives a new file: 0666 less the user's umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def atomic_write(path, write):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".prepare-", dir=directory)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, new_file_mode())  # mkstemp's is 0600: give the user's umask's
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def read_texts(paths):

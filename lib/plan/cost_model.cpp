@@ -9,11 +9,6 @@
 
 namespace dawnpiper {
 
-int64_t simulated_micro_batches(ScheduleKind kind, int stages, int64_t micro_batches) {
-  if (kind == ScheduleKind::Async) return std::max<int64_t>(micro_batches, 2 * stages);
-  return micro_batches;
-}
-
 namespace {
 [[noreturn]] void bad_profile(const std::string& what) { throw ConfigError("malformed profile: " + what); }
 
@@ -73,8 +68,8 @@ void CostModel::take_options(const PlanOptions& options) {
   data_parallel_ = options.data_parallel;
   micro_batches_ = options.micro_batches;
   optimizer_ = options.optimizer;
-  schedule_actions_ =
-      make_schedule(schedule_, stages_, simulated_micro_batches(schedule_, stages_, options.micro_batches));
+  schedule_actions_ = make_schedule(schedule_, stages_,
+                                    schedule_traits(schedule_).simulated_micro_batches(stages_, options.micro_batches));
   stats_ = simulate_stages(schedule_actions_);
 }
 
@@ -370,8 +365,9 @@ double CostModel::allreduce_ms(int b, int e) const {
 }
 
 double CostModel::allreduce_per_micro_batch_ms(int b, int e) const {
-  return schedule_ == ScheduleKind::Async ? allreduce_ms(b, e)
-                                          : allreduce_ms(b, e) / static_cast<double>(micro_batches_);
+  // Replicas average before each update: once a step, or after every micro-batch.
+  return schedule_traits(schedule_).updates_once_per_step ? allreduce_ms(b, e) / static_cast<double>(micro_batches_)
+                                                          : allreduce_ms(b, e);
 }
 
 }  // namespace dawnpiper

@@ -23,10 +23,6 @@
 
 namespace dawnpiper {
 
-// The micro-batch count the planner simulates: m for gpipe / 1f1b; for async a stream long
-// enough to reach the steady state (max(m, 2l)), since PipeDream has no flush.
-int64_t simulated_micro_batches(ScheduleKind kind, int stages, int64_t micro_batches);
-
 class CostModel {
  public:
   // Throws ConfigError on stages < 1, non-positive

@@ -18,7 +18,7 @@ double Plan::bottleneck_ms() const {
 
 double Plan::step_ms() const {
   const double m = static_cast<double>(options.micro_batches), l = static_cast<double>(stages.size());
-  if (options.schedule == ScheduleKind::Async) return m * bottleneck_ms();
+  if (!schedule_traits(options.schedule).drains_every_step) return m * bottleneck_ms();  // a full pipeline
   double period = 0, allreduce = 0;
   for (const StagePlan& s : stages)
     period = std::max(period, s.compute_ms + s.memopt_ms), allreduce = std::max(allreduce, s.allreduce_ms);

@@ -127,7 +127,8 @@ class StageReplay {
   std::vector<Action>* events_;
   std::vector<int64_t>* event_live_;  // live bytes at each event, when given
   const int b_, e_, x_, T_;
-  const bool async_, last_;
+  const bool stashes_, stream_;  // weight versions kept; one list for the run (no step repeats)
+  const bool last_;
   const std::vector<char>& requires_grad_;
 
   // Storages: a received activation is a fresh copy; anything else lives in the storage of its
@@ -211,7 +212,8 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
       e_(e),
       x_(x),
       T_(static_cast<int>(model.profile().tensors.size())),
-      async_(model.schedule() == ScheduleKind::Async),
+      stashes_(schedule_traits(model.schedule()).stashes_weights),
+      stream_(!schedule_traits(model.schedule()).drains_every_step),
       last_(e == model.size()),
       requires_grad_(model.requires_grad()) {
   place_storages();
@@ -691,7 +693,7 @@ void StageReplay::walk_once(Walk& w, MicroBatch& m, bool backward, Body body) {
 }
 
 void StageReplay::forward(int64_t mb, MicroBatch& m) {
-  if (async_) {
+  if (stashes_) {
     m.version = version_;
     if (version_users_[version_]++ == 0) live_ += weights_;  // the stashed copy
   }
@@ -745,7 +747,7 @@ int64_t StageReplay::overwritten_logits(const MicroBatch& m, int n) const {
 void StageReplay::backward(int64_t mb, MicroBatch& m) {
   walk_once(backward_walk_[backward_in_step_ ? 1 : 0], m, /*backward=*/true, [&] { backward_nodes(mb, m); });
   backward_in_step_ = true;
-  if (async_ && --version_users_[m.version] == 0) {
+  if (stashes_ && --version_users_[m.version] == 0) {
     version_users_.erase(m.version);
     live_ -= weights_;
   }
@@ -911,8 +913,8 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
   // record, the second pass is not walked: it repeats the first up to the step with the
   // optimizer state on top, and before its first send also what the last send of the first
   // still holds; from its step on it is the first pass again.
-  const bool derive_second = !async_ && !events_;
-  const size_t passes = async_ || derive_second ? 1 : 2;
+  const bool derive_second = !stream_ && !events_;
+  const size_t passes = stream_ || derive_second ? 1 : 2;
   if (derive_second) segment_ = 0;
   repeat_walks_ = !events_;
   for (size_t ai = 0; ai < passes * actions_.size(); ++ai) {

@@ -142,15 +142,14 @@ PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const Ran
   pc.replica = layout.replica;
   pc.replicas = layout.replicas;
   pc.first_step = first_step;
-  // The asynchronous pipeline drains where it writes a checkpoint and where it evaluates
-  // (PipelineConfig::drain_every).
-  if (pc.schedule == ScheduleKind::Async) {
+  // A pipeline that does not drain every step drains where it writes a checkpoint and where it
+  // evaluates (PipelineConfig::drain_every).
+  if (!schedule_traits(pc.schedule).drains_every_step) {
     pc.drain_every = o.checkpoint_every;
     if (o.eval_every > 0 && pc.drain_every == 0) pc.drain_every = o.eval_every;
     if (o.eval_every > 0 && o.eval_every % pc.drain_every != 0)
-      throw ConfigError(
-          "under --schedule async, --eval-every must be a multiple of --checkpoint-every (the pipeline "
-          "drains there)");
+      throw ConfigError("under --schedule " + std::string(name_of(pc.schedule)) +
+                        ", --eval-every must be a multiple of --checkpoint-every (the pipeline drains there)");
   }
   return pc;
 }

@@ -80,15 +80,15 @@ void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConf
     std::printf("  stage %d: nodes [%d, %d), predicted peak %s%s\n", stage.index, stage.begin, stage.end,
                 format_bytes(static_cast<double>(stage.memory.predicted_peak())).c_str(),
                 memopt_summary(stage).c_str());
-  if (pc.schedule == ScheduleKind::Async)
+  if (!schedule_traits(pc.schedule).updates_once_per_step)
     for (const auto& [holders, names] : tied_across_stages(graph, pc)) {
       std::string stages;
       for (int h : holders) stages += (stages.empty() ? "" : h == holders.back() ? " and " : ", ") + std::to_string(h);
       const std::string more = names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more are" : " is";
       std::printf(
-          "  note: %s%s tied across stages %s; under async each stage updates its own copy with its own "
+          "  note: %s%s tied across stages %s; under %s each stage updates its own copy with its own "
           "gradients (the copies drift apart; gpipe and 1f1b sum them)\n",
-          names.front().c_str(), more.c_str(), stages.c_str());
+          names.front().c_str(), more.c_str(), stages.c_str(), name_of(pc.schedule));
     }
   for (const StagePlan& stage : plan.stages)
     if (stage.memory.predicted_peak() > o.capacity)

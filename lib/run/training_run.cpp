@@ -182,8 +182,9 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
   if (rank == 0 && !o.quiet) print_run_header(graph, plan, pc, layout, o);
   DeviceMemory::reset_peak(device);
   RunConfig run = run_config_from(o, graph);
-  // Async can stop only where it drains (at checkpoints); without them a signal ends it at once.
-  run.stop_on_signal = !o.in_process && (pc.schedule != ScheduleKind::Async || pc.drain_every > 0);
+  // A schedule that does not drain every step can stop only where it drains (at checkpoints);
+  // without them a signal ends it at once.
+  run.stop_on_signal = !o.in_process && (schedule_traits(pc.schedule).drains_every_step || pc.drain_every > 0);
   if (run.stop_on_signal) install_stop_handlers();
   Progress progress(pc.first_step, pc.steps, o.samples_per_step, o.quiet || rank != 0, o.progress);
   MetricsLog metrics(rank == 0 ? o.metrics_path : "", o.resume);

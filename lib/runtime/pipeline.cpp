@@ -74,7 +74,8 @@ std::vector<Action> stage_actions(const OpGraph& g, const PipelineConfig& c, int
   const int stages = static_cast<int>(c.ranges.size());
   // One schedule per stretch between drains: a synchronous step drains, async only every
   // drain_every steps (or never).
-  const int64_t every = c.schedule == ScheduleKind::Async ? c.drain_every : 1;
+  const ScheduleTraits& traits = schedule_traits(c.schedule);
+  const int64_t every = traits.drains_every_step ? 1 : c.drain_every;
   std::vector<Action> all;
   for (int64_t from = c.first_step; from < c.steps;) {
     const int64_t to = every > 0 ? std::min(c.steps, (from / every + 1) * every) : c.steps;
@@ -85,7 +86,7 @@ std::vector<Action> stage_actions(const OpGraph& g, const PipelineConfig& c, int
     }
     from = to;
   }
-  if (c.schedule == ScheduleKind::Async) return all;
+  if (!traits.updates_once_per_step) return all;  // each update uses its own stage's gradients
   for (const auto& [key, holders] : tied_groups(g, c))
     if (std::find(holders.begin(), holders.end(), stage) != holders.end()) return with_tied_reduce(all);
   return all;
@@ -175,7 +176,7 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   for (const Action& a : simulate_global(schedule)) {
     transport.set_sender(a.stage);
     if (a.kind == ActionKind::ReduceTiedGrads) continue;  // the deferred updates sum tied gradients at once
-    if (a.kind == ActionKind::OptimizerStep && c.schedule != ScheduleKind::Async) {
+    if (a.kind == ActionKind::OptimizerStep && schedule_traits(c.schedule).updates_once_per_step) {
       pending_updates.push_back(a.stage);
       if (static_cast<int>(pending_updates.size()) == stages) run_updates(), report_finished_steps();
       continue;
@@ -372,7 +373,8 @@ int after_step(PipelineStage& stage, Transport& transport, const PipelineConfig&
     if (rank == 0 && options.on_validation) options.on_validation({step, mean});
   }
   const int64_t done = step + 1;
-  const bool can_stop = c.schedule != ScheduleKind::Async || (c.drain_every > 0 && done % c.drain_every == 0);
+  const bool can_stop =
+      schedule_traits(c.schedule).drains_every_step || (c.drain_every > 0 && done % c.drain_every == 0);
   const int stop = options.stop_on_signal && can_stop && done < c.steps ? agreed_stop_signal(options, comm) : 0;
   if (c.replica == 0 && !options.checkpoint_dir.empty()) {  // once per stage: the replicas hold the same weights
     const bool due = options.checkpoint_every > 0 && (done % options.checkpoint_every == 0 || done == c.steps);
@@ -430,7 +432,7 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   StageTracer* tracing = nullptr;  // set once the tracer exists
   const std::unique_ptr<ReplicaAverager> averager =
       c.replicas > 1 ? attach_replica_averager(stage, c, options, tracing, result.transport) : nullptr;
-  if (c.schedule != ScheduleKind::Async && !tie_comms.empty())
+  if (schedule_traits(c.schedule).updates_once_per_step && !tie_comms.empty())
     stage.set_tied_reducer([&](std::vector<StageParameter>& params) { reduce_tied(tie_comms, params); });
   StepRelay relay(c, options, control_comm, rank, static_cast<int>(c.ranges.size()));
   double step_loss = 0;  // the last stage's, of the latest finished step
@@ -456,7 +458,8 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
     // A synchronous step ends with the optimizer step: every stage is between steps there. An
     // asynchronous stage updates after every backward; at the update after a step's last
     // micro-batch, at a drain, nothing is in flight.
-    const bool step_done = c.schedule != ScheduleKind::Async || micro_batch % c.micro_batches == c.micro_batches - 1;
+    const bool step_done =
+        schedule_traits(c.schedule).updates_once_per_step || micro_batch % c.micro_batches == c.micro_batches - 1;
     if (a.kind == ActionKind::OptimizerStep && step_done) {
       relay.send(step, tracer.take_step_peak(), step_loss, stage.last_grad_norm());
       result.stop_signal = after_step(stage, transport, c, options, identity, comm, rank, step, relay);
@@ -492,7 +495,8 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
   if (size != static_cast<int>(c.ranges.size()))
     throw ConfigError(std::to_string(c.ranges.size()) + " stages need " + std::to_string(c.ranges.size()) +
                       " MPI ranks, not " + std::to_string(size));
-  if (c.schedule == ScheduleKind::Async && options.checkpoint_every > 0 && c.drain_every != options.checkpoint_every)
+  if (!schedule_traits(c.schedule).drains_every_step && options.checkpoint_every > 0 &&
+      c.drain_every != options.checkpoint_every)
     throw std::logic_error("async checkpoints need the pipeline to drain where they are written (drain_every)");
   if ((options.checkpoint_every > 0 || options.resume) && options.checkpoint_dir.empty())
     throw ConfigError("--checkpoint-dir is required for checkpoints");

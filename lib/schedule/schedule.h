@@ -19,6 +19,7 @@
 //         weight versions in the steady state. The list covers a stream of `micro_batches`
 //         micro-batches (the runtime passes steps * micro-batches per step); the drain at its
 //         end happens once per run, not per mini-batch.
+#include <algorithm>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -37,6 +38,33 @@ struct EnumNames<ScheduleKind> {
       {{ScheduleKind::GPipe, "gpipe"}, {ScheduleKind::OneFOneB, "1f1b"}, {ScheduleKind::Async, "async"}}};
 };
 
+// What the runtime, the planner's memory replay and its cost model need to know of a schedule
+// besides its action lists. Code outside lib/schedule asks these, never which schedule runs.
+struct ScheduleTraits {
+  // One optimizer step per training step on the summed gradients of all its micro-batches (each
+  // loss scaled 1/m), reduced before it: tied weights across stages, data-parallel replicas, the
+  // global norm that clipping needs. false: an update after every backward on that backward's
+  // gradients alone (PipeDream).
+  bool updates_once_per_step = true;
+  // Nothing is in flight between steps, so one step's list repeats. false: one list for the run's
+  // stream of micro-batches, drained only where the run asks (checkpoints, evaluation).
+  bool drains_every_step = true;
+  // A forward's weights are kept for its backward while updates happen in between (weight
+  // stashing): a stage holds one weight version per micro-batch in flight.
+  bool stashes_weights = false;
+
+  // The factor of one micro-batch's loss in the gradients an update uses.
+  double loss_scale(int64_t micro_batches) const {
+    return updates_once_per_step ? 1.0 / static_cast<double>(micro_batches) : 1.0;
+  }
+  // Micro-batches to simulate for the steady state: one step, or for a stream at least enough to
+  // fill and drain the pipeline twice.
+  int64_t simulated_micro_batches(int stages, int64_t micro_batches) const {
+    return drains_every_step ? micro_batches : std::max<int64_t>(micro_batches, 2 * stages);
+  }
+};
+const ScheduleTraits& schedule_traits(ScheduleKind kind);
+
 struct Schedule {
   ScheduleKind kind = ScheduleKind::GPipe;
   int stages = 0;
@@ -47,6 +75,11 @@ struct Schedule {
   std::string to_string() const;
 };
 
+// Adds the communication that compute lists imply (as PyTorch's _add_send_recv): a receive
+// before every forward on a stage with one before it and every backward on a stage with one
+// after it, a send after each. Sends never block, so right after the compute is always safe; a
+// receive right before its compute is as late as it can be. Every generator ends with it.
+void add_communication(Schedule& schedule);
 // Throws ConfigError for stages < 1 or micro_batches < 1.
 Schedule make_gpipe_schedule(int stages, int64_t micro_batches);
 Schedule make_1f1b_schedule(int stages, int64_t micro_batches);

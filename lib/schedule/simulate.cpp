@@ -240,4 +240,50 @@ std::vector<Action> simulate_global(const Schedule& schedule) {
   return order;
 }
 
+TimedRun simulate_times(const Schedule& schedule, const std::vector<StageTimes>& times, double link_ms) {
+  const size_t l = static_cast<size_t>(schedule.stages);
+  if (times.size() != l)
+    throw ScheduleError(std::to_string(times.size()) + " stage times for " + std::to_string(l) + " stages");
+  TimedRun run;
+  run.busy_ms.assign(l, 0.0);
+  std::vector<double> clock(l, 0.0);
+  // When each send's message is there: keyed by (sending stage, kind, micro-batch).
+  std::map<std::tuple<int, int, int64_t>, double> arrivals;
+  for (const Action& a : simulate_global(schedule)) {  // every send before its receive
+    const size_t x = static_cast<size_t>(a.stage);
+    const StageTimes& t = times[x];
+    double take = 0;
+    switch (a.kind) {
+      case ActionKind::Forward:
+        take = t.forward_ms;
+        break;
+      case ActionKind::Backward:
+        take = t.backward_ms;
+        break;
+      case ActionKind::OptimizerStep:
+        take = t.update_ms;
+        break;
+      case ActionKind::SendActivation:
+      case ActionKind::SendGrad:
+        arrivals[{a.stage, static_cast<int>(a.kind), a.micro_batch}] = clock[x] + link_ms;
+        break;
+      case ActionKind::RecvActivation:
+        clock[x] =
+            std::max(clock[x], arrivals.at({a.stage - 1, static_cast<int>(ActionKind::SendActivation), a.micro_batch}));
+        break;
+      case ActionKind::RecvGrad:
+        clock[x] =
+            std::max(clock[x], arrivals.at({a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch}));
+        break;
+      default:
+        break;  // the runtime's own actions take no scheduled time
+    }
+    clock[x] += take;
+    run.busy_ms[x] += take;
+  }
+  run.step_ms = *std::max_element(clock.begin(), clock.end());
+  for (size_t x = 0; x < l; ++x) run.idle_ms.push_back(run.step_ms - run.busy_ms[x]);
+  return run;
+}
+
 }  // namespace dawnpiper

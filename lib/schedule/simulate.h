@@ -54,4 +54,18 @@ std::vector<StageStats> simulate_stages(const Schedule& schedule);
 // backward the same micro-batches exactly once.
 std::vector<Action> simulate_global(const Schedule& schedule);
 
+// What one stage's compute actions take in a timed simulation.
+struct StageTimes {
+  double forward_ms = 0, backward_ms = 0, update_ms = 0;
+};
+struct TimedRun {
+  double step_ms = 0;           // until the last stage's last action ends
+  std::vector<double> busy_ms;  // per stage: time spent computing
+  std::vector<double> idle_ms;  // per stage: step_ms less busy_ms (bubbles, waits)
+};
+// Runs the schedule in time: each stage executes its list in order; a forward, backward or
+// update takes its stage's time, a send none (non-blocking); a receive waits until `link_ms` after
+// its matching send. Throws ScheduleError where simulate_global does.
+TimedRun simulate_times(const Schedule& schedule, const std::vector<StageTimes>& times, double link_ms);
+
 }  // namespace dawnpiper

@@ -216,6 +216,8 @@ expect_fail "profile at two batch sizes" "--batch-sizes profiles at its first si
   profile --model mlp-tiny --micro-batch-size 8 --batch-sizes 2,4 --out "$work/unused.h5"
 expect_fail "analytic profile measures nothing" "--iterations sets how nodes are measured; --analytic measures none" \
   profile --model mlp-tiny --analytic --device-spec a100-40gb --iterations 9 --out "$work/unused.h5"
+expect_fail "plan from a profile builds no model" "--layers selects the model that --calibrate-rounds runs" \
+  plan --profile-in "$work/p.h5" --stages 2 --layers 3
 expect_fail "plan from two profiles" "--profile-in and --device-spec both give the profile to plan from: give one" \
   plan --profile-in "$work/p.h5" --device-spec a100-40gb --stages 2
 expect_fail "a given plan is not made" "--profile-in shapes the plan a run makes; --plan-in gives one made before" \
@@ -438,7 +440,7 @@ if [ $code -eq 130 ] && grep -q "^stopped by SIGINT after step [0-9]* (exit 130)
   failed=$((failed + 1)); echo "FAIL: one process stopped by SIGINT (exit $code)"; cat "$work/sig.out"; fi
 
 # Training recipes: bad values are one line before any work; metrics are JSON lines a plot reads.
-expect_fail "grad clip under async" "under --schedule async each stage updates on its own" train --model mlp-tiny --schedule async --grad-clip 1
+expect_fail "grad clip under async" "under --schedule async each stage updates after every backward" train --model mlp-tiny --schedule async --grad-clip 1
 expect_fail "unknown lr schedule" "unknown learning-rate schedule 'cosine-annealing' (choose constant, cosine or linear)" \
   train --model mlp-tiny --lr-schedule cosine-annealing
 expect_fail "min lr of a constant schedule" "a constant schedule has none" train --model mlp-tiny --min-lr 0.001

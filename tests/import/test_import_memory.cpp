@@ -39,25 +39,6 @@ int64_t measured_stage_peak(CountingAllocator& counter, const OpGraph& g, const 
   return counter.peak_bytes() - base;
 }
 
-// Random decisions for the stage's saved tensors: keep, swap, or recompute what it produces.
-std::vector<TensorDecision> random_decisions(const CostModel& model, const Profile& profile, int b, int e,
-                                             std::mt19937& rng) {
-  std::set<int> saved;
-  for (int n = b; n < e; ++n) saved.insert(model.saved_at(n).begin(), model.saved_at(n).end());
-  std::vector<TensorDecision> ds;
-  for (int tensor : saved) {
-    const TensorProfile& t = profile.tensors[static_cast<size_t>(tensor)];
-    const std::vector<int>& savers = model.saved_by(tensor);
-    TensorDecision d{tensor, t.bytes, TensorAction::Keep, *(std::lower_bound(savers.begin(), savers.end(), e) - 1)};
-    const bool recomputable = !t.is_data && t.producer >= b && t.producer < e;
-    const int pick = static_cast<int>(rng() % 3);
-    if (!t.internal && !t.param_view && pick > 0)
-      d.action = pick == 1 || !recomputable ? TensorAction::Swap : TensorAction::Recompute;
-    ds.push_back(d);
-  }
-  return ds;
-}
-
 }  // namespace
 
 // The profiler runs each node alone on inputs laid out as their producers' kernels laid them out
@@ -126,7 +107,7 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
           for (const auto& [b, e] : pc.ranges) {
             programs.push_back(stage_program(
                 model, b, e, static_cast<int>(programs.size()),
-                round == 0 ? std::vector<TensorDecision>{} : random_decisions(model, profile, b, e, rng)));
+                round == 0 ? std::vector<TensorDecision>{} : test::random_decisions(model, profile, b, e, rng)));
             pc.evictions.push_back(programs.back().evictions);
           }
           for (int x = 0; x < 2; ++x) {
@@ -177,7 +158,7 @@ TEST_CASE("random swaps and recomputations of imported tensors train bitwise lik
     const InProcessResult kept = run_pipeline_in_process(g, pc);
     std::mt19937 rng(3);
     for (const auto& [b, e] : pc.ranges)
-      pc.evictions.push_back(place_evictions(model, b, e, random_decisions(model, profile, b, e, rng)));
+      pc.evictions.push_back(place_evictions(model, b, e, test::random_decisions(model, profile, b, e, rng)));
     const InProcessResult evicted = run_pipeline_in_process(g, pc);
     REQUIRE(kept.losses.size() == 2);
     REQUIRE(evicted.losses.size() == 2);

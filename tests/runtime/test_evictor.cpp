@@ -274,24 +274,9 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
           pc.evictions.clear();
           std::vector<StageProgram> programs;
           for (const auto& [b, e] : pc.ranges) {
-            std::set<int> saved;
-            for (int n = b; n < e; ++n) saved.insert(model.saved_at(n).begin(), model.saved_at(n).end());
-            std::vector<TensorDecision> ds;
-            for (int tensor : saved) {
-              const TensorProfile& t = profile.tensors[static_cast<size_t>(tensor)];
-              const std::vector<int>& savers = model.saved_by(tensor);
-              TensorDecision d{tensor, t.bytes, TensorAction::Keep,
-                               *(std::lower_bound(savers.begin(), savers.end(), e) - 1)};
-              const bool recomputable = !t.is_data && t.producer >= b && t.producer < e;
-              const int pick = static_cast<int>(rng() % 3);
-              if (model.evictable(tensor) && pick > 0)
-                d.action = pick == 1 || !recomputable ? TensorAction::Swap : TensorAction::Recompute;
-              // Second round: swaps come back from a prefetch point up to the stage's last node.
-              if (round == 1 && d.action == TensorAction::Swap)
-                d.prefetch_at =
-                    d.restore_before + static_cast<int>(rng() % static_cast<unsigned>(e - d.restore_before));
-              ds.push_back(d);
-            }
+            // Second round: swaps come back from a prefetch point up to the stage's last node.
+            const std::vector<TensorDecision> ds =
+                test::random_decisions(model, profile, b, e, rng, /*random_prefetch=*/round == 1);
             programs.push_back(stage_program(model, b, e, static_cast<int>(programs.size()), ds));
             pc.evictions.push_back(programs.back().evictions);
           }

@@ -152,3 +152,48 @@ TEST_CASE("the simulators reject malformed lists and deadlocks", "[schedule]") {
                     {parse_actions("0F0 0SEND_F0 0RECV_B0 0B0 0U"), parse_actions("1RECV_F1 1F1 1B1 1SEND_B1 1U")}};
   CHECK_THROWS_AS(simulate_global(mismatch), ScheduleError);
 }
+
+TEST_CASE("communication is added to compute lists", "[schedule]") {
+  Schedule s;
+  s.stages = 3;
+  s.micro_batches = 1;
+  s.actions = {parse_actions("0F0 0B0 0U"), parse_actions("1F0 1B0 1U"), parse_actions("2F0 2B0 2U")};
+  add_communication(s);
+  CHECK(to_string(s.actions[0]) == "0F0 0SEND_F0 0RECV_B0 0B0 0U");
+  CHECK(to_string(s.actions[1]) == "1RECV_F0 1F0 1SEND_F0 1RECV_B0 1B0 1SEND_B0 1U");
+  CHECK(to_string(s.actions[2]) == "2RECV_F0 2F0 2B0 2SEND_B0 2U");
+}
+
+TEST_CASE("schedule traits: only PipeDream's async stashes and updates per backward", "[schedule]") {
+  for (ScheduleKind kind : all_values<ScheduleKind>()) {
+    const ScheduleTraits& t = schedule_traits(kind);
+    const bool async = kind == ScheduleKind::Async;
+    INFO(name_of(kind));
+    CHECK(t.stashes_weights == async);
+    CHECK(t.updates_once_per_step == !async);
+    CHECK(t.drains_every_step == !async);
+    CHECK(t.loss_scale(4) == (async ? 1.0 : 0.25));
+    CHECK(t.simulated_micro_batches(4, 2) == (async ? 8 : 2));
+  }
+}
+
+// Uniform stages, free communication: gpipe and 1f1b both take (m + l - 1)(f + b), the bubble
+// (l - 1)(f + b) of every stage's idle time (Huang et al.; Narayanan et al.).
+TEST_CASE("the timed simulation gives the textbook bubble", "[schedule]") {
+  const double f = 1.0, b = 2.0;
+  for (const char* name : {"gpipe", "1f1b"})
+    for (int l = 1; l <= 8; l *= 2)
+      for (int m = 1; m <= 16; m *= 2) {
+        INFO(name << " l=" << l << " m=" << m);
+        const Schedule s = make_schedule(name, l, m);
+        const TimedRun run = simulate_times(s, std::vector<StageTimes>(static_cast<size_t>(l), {f, b, 0.0}), 0.0);
+        CHECK(run.step_ms == Approx((m + l - 1) * (f + b)));
+        for (double idle : run.idle_ms) CHECK(idle == Approx((l - 1) * (f + b)));
+      }
+  // A link delays every hop: the first forward reaches the last stage (l - 1) links late, the
+  // last backward comes back as many links late.
+  const Schedule s = make_schedule("gpipe", 4, 4);
+  const TimedRun linked = simulate_times(s, std::vector<StageTimes>(4, {f, b, 0.0}), 0.5);
+  CHECK(linked.step_ms == Approx((4 + 4 - 1) * (f + b) + 2 * 3 * 0.5));
+  CHECK_THROWS_AS(simulate_times(s, std::vector<StageTimes>(3), 0.0), ScheduleError);
+}
