@@ -17,6 +17,33 @@ void wait_quietly(MPI_Request& request, MPI_Status* status) {
   }
 }
 
+void wait_all_quietly(std::vector<MPI_Request>& requests, std::vector<MPI_Status>* statuses) {
+  std::vector<int> done(requests.size());
+  std::vector<MPI_Status> found(statuses ? requests.size() : 0);
+  if (statuses) statuses->resize(requests.size());
+  size_t left = 0;
+  for (const MPI_Request& r : requests) left += r != MPI_REQUEST_NULL;
+  std::chrono::microseconds pause{2};
+  int tests_without_progress = 0;
+  while (left > 0) {
+    int count = 0;
+    MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &count, done.data(),
+                 statuses ? found.data() : MPI_STATUSES_IGNORE);
+    if (count == MPI_UNDEFINED) break;  // none active
+    if (count > 0) {
+      for (int k = 0; statuses && k < count; ++k)
+        (*statuses)[static_cast<size_t>(done[static_cast<size_t>(k)])] = found[static_cast<size_t>(k)];
+      left -= static_cast<size_t>(count);
+      pause = std::chrono::microseconds{2};
+      tests_without_progress = 0;
+      continue;
+    }
+    if (++tests_without_progress < 16) continue;  // as wait_quietly: a few tests before any sleep
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, kMaxPause);
+  }
+}
+
 void recv_quietly(void* buffer, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm, MPI_Status* status) {
   MPI_Request request;
   MPI_Irecv(buffer, count, type, source, tag, comm, &request);

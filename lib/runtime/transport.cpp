@@ -3,6 +3,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "data/scalar_type.h"
@@ -68,6 +69,13 @@ std::vector<at::Tensor> StandInTransport::recv(int, MessageKind, int64_t micro_b
   return out;
 }
 
+namespace {
+
+// Messages a tensor of n bytes travels as: one per started chunk, and one (empty) for none.
+int64_t chunk_count(int64_t n) { return std::max<int64_t>(1, (n + kMessageChunkBytes - 1) / kMessageChunkBytes); }
+
+}  // namespace
+
 MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
   void* value = nullptr;
   int flag = 0;
@@ -95,38 +103,57 @@ void MpiTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std
   // would make the measured peak depend on the other ranks' speed), and a receiver running
   // behind must not let sends pile up beyond it.
   flush();
-  // One message per tensor, straight from its storage (no packed copy): MPI keeps messages with
-  // the same source, tag and communicator in order, and the tensor stays referenced until done.
+  // Straight from each tensor's storage (no packed copy), in chunks that MPI keeps in order; the
+  // tensor stays referenced until its chunks are done.
   for (const at::Tensor& t : tensors) {
-    Pending p{MPI_REQUEST_NULL, t.contiguous()};
-    const int64_t n = p.buffer.numel() * p.buffer.element_size();
-    MPI_Isend(p.buffer.data_ptr(), static_cast<int>(n), MPI_BYTE, to_stage, tag(kind, micro_batch), comm_, &p.request);
+    at::Tensor buffer = t.contiguous();
+    const int64_t n = buffer.numel() * buffer.element_size();
+    auto* bytes = static_cast<const char*>(buffer.data_ptr());
+    for (int64_t offset = 0, c = 0; c < chunk_count(n); ++c, offset += kMessageChunkBytes) {
+      const int count = static_cast<int>(std::min(kMessageChunkBytes, n - offset));
+      pending_.push_back(MPI_REQUEST_NULL);
+      MPI_Isend(bytes + offset, count, MPI_BYTE, to_stage, tag(kind, micro_batch), comm_, &pending_.back());
+    }
     bytes_sent_ += n;
-    pending_.push_back(std::move(p));
+    pending_buffers_.push_back(std::move(buffer));
   }
 }
 
 std::vector<at::Tensor> MpiTransport::recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                            const std::vector<const TensorInfo*>& specs) {
+  // Every chunk of every tensor posted at once, in the order they were sent.
   std::vector<at::Tensor> out;
+  std::vector<MPI_Request> requests;
+  std::vector<int64_t> expected;  // bytes per chunk
   for (const TensorInfo* s : specs) {
     at::Tensor t = at::empty(s->shape, at::TensorOptions(scalar_type(s->dtype)));
     const int64_t n = s->bytes();
-    MPI_Status status;
-    recv_quietly(t.data_ptr(), static_cast<int>(n), MPI_BYTE, from_stage, tag(kind, micro_batch), comm_, &status);
-    int count = 0;
-    MPI_Get_count(&status, MPI_BYTE, &count);
-    if (count != n)
-      throw std::logic_error("stage message of " + std::to_string(count) + " bytes, expected " + std::to_string(n));
+    auto* bytes = static_cast<char*>(t.data_ptr());
+    for (int64_t offset = 0, c = 0; c < chunk_count(n); ++c, offset += kMessageChunkBytes) {
+      expected.push_back(std::min(kMessageChunkBytes, n - offset));
+      requests.push_back(MPI_REQUEST_NULL);
+      MPI_Irecv(bytes + offset, static_cast<int>(expected.back()), MPI_BYTE, from_stage, tag(kind, micro_batch), comm_,
+                &requests.back());
+    }
     bytes_received_ += n;
     out.push_back(std::move(t));
+  }
+  std::vector<MPI_Status> statuses;
+  wait_all_quietly(requests, &statuses);
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    int count = 0;
+    MPI_Get_count(&statuses[i], MPI_BYTE, &count);
+    if (count != expected[i])
+      throw std::logic_error("stage message chunk of " + std::to_string(count) + " bytes, expected " +
+                             std::to_string(expected[i]));
   }
   return out;
 }
 
 void MpiTransport::flush() {
-  for (Pending& p : pending_) wait_quietly(p.request);
+  wait_all_quietly(pending_);
   pending_.clear();
+  pending_buffers_.clear();
 }
 
 }  // namespace dawnpiper
