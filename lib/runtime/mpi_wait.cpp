@@ -6,15 +6,11 @@
 namespace dawnpiper {
 
 void wait_quietly(MPI_Request& request, MPI_Status* status) {
-  int done = 0;
-  // A few tests first: a message already on its way completes without any sleep.
-  for (int i = 0; i < 16 && !done; ++i) MPI_Test(&request, &done, status);
-  std::chrono::microseconds pause{2};
-  while (!done) {
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, kMaxPause);
-    MPI_Test(&request, &done, status);
-  }
+  std::vector<MPI_Request> one{request};
+  std::vector<MPI_Status> statuses;
+  wait_all_quietly(one, status == MPI_STATUS_IGNORE ? nullptr : &statuses);
+  request = one.front();
+  if (status != MPI_STATUS_IGNORE) *status = statuses.front();
 }
 
 void wait_all_quietly(std::vector<MPI_Request>& requests, std::vector<MPI_Status>* statuses) {
@@ -38,7 +34,7 @@ void wait_all_quietly(std::vector<MPI_Request>& requests, std::vector<MPI_Status
       tests_without_progress = 0;
       continue;
     }
-    if (++tests_without_progress < 16) continue;  // as wait_quietly: a few tests before any sleep
+    if (++tests_without_progress < 16) continue;  // a message already on its way needs no sleep
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, kMaxPause);
   }

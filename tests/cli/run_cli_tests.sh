@@ -109,6 +109,13 @@ async_mpi=$($mpi 3 "$bin" train --model bert-tiny --steps 3 --schedule async --p
 async_one=$("$bin" train --model bert-tiny --steps 3 --schedule async --stages 3 --in-process --plan-in "$work/async-plan.json" 2>&1 | grep '^step')
 if [ -n "$async_mpi" ] && [ "$(echo "$async_mpi" | cut -d' ' -f1-4)" = "$(echo "$async_one" | cut -d' ' -f1-4)" ]; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: async over MPI differs from in-process"; echo "$async_mpi"; echo "$async_one"; cat "$work/err"; fi
+# Activations of 2 x 500 x 768 floats (2.9 MiB) travel as several 1 MiB chunks and a partial one:
+# the two ranks' losses equal the same plan's in one process.
+big=(--model gpt2-tiny --hidden 768 --heads 12 --seq-len 500 --layers 2 --vocab 512 --micro-batch-size 2 --micro-batches 2 --steps 2)
+chunked_mpi=$($mpi 2 "$bin" train "${big[@]}" --plan-out "$work/big-plan.json" 2>"$work/err" | grep '^step')
+chunked_one=$("$bin" train "${big[@]}" --stages 2 --in-process --plan-in "$work/big-plan.json" 2>&1 | grep '^step')
+if [ -n "$chunked_mpi" ] && [ "$(echo "$chunked_mpi" | cut -d' ' -f1-4)" = "$(echo "$chunked_one" | cut -d' ' -f1-4)" ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: chunked messages differ from in-process"; echo "$chunked_mpi"; echo "$chunked_one"; cat "$work/err"; fi
 # --device cuda where no GPU is visible: every rank count gets one line naming the ranks, exit 2.
 for n in 1 3; do
   $mpi $n "$bin" train --model mlp-tiny --device cuda >/dev/null 2>"$work/err"
