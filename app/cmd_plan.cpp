@@ -14,6 +14,7 @@
 #include "memory/device_memory.h"  // parse_device
 #include "plan/calibrate.h"
 #include "plan/planner.h"
+#include "plan/schedule_search.h"
 #include "profile/analytic.h"
 #include "profile/profile_io.h"
 #include "profile/profiler.h"
@@ -34,7 +35,7 @@ po::options_description plan_options() {
       ("device-spec", po::value<std::string>(), "without --profile-in: plan --model from an analytic profile "
                                                 "for this device (a100-40gb | h100-80gb | spec file)")
       ("stages", po::value<int>()->default_value(4), "pipeline stages")
-      ("schedule", po::value<ScheduleKind>()->default_value(ScheduleKind::Async, "async"), "gpipe | 1f1b | async")
+      ("schedule", po::value<ScheduleChoice>()->default_value(ScheduleChoice::named("async"), "async"), schedule_help().c_str())
       ("memory", po::value<std::string>(), "device memory per stage (default: the device spec's, else unlimited)")
       ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
       ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::SwapRecompute, "sr"), "none | r (recompute) | sr (swap + recompute)")
@@ -87,7 +88,7 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
     throw ConfigError("give --profile-in FILE (a profile) or --device-spec NAME (plan --model analytically)");
   }
   o.stages = vm["stages"].as<int>();
-  o.schedule = vm["schedule"].as<ScheduleKind>();
+  o.schedule = vm["schedule"].as<ScheduleChoice>();
   o.micro_batches = vm["micro-batches"].as<int64_t>();
   o.optimizer = vm["optimizer"].as<OptimizerKind>();
   o.planner = vm["planner"].as<PlannerKind>();
@@ -185,7 +186,7 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
     std::printf("largest micro-batch size: %lld\n", static_cast<long long>(best.micro_batch_size));
     plan = best.plan;
   } else {
-    plan = make_plan(profile, o);
+    plan = plan_and_compare_schedules(profile, o, vm["quiet"].as<bool>() ? nullptr : &std::cout);
   }
   if (!vm["quiet"].as<bool>()) plan.print_table(std::cout);
   if (vm.count("out")) {

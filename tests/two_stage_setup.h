@@ -26,14 +26,14 @@ inline std::set<int> block_and_eighth_cuts(const OpGraph& g, const Profile& prof
 
 // Stages [0, cut) and [cut, end) under `kind`, 3 micro-batches a step; pc.evictions left empty.
 struct TwoStages {
-  TwoStages(const Profile& profile, int nodes, int cut, ScheduleKind kind, int64_t steps)
+  TwoStages(const Profile& profile, int nodes, int cut, const ScheduleChoice& kind, int64_t steps)
       : model(profile, plan_options(kind)) {
     pc.schedule = kind;
     pc.ranges = {{0, cut}, {cut, nodes}};
     pc.micro_batches = 3;
     pc.steps = steps;
   }
-  static PlanOptions plan_options(ScheduleKind kind) {
+  static PlanOptions plan_options(const ScheduleChoice& kind) {
     PlanOptions po;
     po.stages = 2;
     po.schedule = kind;

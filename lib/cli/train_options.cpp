@@ -43,7 +43,7 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   config.optimizer.schedule.min_lr = vm["min-lr"].as<double>();
   config.optimizer.schedule.total_steps = config.steps;
   config.optimizer.grad_clip = vm["grad-clip"].as<double>();
-  check_grad_clip(vm["schedule"].as<ScheduleKind>(), config.optimizer.grad_clip);
+  check_grad_clip(vm["schedule"].as<ScheduleChoice>(), config.optimizer.grad_clip);
   make_optimizer(config.optimizer, {});  // validates before any work
   config.data = data_config_from(vm);
   if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
@@ -123,7 +123,7 @@ void read_placement(const po::variables_map& vm, TrainOptions& o) {
   if (vm.count("stages") && o.stages < 1) throw ConfigError("--stages must be at least 1");
   o.data_parallel = vm.count("data-parallel") ? vm["data-parallel"].as<int>() : 0;
   if (vm.count("data-parallel") && o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
-  o.schedule = vm["schedule"].as<ScheduleKind>();
+  o.schedule = vm["schedule"].as<ScheduleChoice>();
   o.planner = vm["planner"].as<PlannerKind>();
   o.memopt = vm["memopt"].as<MemoptKind>();
   o.device = vm["device"].as<DeviceKind>();
@@ -154,7 +154,7 @@ po::options_description train_options() {
       ("stages", po::value<int>(), "pipeline stages (default: the number of MPI ranks / --data-parallel)")
       ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
                                           "averaged every step (default: MPI ranks / --stages); a pipeline's ranks share a node where they can")
-      ("schedule", po::value<ScheduleKind>()->default_value(ScheduleKind::OneFOneB, "1f1b"), "gpipe | 1f1b | async (PipeDream, weight stashing)")
+      ("schedule", po::value<ScheduleChoice>()->default_value(ScheduleChoice::named("1f1b"), "1f1b"), schedule_help().c_str())
       ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
       ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions (default none, where `plan` defaults to sr: a run evicts only when asked)")
       ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
@@ -225,11 +225,21 @@ TrainOptions read_train_options(const po::variables_map& vm) {
   return o;
 }
 
+namespace {
+// --schedule auto beside --plan-in takes the plan's choice.
+bool given_auto(const ScheduleChoice& schedule) { return schedule.is_auto(); }
+template <class T>
+bool given_auto(const T&) {
+  return false;
+}
+}  // namespace
+
 void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
   auto adopt = [&](const char* key, const auto& planned) {
     using T = std::decay_t<decltype(planned)>;
     auto found = vm.find(key);
-    if (found != vm.end() && !found->second.defaulted() && found->second.template as<T>() != planned) {
+    if (found != vm.end() && !found->second.defaulted() && found->second.template as<T>() != planned &&
+        !given_auto(found->second.template as<T>())) {
       std::ostringstream given, wanted;
       given << found->second.template as<T>();
       wanted << planned;

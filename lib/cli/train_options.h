@@ -18,7 +18,7 @@ struct TrainOptions {
   TrainConfig config;
   int64_t micro_batch_size = 0;
   int stages = 0, data_parallel = 0;  // 0: not given (the MPI ranks decide)
-  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  ScheduleChoice schedule = ScheduleChoice::named("1f1b");
   PlannerKind planner = PlannerKind::DawnPiper;
   MemoptKind memopt = MemoptKind::None;
   DeviceKind device = DeviceKind::Cpu;

@@ -68,8 +68,8 @@ void CostModel::take_options(const PlanOptions& options) {
   data_parallel_ = options.data_parallel;
   micro_batches_ = options.micro_batches;
   optimizer_ = options.optimizer;
-  schedule_actions_ = make_schedule(schedule_, stages_,
-                                    schedule_traits(schedule_).simulated_micro_batches(stages_, options.micro_batches));
+  schedule_actions_ =
+      schedule_.make(stages_, schedule_.traits().simulated_micro_batches(stages_, options.micro_batches));
   stats_ = simulate_stages(schedule_actions_);
 }
 
@@ -366,8 +366,8 @@ double CostModel::allreduce_ms(int b, int e) const {
 
 double CostModel::allreduce_per_micro_batch_ms(int b, int e) const {
   // Replicas average before each update: once a step, or after every micro-batch.
-  return schedule_traits(schedule_).updates_once_per_step ? allreduce_ms(b, e) / static_cast<double>(micro_batches_)
-                                                          : allreduce_ms(b, e);
+  return schedule_.traits().updates_once_per_step ? allreduce_ms(b, e) / static_cast<double>(micro_batches_)
+                                                  : allreduce_ms(b, e);
 }
 
 }  // namespace dawnpiper

@@ -32,7 +32,7 @@ class CostModel {
   const Profile& profile() const { return *profile_; }
   int size() const { return n_; }
   int stages() const { return stages_; }
-  ScheduleKind schedule() const { return schedule_; }
+  const ScheduleChoice& schedule() const { return schedule_; }
   const StageStats& stage_stats(int x) const { return stats_[static_cast<size_t>(x)]; }
   int in_flight(int x) const { return stage_stats(x).max_in_flight; }
   // Stage x's simulated action list (the runtime's, for simulated_micro_batches()).
@@ -138,7 +138,7 @@ class CostModel {
   const Profile* profile_;
   int n_ = 0;
   int stages_ = 0;
-  ScheduleKind schedule_ = ScheduleKind::Async;
+  ScheduleChoice schedule_ = ScheduleChoice::named("async");
   std::vector<StageStats> stats_;
   Schedule schedule_actions_;
   OptimizerKind optimizer_ = OptimizerKind::Sgd;

@@ -16,13 +16,33 @@ double Plan::bottleneck_ms() const {
   return worst;
 }
 
+TimedRun Plan::simulated_step() const {
+  const int l = static_cast<int>(stages.size());
+  std::vector<StageTimes> times;
+  for (const StagePlan& s : stages) {
+    StageTimes t;
+    t.forward_ms = s.forward_ms;
+    t.backward_ms = s.compute_ms - s.forward_ms + s.memopt_ms;  // recomputation and swap stalls wait in backward
+    t.send_ms = static_cast<double>(s.crossing_bytes) / options.link_bandwidth * 1e3;
+    times.push_back(t);
+  }
+  return simulate_times(options.schedule.make(l, options.micro_batches), times);
+}
+
 double Plan::step_ms() const {
-  const double m = static_cast<double>(options.micro_batches), l = static_cast<double>(stages.size());
-  if (!schedule_traits(options.schedule).drains_every_step) return m * bottleneck_ms();  // a full pipeline
-  double period = 0, allreduce = 0;
-  for (const StagePlan& s : stages)
-    period = std::max(period, s.compute_ms + s.memopt_ms), allreduce = std::max(allreduce, s.allreduce_ms);
-  return (m + l - 1) * period + allreduce;
+  if (!options.schedule.traits().drains_every_step)
+    return static_cast<double>(options.micro_batches) * bottleneck_ms();  // a full pipeline
+  double allreduce = 0;
+  for (const StagePlan& s : stages) allreduce = std::max(allreduce, s.allreduce_ms);
+  return simulated_step().step_ms + allreduce;
+}
+
+double Plan::bubble_fraction() const {
+  if (!options.schedule.traits().drains_every_step) return 0;  // the steady state of a full pipeline
+  const TimedRun run = simulated_step();
+  double idle = 0;
+  for (double ms : run.idle_ms) idle += ms;
+  return run.step_ms > 0 ? idle / (run.step_ms * static_cast<double>(run.idle_ms.size())) : 0;
 }
 
 int64_t Plan::max_peak_bytes() const {
@@ -124,6 +144,7 @@ void stage_fields(S& s, Field&& field) {
   field("begin", s.begin);
   field("end", s.end);
   field("compute_ms", s.compute_ms);
+  field("forward_ms", s.forward_ms, kOptionalField);
   field("memopt_ms", s.memopt_ms);
   field("allreduce_ms", s.allreduce_ms, kOptionalField);
   field("allreduce_per_micro_batch_ms", s.allreduce_per_micro_batch_ms, kOptionalField);
@@ -148,7 +169,6 @@ void decision_fields(D& d, Field&& field) {
 template <class P, class Field>
 void input_fields(P& p, Field&& field) {
   field("stages", p.options.stages);
-  field("schedule", p.options.schedule);
   field("micro_batches", p.options.micro_batches);
   field("micro_batch_size", p.micro_batch_size);
   field("optimizer", p.options.optimizer);
@@ -159,6 +179,18 @@ void input_fields(P& p, Field&& field) {
   field("memopt", p.options.memopt);
   field("data_parallel", p.options.data_parallel, kOptionalField);
   field("nodes", p.nodes);
+}
+
+// A schedule file's actions travel in the plan: `train` runs what `plan` read.
+void schedule_to_json(const ScheduleChoice& schedule, Json& in) {
+  in["schedule"] = schedule.name();
+  if (schedule.is_file()) in["schedule_actions"] = schedule.actions_text();
+}
+
+ScheduleChoice schedule_from_json(const Json& in) {
+  const std::string name = in.at("schedule").get<std::string>();
+  if (!in.contains("schedule_actions")) return ScheduleChoice::named(name);
+  return ScheduleChoice::from_actions(name, in.at("schedule_actions").get<std::string>());
 }
 
 template <class P, class Field>
@@ -179,6 +211,7 @@ std::string Plan::to_json(int indent) const {
   header_fields(*this, JsonWriter{j});
   Json in = Json::object();
   input_fields(*this, JsonWriter{in});
+  schedule_to_json(options.schedule, in);
   j["inputs"] = in;
   j["planning_ms"] = planning_ms;
   j["bottleneck_ms"] = bottleneck_ms();
@@ -248,6 +281,7 @@ Plan plan_fields(const Json& j) {
                                                   : ")"));
   header_fields(p, JsonReader{j});
   input_fields(p, JsonReader{j.at("inputs")});
+  p.options.schedule = schedule_from_json(j.at("inputs"));
   p.planning_ms = j.at("planning_ms").get<double>();
   for (const Json& st : j.at("stages")) p.stages.push_back(stage_from_json(st));
   // The runtime relies on these: contiguous stages covering every node, in order.
@@ -309,8 +343,11 @@ void Plan::print_table(std::ostream& out) const {
                   m.weight_versions, format_bytes(static_cast<double>(s.crossing_bytes)).c_str(), sw);
     out << line;
   }
-  std::snprintf(line, sizeof line, "bottleneck %.3f ms per micro-batch, max peak %s, planned in %.2f ms\n",
-                bottleneck_ms(), format_bytes(static_cast<double>(max_predicted_peak_bytes())).c_str(), planning_ms);
+  std::snprintf(line, sizeof line,
+                "bottleneck %.3f ms per micro-batch, predicted step %.3f ms (%.0f%% idle), max peak %s, planned in "
+                "%.2f ms\n",
+                bottleneck_ms(), step_ms(), 100 * bubble_fraction(),
+                format_bytes(static_cast<double>(max_predicted_peak_bytes())).c_str(), planning_ms);
   out << line;
   // Stages that bring every swapped tensor back only when its backward needs it (the planner's
   // last resort, where nothing else fits) wait for those copies: say which.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "plan/plan_options.h"
+#include "schedule/simulate.h"
 #include "util/dtype.h"
 #include "util/enum_names.h"
 
@@ -104,6 +105,7 @@ struct StagePlan {
   int index = 0;
   int begin = 0, end = 0;  // node range [begin, end) in profile order
   double compute_ms = 0;   // sum of fwd + bwd of the nodes, per micro-batch
+  double forward_ms = 0;   // the forwards' share of compute_ms (the step's simulation times passes apart)
   double memopt_ms = 0;    // swap stalls + recomputation, per micro-batch
   // Data parallelism: the gradient allreduce of one update, and its share per micro-batch (a
   // step's m micro-batches share one update under gpipe / 1f1b; async updates every time).
@@ -130,10 +132,16 @@ struct Plan {
   double planning_ms = 0;  // wall time of the search
   std::vector<StagePlan> stages;
 
+  // The schedule's timed run of one step (a drained pipeline) with the stages' predicted times.
+  TimedRun simulated_step() const;
   double bottleneck_ms() const;  // slowest stage: the pipeline's per-micro-batch period
-  // One training step: (m + l - 1) periods and the last allreduce for gpipe / 1f1b, m periods
-  // in the steady state of async.
+  // One training step as the schedule's action lists run it (simulate_times): every stage's
+  // forwards and backwards (with its evictions' stalls) in the list's order, each message one
+  // link transfer of the cut's bytes, then the slowest gradient allreduce. A stream that never
+  // drains (async) takes m periods of the slowest stage in its steady state.
   double step_ms() const;
+  // The idle share of the stages' time in that step (bubbles and waits), averaged over stages.
+  double bubble_fraction() const;
   int64_t max_peak_bytes() const;            // by the search's formula (MemoryBreakdown::total)
   int64_t max_predicted_peak_bytes() const;  // what the runtime is measured against (the replay)
   std::string to_json(int indent = 2) const;

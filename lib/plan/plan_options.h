@@ -36,7 +36,7 @@ struct EnumNames<MemoptKind> {
 
 struct PlanOptions {
   int stages = 1;
-  ScheduleKind schedule = ScheduleKind::Async;
+  ScheduleChoice schedule = ScheduleChoice::named("async");
   int64_t micro_batches = 4;  // per mini-batch (per optimizer step for gpipe / 1f1b)
   OptimizerKind optimizer = OptimizerKind::Sgd;
   int64_t capacity_bytes = kUnlimitedBytes;  // device memory per stage the plan may fill

@@ -1,4 +1,5 @@
 #include "plan/planner.h"
+#include "plan/schedule_search.h"
 
 #include <algorithm>
 #include <sched.h>
@@ -445,6 +446,11 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
 }  // namespace
 
 std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options) {
+  if (options.schedule.is_auto()) {
+    const std::vector<ScheduleCandidate> candidates = plan_each_schedule(profile, options);
+    const Plan* best = fastest_fitting(candidates);
+    return best ? std::optional<Plan>(*best) : std::nullopt;
+  }
   validate(profile, options);
   const auto start = std::chrono::steady_clock::now();
   const int64_t replay_capacity =
@@ -488,6 +494,11 @@ std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options)
 Plan make_plan(const Profile& profile, const PlanOptions& options) {
   std::optional<Plan> plan = try_plan(profile, options);
   if (plan) return std::move(*plan);
+  if (options.schedule.is_auto()) {  // why not, for the schedule that holds the fewest micro-batches
+    PlanOptions fewest = options;
+    fewest.schedule = ScheduleChoice::named("1f1b");
+    return make_plan(profile, fewest);
+  }
   std::string message = describe(profile, options) + node_needs_text(profile, options) + needs_text(profile, options);
   if (has_batch_fits(profile)) {
     std::optional<MaxBatch> fit;

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "graph/op_graph.h"
+#include "schedule/interpreter.h"
 
 namespace dawnpiper {
 
@@ -42,7 +43,7 @@ int64_t sum_bytes(const std::vector<TensorBytes>& list) {
   return s;
 }
 
-class StageReplay {
+class StageReplay final : public ActionHooks {
  public:
   // Stage x over [b, e) running `actions`: what does not depend on the evictions is set up here.
   StageReplay(const CostModel& model, int b, int e, int x, const std::vector<Action>& actions,
@@ -86,7 +87,16 @@ class StageReplay {
   void note_rerun(int node);
   void send(int64_t held_by_send);
   void reset_walk();
-  void apply(const Action& a);  // one action of the list
+  // The list's actions (schedule/interpreter.h).
+  void forward(const Action& a) override;
+  void backward(const Action& a) override { backward_action(a.micro_batch); }
+  void recv_activation(const Action& a) override;
+  void send_activation(const Action& a) override { send_activations(a.micro_batch); }
+  void recv_grad(const Action& a) override { receive_gradients(a.micro_batch); }
+  void send_grad(const Action& a) override;
+  void optimizer_step(const Action&) override { optimizer_step(); }
+  void reduce_tied_grads(const Action&) override {}  // its sums are the stage's transients (tied_sum_at_)
+  void runtime_action(const Action&) override {}     // the replay places its own evictions
   void send_activations(int64_t mb);
   void receive_gradients(int64_t mb);
   void backward_action(int64_t mb);
@@ -212,8 +222,8 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
       e_(e),
       x_(x),
       T_(static_cast<int>(model.profile().tensors.size())),
-      stashes_(schedule_traits(model.schedule()).stashes_weights),
-      stream_(!schedule_traits(model.schedule()).drains_every_step),
+      stashes_(model.schedule().traits().stashes_weights),
+      stream_(!model.schedule().traits().drains_every_step),
       last_(e == model.size()),
       requires_grad_(model.requires_grad()) {
   place_storages();
@@ -919,7 +929,7 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
   repeat_walks_ = !events_;
   for (size_t ai = 0; ai < passes * actions_.size(); ++ai) {
     current_action_ = static_cast<int>(ai % actions_.size());
-    apply(actions_[static_cast<size_t>(current_action_)]);
+    run_action(actions_[static_cast<size_t>(current_action_)], *this);
     note(live_, -1);
   }
   if (derive_second) {
@@ -932,44 +942,26 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
   return r_;
 }
 
-void StageReplay::apply(const Action& a) {
-  switch (a.kind) {
-    case ActionKind::RecvActivation: {
-      MicroBatch& m = state(a.micro_batch);
-      live_ += received_bytes_;
-      for (const TensorBytes& t : received_) m.alive[loc(t.tensor)] = 1;
-      break;
-    }
-    case ActionKind::Forward:
-      forward(a.micro_batch, state(a.micro_batch));
-      if (r_.first_forward_end == 0) r_.first_forward_end = live_;
-      break;
-    case ActionKind::SendActivation:
-      send_activations(a.micro_batch);
-      break;
-    case ActionKind::RecvGrad:
-      receive_gradients(a.micro_batch);
-      break;
-    case ActionKind::Backward:
-      backward_action(a.micro_batch);
-      break;
-    case ActionKind::SendGrad: {
-      MicroBatch& m = state(a.micro_batch);
-      // Every received activation autograd tracks gets a gradient back (zeros where none
-      // flowed); the sent gradients live until the send completes.
-      live_ += received_grad_bytes_ - m.input_grads;
-      send(received_grad_bytes_);
-      originals_sent_by_ = std::numeric_limits<int64_t>::min();
-      for (const TensorBytes& t : received_) release(m, t.tensor);
-      retire(a.micro_batch);
-      break;
-    }
-    case ActionKind::OptimizerStep:
-      optimizer_step();
-      break;
-    default:
-      break;
-  }
+void StageReplay::recv_activation(const Action& a) {
+  MicroBatch& m = state(a.micro_batch);
+  live_ += received_bytes_;
+  for (const TensorBytes& t : received_) m.alive[loc(t.tensor)] = 1;
+}
+
+void StageReplay::forward(const Action& a) {
+  forward(a.micro_batch, state(a.micro_batch));
+  if (r_.first_forward_end == 0) r_.first_forward_end = live_;
+}
+
+void StageReplay::send_grad(const Action& a) {
+  MicroBatch& m = state(a.micro_batch);
+  // Every received activation autograd tracks gets a gradient back (zeros where none flowed); the
+  // sent gradients live until the send completes.
+  live_ += received_grad_bytes_ - m.input_grads;
+  send(received_grad_bytes_);
+  originals_sent_by_ = std::numeric_limits<int64_t>::min();
+  for (const TensorBytes& t : received_) release(m, t.tensor);
+  retire(a.micro_batch);
 }
 
 void StageReplay::send_activations(int64_t mb) {
@@ -1027,7 +1019,7 @@ StageMemoryReplay replay_stage_program(const CostModel& model, const StageProgra
 StageMemoryReplay replay_whole_step(const Profile& profile, OptimizerKind optimizer) {
   PlanOptions one;
   one.stages = 1;
-  one.schedule = ScheduleKind::GPipe;
+  one.schedule = ScheduleChoice::named("gpipe");
   one.micro_batches = 1;
   one.optimizer = optimizer;
   const CostModel model(profile, one);

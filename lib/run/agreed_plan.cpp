@@ -4,10 +4,12 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 
 #include "memory/device_memory.h"
 #include "plan/calibrate.h"
 #include "plan/planner.h"
+#include "plan/schedule_search.h"
 #include "profile/profile_cache.h"
 #include "profile/profile_io.h"
 #include "profile/profiler.h"
@@ -81,7 +83,7 @@ std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const Ran
   p.memopt = o.memopt;
   p.fit_replayed = true;
   p.data_parallel = layout.replicas;
-  Plan plan = make_plan(profile, p);
+  Plan plan = plan_and_compare_schedules(profile, p, o.quiet ? nullptr : &std::cout);
   return plan.to_json();
 }
 
@@ -132,7 +134,7 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
 PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const RankLayout& layout, const TrainOptions& o,
                                c10::Device device, int64_t first_step) {
   PipelineConfig pc = pipeline_config_of(plan, graph);
-  pc.schedule = o.schedule;
+  pc.schedule = plan.options.schedule;  // --schedule auto's choice
   pc.micro_batches = o.config.micro_batches;
   pc.steps = o.config.steps;
   pc.seed = o.config.seed;
@@ -144,7 +146,7 @@ PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const Ran
   pc.first_step = first_step;
   // A pipeline that does not drain every step drains where it writes a checkpoint and where it
   // evaluates (PipelineConfig::drain_every).
-  if (!schedule_traits(pc.schedule).drains_every_step) {
+  if (!pc.schedule.traits().drains_every_step) {
     pc.drain_every = o.checkpoint_every;
     if (o.eval_every > 0 && pc.drain_every == 0) pc.drain_every = o.eval_every;
     if (o.eval_every > 0 && o.eval_every % pc.drain_every != 0)

@@ -80,7 +80,7 @@ void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConf
     std::printf("  stage %d: nodes [%d, %d), predicted peak %s%s\n", stage.index, stage.begin, stage.end,
                 format_bytes(static_cast<double>(stage.memory.predicted_peak())).c_str(),
                 memopt_summary(stage).c_str());
-  if (!schedule_traits(pc.schedule).updates_once_per_step)
+  if (!pc.schedule.traits().updates_once_per_step)
     for (const auto& [holders, names] : tied_across_stages(graph, pc)) {
       std::string stages;
       for (int h : holders) stages += (stages.empty() ? "" : h == holders.back() ? " and " : ", ") + std::to_string(h);
@@ -114,6 +114,12 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayo
                   pc.device.is_cuda()
                       ? (", the caching allocator held up to " + format_bytes(double(r.reserved_peak_bytes))).c_str()
                       : "");
+  // The schedule's timed simulation of the plan's stage times beside what the steps took.
+  if (!o.in_process && layout.stages > 1 && progress.steady_samples_per_second() > 0)
+    std::printf(
+        "  step: %.1f ms measured after the first, %.1f ms predicted (the plan's stage times through the "
+        "schedule, %.0f%% idle)\n",
+        1e3 * o.samples_per_step / progress.steady_samples_per_second(), plan.step_ms(), 100 * plan.bubble_fraction());
   const double trained = static_cast<double>(mine.next_step - pc.first_step);
   // Steady state first: the first step pays for the pipeline fill and first allocations.
   std::printf("%s: %" PRId64 " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it)\n",

@@ -184,7 +184,7 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
   RunConfig run = run_config_from(o, graph);
   // A schedule that does not drain every step can stop only where it drains (at checkpoints);
   // without them a signal ends it at once.
-  run.stop_on_signal = !o.in_process && (schedule_traits(pc.schedule).drains_every_step || pc.drain_every > 0);
+  run.stop_on_signal = !o.in_process && (pc.schedule.traits().drains_every_step || pc.drain_every > 0);
   if (run.stop_on_signal) install_stop_handlers();
   Progress progress(pc.first_step, pc.steps, o.samples_per_step, o.quiet || rank != 0, o.progress);
   MetricsLog metrics(rank == 0 ? o.metrics_path : "", o.resume);

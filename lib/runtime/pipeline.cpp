@@ -74,12 +74,12 @@ std::vector<Action> stage_actions(const OpGraph& g, const PipelineConfig& c, int
   const int stages = static_cast<int>(c.ranges.size());
   // One schedule per stretch between drains: a synchronous step drains, async only every
   // drain_every steps (or never).
-  const ScheduleTraits& traits = schedule_traits(c.schedule);
+  const ScheduleTraits& traits = c.schedule.traits();
   const int64_t every = traits.drains_every_step ? 1 : c.drain_every;
   std::vector<Action> all;
   for (int64_t from = c.first_step; from < c.steps;) {
     const int64_t to = every > 0 ? std::min(c.steps, (from / every + 1) * every) : c.steps;
-    const Schedule stretch = make_schedule(c.schedule, stages, (to - from) * c.micro_batches);
+    const Schedule stretch = c.schedule.make(stages, (to - from) * c.micro_batches);
     for (Action a : stretch.actions.at(stage)) {
       if (a.micro_batch >= 0) a.micro_batch += from * c.micro_batches;
       all.push_back(a);
@@ -139,7 +139,7 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   // Synchronous schedules: every stage's optimizer step is the last action of its step, so the
   // steps are deferred until all stages reach them, and tied gradients are summed first.
   Schedule schedule;
-  schedule.kind = c.schedule;
+  schedule.name = c.schedule.name();
   schedule.stages = stages;
   schedule.micro_batches = c.steps * c.micro_batches;
   for (int s = 0; s < stages; ++s) schedule.actions.push_back(stage_actions(g, c, s));
@@ -176,7 +176,7 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   for (const Action& a : simulate_global(schedule)) {
     transport.set_sender(a.stage);
     if (a.kind == ActionKind::ReduceTiedGrads) continue;  // the deferred updates sum tied gradients at once
-    if (a.kind == ActionKind::OptimizerStep && schedule_traits(c.schedule).updates_once_per_step) {
+    if (a.kind == ActionKind::OptimizerStep && c.schedule.traits().updates_once_per_step) {
       pending_updates.push_back(a.stage);
       if (static_cast<int>(pending_updates.size()) == stages) run_updates(), report_finished_steps();
       continue;
@@ -373,8 +373,7 @@ int after_step(PipelineStage& stage, Transport& transport, const PipelineConfig&
     if (rank == 0 && options.on_validation) options.on_validation({step, mean});
   }
   const int64_t done = step + 1;
-  const bool can_stop =
-      schedule_traits(c.schedule).drains_every_step || (c.drain_every > 0 && done % c.drain_every == 0);
+  const bool can_stop = c.schedule.traits().drains_every_step || (c.drain_every > 0 && done % c.drain_every == 0);
   const int stop = options.stop_on_signal && can_stop && done < c.steps ? agreed_stop_signal(options, comm) : 0;
   if (c.replica == 0 && !options.checkpoint_dir.empty()) {  // once per stage: the replicas hold the same weights
     const bool due = options.checkpoint_every > 0 && (done % options.checkpoint_every == 0 || done == c.steps);
@@ -432,7 +431,7 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   StageTracer* tracing = nullptr;  // set once the tracer exists
   const std::unique_ptr<ReplicaAverager> averager =
       c.replicas > 1 ? attach_replica_averager(stage, c, options, tracing, result.transport) : nullptr;
-  if (schedule_traits(c.schedule).updates_once_per_step && !tie_comms.empty())
+  if (c.schedule.traits().updates_once_per_step && !tie_comms.empty())
     stage.set_tied_reducer([&](std::vector<StageParameter>& params) { reduce_tied(tie_comms, params); });
   StepRelay relay(c, options, control_comm, rank, static_cast<int>(c.ranges.size()));
   double step_loss = 0;  // the last stage's, of the latest finished step
@@ -459,7 +458,7 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
     // asynchronous stage updates after every backward; at the update after a step's last
     // micro-batch, at a drain, nothing is in flight.
     const bool step_done =
-        schedule_traits(c.schedule).updates_once_per_step || micro_batch % c.micro_batches == c.micro_batches - 1;
+        c.schedule.traits().updates_once_per_step || micro_batch % c.micro_batches == c.micro_batches - 1;
     if (a.kind == ActionKind::OptimizerStep && step_done) {
       relay.send(step, tracer.take_step_peak(), step_loss, stage.last_grad_norm());
       result.stop_signal = after_step(stage, transport, c, options, identity, comm, rank, step, relay);
@@ -495,7 +494,7 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
   if (size != static_cast<int>(c.ranges.size()))
     throw ConfigError(std::to_string(c.ranges.size()) + " stages need " + std::to_string(c.ranges.size()) +
                       " MPI ranks, not " + std::to_string(size));
-  if (!schedule_traits(c.schedule).drains_every_step && options.checkpoint_every > 0 &&
+  if (!c.schedule.traits().drains_every_step && options.checkpoint_every > 0 &&
       c.drain_every != options.checkpoint_every)
     throw std::logic_error("async checkpoints need the pipeline to drain where they are written (drain_every)");
   if ((options.checkpoint_every > 0 || options.resume) && options.checkpoint_dir.empty())

@@ -22,7 +22,7 @@
 namespace dawnpiper {
 
 struct PipelineConfig {
-  ScheduleKind schedule = ScheduleKind::GPipe;
+  ScheduleChoice schedule = ScheduleChoice::named("gpipe");
   std::vector<std::pair<int, int>> ranges;  // node range [begin, end) of each stage
   int64_t micro_batches = 1;                // per step
   int64_t steps = 1;                        // train steps first_step .. steps - 1

@@ -26,8 +26,8 @@ void check_message_tensor(const at::Tensor& t, const TensorInfo& spec) {
 }
 }  // namespace
 
-void check_grad_clip(ScheduleKind schedule, double grad_clip) {
-  if (!schedule_traits(schedule).updates_once_per_step && grad_clip > 0)
+void check_grad_clip(const ScheduleChoice& schedule, double grad_clip) {
+  if (!schedule.is_auto() && !schedule.traits().updates_once_per_step && grad_clip > 0)
     throw ConfigError("--grad-clip clips the norm of one step's gradients over every stage; under --schedule " +
                       std::string(name_of(schedule)) +
                       " each stage updates after every backward, so there is none (use gpipe or 1f1b)");
@@ -69,7 +69,7 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
 }
 
 int PipelineStage::weight_versions() const {
-  return schedule_traits(config_.schedule).stashes_weights ? 1 + static_cast<int>(stash_.size()) : 1;
+  return config_.schedule.traits().stashes_weights ? 1 + static_cast<int>(stash_.size()) : 1;
 }
 
 void PipelineStage::execute(const Action& a) {
@@ -79,7 +79,7 @@ void PipelineStage::execute(const Action& a) {
            to_string(a) + ": ";
   };
   try {
-    run(a);
+    run_action(a, *this);
   } catch (const Error& e) {
     throw Error(where() + e.what(), e.exit_code());
   } catch (const c10::OutOfMemoryError& e) {
@@ -91,38 +91,8 @@ void PipelineStage::execute(const Action& a) {
   }
 }
 
-void PipelineStage::run(const Action& a) {
-  switch (a.kind) {
-    case ActionKind::Forward:
-      forward(a.micro_batch);
-      break;
-    case ActionKind::Backward:
-      backward(a.micro_batch);
-      break;
-    case ActionKind::OptimizerStep:
-      optimizer_step();
-      break;
-    case ActionKind::ReduceTiedGrads:
-      if (reduce_tied_) reduce_tied_(module_.parameters());
-      break;
-    case ActionKind::RecvActivation:
-      receive_activations(a.micro_batch);
-      break;
-    case ActionKind::SendActivation:
-      send_activations(a.micro_batch);
-      break;
-    case ActionKind::SendGrad:
-      send_gradients(a.micro_batch);
-      break;
-    case ActionKind::RecvGrad:
-      receive_gradients(a.micro_batch);
-      break;
-    case ActionKind::SwapOut:
-    case ActionKind::SwapIn:
-    case ActionKind::Recompute:
-    case ActionKind::AllReduce:
-      throw std::logic_error(std::string(name_of(a.kind)) + " runs inside the stage's own actions");
-  }
+void PipelineStage::runtime_action(const Action& a) {
+  throw std::logic_error(std::string(name_of(a.kind)) + " runs inside the stage's own actions");
 }
 
 void PipelineStage::receive_activations(int64_t mb) {
@@ -206,7 +176,7 @@ void PipelineStage::forward(int64_t mb) {
   TensorEnv env = module_.make_env();
   data_->load(env, data_ids_, job_micro_batch(mb) * graph_.micro_batch_size, module_.device());
   for (size_t i = 0; i < recv_ids_.size(); ++i) env[recv_ids_[i]] = f.inputs.at(i);
-  if (schedule_traits(config_.schedule).stashes_weights) {
+  if (config_.schedule.traits().stashes_weights) {
     // This forward (and its backward) use the current weights, stashed until that backward.
     f.version = version_;
     auto& tensors = version_tensors(version_);
@@ -236,7 +206,7 @@ void PipelineStage::forward(int64_t mb) {
 
 void PipelineStage::backward(int64_t mb) {
   InFlight& f = in_flight_.at(mb);
-  if (evictor_ && schedule_traits(config_.schedule).stashes_weights) {
+  if (evictor_ && config_.schedule.traits().stashes_weights) {
     // Recomputation must see the weights this micro-batch's forward used.
     auto& tensors = stash_.at(f.version);
     for (size_t i = 0; i < tensors.size(); ++i) module_.parameters()[i].tensor = tensors[i];
@@ -244,7 +214,7 @@ void PipelineStage::backward(int64_t mb) {
   if (is_last()) {
     // Synchronous schedules accumulate the mean over the step's micro-batches, as the
     // reference trainer does; PipeDream's asynchronous updates use each micro-batch's loss.
-    const double scale = schedule_traits(config_.schedule).loss_scale(config_.micro_batches);
+    const double scale = config_.schedule.traits().loss_scale(config_.micro_batches);
     at::Tensor scaled = f.loss * scale;
     if (evictor_) evictor_->before_backward(mb, {scaled});
     scaled.backward();
@@ -265,7 +235,7 @@ void PipelineStage::backward(int64_t mb) {
   if (evictor_) evictor_->after_backward(mb);
   latest_step_ = step_of(mb);
   f.outputs.clear();
-  if (schedule_traits(config_.schedule).stashes_weights) {
+  if (config_.schedule.traits().stashes_weights) {
     // Move the stashed version's gradients to the masters for the update that follows.
     auto& tensors = stash_.at(f.version);
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -311,7 +281,7 @@ double PipelineStage::grad_square_sum() const { return dawnpiper::grad_square_su
 
 void PipelineStage::optimizer_step() {
   if (reduce_replicas_) reduce_replicas_(module_.parameters());
-  if (schedule_traits(config_.schedule).updates_once_per_step) {
+  if (config_.schedule.traits().updates_once_per_step) {
     const double local = grad_square_sum();
     last_grad_norm_ = std::sqrt(reduce_norm_ ? reduce_norm_(local) : local);
     if (config_.optimizer.grad_clip > 0) clip_grads(masters_, last_grad_norm_, config_.optimizer.grad_clip);

@@ -16,6 +16,7 @@
 #include "runtime/evictor.h"
 #include "runtime/transport.h"
 #include "schedule/action.h"
+#include "schedule/interpreter.h"
 #include "schedule/schedule.h"
 #include "train/optimizer.h"
 
@@ -24,7 +25,7 @@ namespace dawnpiper {
 struct StageConfig {
   int stage = 0, stages = 1;
   int begin = 0, end = 0;  // node range
-  ScheduleKind schedule = ScheduleKind::GPipe;
+  ScheduleChoice schedule = ScheduleChoice::named("gpipe");
   int64_t micro_batches = 1;  // per step (sync) / per reported step (async)
   uint64_t seed = 42;
   OptimizerConfig optimizer;
@@ -40,14 +41,14 @@ struct StageConfig {
 
 // Throws ConfigError for clipping under async: its stages update on their own, so no norm spans
 // a step's gradients.
-void check_grad_clip(ScheduleKind schedule, double grad_clip);
+void check_grad_clip(const ScheduleChoice& schedule, double grad_clip);
 
 // Sums gradients of parameters that several stages hold copies of (weights tied across the
 // cut, e.g. GPT-2's embedding and output projection). Called with the stage's copies at a
 // ReduceTiedGrads action; the default does nothing (no ties, or one process).
 using TiedGradReducer = std::function<void(std::vector<StageParameter>&)>;
 
-class PipelineStage {
+class PipelineStage : private ActionHooks {
  public:
   PipelineStage(const OpGraph& graph, const StageConfig& config, Transport& transport);
 
@@ -92,7 +93,18 @@ class PipelineStage {
     int64_t version = 0;              // weight version the forward used (async)
   };
 
-  void run(const Action& action);
+  // The list's actions (schedule/interpreter.h).
+  void forward(const Action& a) override { forward(a.micro_batch); }
+  void backward(const Action& a) override { backward(a.micro_batch); }
+  void recv_activation(const Action& a) override { receive_activations(a.micro_batch); }
+  void send_activation(const Action& a) override { send_activations(a.micro_batch); }
+  void recv_grad(const Action& a) override { receive_gradients(a.micro_batch); }
+  void send_grad(const Action& a) override { send_gradients(a.micro_batch); }
+  void optimizer_step(const Action&) override { optimizer_step(); }
+  void reduce_tied_grads(const Action&) override {
+    if (reduce_tied_) reduce_tied_(module_.parameters());
+  }
+  void runtime_action(const Action& a) override;  // never in a list: the evictor runs them
   void receive_activations(int64_t mb);
   void send_activations(int64_t mb);   // copies where the evictor empties sent storages next
   void send_gradients(int64_t mb);     // the micro-batch is then done on this stage

@@ -1,11 +1,15 @@
 #pragma once
 // Pipeline schedules as per-stage action lists (DeepSpeed / torch.distributed.pipelining style):
-// the generator decides the order, the runtime only executes it, the planner simulates it.
+// a generator decides the order, the runtime only executes it, the planner simulates it.
 //
 // Stages are 0-based (x = 0 .. l-1), micro-batches 0 .. m-1. Every forward on a stage x > 0 is
 // preceded by RECV_F and every forward on x < l-1 followed by SEND_F; symmetrically for
-// backward with RECV_B / SEND_B. Sends are assumed non-blocking (buffered, e.g. MPI_Isend or a
-// separate NCCL stream): a receive waits for its matching send, a send never waits.
+// backward with RECV_B / SEND_B. A receive waits for its matching send; a send does not wait for
+// its receive, only for the stage's previous send to be received (schedule/simulate.h).
+//
+// A schedule is data: a generator of compute actions in its own file and one line of the
+// registry (schedule/registry.cpp) naming it with its traits. A user's own schedule is a file of
+// actions (ScheduleChoice::named("file:PATH")). The registered ones:
 //
 //  gpipe  all m forwards, then all m backwards in the same order (0..m-1), then one optimizer
 //         step. Every micro-batch is in flight at once: in-flight count m on every stage.
@@ -22,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,15 +34,6 @@
 #include "util/enum_names.h"
 
 namespace dawnpiper {
-
-enum class ScheduleKind { GPipe, OneFOneB, Async };
-template <>
-struct EnumNames<ScheduleKind> {
-  static constexpr const char* what = "schedule";
-  static constexpr std::array<std::pair<ScheduleKind, const char*>, 3> table{
-      {{ScheduleKind::GPipe, "gpipe"}, {ScheduleKind::OneFOneB, "1f1b"}, {ScheduleKind::Async, "async"}}};
-};
-
 // What the runtime, the planner's memory replay and its cost model need to know of a schedule
 // besides its action lists. Code outside lib/schedule asks these, never which schedule runs.
 struct ScheduleTraits {
@@ -63,10 +59,9 @@ struct ScheduleTraits {
     return drains_every_step ? micro_batches : std::max<int64_t>(micro_batches, 2 * stages);
   }
 };
-const ScheduleTraits& schedule_traits(ScheduleKind kind);
 
 struct Schedule {
-  ScheduleKind kind = ScheduleKind::GPipe;
+  std::string name;  // the registered schedule's, or "file:PATH"
   int stages = 0;
   int64_t micro_batches = 0;
   std::vector<std::vector<Action>> actions;  // actions[x]: stage x's list, in execution order
@@ -80,11 +75,51 @@ struct Schedule {
 // after it, a send after each. Sends never block, so right after the compute is always safe; a
 // receive right before its compute is as late as it can be. Every generator ends with it.
 void add_communication(Schedule& schedule);
-// Throws ConfigError for stages < 1 or micro_batches < 1.
-Schedule make_gpipe_schedule(int stages, int64_t micro_batches);
-Schedule make_1f1b_schedule(int stages, int64_t micro_batches);
-Schedule make_async_schedule(int stages, int64_t micro_batches);
-Schedule make_schedule(ScheduleKind kind, int stages, int64_t micro_batches);
+
+// What a run was asked to follow: a registered schedule, or a user's file of actions in the text
+// form (one line per stage, '#' comments; compute actions only, or with every send and receive
+// written out). "auto" is the planner's to resolve (plan/schedule_choice): it names no schedule.
+class ScheduleChoice {
+ public:
+  ScheduleChoice() = default;  // 1f1b
+  // A registered name, "auto", or "file:PATH". An unknown name is a ConfigError listing the
+  // registered ones; a file whose actions cannot run one naming the stage and the action.
+  static ScheduleChoice named(const std::string& name);
+  // A file's actions as read once (plans carry them, so what `plan` read is what `train` runs).
+  static ScheduleChoice from_actions(const std::string& name, const std::string& text);
+
+  const std::string& name() const { return name_; }
+  bool is_auto() const { return name_ == "auto"; }
+  bool is_file() const { return file_ != nullptr; }
+  const std::string& actions_text() const { return text_; }  // a file's, empty otherwise
+  const ScheduleTraits& traits() const;
+  // The action lists of `stages` stages over `micro_batches` micro-batches, communication added.
+  // ConfigError for sizes below 1, or a file written for other sizes.
+  Schedule make(int stages, int64_t micro_batches) const;
+
+  bool operator==(const ScheduleChoice& o) const { return name_ == o.name_ && text_ == o.text_; }
+  bool operator!=(const ScheduleChoice& o) const { return !(*this == o); }
+
+ private:
+  std::string name_ = "1f1b";
+  std::shared_ptr<const Schedule> file_;  // checked: runs without deadlock on its own sizes
+  std::string text_;
+};
+// The choice goes by name in options, plan files and messages, like the enums (util/enum_names.h).
+inline const char* name_of(const ScheduleChoice& choice) { return choice.name().c_str(); }
+template <>
+struct has_enum_names<ScheduleChoice> : std::true_type {};
+template <>
+ScheduleChoice from_name<ScheduleChoice>(const std::string& name);
+
+// The traits of a schedule a record names (a trace's): a registered name's, a file's
+// (synchronous, without reading it); null for a name this build does not know.
+const ScheduleTraits* recorded_schedule_traits(const std::string& name);
+// Registered names joined as in errors ("gpipe, 1f1b or async").
+std::string schedule_choices();
+// What --schedule takes, for --help: every registered name with its summary, auto and file:PATH.
+std::string schedule_help();
+// ScheduleChoice::named(name).make(stages, micro_batches).
 Schedule make_schedule(const std::string& name, int stages, int64_t micro_batches);
 // `actions` with a ReduceTiedGrads before every optimizer step: the list of a stage holding
 // weights tied to another stage's under a synchronous schedule (PipeDream's asynchronous

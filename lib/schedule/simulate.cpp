@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "schedule/interpreter.h"
+
 namespace dawnpiper {
 
 double StageStats::min_gap_ms(double fwd_ms, double bwd_ms) const {
@@ -19,7 +21,7 @@ double StageStats::min_gap_ms(double fwd_ms, double bwd_ms) const {
 namespace {
 
 [[noreturn]] void malformed(const Action& a, const std::string& why) {
-  throw ScheduleError("malformed action list at " + to_string(a) + ": " + why);
+  throw ScheduleError("stage " + std::to_string(a.stage) + ", action " + to_string(a) + ": " + why);
 }
 
 // Per micro-batch progress on one stage.
@@ -36,26 +38,16 @@ struct MicroBatchState {
 
 // One stage's action list replayed in order: checks each action against what came before it
 // and counts passes, in-flight micro-batches, weight versions and backward gaps.
-class ActionListChecker {
+class ActionListChecker final : public ActionHooks {
  public:
   ActionListChecker(int stage, int stages) : x_(stage), stages_(stages) { st_.stage = stage; }
 
   void apply(const Action& a) {
     if (a.stage != x_) malformed(a, "list mixes stages");
-    const bool per_step =
-        a.kind == ActionKind::OptimizerStep || a.kind == ActionKind::ReduceTiedGrads || a.kind == ActionKind::AllReduce;
-    if (per_step) {
-      if (a.kind == ActionKind::OptimizerStep) ++current_version_, ++st_.optimizer_steps;
-    } else {
-      if (a.micro_batch < 0) malformed(a, "negative micro-batch");
-      MicroBatchState& mb = mbs_[a.micro_batch];
-      if (a.kind == ActionKind::Forward)
-        forward(a, mb);
-      else if (a.kind == ActionKind::Backward)
-        backward(a, mb);
-      else
-        transfer(a, mb);
-    }
+    if (a.micro_batch < 0 && a.kind != ActionKind::OptimizerStep && a.kind != ActionKind::ReduceTiedGrads &&
+        a.kind != ActionKind::AllReduce)
+      malformed(a, "negative micro-batch");
+    run_action(a, *this);
     st_.max_weight_versions = std::max(st_.max_weight_versions, live_versions());
   }
 
@@ -72,14 +64,8 @@ class ActionListChecker {
     return st_;
   }
 
- private:
-  int live_versions() const {
-    int n = static_cast<int>(version_refs_.size());
-    if (!version_refs_.count(current_version_)) ++n;
-    return n;
-  }
-
-  void forward(const Action& a, MicroBatchState& mb) {
+  void forward(const Action& a) override {
+    MicroBatchState& mb = mbs_[a.micro_batch];
     if (mb.forwarded) malformed(a, "forwarded twice");
     if (x_ > 0 && !mb.received_activation) malformed(a, "forward before its RECV_F");
     mb.forwarded = true;
@@ -92,7 +78,8 @@ class ActionListChecker {
     st_.max_in_flight = std::max(st_.max_in_flight, in_flight_);
   }
 
-  void backward(const Action& a, MicroBatchState& mb) {
+  void backward(const Action& a) override {
+    MicroBatchState& mb = mbs_[a.micro_batch];
     if (!mb.forwarded) malformed(a, "backward before its forward");
     if (mb.backwarded) malformed(a, "backwarded twice");
     if (x_ < stages_ - 1 && !mb.received_grad) malformed(a, "backward before its RECV_B");
@@ -106,40 +93,50 @@ class ActionListChecker {
     --in_flight_;
   }
 
-  // Sends, receives and the evictor's actions: each needs its pass before it, once.
-  void transfer(const Action& a, MicroBatchState& mb) {
-    switch (a.kind) {
-      case ActionKind::RecvActivation:
-        if (x_ == 0) malformed(a, "the first stage receives no activations");
-        if (mb.received_activation) malformed(a, "received twice");
-        mb.received_activation = true;
-        break;
-      case ActionKind::SendActivation:
-        if (x_ == stages_ - 1) malformed(a, "the last stage sends no activations");
-        if (!mb.forwarded) malformed(a, "send before its forward");
-        if (mb.sent_activation) malformed(a, "sent twice");
-        mb.sent_activation = true;
-        break;
-      case ActionKind::RecvGrad:
-        if (x_ == stages_ - 1) malformed(a, "the last stage receives no gradients");
-        if (!mb.forwarded) malformed(a, "gradient received before the forward");
-        if (mb.received_grad) malformed(a, "received twice");
-        mb.received_grad = true;
-        break;
-      case ActionKind::SendGrad:
-        if (x_ == 0) malformed(a, "the first stage sends no gradients");
-        if (!mb.backwarded) malformed(a, "send before its backward");
-        if (mb.sent_grad) malformed(a, "sent twice");
-        mb.sent_grad = true;
-        break;
-      case ActionKind::SwapOut:
-      case ActionKind::SwapIn:
-      case ActionKind::Recompute:
-        if (!mb.forwarded) malformed(a, "evictor action before the forward");
-        break;
-      default:
-        throw std::logic_error("ActionListChecker::transfer: " + to_string(a));
-    }
+  void recv_activation(const Action& a) override {
+    MicroBatchState& mb = mbs_[a.micro_batch];
+    if (x_ == 0) malformed(a, "the first stage receives no activations");
+    if (mb.received_activation) malformed(a, "received twice");
+    mb.received_activation = true;
+  }
+
+  void send_activation(const Action& a) override {
+    MicroBatchState& mb = mbs_[a.micro_batch];
+    if (x_ == stages_ - 1) malformed(a, "the last stage sends no activations");
+    if (!mb.forwarded) malformed(a, "send before its forward");
+    if (mb.sent_activation) malformed(a, "sent twice");
+    mb.sent_activation = true;
+  }
+
+  void recv_grad(const Action& a) override {
+    MicroBatchState& mb = mbs_[a.micro_batch];
+    if (x_ == stages_ - 1) malformed(a, "the last stage receives no gradients");
+    if (!mb.forwarded) malformed(a, "gradient received before the forward");
+    if (mb.received_grad) malformed(a, "received twice");
+    mb.received_grad = true;
+  }
+
+  void send_grad(const Action& a) override {
+    MicroBatchState& mb = mbs_[a.micro_batch];
+    if (x_ == 0) malformed(a, "the first stage sends no gradients");
+    if (!mb.backwarded) malformed(a, "send before its backward");
+    if (mb.sent_grad) malformed(a, "sent twice");
+    mb.sent_grad = true;
+  }
+
+  void optimizer_step(const Action&) override { ++current_version_, ++st_.optimizer_steps; }
+  void reduce_tied_grads(const Action&) override {}
+  // The evictor's actions need their micro-batch's forward first.
+  void runtime_action(const Action& a) override {
+    if (a.kind == ActionKind::AllReduce) return;
+    if (!mbs_[a.micro_batch].forwarded) malformed(a, "evictor action before the forward");
+  }
+
+ private:
+  int live_versions() const {
+    int n = static_cast<int>(version_refs_.size());
+    if (!version_refs_.count(current_version_)) ++n;
+    return n;
   }
 
   const int x_, stages_;
@@ -195,7 +192,12 @@ std::vector<Action> simulate_global(const Schedule& schedule) {
   for (const auto& list : schedule.actions) total += list.size();
   order.reserve(total);
 
+  // Per stage, how many of its sends are not yet received: the transport completes a send before
+  // it starts the next (it holds one send buffer), so a stage's second unreceived send waits.
+  std::vector<int> unreceived(static_cast<size_t>(l), 0);
   auto ready = [&](const Action& a) {
+    if (a.kind == ActionKind::SendActivation || a.kind == ActionKind::SendGrad)
+      return unreceived[static_cast<size_t>(a.stage)] == 0;
     if (a.kind == ActionKind::RecvActivation)
       return pending_sends.count({a.stage - 1, static_cast<int>(ActionKind::SendActivation), a.micro_batch}) > 0;
     if (a.kind == ActionKind::RecvGrad)
@@ -211,12 +213,18 @@ std::vector<Action> simulate_global(const Schedule& schedule) {
       size_t& h = head[static_cast<size_t>(x)];
       while (h < list.size() && ready(list[h])) {
         const Action& a = list[h];
-        if (a.kind == ActionKind::SendActivation || a.kind == ActionKind::SendGrad)
+        if (a.kind == ActionKind::SendActivation || a.kind == ActionKind::SendGrad) {
           pending_sends.insert({a.stage, static_cast<int>(a.kind), a.micro_batch});
-        if (a.kind == ActionKind::RecvActivation)
+          ++unreceived[static_cast<size_t>(a.stage)];
+        }
+        if (a.kind == ActionKind::RecvActivation) {
           pending_sends.erase({a.stage - 1, static_cast<int>(ActionKind::SendActivation), a.micro_batch});
-        if (a.kind == ActionKind::RecvGrad)
+          --unreceived[static_cast<size_t>(a.stage - 1)];
+        }
+        if (a.kind == ActionKind::RecvGrad) {
           pending_sends.erase({a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch});
+          --unreceived[static_cast<size_t>(a.stage + 1)];
+        }
         order.push_back(a);
         ++h;
         progress = true;
@@ -230,60 +238,72 @@ std::vector<Action> simulate_global(const Schedule& schedule) {
       size_t h = head[static_cast<size_t>(x)];
       if (h < list.size()) blocked += " " + to_string(list[h]);
     }
-    throw ScheduleError("schedule deadlocks: blocked at" + blocked);
+    throw ScheduleError("schedule deadlocks: each stage waits at its next action:" + blocked);
   }
   if (!pending_sends.empty()) {
     const auto& s = *pending_sends.begin();
-    throw ScheduleError("send " + std::to_string(std::get<0>(s)) + " of micro-batch " + std::to_string(std::get<2>(s)) +
-                        " is never received");
+    const ActionKind kind = static_cast<ActionKind>(std::get<1>(s));
+    throw ScheduleError("stage " + std::to_string(std::get<0>(s)) + ", action " +
+                        to_string(Action{kind, std::get<0>(s), std::get<2>(s)}) + ": never received");
   }
   return order;
 }
 
-TimedRun simulate_times(const Schedule& schedule, const std::vector<StageTimes>& times, double link_ms) {
+namespace {
+
+// All stages' clocks, advanced action by action in an order where every send precedes its receive.
+class TimedWalk final : public ActionHooks {
+ public:
+  explicit TimedWalk(const std::vector<StageTimes>& times)
+      : times_(times), clock_(times.size(), 0.0), busy_(times.size(), 0.0), received_(times.size(), 0.0) {}
+
+  void forward(const Action& a) override { compute(a, times_[at(a)].forward_ms); }
+  void backward(const Action& a) override { compute(a, times_[at(a)].backward_ms); }
+  void optimizer_step(const Action& a) override { compute(a, times_[at(a)].update_ms); }
+  void send_activation(const Action& a) override { send(a, times_[at(a)].send_ms); }
+  void send_grad(const Action& a) override { send(a, times_[at(a) - 1].send_ms); }  // over the cut before
+  void recv_activation(const Action& a) override { receive(a, a.stage - 1, ActionKind::SendActivation); }
+  void recv_grad(const Action& a) override { receive(a, a.stage + 1, ActionKind::SendGrad); }
+  // The runtime's own actions take no scheduled time.
+  void reduce_tied_grads(const Action&) override {}
+  void runtime_action(const Action&) override {}
+
+  TimedRun result() const {
+    TimedRun run;
+    run.step_ms = *std::max_element(clock_.begin(), clock_.end());
+    run.busy_ms = busy_;
+    for (double busy : busy_) run.idle_ms.push_back(run.step_ms - busy);
+    return run;
+  }
+
+ private:
+  static size_t at(const Action& a) { return static_cast<size_t>(a.stage); }
+  void compute(const Action& a, double ms) { clock_[at(a)] += ms, busy_[at(a)] += ms; }
+  void send(const Action& a, double link_ms) {
+    clock_[at(a)] = std::max(clock_[at(a)], received_[at(a)]);  // the stage's previous send completes first
+    arrivals_[{a.stage, static_cast<int>(a.kind), a.micro_batch}] = clock_[at(a)] + link_ms;
+  }
+  void receive(const Action& a, int from, ActionKind sent_as) {
+    clock_[at(a)] = std::max(clock_[at(a)], arrivals_.at({from, static_cast<int>(sent_as), a.micro_batch}));
+    received_[static_cast<size_t>(from)] = clock_[at(a)];
+  }
+
+  const std::vector<StageTimes>& times_;
+  std::vector<double> clock_, busy_;
+  std::vector<double> received_;  // per stage: when its latest send was received
+  // When each send's message is there: keyed by (sending stage, kind, micro-batch).
+  std::map<std::tuple<int, int, int64_t>, double> arrivals_;
+};
+
+}  // namespace
+
+TimedRun simulate_times(const Schedule& schedule, const std::vector<StageTimes>& times) {
   const size_t l = static_cast<size_t>(schedule.stages);
   if (times.size() != l)
     throw ScheduleError(std::to_string(times.size()) + " stage times for " + std::to_string(l) + " stages");
-  TimedRun run;
-  run.busy_ms.assign(l, 0.0);
-  std::vector<double> clock(l, 0.0);
-  // When each send's message is there: keyed by (sending stage, kind, micro-batch).
-  std::map<std::tuple<int, int, int64_t>, double> arrivals;
-  for (const Action& a : simulate_global(schedule)) {  // every send before its receive
-    const size_t x = static_cast<size_t>(a.stage);
-    const StageTimes& t = times[x];
-    double take = 0;
-    switch (a.kind) {
-      case ActionKind::Forward:
-        take = t.forward_ms;
-        break;
-      case ActionKind::Backward:
-        take = t.backward_ms;
-        break;
-      case ActionKind::OptimizerStep:
-        take = t.update_ms;
-        break;
-      case ActionKind::SendActivation:
-      case ActionKind::SendGrad:
-        arrivals[{a.stage, static_cast<int>(a.kind), a.micro_batch}] = clock[x] + link_ms;
-        break;
-      case ActionKind::RecvActivation:
-        clock[x] =
-            std::max(clock[x], arrivals.at({a.stage - 1, static_cast<int>(ActionKind::SendActivation), a.micro_batch}));
-        break;
-      case ActionKind::RecvGrad:
-        clock[x] =
-            std::max(clock[x], arrivals.at({a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch}));
-        break;
-      default:
-        break;  // the runtime's own actions take no scheduled time
-    }
-    clock[x] += take;
-    run.busy_ms[x] += take;
-  }
-  run.step_ms = *std::max_element(clock.begin(), clock.end());
-  for (size_t x = 0; x < l; ++x) run.idle_ms.push_back(run.step_ms - run.busy_ms[x]);
-  return run;
+  TimedWalk walk(times);
+  for (const Action& a : simulate_global(schedule)) run_action(a, walk);  // every send before its receive
+  return walk.result();
 }
 
 }  // namespace dawnpiper

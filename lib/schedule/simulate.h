@@ -2,8 +2,10 @@
 // Simulation of action lists. The planner's memory model takes its in-flight micro-batch and
 // weight-version counts from simulate_stage (never from formulas), because the runtime executes
 // the same lists. simulate_global checks that a whole schedule can run: it finds an interleaving
-// in which every receive comes after its matching send (sends are non-blocking), or reports the
-// deadlock.
+// in which every receive comes after its matching send, or reports the deadlock. A send does not
+// wait for its receive, but a stage's next send waits until its previous one was received: the
+// transport completes one send before it starts the next (it holds one send buffer, as the
+// memory replay counts), and MPI completes a large send only once it is received.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -57,6 +59,7 @@ std::vector<Action> simulate_global(const Schedule& schedule);
 // What one stage's compute actions take in a timed simulation.
 struct StageTimes {
   double forward_ms = 0, backward_ms = 0, update_ms = 0;
+  double send_ms = 0;  // a message over the cut after this stage, either way: its send to its arrival
 };
 struct TimedRun {
   double step_ms = 0;           // until the last stage's last action ends
@@ -64,8 +67,9 @@ struct TimedRun {
   std::vector<double> idle_ms;  // per stage: step_ms less busy_ms (bubbles, waits)
 };
 // Runs the schedule in time: each stage executes its list in order; a forward, backward or
-// update takes its stage's time, a send none (non-blocking); a receive waits until `link_ms` after
-// its matching send. Throws ScheduleError where simulate_global does.
-TimedRun simulate_times(const Schedule& schedule, const std::vector<StageTimes>& times, double link_ms);
+// update takes its stage's time, a send none but the wait for its stage's previous send to be
+// received; a receive waits until the cut's send_ms after its matching send. Throws ScheduleError where simulate_global
+// does.
+TimedRun simulate_times(const Schedule& schedule, const std::vector<StageTimes>& times);
 
 }  // namespace dawnpiper

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <ostream>
 
+#include "schedule/schedule.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/hdf5_io.h"
@@ -248,6 +249,12 @@ double bubble_bound(const Trace& t) {
 }
 
 namespace {
+// The bubble bound is a drained step's: a stream (async) has none per step.
+bool drains_every_step(const std::string& schedule) {
+  const ScheduleTraits* traits = recorded_schedule_traits(schedule);
+  return traits && traits->drains_every_step;
+}
+
 // max / min - 1 of one per-stage figure (0 where a stage has none).
 double spread(const std::vector<StageSummary>& stages, double StageSummary::*figure) {
   double most = 0, least = std::numeric_limits<double>::infinity();
@@ -289,7 +296,7 @@ void print_summary(const Trace& t, std::ostream& out) {
     std::snprintf(
         line, sizeof line, "busy time spread (max/min - 1) %.1f%%; mean efficiency %.1f%%%s\n",
         100 * spread(stages, &StageSummary::busy_s), 100 * mean_efficiency,
-        t.schedule == "async"
+        !drains_every_step(t.schedule)
             ? ""
             : (", bound " + std::to_string(static_cast<int>(std::lround(100 * (1 - bubble_bound(t))))) + "%").c_str());
     out << line;

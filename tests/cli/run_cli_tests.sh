@@ -100,7 +100,9 @@ mpi="mpirun --oversubscribe -np"
 common=(--model gpt2-tiny --steps 3 --micro-batches 4 --quiet)
 "$bin" train "${common[@]}" >/dev/null 2>&1  # warm the page cache
 ref=$("$bin" train "${common[@]/--quiet/}" --stages 1 2>/dev/null | losses)
-for sched in gpipe 1f1b; do
+# A user's schedule: gpipe's forwards, the backwards in reverse order.
+printf '# backwards last in, first out\n0F0 0F1 0F2 0F3 0B3 0B2 0B1 0B0 0U\n1F0 1F1 1F2 1F3 1B3 1B2 1B1 1B0 1U\n2F0 2F1 2F2 2F3 2B3 2B2 2B1 2B0 2U\n' >"$work/lifo.txt"
+for sched in gpipe 1f1b "file:$work/lifo.txt"; do
   got=$($mpi 3 "$bin" train "${common[@]/--quiet/}" --schedule $sched 2>"$work/err" | losses)
   if same_losses "$ref" "$got"; then passed=$((passed + 1)); else
     failed=$((failed + 1)); echo "FAIL: mpirun $sched losses differ from the reference"; echo "$ref" | paste - <(echo "$got"); cat "$work/err"; fi
@@ -273,7 +275,20 @@ code=$?
 if [ $code -eq 2 ] && grep -q "checkpoint file '$work/ck-cut/step-[0-9]*/stage-1.h5' is truncated or corrupt" "$work/err" &&
    ! grep -q "internal error" "$work/err"; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: truncated checkpoint (exit $code)"; cat "$work/err"; fi
-expect_fail "unknown schedule on one stage" "unknown schedule 'zigzag'" train --model mlp-tiny --steps 1 --schedule zigzag
+expect_fail "unknown schedule on one stage" "unknown schedule 'zigzag' (choose gpipe, 1f1b or async, auto or file:PATH)" \
+  train --model mlp-tiny --steps 1 --schedule zigzag
+# Stage 0 sends every activation ahead while stage 1 returns gradients: each waits on the other's
+# send, so the file is refused before anything runs.
+printf '0F0 0F1 0F2 0F3 0B0 0B1 0B2 0B3 0U\n1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3 1U\n' >"$work/dead.txt"
+expect_fail "a schedule file that deadlocks" "waits at its next action: 0SEND_F3 1SEND_B1" \
+  train --model mlp-tiny --steps 1 --schedule "file:$work/dead.txt"
+printf '0F0 0B0 0U\n1B0 1F0 1U\n' >"$work/early.txt"
+expect_fail "a schedule file's backward before its forward" "stage 1, action 1B0: backward before its forward" \
+  plan --model mlp-tiny --device-spec a100-40gb --stages 2 --schedule "file:$work/early.txt"
+expect_fail "a schedule file for other stages" "has lists for 3 stages; the run has 2" \
+  plan --model mlp-tiny --device-spec a100-40gb --stages 2 --micro-batches 4 --schedule "file:$work/lifo.txt"
+expect_ok "--schedule auto prints what it chose from" "1f1b .*<- kept" \
+  plan --model gpt2-tiny --device-spec a100-40gb --stages 4 --micro-batches 8 --schedule auto --memopt none
 expect_fail "resume without checkpoint" "no complete checkpoint" train --model gpt2-tiny --steps 2 --checkpoint-dir "$work/none" --resume
 # Asynchronous checkpoints: the pipeline drains every K steps and writes them there; a resumed
 # run (same K, same split) reproduces the uninterrupted run's losses bitwise.

@@ -98,7 +98,8 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
       if (alias >= 0 && profile.tensors[static_cast<size_t>(alias)].is_data) cuts.insert(n + 1);
     }
     for (int cut : cuts)
-      for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async})
+      for (ScheduleChoice kind :
+           {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")})
         for (int round = 0; round < 2; ++round) {
           test::TwoStages two(profile, g.size(), cut, kind, /*steps=*/2);
           const CostModel& model = two.model;
@@ -146,11 +147,11 @@ TEST_CASE("random swaps and recomputations of imported tensors train bitwise lik
     const Profile profile = quick_profile(g);
     PlanOptions po;
     po.stages = 2;
-    po.schedule = ScheduleKind::OneFOneB;
+    po.schedule = ScheduleChoice::named("1f1b");
     po.micro_batches = 2;
     const CostModel model(profile, po);
     PipelineConfig pc;
-    pc.schedule = ScheduleKind::OneFOneB;
+    pc.schedule = ScheduleChoice::named("1f1b");
     pc.ranges = {{0, g.size() / 2}, {g.size() / 2, g.size()}};
     pc.micro_batches = 2;
     pc.steps = 2;

@@ -37,7 +37,7 @@ double median_ms(int runs, const std::function<void()>& f) {
 
 void time_planning(int layers, int stages, int runs) {
   Profile p = transformer_like_profile(layers);
-  for (ScheduleKind schedule : {ScheduleKind::Async, ScheduleKind::OneFOneB}) {
+  for (ScheduleChoice schedule : {ScheduleChoice::named("async"), ScheduleChoice::named("1f1b")}) {
     for (MemoptKind memopt : {MemoptKind::SwapRecompute, MemoptKind::Recompute}) {
       PlanOptions opt;
       opt.stages = stages;
@@ -69,7 +69,8 @@ TEST_CASE("planning time on transformer-shaped graphs", "[.bench]") {
 
 TEST_CASE("BiPar against exact on medium graphs", "[.bench]") {
   std::mt19937_64 rng(99);
-  const ScheduleKind schedules[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async};
+  const ScheduleChoice schedules[] = {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"),
+                                      ScheduleChoice::named("async")};
   const MemoptKind memopts[] = {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute};
   int instances = 0, equal = 0, within3 = 0, no_plan = 0;
   double worst = 0, bipar_ms = 0, exact_ms = 0;
@@ -137,7 +138,8 @@ TEST_CASE("BiPar against the exact optimum on the paper's models", "[.bench]") {
     base.stages = 2;
     base.micro_batches = 4;
     base.planner = PlannerKind::Exact;
-    for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+    for (ScheduleChoice schedule :
+         {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
       base.schedule = schedule;
       const int64_t batch = find_max_batch(fits, base, 1024).micro_batch_size;
       const Profile p = fits.at_batch(batch);

@@ -77,7 +77,7 @@ TEST_CASE("gpipe balances time, not memory", "[plan][baselines]") {
   }
   PlanOptions opt;
   opt.stages = 2;
-  opt.schedule = ScheduleKind::OneFOneB;
+  opt.schedule = ScheduleChoice::named("1f1b");
   opt.memopt = MemoptKind::None;
   opt.planner = PlannerKind::GPipe;
   Plan g = make_plan(p, opt);
@@ -110,7 +110,9 @@ TEST_CASE("pipedream is time-optimal without a memory limit", "[plan][baselines]
     Profile p = random_profile(seed, o);
     PlanOptions opt;
     opt.stages = 2 + static_cast<int>(seed % 5);
-    opt.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
+    opt.schedule = seed % 3 == 0   ? ScheduleChoice::named("gpipe")
+                   : seed % 3 == 1 ? ScheduleChoice::named("1f1b")
+                                   : ScheduleChoice::named("async");
     opt.link_bandwidth = 1e18;
     opt.memopt = MemoptKind::None;
     opt.planner = PlannerKind::PipeDream;
@@ -157,7 +159,9 @@ TEST_CASE("exact is never beaten and fits whenever anything fits", "[plan][basel
     Profile p = random_profile(seed, o);
     PlanOptions opt;
     opt.stages = 2 + static_cast<int>(seed % 4);
-    opt.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
+    opt.schedule = seed % 3 == 0   ? ScheduleChoice::named("gpipe")
+                   : seed % 3 == 1 ? ScheduleChoice::named("1f1b")
+                                   : ScheduleChoice::named("async");
     opt.memopt = seed % 2 ? MemoptKind::SwapRecompute : MemoptKind::Recompute;
     opt.planner = PlannerKind::Exact;
     opt.capacity_bytes = INT64_MAX;
@@ -207,7 +211,9 @@ TEST_CASE("exact equals the plain DP over every stage range", "[plan][baselines]
     Profile p = random_profile(seed, o);
     PlanOptions opt;
     opt.stages = 1 + static_cast<int>(seed % 6);
-    opt.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
+    opt.schedule = seed % 3 == 0   ? ScheduleChoice::named("gpipe")
+                   : seed % 3 == 1 ? ScheduleChoice::named("1f1b")
+                                   : ScheduleChoice::named("async");
     opt.memopt = seed % 4 == 0 ? MemoptKind::SwapRecompute : seed % 4 == 1 ? MemoptKind::Recompute : MemoptKind::None;
     opt.data_parallel = seed % 5 == 0 ? 4 : 1;
     opt.planner = PlannerKind::Exact;
@@ -239,7 +245,7 @@ TEST_CASE("with nothing to evict the planner keeps the optimum and balances the 
     Profile p = random_profile(seed + 900, o);
     PlanOptions opt;
     opt.stages = 2 + static_cast<int>(seed % 5);
-    opt.schedule = seed % 2 ? ScheduleKind::OneFOneB : ScheduleKind::GPipe;
+    opt.schedule = seed % 2 ? ScheduleChoice::named("1f1b") : ScheduleChoice::named("gpipe");
     opt.memopt = MemoptKind::None;
     opt.planner = PlannerKind::Exact;
     const Plan exact = make_plan(p, opt);

@@ -19,7 +19,8 @@ using namespace dawnpiper::testing;
 
 namespace {
 
-const ScheduleKind kSchedules[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async};
+const ScheduleChoice kSchedules[] = {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"),
+                                     ScheduleChoice::named("async")};
 const MemoptKind kMemopts[] = {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute};
 
 // Max peak of a plan without a memory limit: the scale for test capacities.

@@ -90,7 +90,7 @@ TEST_CASE("memory breakdown uses the simulated in-flight and weight-version coun
   Profile p = random_profile(3, o);
   PlanOptions opt;
   opt.stages = 4;
-  opt.schedule = ScheduleKind::Async;
+  opt.schedule = ScheduleChoice::named("async");
   opt.optimizer = OptimizerKind::Adam;
   opt.micro_batches = 2;  // async still simulates a long enough stream for the steady state
   CostModel async(p, opt);
@@ -107,7 +107,7 @@ TEST_CASE("memory breakdown uses the simulated in-flight and weight-version coun
     // One stage's "balanced group peak" is its peak.
     CHECK(async.balanced_group_peak(2, 9, x, x) == Approx(async.peak_without_memopt(2, 9, x)));
   }
-  opt.schedule = ScheduleKind::GPipe;
+  opt.schedule = ScheduleChoice::named("gpipe");
   opt.micro_batches = 5;
   opt.optimizer = OptimizerKind::Sgd;
   CostModel gpipe(p, opt);
@@ -116,7 +116,7 @@ TEST_CASE("memory breakdown uses the simulated in-flight and weight-version coun
     CHECK(gpipe.weight_versions(x) == 1);
     CHECK(gpipe.memory(0, 5, x, 10).optimizer == gpipe.param_bytes(0, 5));
   }
-  opt.schedule = ScheduleKind::OneFOneB;
+  opt.schedule = ScheduleChoice::named("1f1b");
   CostModel sync(p, opt);
   for (int x = 0; x < 4; ++x) CHECK(sync.in_flight(x) == std::min(4 - x, 5));
 }
@@ -154,7 +154,7 @@ TEST_CASE("balanced cuts minimize their balance criterion", "[plan][cost]") {
     Profile p = random_profile(seed, o);
     PlanOptions opt;
     opt.stages = 5;
-    opt.schedule = seed % 2 ? ScheduleKind::Async : ScheduleKind::OneFOneB;
+    opt.schedule = seed % 2 ? ScheduleChoice::named("async") : ScheduleChoice::named("1f1b");
     CostModel m(p, opt);
     const int n = m.size();
     for (int s = 2; s <= 5; ++s) {
@@ -188,7 +188,8 @@ TEST_CASE("earlier stages hold more, so the memory-balanced cut lies before the 
   o.save_input_probability = 1;
   o.save_output_probability = 0;
   Profile p = random_profile(1, o);
-  for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+  for (ScheduleChoice schedule :
+       {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
     PlanOptions opt;
     opt.stages = 2;
     opt.schedule = schedule;
@@ -197,7 +198,7 @@ TEST_CASE("earlier stages hold more, so the memory-balanced cut lies before the 
     int mb = memory_balanced_cut(m, 0, m.size(), 0, 1, 2);
     INFO(schedule << " cb " << cb << " mb " << mb);
     CHECK(std::abs(cb - 21) <= 1);  // node 0 (input) takes no time
-    if (schedule == ScheduleKind::GPipe)
+    if (schedule == ScheduleChoice::named("gpipe"))
       CHECK(std::abs(mb - cb) <= 1);
     else
       CHECK(mb < cb - 4);

@@ -31,7 +31,9 @@ TEST_CASE("memory optimization fits the capacity and never raises the peak", "[p
     Profile p = random_profile(seed, o);
     PlanOptions opt;
     opt.stages = 3;
-    opt.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
+    opt.schedule = seed % 3 == 0   ? ScheduleChoice::named("gpipe")
+                   : seed % 3 == 1 ? ScheduleChoice::named("1f1b")
+                                   : ScheduleChoice::named("async");
     opt.micro_batches = 4;
     CostModel m(p, opt);
     for (int trial = 0; trial < 6; ++trial) {
@@ -86,7 +88,7 @@ TEST_CASE("overlapped swaps come first and cost nothing", "[plan][memopt]") {
   Profile p = random_profile(5, o);
   PlanOptions opt;
   opt.stages = 1;
-  opt.schedule = ScheduleKind::GPipe;
+  opt.schedule = ScheduleChoice::named("gpipe");
   opt.micro_batches = 8;
   opt.host_bandwidth = 16e9;
   CostModel m(p, opt);
@@ -113,7 +115,7 @@ TEST_CASE("a swap's copy back starts early enough to hide behind the backward", 
   for (double bandwidth : {16e9, 1e8, 1e6}) {
     PlanOptions opt;
     opt.stages = 1;
-    opt.schedule = ScheduleKind::GPipe;
+    opt.schedule = ScheduleChoice::named("gpipe");
     opt.micro_batches = 8;
     opt.host_bandwidth = bandwidth;
     CostModel m(p, opt);
@@ -168,7 +170,7 @@ TEST_CASE("recomputing a tensor re-runs the producers of inputs that are gone", 
   consume(p, 4, data);
   PlanOptions opt;
   opt.stages = 1;
-  opt.schedule = ScheduleKind::OneFOneB;
+  opt.schedule = ScheduleChoice::named("1f1b");
   opt.micro_batches = 1;
   CostModel m(p, opt);
   REQUIRE(m.activation_bytes(0, 5) == 9000);
@@ -195,7 +197,7 @@ TEST_CASE("block granularity evicts whole blocks", "[plan][memopt]") {
   Profile p = random_profile(9, o);
   PlanOptions opt;
   opt.stages = 2;
-  opt.schedule = ScheduleKind::OneFOneB;
+  opt.schedule = ScheduleChoice::named("1f1b");
   CostModel m(p, opt);
   int64_t before = m.peak_without_memopt(0, 25, 0);
   for (MemoptKind mode : {MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
@@ -240,7 +242,7 @@ TEST_CASE("internal buffers count but are never evicted; views count nothing", "
   REQUIRE(internal.size() > 3);
   PlanOptions opt;
   opt.stages = 1;
-  opt.schedule = ScheduleKind::OneFOneB;
+  opt.schedule = ScheduleChoice::named("1f1b");
   CostModel m(p, opt);
   const int64_t all = m.activation_bytes(0, 20);
   int64_t internal_bytes = 0;

@@ -95,7 +95,7 @@ TEST_CASE("make_plan rejects bad options", "[plan][planner]") {
 
 TEST_CASE("option names are parsed once into enums and printed back by name", "[plan][planner]") {
   CHECK_THROWS_WITH(from_name<PlannerKind>("alpa"), Catch::Contains("unknown planner 'alpa'"));
-  CHECK_THROWS_AS(from_name<ScheduleKind>("zb"), ConfigError);
+  CHECK_THROWS_AS(from_name<ScheduleChoice>("zb"), ConfigError);
   CHECK_THROWS_AS(from_name<MemoptKind>("s"), ConfigError);
   CHECK_THROWS_AS(from_name<OptimizerKind>("lion"), ConfigError);
   CHECK(all_values<PlannerKind>().size() == 6);
@@ -126,7 +126,8 @@ TEST_CASE("every planner's plan respects the capacity and its memopt mode", "[pl
   int plans = 0, optimized = 0;
   for (uint64_t seed = 1; seed <= 24; ++seed) {
     Profile p = small_profile(seed, 20 + static_cast<int>(seed % 20));
-    for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+    for (ScheduleChoice schedule :
+         {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
       PlanOptions opt;
       opt.stages = 2 + static_cast<int>(seed % 4);
       opt.schedule = schedule;
@@ -174,7 +175,7 @@ TEST_CASE("async plans carry stashed weight versions", "[plan][planner]") {
   Profile p = small_profile(4, 40);
   PlanOptions opt;
   opt.stages = 4;
-  opt.schedule = ScheduleKind::Async;
+  opt.schedule = ScheduleChoice::named("async");
   Plan plan = make_plan(p, opt);
   for (int x = 0; x < 4; ++x) {
     const MemoryBreakdown& m = plan.stages[static_cast<size_t>(x)].memory;
@@ -188,7 +189,7 @@ TEST_CASE("plans round-trip through JSON", "[plan][planner]") {
   Profile p = small_profile(6, 36);
   PlanOptions opt;
   opt.stages = 3;
-  opt.schedule = ScheduleKind::OneFOneB;
+  opt.schedule = ScheduleChoice::named("1f1b");
   opt.optimizer = OptimizerKind::Adam;
   opt.host_bandwidth = 12.5e9;
   opt.link_bandwidth = 3.3e9;
@@ -210,7 +211,7 @@ TEST_CASE("plans round-trip through JSON", "[plan][planner]") {
   CHECK(back.options.allocator_headroom_bytes == 0);
   CHECK(back.options.host_bandwidth == opt.host_bandwidth);
   CHECK(back.options.link_bandwidth == opt.link_bandwidth);
-  CHECK(back.options.schedule == ScheduleKind::OneFOneB);
+  CHECK(back.options.schedule == ScheduleChoice::named("1f1b"));
   CHECK(back.micro_batch_size == plan.micro_batch_size);
   CHECK(back.graph_hash == plan.graph_hash);
   CHECK(back.precision == plan.precision);
@@ -281,7 +282,7 @@ TEST_CASE("an infeasible plan names the capacity that would work", "[plan][plann
     for (MemoptKind memopt : {MemoptKind::None, MemoptKind::SwapRecompute}) {
       PlanOptions opt;
       opt.stages = 3;
-      opt.schedule = ScheduleKind::OneFOneB;
+      opt.schedule = ScheduleChoice::named("1f1b");
       opt.planner = planner;
       opt.memopt = memopt;
       opt.capacity_bytes = 1000000;  // far too small
@@ -334,7 +335,7 @@ TEST_CASE("an infeasible plan names the node that alone needs more than the capa
   const Profile p = small_profile(8, 30).at_batch(4);
   PlanOptions opt;
   opt.stages = 3;
-  opt.schedule = ScheduleKind::OneFOneB;
+  opt.schedule = ScheduleChoice::named("1f1b");
   opt.memopt = MemoptKind::SwapRecompute;
   const CostModel model(p, opt);
   int64_t largest = 0;
@@ -373,7 +374,8 @@ TEST_CASE("an infeasible plan names the node that alone needs more than the capa
 
 TEST_CASE("find_max_batch returns the largest micro-batch size that fits", "[plan][planner]") {
   Profile p = small_profile(3, 30);
-  for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+  for (ScheduleChoice schedule :
+       {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
     for (MemoptKind memopt : {MemoptKind::None, MemoptKind::SwapRecompute}) {
       PlanOptions opt;
       opt.stages = 3;
@@ -410,7 +412,7 @@ TEST_CASE("find_max_batch returns the largest micro-batch size that fits", "[pla
 
 namespace {
 // Three stages at `capacity`, judged by the replay: the max-batch tests' configurations.
-PlanOptions max_batch_options(ScheduleKind schedule, MemoptKind memopt, int64_t capacity) {
+PlanOptions max_batch_options(const ScheduleChoice& schedule, MemoptKind memopt, int64_t capacity) {
   PlanOptions opt;
   opt.stages = 3;
   opt.schedule = schedule;
@@ -427,7 +429,8 @@ PlanOptions max_batch_options(ScheduleKind schedule, MemoptKind memopt, int64_t 
 TEST_CASE("find_max_batch gives the same answer on any number of threads", "[plan][planner]") {
   Profile p = small_profile(3, 30);
   int cases = 0;
-  for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+  for (ScheduleChoice schedule :
+       {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
     for (MemoptKind memopt : {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
       for (int64_t capacity : {150000000, 400000000}) {
         const PlanOptions opt = max_batch_options(schedule, memopt, capacity);
@@ -473,7 +476,8 @@ TEST_CASE("find_max_batch answers as the search over try_plan's plans", "[plan][
     }
     return lo;
   };
-  for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+  for (ScheduleChoice schedule :
+       {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
     for (MemoptKind memopt : {MemoptKind::None, MemoptKind::SwapRecompute}) {
       for (int64_t capacity : {150000000, 400000000}) {
         const PlanOptions opt = max_batch_options(schedule, memopt, capacity);
@@ -521,12 +525,13 @@ TEST_CASE("with fit_replayed every stage's replayed peak fits the capacity", "[p
   const Profile p = transformer_like_profile(6);
   PlanOptions unconstrained;
   unconstrained.stages = 3;
-  unconstrained.schedule = ScheduleKind::OneFOneB;
+  unconstrained.schedule = ScheduleChoice::named("1f1b");
   const Plan free = make_plan(p, unconstrained);
   int64_t top = 0;
   for (const StagePlan& s : free.stages) top = std::max(top, s.memory.predicted_peak());
   int overshooting = 0, fitted = 0;
-  for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+  for (ScheduleChoice schedule :
+       {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
     for (MemoptKind memopt : {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
       for (double fraction : {0.5, 0.6, 0.7, 0.8, 0.9}) {
         PlanOptions o = unconstrained;
@@ -559,7 +564,7 @@ TEST_CASE("with fit_replayed the search tests each stage by its replayed peak", 
   PlanOptions o;
   o.stages = 8;
   o.micro_batches = 8;
-  o.schedule = ScheduleKind::Async;
+  o.schedule = ScheduleChoice::named("async");
   o.memopt = MemoptKind::SwapRecompute;
   o.capacity_bytes = 40LL << 30;
   o.fit_replayed = true;
@@ -580,7 +585,7 @@ TEST_CASE("dawnpiper finds a split wherever vPipe's search over block boundaries
   o.link_bandwidth = a100.link_bandwidth;
   o.stages = 4;
   o.micro_batches = 4;
-  o.schedule = ScheduleKind::GPipe;
+  o.schedule = ScheduleChoice::named("gpipe");
   o.memopt = MemoptKind::SwapRecompute;
   o.capacity_bytes = 40LL << 30;
   o.fit_replayed = true;
@@ -605,7 +610,7 @@ TEST_CASE("with fit_replayed a stage evicts no more than its replay needs", "[pl
   p.nodes[2].fwd_workspace = 2 * activations;
   PlanOptions o;
   o.stages = 3;
-  o.schedule = ScheduleKind::OneFOneB;
+  o.schedule = ScheduleChoice::named("1f1b");
   int64_t top = 0;
   for (const StagePlan& s : make_plan(p, o).stages) top = std::max(top, s.memory.predicted_peak());
   int relaxed = 0;
@@ -637,7 +642,7 @@ TEST_CASE("with fit_replayed a stage evicts no more than its replay needs", "[pl
 
 TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "[plan]") {
   const Profile p = analytic_profile(build_model(preset_config("bert-large"), 4), device_spec("a100-40gb"));
-  for (ScheduleKind schedule : {ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+  for (ScheduleChoice schedule : {ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
     INFO(schedule);
     PlanOptions opt;
     opt.stages = 4;
@@ -653,7 +658,8 @@ TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "
       // A ring allreduce moves 2 (D - 1) / D of the stage's gradients over the link per update.
       const double expected = 2.0 * 3 / 4 * 1e3 * static_cast<double>(model.param_bytes(s.begin, s.end)) / 10e9;
       CHECK(s.allreduce_ms == Approx(expected));
-      CHECK(s.allreduce_per_micro_batch_ms == Approx(schedule == ScheduleKind::Async ? expected : expected / 4));
+      CHECK(s.allreduce_per_micro_batch_ms ==
+            Approx(schedule == ScheduleChoice::named("async") ? expected : expected / 4));
       CHECK(s.time_ms() == Approx(s.compute_ms + s.memopt_ms + s.allreduce_per_micro_batch_ms));
     }
     CHECK(replicated.bottleneck_ms() > alone.bottleneck_ms());
@@ -683,7 +689,9 @@ TEST_CASE("replay-checked feasibility keeps its promise", "[plan][planner]") {
     PlanOptions o;
     o.stages = 3;
     o.micro_batches = 4;
-    o.schedule = seed % 3 == 0 ? ScheduleKind::GPipe : seed % 3 == 1 ? ScheduleKind::OneFOneB : ScheduleKind::Async;
+    o.schedule = seed % 3 == 0   ? ScheduleChoice::named("gpipe")
+                 : seed % 3 == 1 ? ScheduleChoice::named("1f1b")
+                                 : ScheduleChoice::named("async");
     const CostModel model(p, o);
     for (int trial = 0; trial < 4; ++trial) {
       const int b = std::uniform_int_distribution<int>(0, 20)(rng);
@@ -743,7 +751,7 @@ TEST_CASE("where nothing else fits, stages swap everything late and the plan sti
   int late_plans = 0;
   for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny"}) {
     const Profile p = analytic_profile_model(ModelSource(preset_config(preset)), {1, 2}, a100).at_batch(4);
-    for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::Async}) {
+    for (ScheduleChoice schedule : {ScheduleChoice::named("gpipe"), ScheduleChoice::named("async")}) {
       PlanOptions o;
       o.stages = 3;
       o.micro_batches = 3;
@@ -782,7 +790,7 @@ namespace {
 PlanOptions calibration_options() {
   PlanOptions o;
   o.stages = 4;
-  o.schedule = ScheduleKind::OneFOneB;
+  o.schedule = ScheduleChoice::named("1f1b");
   o.micro_batches = 8;
   o.memopt = MemoptKind::None;
   return o;
@@ -915,7 +923,7 @@ TEST_CASE("the device runtime's bytes are in every stage's predicted peak", "[pl
   with_runtime.runtime_bytes = 65 << 20;
   PlanOptions o;
   o.stages = 3;
-  o.schedule = ScheduleKind::OneFOneB;
+  o.schedule = ScheduleChoice::named("1f1b");
   o.memopt = MemoptKind::None;
   const Plan a = make_plan(plain, o), b = make_plan(with_runtime, o);
   REQUIRE(a.stages.size() == b.stages.size());

@@ -23,7 +23,8 @@ TEST_CASE("the replay's shortcuts give what walking every pass and micro-batch g
   int compared = 0, evicting = 0;
   for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny"}) {
     const Profile p = analytic_profile_model(ModelSource(preset_config(preset)), {1, 2}, spec).at_batch(3);
-    for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+    for (ScheduleChoice schedule :
+         {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
       for (OptimizerKind optimizer : {OptimizerKind::Sgd, OptimizerKind::Adam}) {
         PlanOptions o;
         o.stages = 3;
@@ -69,7 +70,8 @@ TEST_CASE("no eviction takes a stage's replayed peak below its forward floor", "
   double closest = 1e9;  // peak / floor
   for (const char* preset : {"gpt2-tiny", "bert-tiny", "t5-tiny", "amoebanet-tiny"}) {
     const Profile p = analytic_profile_model(ModelSource(preset_config(preset)), {1, 2}, spec).at_batch(3);
-    for (ScheduleKind schedule : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+    for (ScheduleChoice schedule :
+         {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
       PlanOptions o;
       o.stages = 3;
       o.micro_batches = 4;

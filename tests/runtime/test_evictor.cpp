@@ -82,7 +82,7 @@ int64_t run_program(CountingAllocator& counter, const OpGraph& g, const Pipeline
           if (event_live) event_live->push_back(counter.live_bytes() - base);
         });
   counter.reset_peak();
-  for (int pass = 0; pass < (pc.schedule == ScheduleKind::Async ? 1 : 2); ++pass)
+  for (int pass = 0; pass < (pc.schedule == ScheduleChoice::named("async") ? 1 : 2); ++pass)
     for (const Action& a : program.actions) stage.execute(a);
   return counter.peak_bytes() - base;
 }
@@ -108,7 +108,8 @@ TEST_CASE("swap and recompute leave parameters bitwise unchanged in every schedu
     const bool cnn = preset == "amoebanet-tiny", fused_attention = preset == "gpt2-tiny+attn";
     OpGraph g = build_model(test::chunked_preset(preset), 2);
     const Profile profile = quick_profile(g);
-    for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+    for (ScheduleChoice kind :
+         {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
       PlanOptions po;
       po.stages = 2;
       po.schedule = kind;
@@ -266,7 +267,8 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
       if (n.name.find(".chunk") != std::string::npos && n.name.compare(n.name.size() - 6, 6, "chunk0") != 0)
         cuts.insert(n.id);
     for (int cut : cuts)
-      for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+      for (ScheduleChoice kind :
+           {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
         test::TwoStages two(profile, g.size(), cut, kind, /*steps=*/3);
         const CostModel& model = two.model;
         PipelineConfig& pc = two.pc;
@@ -298,7 +300,7 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
             // counts them from the start, the run makes them at their node of the first forward,
             // some after its first swap-out.
             const size_t half = replayed.size() / 2;
-            if (kind != ScheduleKind::Async && half > 0 && replayed.size() == executed.size() &&
+            if (kind != ScheduleChoice::named("async") && half > 0 && replayed.size() == executed.size() &&
                 replayed[0].kind == ActionKind::SwapOut && replayed[half].kind == ActionKind::SwapOut) {
               ++carried_over;
               const StageProgram& program = programs[static_cast<size_t>(x)];
@@ -348,7 +350,7 @@ TEST_CASE("a stage receiving a matmul operand and relaying a tensor it reads pea
         relayed_and_read |= reader >= b && reader < e;
   REQUIRE(received_copy);
   REQUIRE(relayed_and_read);
-  for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::Async}) {
+  for (ScheduleChoice kind : {ScheduleChoice::named("gpipe"), ScheduleChoice::named("async")}) {
     PlanOptions po;
     po.stages = 3;
     po.schedule = kind;
@@ -384,7 +386,7 @@ TEST_CASE("block-level recompute and swap plans of gpipe and vpipe run bitwise u
         INFO(preset << " " << planner << " " << memopt);
         PlanOptions po;
         po.stages = 2;
-        po.schedule = ScheduleKind::OneFOneB;
+        po.schedule = ScheduleChoice::named("1f1b");
         po.micro_batches = 3;
         po.planner = planner;
         po.memopt = memopt;
@@ -418,7 +420,7 @@ TEST_CASE("block-level recompute and swap plans of gpipe and vpipe run bitwise u
         }
         CHECK(largest_unit >= 2);
         PipelineConfig pc;
-        pc.schedule = ScheduleKind::OneFOneB;
+        pc.schedule = ScheduleChoice::named("1f1b");
         for (const StagePlan& s : plan->stages) pc.ranges.push_back({s.begin, s.end});
         pc.micro_batches = 3;
         pc.steps = 2;

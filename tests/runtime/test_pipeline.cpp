@@ -40,7 +40,7 @@ TrainConfig three_sgd_steps() {
 }
 
 // The losses of `rc`'s training as a pipeline of these stage ranges.
-std::vector<StepReport> pipeline_losses(const OpGraph& g, const TrainConfig& rc, ScheduleKind kind,
+std::vector<StepReport> pipeline_losses(const OpGraph& g, const TrainConfig& rc, const ScheduleChoice& kind,
                                         std::vector<std::pair<int, int>> ranges) {
   PipelineConfig pc;
   pc.schedule = kind;
@@ -67,7 +67,7 @@ TEST_CASE("gpipe and 1f1b pipelines reproduce the reference trainer's parameters
     std::vector<StepResult> ref_losses = reference.run();
     std::map<std::string, at::Tensor> expected;
     for (const auto& p : reference.module().parameters()) expected[p.name] = p.tensor;
-    for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
+    for (ScheduleChoice kind : {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b")}) {
       for (int stages : {2, 3, 4}) {
         INFO(preset << " " << name_of(kind) << " " << stages << " stages");
         PipelineConfig pc;
@@ -134,7 +134,7 @@ TEST_CASE("a chunked output projection trains like the whole one, cut between it
     for (const Node& n : g.nodes)
       if (n.name.size() > 7 && n.name.compare(n.name.size() - 7, 7, ".chunk1") == 0) second_chunk = n.id;
     REQUIRE(second_chunk > 0);
-    for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
+    for (ScheduleChoice kind : {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b")}) {
       INFO(preset << " " << name_of(kind));
       const std::vector<StepReport> losses =
           pipeline_losses(g, rc, kind, {{0, g.size() / 2}, {g.size() / 2, second_chunk}, {second_chunk, g.size()}});
@@ -177,7 +177,7 @@ TEST_CASE("a fused LM loss trains like a projection and a cross-entropy, alone o
           INFO(preset << " " << precision << " step " << s);
           CHECK(fused[s].loss == Approx(whole[s].loss).epsilon(tolerance));
         }
-      for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
+      for (ScheduleChoice kind : {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b")}) {
         INFO(preset << " " << precision << " " << name_of(kind));
         const std::vector<StepReport> losses =
             pipeline_losses(g, rc, kind, {{0, g.size() / 2}, {g.size() / 2, g.loss_node()}, {g.loss_node(), g.size()}});
@@ -191,7 +191,7 @@ TEST_CASE("a fused LM loss trains like a projection and a cross-entropy, alone o
 TEST_CASE("the asynchronous pipeline is deterministic and differs from synchronous training", "[runtime]") {
   OpGraph g = build_model(preset_config("mlp-tiny"), 4);
   PipelineConfig pc;
-  pc.schedule = ScheduleKind::Async;
+  pc.schedule = ScheduleChoice::named("async");
   pc.ranges = even_ranges(g, 3);
   pc.micro_batches = 4;
   pc.steps = 3;
@@ -202,7 +202,7 @@ TEST_CASE("the asynchronous pipeline is deterministic and differs from synchrono
   for (size_t s = 0; s < a.parameters.size(); ++s)
     for (size_t i = 0; i < a.parameters[s].size(); ++i)
       CHECK(at::equal(a.parameters[s][i].tensor, b.parameters[s][i].tensor));
-  pc.schedule = ScheduleKind::GPipe;
+  pc.schedule = ScheduleChoice::named("gpipe");
   InProcessResult sync = run_pipeline_in_process(g, pc);
   CHECK_FALSE(at::equal(sync.parameters[0][0].tensor, a.parameters[0][0].tensor));
 }
@@ -211,7 +211,8 @@ TEST_CASE("the asynchronous pipeline is deterministic and differs from synchrono
 // clock read there times the step (cli test: in-process step times).
 TEST_CASE("an in-process pipeline reports every step as it finishes", "[runtime]") {
   OpGraph g = build_model(preset_config("mlp-tiny"), 4);
-  for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+  for (ScheduleChoice kind :
+       {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
     INFO(name_of(kind));
     PipelineConfig pc;
     pc.schedule = kind;
@@ -232,7 +233,7 @@ TEST_CASE("an in-process pipeline reports every step as it finishes", "[runtime]
 TEST_CASE("an asynchronous pipeline drains where it checkpoints, and resumes there", "[runtime]") {
   OpGraph g = build_model(preset_config("mlp-tiny"), 4);
   PipelineConfig pc;
-  pc.schedule = ScheduleKind::Async;
+  pc.schedule = ScheduleChoice::named("async");
   pc.ranges = even_ranges(g, 3);
   pc.micro_batches = 2;
   pc.steps = 5;
@@ -273,7 +274,8 @@ TEST_CASE("stages sharing a tied weight reduce its gradients in an action of the
   for (const char* preset : {"gpt2-tiny", "mlp-tiny"}) {
     OpGraph g = build_model(preset_config(preset), 2);
     const Profile profile = quick_profile(g);
-    for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Async}) {
+    for (ScheduleChoice kind :
+         {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
       PipelineConfig pc;
       pc.schedule = kind;
       pc.ranges = even_ranges(g, 3);
@@ -289,7 +291,7 @@ TEST_CASE("stages sharing a tied weight reduce its gradients in an action of the
         INFO(preset << " " << name_of(kind) << " stage " << x);
         const std::vector<Action> actions = stage_actions(g, pc, x);
         const auto [b, e] = pc.ranges[static_cast<size_t>(x)];
-        const bool holds = tied && x != 1 && kind != ScheduleKind::Async;  // embedding first, head last
+        const bool holds = tied && x != 1 && kind != ScheduleChoice::named("async");  // embedding first, head last
         int reduces = 0, updates = 0;
         for (size_t i = 0; i < actions.size(); ++i) {
           updates += actions[i].kind == ActionKind::OptimizerStep;
@@ -313,7 +315,7 @@ TEST_CASE("stage ranges must tile the graph", "[runtime]") {
   CHECK_THROWS_AS(check_ranges(g, {{0, 4}}), ConfigError);
   CHECK_NOTHROW(check_ranges(g, {{0, 4}, {4, g.size()}}));
   PipelineConfig pc;
-  pc.schedule = ScheduleKind::OneFOneB;
+  pc.schedule = ScheduleChoice::named("1f1b");
   pc.ranges = {{0, 4}, {4, g.size()}};
   pc.micro_batches = 3;
   pc.steps = 2;
@@ -344,7 +346,7 @@ TEST_CASE("a pipeline clips by the global norm over its stages, counting a tied 
   const std::vector<StepResult> expected = clipped_reference.run();
   for (int stages : {2, 3}) {
     INFO(stages << " stages");
-    const std::vector<StepReport> got = pipeline_losses(g, rc, ScheduleKind::OneFOneB, even_ranges(g, stages));
+    const std::vector<StepReport> got = pipeline_losses(g, rc, ScheduleChoice::named("1f1b"), even_ranges(g, stages));
     REQUIRE(got.size() == expected.size());
     for (size_t s = 0; s < got.size(); ++s) {
       CHECK(got[s].grad_norm == Approx(expected[s].grad_norm).epsilon(1e-6));
@@ -356,7 +358,7 @@ TEST_CASE("a pipeline clips by the global norm over its stages, counting a tied 
   CHECK(unclipped[3].loss != Approx(expected[3].loss).epsilon(1e-6));
   // Async has no norm of a whole step to clip by.
   PipelineConfig pc;
-  pc.schedule = ScheduleKind::Async;
+  pc.schedule = ScheduleChoice::named("async");
   pc.ranges = even_ranges(g, 2);
   pc.optimizer = rc.optimizer;
   CHECK_THROWS_WITH(run_pipeline_in_process(g, pc), Catch::Contains("--grad-clip"));

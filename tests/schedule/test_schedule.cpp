@@ -3,10 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <set>
 #include <tuple>
 
+#include "schedule/registry.h"
 #include "schedule/schedule.h"
 #include "schedule/simulate.h"
 #include "util/error.h"
@@ -139,17 +142,13 @@ TEST_CASE("the simulators reject malformed lists and deadlocks", "[schedule]") {
   CHECK_THROWS_AS(simulate_stage(parse_actions("0F0 0SEND_F0 0B0"), 2), ScheduleError);  // no RECV_B
 
   // Stage 0 waits for a gradient before sending the activation that would produce it.
-  Schedule dead{ScheduleKind::GPipe,
-                2,
-                1,
-                {parse_actions("0F0 0RECV_B0 0SEND_F0 0B0 0U"), parse_actions("1RECV_F0 1F0 1B0 1SEND_B0 1U")}};
+  Schedule dead{
+      "gpipe", 2, 1, {parse_actions("0F0 0RECV_B0 0SEND_F0 0B0 0U"), parse_actions("1RECV_F0 1F0 1B0 1SEND_B0 1U")}};
   CHECK_THROWS_WITH(simulate_global(dead), Catch::Contains("deadlock"));
 
   // Stages that disagree on the micro-batches.
-  Schedule mismatch{ScheduleKind::GPipe,
-                    2,
-                    1,
-                    {parse_actions("0F0 0SEND_F0 0RECV_B0 0B0 0U"), parse_actions("1RECV_F1 1F1 1B1 1SEND_B1 1U")}};
+  Schedule mismatch{
+      "gpipe", 2, 1, {parse_actions("0F0 0SEND_F0 0RECV_B0 0B0 0U"), parse_actions("1RECV_F1 1F1 1B1 1SEND_B1 1U")}};
   CHECK_THROWS_AS(simulate_global(mismatch), ScheduleError);
 }
 
@@ -165,10 +164,10 @@ TEST_CASE("communication is added to compute lists", "[schedule]") {
 }
 
 TEST_CASE("schedule traits: only PipeDream's async stashes and updates per backward", "[schedule]") {
-  for (ScheduleKind kind : all_values<ScheduleKind>()) {
-    const ScheduleTraits& t = schedule_traits(kind);
-    const bool async = kind == ScheduleKind::Async;
-    INFO(name_of(kind));
+  for (const ScheduleEntry& entry : registered_schedules()) {
+    const ScheduleTraits& t = ScheduleChoice::named(entry.name).traits();
+    const bool async = std::string(entry.name) == "async";
+    INFO(entry.name);
     CHECK(t.stashes_weights == async);
     CHECK(t.updates_once_per_step == !async);
     CHECK(t.drains_every_step == !async);
@@ -186,14 +185,73 @@ TEST_CASE("the timed simulation gives the textbook bubble", "[schedule]") {
       for (int m = 1; m <= 16; m *= 2) {
         INFO(name << " l=" << l << " m=" << m);
         const Schedule s = make_schedule(name, l, m);
-        const TimedRun run = simulate_times(s, std::vector<StageTimes>(static_cast<size_t>(l), {f, b, 0.0}), 0.0);
+        const TimedRun run = simulate_times(s, std::vector<StageTimes>(static_cast<size_t>(l), {f, b, 0.0, 0.0}));
         CHECK(run.step_ms == Approx((m + l - 1) * (f + b)));
         for (double idle : run.idle_ms) CHECK(idle == Approx((l - 1) * (f + b)));
       }
   // A link delays every hop: the first forward reaches the last stage (l - 1) links late, the
   // last backward comes back as many links late.
   const Schedule s = make_schedule("gpipe", 4, 4);
-  const TimedRun linked = simulate_times(s, std::vector<StageTimes>(4, {f, b, 0.0}), 0.5);
+  const TimedRun linked = simulate_times(s, std::vector<StageTimes>(4, {f, b, 0.0, 0.5}));
   CHECK(linked.step_ms == Approx((4 + 4 - 1) * (f + b) + 2 * 3 * 0.5));
-  CHECK_THROWS_AS(simulate_times(s, std::vector<StageTimes>(3), 0.0), ScheduleError);
+  CHECK_THROWS_AS(simulate_times(s, std::vector<StageTimes>(3)), ScheduleError);
+}
+
+TEST_CASE("a schedule file runs as written, its communication added when it writes none", "[schedule]") {
+  // 1F1B's compute actions for 2 stages and 3 micro-batches, with comments and blank lines.
+  const std::string compute = "# 1f1b by hand\n0F0 0F1 0B0 0F2 0B1 0B2 0U\n\n1F0 1B0 1F1 1B1 1F2 1B2 1U  # last\n";
+  const ScheduleChoice own = ScheduleChoice::from_actions("file:own.txt", compute);
+  CHECK(own.is_file());
+  CHECK(own.make(2, 3).to_string() == make_schedule("1f1b", 2, 3).to_string());
+  CHECK(own.traits().updates_once_per_step);
+  // Written out with every send and receive, taken as it is.
+  const ScheduleChoice full = ScheduleChoice::from_actions("file:full.txt", make_schedule("gpipe", 2, 2).to_string());
+  CHECK(full.make(2, 2).to_string() == make_schedule("gpipe", 2, 2).to_string());
+
+  const std::string path = "test_schedule_file.txt";
+  {
+    std::ofstream out(path);
+    out << compute;
+  }
+  CHECK(ScheduleChoice::named("file:" + path).make(2, 3).to_string() == own.make(2, 3).to_string());
+  std::remove(path.c_str());
+  CHECK_THROWS_WITH(ScheduleChoice::named("file:" + path), Catch::Contains("cannot read schedule file"));
+}
+
+TEST_CASE("a schedule that cannot run is refused with the stage and the action", "[schedule]") {
+  auto refused = [](const std::string& text) {
+    try {
+      ScheduleChoice::from_actions("file:s.txt", text);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK_THAT(refused("0F0 0B0 0U\n1B0 1F0 1U\n"), Catch::Contains("stage 1, action 1B0: backward before its forward"));
+  CHECK_THAT(refused("0F0 0B0\n"), Catch::Contains("stage 0 (line 1): a schedule file updates once per step"));
+  CHECK_THAT(refused("0F0 0B0 0U 0U\n"), Catch::Contains("updates once per step"));
+  CHECK_THAT(refused("0F0 1B0 0U\n"), Catch::Contains("stage 0 (line 1), action 1B0"));
+  CHECK_THAT(refused("0F0 0SWAP_OUT0t3 0B0 0U\n"), Catch::Contains("the runtime adds its own evictions"));
+  CHECK_THAT(refused("0F0 0B0 0U\n1F0 1B0 1U\n1F0 1B0 1U\n"), Catch::Contains("action 1F0"));
+  CHECK_THAT(refused("0F0 0Q0\n"), Catch::Contains("line 1: malformed action '0Q0'"));
+  CHECK_THAT(refused("# nothing\n"), Catch::Contains("holds no actions"));
+  CHECK_THAT(refused("0F1 0B1 0U\n"), Catch::Contains("not 0 .. 0"));
+  // A receive with no send: stage 0 never sends what stage 1 waits for.
+  CHECK_THAT(refused("0F0 0RECV_B0 0B0 0U\n1RECV_F0 1F0 1B0 1SEND_B0 1U\n"),
+             Catch::Contains("stage 0, action 0F0: activations never sent"));
+  // Stage 0 waits for a gradient before sending the activation that would produce it.
+  CHECK_THAT(refused("0F0 0RECV_B0 0SEND_F0 0B0 0U\n1RECV_F0 1F0 1B0 1SEND_B0 1U\n"),
+             Catch::Contains("deadlocks: each stage waits at its next action: 0RECV_B0 1RECV_F0"));
+
+  // Stage 0 sends four activations ahead while stage 1 sends gradients it does not take yet: the
+  // transport completes a stage's send before its next, so both wait.
+  CHECK_THAT(refused("0F0 0F1 0F2 0F3 0B0 0B1 0B2 0B3 0U\n1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3 1U\n"),
+             Catch::Contains("deadlocks: each stage waits at its next action: 0SEND_F3 1SEND_B1"));
+
+  const ScheduleChoice two = ScheduleChoice::from_actions("file:s.txt", "0F0 0F1 0B0 0B1 0U\n1F0 1F1 1B0 1B1 1U\n");
+  CHECK_THROWS_WITH(two.make(4, 2), Catch::Contains("has lists for 2 stages; the run has 4"));
+  CHECK_THROWS_WITH(two.make(2, 8), Catch::Contains("runs 2 micro-batches per step; the run has 8"));
+  CHECK_THROWS_WITH(ScheduleChoice::named("zb-h9"),
+                    Catch::Contains("unknown schedule 'zb-h9' (choose gpipe, 1f1b or async"));
+  CHECK_THROWS_WITH(ScheduleChoice::named("file:"), Catch::Contains("needs a path"));
 }
