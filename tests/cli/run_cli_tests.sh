@@ -111,6 +111,15 @@ async_mpi=$($mpi 3 "$bin" train --model bert-tiny --steps 3 --schedule async --p
 async_one=$("$bin" train --model bert-tiny --steps 3 --schedule async --stages 3 --in-process --plan-in "$work/async-plan.json" 2>&1 | grep '^step')
 if [ -n "$async_mpi" ] && [ "$(echo "$async_mpi" | cut -d' ' -f1-4)" = "$(echo "$async_one" | cut -d' ' -f1-4)" ]; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: async over MPI differs from in-process"; echo "$async_mpi"; echo "$async_one"; cat "$work/err"; fi
+# The user's schedule over MPI equals its plan run in one process, bitwise; the plan carries the
+# file's actions, so the in-process run reads no file; --schedule auto beside --plan-in takes the
+# plan's.
+file_mpi=$($mpi 3 "$bin" train "${common[@]/--quiet/}" --schedule "file:$work/lifo.txt" --plan-out "$work/lifo-plan.json" 2>"$work/err" | grep '^step')
+mv "$work/lifo.txt" "$work/lifo-moved.txt"
+file_one=$("$bin" train "${common[@]/--quiet/}" --stages 3 --in-process --plan-in "$work/lifo-plan.json" --schedule auto 2>&1 | grep '^step')
+mv "$work/lifo-moved.txt" "$work/lifo.txt"
+if [ -n "$file_mpi" ] && [ "$(echo "$file_mpi" | cut -d' ' -f1-4)" = "$(echo "$file_one" | cut -d' ' -f1-4)" ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: a schedule file over MPI differs from in-process"; echo "$file_mpi"; echo "$file_one"; cat "$work/err"; fi
 # Activations of 2 x 500 x 768 floats (2.9 MiB) travel as several 1 MiB chunks and a partial one:
 # the two ranks' losses equal the same plan's in one process.
 big=(--model gpt2-tiny --hidden 768 --heads 12 --seq-len 500 --layers 2 --vocab 512 --micro-batch-size 2 --micro-batches 2 --steps 2)
@@ -287,6 +296,10 @@ expect_fail "a schedule file's backward before its forward" "stage 1, action 1B0
   plan --model mlp-tiny --device-spec a100-40gb --stages 2 --schedule "file:$work/early.txt"
 expect_fail "a schedule file for other stages" "has lists for 3 stages; the run has 2" \
   plan --model mlp-tiny --device-spec a100-40gb --stages 2 --micro-batches 4 --schedule "file:$work/lifo.txt"
+expect_fail "a plan of another schedule" "--schedule gpipe contradicts the plan (--plan-in), made for file:" \
+  train "${common[@]}" --stages 3 --in-process --plan-in "$work/lifo-plan.json" --schedule gpipe
+expect_ok "train --schedule auto runs the schedule it kept" "3 stages, 1f1b" \
+  train --model gpt2-tiny --steps 1 --micro-batches 4 --stages 3 --in-process --schedule auto
 expect_ok "--schedule auto prints what it chose from" "1f1b .*<- kept" \
   plan --model gpt2-tiny --device-spec a100-40gb --stages 4 --micro-batches 8 --schedule auto --memopt none
 expect_fail "resume without checkpoint" "no complete checkpoint" train --model gpt2-tiny --steps 2 --checkpoint-dir "$work/none" --resume
