@@ -90,6 +90,7 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
   o.stages = vm["stages"].as<int>();
   o.schedule = vm["schedule"].as<ScheduleChoice>();
   o.micro_batches = vm["micro-batches"].as<int64_t>();
+  if (o.schedule.is_file()) o.schedule.make(o.stages, o.micro_batches);  // its sizes, before any planning
   o.optimizer = vm["optimizer"].as<OptimizerKind>();
   o.planner = vm["planner"].as<PlannerKind>();
   o.memopt = vm["memopt"].as<MemoptKind>();

@@ -124,6 +124,9 @@ void read_placement(const po::variables_map& vm, TrainOptions& o) {
   o.data_parallel = vm.count("data-parallel") ? vm["data-parallel"].as<int>() : 0;
   if (vm.count("data-parallel") && o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
   o.schedule = vm["schedule"].as<ScheduleChoice>();
+  // A schedule file is written for its sizes: other ones are refused before anything runs.
+  if (o.schedule.is_file())
+    o.schedule.make(o.stages > 0 ? o.stages : o.schedule.file_stages(), vm["micro-batches"].as<int64_t>());
   o.planner = vm["planner"].as<PlannerKind>();
   o.memopt = vm["memopt"].as<MemoptKind>();
   o.device = vm["device"].as<DeviceKind>();

@@ -167,12 +167,6 @@ ScheduleChoice from_name<ScheduleChoice>(const std::string& name) {
   return ScheduleChoice::named(name);
 }
 
-const ScheduleTraits* recorded_schedule_traits(const std::string& name) {
-  if (name.compare(0, 5, "file:") == 0) return &kSynchronous;
-  const ScheduleEntry* e = find_registered(name);
-  return e ? &e->traits : nullptr;
-}
-
 std::string schedule_choices() {
   const std::vector<ScheduleEntry>& entries = registered_schedules();
   std::string text;

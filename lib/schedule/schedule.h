@@ -91,7 +91,8 @@ class ScheduleChoice {
   const std::string& name() const { return name_; }
   bool is_auto() const { return name_ == "auto"; }
   bool is_file() const { return file_ != nullptr; }
-  const std::string& actions_text() const { return text_; }  // a file's, empty otherwise
+  const std::string& actions_text() const { return text_; }      // a file's, empty otherwise
+  int file_stages() const { return file_ ? file_->stages : 0; }  // 0: any
   const ScheduleTraits& traits() const;
   // The action lists of `stages` stages over `micro_batches` micro-batches, communication added.
   // ConfigError for sizes below 1, or a file written for other sizes.
@@ -112,9 +113,6 @@ struct has_enum_names<ScheduleChoice> : std::true_type {};
 template <>
 ScheduleChoice from_name<ScheduleChoice>(const std::string& name);
 
-// The traits of a schedule a record names (a trace's): a registered name's, a file's
-// (synchronous, without reading it); null for a name this build does not know.
-const ScheduleTraits* recorded_schedule_traits(const std::string& name);
 // Registered names joined as in errors ("gpipe, 1f1b or async").
 std::string schedule_choices();
 // What --schedule takes, for --help: every registered name with its summary, auto and file:PATH.

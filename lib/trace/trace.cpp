@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <ostream>
 
-#include "schedule/schedule.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/hdf5_io.h"
@@ -244,17 +243,39 @@ double throughput(const Trace& t) {
   return t.wall_s > 0 ? samples / t.wall_s : 0;
 }
 
-double bubble_bound(const Trace& t) {
-  return static_cast<double>(t.stages - 1) / static_cast<double>(t.micro_batches + t.stages - 1);
+std::optional<TimedRun> schedule_bound(const Trace& t) {
+  if (t.stages < 1) return std::nullopt;
+  Schedule recorded{t.schedule, static_cast<int>(t.stages), (t.steps - t.first_step) * t.micro_batches, {}};
+  recorded.actions.resize(static_cast<size_t>(t.stages));
+  std::vector<StageTimes> times(static_cast<size_t>(t.stages));
+  std::vector<int64_t> updates(times.size(), 0);
+  std::vector<std::vector<const ActionRecord*>> lists(times.size());
+  for (const ActionRecord& r : t.actions)
+    if (r.replica == 0 && r.stage >= 0 && r.stage < t.stages && !is_evictor(r.action_kind()) &&
+        r.action_kind() != ActionKind::AllReduce)
+      lists[static_cast<size_t>(r.stage)].push_back(&r);
+  for (size_t x = 0; x < lists.size(); ++x) {
+    std::stable_sort(lists[x].begin(), lists[x].end(),
+                     [](const ActionRecord* a, const ActionRecord* b) { return a->start_s < b->start_s; });
+    for (const ActionRecord* r : lists[x]) {
+      recorded.actions[x].push_back(Action{r->action_kind(), static_cast<int>(r->stage), r->micro_batch, -1});
+      if (r->action_kind() == ActionKind::OptimizerStep)
+        times[x].update_ms += 1e3 * (r->end_s - r->start_s), ++updates[x];
+    }
+    if (updates[x] > 0) times[x].update_ms /= static_cast<double>(updates[x]);
+  }
+  for (const StageSummary& s : summarize(t)) {
+    times[static_cast<size_t>(s.stage)].forward_ms = s.mean_forward_ms;
+    times[static_cast<size_t>(s.stage)].backward_ms = s.mean_backward_ms;
+  }
+  try {
+    return simulate_times(recorded, times);
+  } catch (const ScheduleError&) {
+    return std::nullopt;  // records that are not whole lists (a run stopped mid-step)
+  }
 }
 
 namespace {
-// The bubble bound is a drained step's: a stream (async) has none per step.
-bool drains_every_step(const std::string& schedule) {
-  const ScheduleTraits* traits = recorded_schedule_traits(schedule);
-  return traits && traits->drains_every_step;
-}
-
 // max / min - 1 of one per-stage figure (0 where a stage has none).
 double spread(const std::vector<StageSummary>& stages, double StageSummary::*figure) {
   double most = 0, least = std::numeric_limits<double>::infinity();
@@ -271,9 +292,19 @@ void print_summary(const Trace& t, std::ostream& out) {
       static_cast<long long>(t.micro_batch_size), static_cast<long long>(t.first_step),
       static_cast<long long>(t.steps - 1), t.device.c_str(), t.transport.c_str());
   out << line;
-  std::snprintf(line, sizeof line, "wall %.3f s, throughput %.1f samples/s, bubble bound (l-1)/(m+l-1) = %.1f%%\n",
-                t.wall_s, throughput(t), 100 * bubble_bound(t));
+  std::snprintf(line, sizeof line, "wall %.3f s, throughput %.1f samples/s\n", t.wall_s, throughput(t));
   out << line;
+  const std::optional<TimedRun> bound = schedule_bound(t);
+  double bound_efficiency = 0;
+  if (bound && bound->step_ms > 0) {
+    for (double idle : bound->idle_ms) bound_efficiency += 1 - idle / bound->step_ms;
+    bound_efficiency /= static_cast<double>(bound->idle_ms.size());
+    std::snprintf(line, sizeof line,
+                  "schedule bound: these lists with each stage's mean pass times and free messages take %.3f s "
+                  "(mean efficiency %.1f%%); the rest of the wall is communication and variance\n",
+                  bound->step_ms / 1e3, 100 * bound_efficiency);
+    out << line;
+  }
   out << "stage  busy s  comm s  idle  efficiency  F ms   B ms   peak memory  predicted    sent\n";
   for (const StageSummary& s : summarize(t)) {
     const StageRecord* rec = nullptr;
@@ -296,9 +327,8 @@ void print_summary(const Trace& t, std::ostream& out) {
     std::snprintf(
         line, sizeof line, "busy time spread (max/min - 1) %.1f%%; mean efficiency %.1f%%%s\n",
         100 * spread(stages, &StageSummary::busy_s), 100 * mean_efficiency,
-        !drains_every_step(t.schedule)
-            ? ""
-            : (", bound " + std::to_string(static_cast<int>(std::lround(100 * (1 - bubble_bound(t))))) + "%").c_str());
+        !bound ? ""
+               : (", bound " + std::to_string(static_cast<int>(std::lround(100 * bound_efficiency))) + "%").c_str());
     out << line;
     if (spread(stages, &StageSummary::busy_s) > 0.10)
       out << "the stages' busy times differ by more than 10%: `train --calibrate-trace` with this trace plans "

@@ -4,10 +4,12 @@
 // stage by `dawnpiper inspect`. No LibTorch here: the runtime fills the records.
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "schedule/action.h"
+#include "schedule/simulate.h"
 
 namespace dawnpiper {
 
@@ -83,8 +85,12 @@ struct StageSummary {
 std::vector<StageSummary> summarize(const Trace& trace);
 // Samples per second over the whole run.
 double throughput(const Trace& trace);
-// The synchronous schedules' bubble bound on a stage's idle fraction: (l - 1) / (m + l - 1).
-double bubble_bound(const Trace& trace);
+// What the run's own action lists allow: replica 0's recorded lists (its compute and its
+// messages, in the order each stage ran them) through the schedule's timed simulation, each
+// stage's forwards and backwards taking their mean times, its updates their mean, messages
+// free. The gap to the measured wall is communication and variance; the idle share is the
+// schedule's bubble at these stage times. Null where the records do not replay.
+std::optional<TimedRun> schedule_bound(const Trace& trace);
 void print_summary(const Trace& trace, std::ostream& out);
 
 // What a traced run measured of each stage's work (replica 0): its nodes, and its forward plus

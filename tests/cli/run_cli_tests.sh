@@ -152,7 +152,7 @@ if [ $code -ne 0 ] && [ $elapsed -lt 30 ] && grep -q "error on rank [01]: stage 
   failed=$((failed + 1)); echo "FAIL: failing rank: exit $code after ${elapsed}s"; cat "$work/err"; fi
 # Traces: every rank's actions gathered into one HDF5 file; inspect and the plot script read it.
 $mpi 3 "$bin" train "${common[@]}" --schedule 1f1b --trace "$work/trace.h5" >/dev/null 2>"$work/err"
-expect_ok "inspect a trace" "bubble bound" inspect "$work/trace.h5"
+expect_ok "inspect a trace" "schedule bound: these lists with each stage's mean pass times" inspect "$work/trace.h5"
 expect_ok "inspect shows the stage balance" "busy time spread (max/min - 1) [0-9.]*%; mean efficiency" inspect "$work/trace.h5"
 [ "$(grep -c '^ *[0-2]  ' "$work/out")" -eq 3 ] && h5dump -H "$work/trace.h5" | grep -q 'GROUP "actions"' &&
   passed=$((passed + 1)) || { echo "FAIL: trace lacks stages or is not HDF5"; cat "$work/out" "$work/err"; failed=$((failed + 1)); }
@@ -294,6 +294,8 @@ expect_fail "a schedule file that deadlocks" "waits at its next action: 0SEND_F3
 printf '0F0 0B0 0U\n1B0 1F0 1U\n' >"$work/early.txt"
 expect_fail "a schedule file's backward before its forward" "stage 1, action 1B0: backward before its forward" \
   plan --model mlp-tiny --device-spec a100-40gb --stages 2 --schedule "file:$work/early.txt"
+expect_fail "a schedule file for other micro-batches, before profiling" "runs 4 micro-batches per step; the run has 2" \
+  train --model mlp-tiny --steps 1 --micro-batches 2 --schedule "file:$work/lifo.txt"
 expect_fail "a schedule file for other stages" "has lists for 3 stages; the run has 2" \
   plan --model mlp-tiny --device-spec a100-40gb --stages 2 --micro-batches 4 --schedule "file:$work/lifo.txt"
 expect_fail "a plan of another schedule" "--schedule gpipe contradicts the plan (--plan-in), made for file:" \

@@ -39,11 +39,11 @@ Trace two_stages() {
   t.micro_batches = 1;
   t.steps = 1;
   t.wall_s = 4.0;
-  t.actions = {
-      record(0, ActionKind::Forward, 0, 0, 1, 100),       record(0, ActionKind::SendActivation, 0, 1, 1, 100),
-      record(0, ActionKind::RecvGrad, 0, 1, 3, 100),      record(0, ActionKind::Backward, 0, 3, 4, 150),
-      record(1, ActionKind::RecvActivation, 0, 0, 1, 10), record(1, ActionKind::Forward, 0, 1, 2, 60),
-      record(1, ActionKind::Backward, 0, 2, 3, 80),       record(1, ActionKind::OptimizerStep, -1, 3, 3.5, 80)};
+  t.actions = {record(0, ActionKind::Forward, 0, 0, 1, 100),        record(0, ActionKind::SendActivation, 0, 1, 1, 100),
+               record(0, ActionKind::RecvGrad, 0, 1, 3, 100),       record(0, ActionKind::Backward, 0, 3, 4, 150),
+               record(1, ActionKind::RecvActivation, 0, 0, 1, 10),  record(1, ActionKind::Forward, 0, 1, 2, 60),
+               record(1, ActionKind::Backward, 0, 2, 3, 80),        record(1, ActionKind::SendGrad, 0, 3, 3, 80),
+               record(1, ActionKind::OptimizerStep, -1, 3, 3.5, 80)};
   for (int s = 0; s < 2; ++s) {
     StageRecord r;
     r.stage = r.rank = s;
@@ -96,11 +96,19 @@ TEST_CASE("the summary separates compute from communication and waiting", "[trac
   CHECK(s[0].busy_cpu_s == Approx(1.5));
   CHECK(s[1].busy_cpu_s == Approx(1.875));
   CHECK(s[1].mean_forward_ms == Approx(1000));
-  CHECK(bubble_bound(t) == Approx(0.5));  // (2 - 1) / (1 + 2 - 1)
-  CHECK(throughput(t) == Approx(1.0));    // 4 samples in 4 s
+  CHECK(throughput(t) == Approx(1.0));  // 4 samples in 4 s
+  // The recorded lists with 1 s passes and a 0.5 s update: stage 1 waits for stage 0's forward,
+  // stage 0 for stage 1's backward; stage 0 busy 2 of 4 s, stage 1 2.5.
+  const std::optional<TimedRun> bound = schedule_bound(t);
+  REQUIRE(bound);
+  CHECK(bound->step_ms == Approx(4000));
+  CHECK(bound->idle_ms[1] == Approx(1500));
   std::ostringstream out;
   print_summary(t, out);
-  CHECK(out.str().find("bubble bound") != std::string::npos);
+  CHECK(out.str().find("take 4.000 s (mean efficiency 56.2%)") != std::string::npos);
+  Trace cut = t;  // a run stopped before stage 1 sent its gradient back: no whole lists
+  cut.actions.erase(cut.actions.begin() + 7);
+  CHECK_FALSE(schedule_bound(cut));
   CHECK(out.str().find("busy CPU time per stage: 1.500 s 1.875 s; spread 25.0%") != std::string::npos);
   CHECK(out.str().find("--calibrate-trace") != std::string::npos);  // busy 2.0 s and 2.5 s: 25% apart
   Trace gpu = t;  // a GPU's actions return before their kernels finish: no CPU time line
