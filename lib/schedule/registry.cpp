@@ -1,12 +1,12 @@
 #include "schedule/registry.h"
 
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 
 #include "schedule/simulate.h"
 #include "util/error.h"
+#include "util/files.h"
 
 namespace dawnpiper {
 
@@ -105,14 +105,6 @@ Schedule parse_schedule_file(const std::string& name, const std::string& text) {
   return s;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("cannot read schedule file '" + path + "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 }  // namespace
 
 ScheduleChoice ScheduleChoice::named(const std::string& name) {
@@ -120,7 +112,7 @@ ScheduleChoice ScheduleChoice::named(const std::string& name) {
   if (name.compare(0, file_prefix.size(), file_prefix) == 0) {
     const std::string path = name.substr(file_prefix.size());
     if (path.empty()) throw ConfigError("--schedule file: needs a path (file:PATH)");
-    return from_actions(name, read_file(path));
+    return from_actions(name, read_text_file(path));
   }
   if (name != "auto" && !find_registered(name))
     throw ConfigError("unknown schedule '" + name + "' (choose " + schedule_choices() + ", auto or file:PATH)");

@@ -215,7 +215,7 @@ TEST_CASE("a schedule file runs as written, its communication added when it writ
   }
   CHECK(ScheduleChoice::named("file:" + path).make(2, 3).to_string() == own.make(2, 3).to_string());
   std::remove(path.c_str());
-  CHECK_THROWS_WITH(ScheduleChoice::named("file:" + path), Catch::Contains("cannot read schedule file"));
+  CHECK_THROWS_WITH(ScheduleChoice::named("file:" + path), Catch::Contains("cannot read 'test_schedule_file.txt'"));
 }
 
 TEST_CASE("a schedule that cannot run is refused with the stage and the action", "[schedule]") {
