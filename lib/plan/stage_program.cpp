@@ -187,8 +187,7 @@ StageProgram stage_program(const CostModel& model, int b, int e, int x, const st
   program.stage = x;
   program.begin = b;
   program.end = e;
-  const bool reduces = model.schedule().traits().updates_once_per_step && holds_tied_across(model.profile(), b, e);
-  program.actions = reduces ? with_tied_reduce(model.actions(x)) : model.actions(x);
+  program.actions = stage_list(model.schedule().traits(), model.actions(x), holds_tied_across(model.profile(), b, e));
   program.evictions = place_evictions(model, b, e, decisions);
   return program;
 }

@@ -86,10 +86,10 @@ std::vector<Action> stage_actions(const OpGraph& g, const PipelineConfig& c, int
     }
     from = to;
   }
-  if (!traits.updates_once_per_step) return all;  // each update uses its own stage's gradients
+  bool holds_tied_across = false;
   for (const auto& [key, holders] : tied_groups(g, c))
-    if (std::find(holders.begin(), holders.end(), stage) != holders.end()) return with_tied_reduce(all);
-  return all;
+    holds_tied_across = holds_tied_across || std::find(holders.begin(), holders.end(), stage) != holders.end();
+  return stage_list(traits, std::move(all), holds_tied_across);
 }
 
 StageConfig stage_config(const PipelineConfig& c, int stage) {

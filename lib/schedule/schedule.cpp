@@ -34,7 +34,8 @@ void add_communication(Schedule& schedule) {
   }
 }
 
-std::vector<Action> with_tied_reduce(const std::vector<Action>& actions) {
+std::vector<Action> stage_list(const ScheduleTraits& traits, std::vector<Action> actions, bool holds_tied_across) {
+  if (!traits.updates_once_per_step || !holds_tied_across) return actions;
   std::vector<Action> out;
   out.reserve(actions.size() + actions.size() / 4);
   for (const Action& a : actions) {

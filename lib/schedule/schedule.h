@@ -119,9 +119,11 @@ std::string schedule_choices();
 std::string schedule_help();
 // ScheduleChoice::named(name).make(stages, micro_batches).
 Schedule make_schedule(const std::string& name, int stages, int64_t micro_batches);
-// `actions` with a ReduceTiedGrads before every optimizer step: the list of a stage holding
-// weights tied to another stage's under a synchronous schedule (PipeDream's asynchronous
-// updates have no rule for tied weights: each copy is updated with its own stage's gradients).
-std::vector<Action> with_tied_reduce(const std::vector<Action>& actions);
+// A stage's list as it runs: `actions` (the schedule's, for that stage) with a ReduceTiedGrads
+// before every optimizer step when the stage holds weights tied to another stage's and the
+// schedule updates once per step (PipeDream's updates have no rule for tied weights: each copy
+// is updated with its own stage's gradients). The planner's stage programs and the runtime's
+// lists both come from here.
+std::vector<Action> stage_list(const ScheduleTraits& traits, std::vector<Action> actions, bool holds_tied_across);
 
 }  // namespace dawnpiper
