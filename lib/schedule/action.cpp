@@ -7,11 +7,11 @@
 
 namespace dawnpiper {
 
-namespace {
-// Actions of the whole step, not of one micro-batch.
 bool per_step(ActionKind kind) {
   return kind == ActionKind::OptimizerStep || kind == ActionKind::ReduceTiedGrads || kind == ActionKind::AllReduce;
 }
+
+namespace {
 
 bool has_tensor(ActionKind kind) {
   return kind == ActionKind::SwapOut || kind == ActionKind::SwapIn || kind == ActionKind::Recompute;

@@ -68,6 +68,9 @@ struct Action {
   bool operator!=(const Action& o) const { return !(*this == o); }
 };
 
+// Actions of the whole step, not of one micro-batch (U, REDUCE_TIED, ALLREDUCE).
+bool per_step(ActionKind kind);
+
 std::string to_string(const Action& action);
 // Space-separated compact forms.
 std::string to_string(const std::vector<Action>& actions);

@@ -1,9 +1,6 @@
 #include "schedule/schedule.h"
 
-#include <algorithm>
-#include <ostream>
-
-#include "util/error.h"
+#include <utility>
 
 namespace dawnpiper {
 

@@ -44,9 +44,7 @@ class ActionListChecker final : public ActionHooks {
 
   void apply(const Action& a) {
     if (a.stage != x_) malformed(a, "list mixes stages");
-    if (a.micro_batch < 0 && a.kind != ActionKind::OptimizerStep && a.kind != ActionKind::ReduceTiedGrads &&
-        a.kind != ActionKind::AllReduce)
-      malformed(a, "negative micro-batch");
+    if (a.micro_batch < 0 && !per_step(a.kind)) malformed(a, "negative micro-batch");
     run_action(a, *this);
     st_.max_weight_versions = std::max(st_.max_weight_versions, live_versions());
   }
