@@ -43,11 +43,11 @@ void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineC
   int64_t bwds = 0, all_bwds = 0;  // of the measured steps; of every step (the swap waits cover all)
   const int64_t from = pc.steps > 1 ? 1 : 0;
   for (const ActionRecord& r : run.records) {
-    if (r.action_kind() == ActionKind::Backward) ++all_bwds;
+    if (passes_gradient_back(r.action_kind())) ++all_bwds;
     if (r.step < from) continue;
     const double d = r.end_s - r.start_s;
     if (!is_evictor(r.action_kind())) step_s += d;
-    if (r.action_kind() == ActionKind::Backward) ++bwds;
+    if (passes_gradient_back(r.action_kind())) ++bwds;
     // The evictor's work happens inside forwards and backwards (their times include it).
     if (r.action_kind() == ActionKind::Recompute) recompute += d;
     if (r.action_kind() == ActionKind::SwapOut || r.action_kind() == ActionKind::SwapIn) swap += d;

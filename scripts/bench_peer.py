@@ -8,7 +8,7 @@ the loss (the shifted cross-entropy of GPT2LMHeadModel). Before timing, the stag
 one process must give the model's own loss (a check that the split is the model).
 
 Prints one line: `peer <config> samples/s <after the first step> rss_mib <max over ranks>`.
-  usage: bench_peer.py --config k=v,... --ranks N --schedule gpipe|1f1b|eager --micro-batch-size B
+  usage: bench_peer.py --config k=v,... --ranks N --schedule gpipe|1f1b|zb|eager --micro-batch-size B
                        --micro-batches M --seq-len S --steps K
 """
 import argparse
@@ -124,7 +124,8 @@ def eager(args):
 def rank_main(rank, args, port, queue):
     import torch
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleavedZeroBubble)
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -134,8 +135,11 @@ def rank_main(rank, args, port, queue):
         check_split(model, args)
     module = stage_modules(model, args.ranks)[rank]
     stage = PipelineStage(module, rank, args.ranks, torch.device("cpu"))
-    kind = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
-    schedule = kind(stage, args.micro_batches, loss_fn=loss_fn)
+    if args.schedule == "zb":  # zero bubble, one stage per rank: backwards split into I and W
+        schedule = ScheduleInterleavedZeroBubble([stage], args.micro_batches, loss_fn=loss_fn)
+    else:
+        kind = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
+        schedule = kind(stage, args.micro_batches, loss_fn=loss_fn)
     opt = torch.optim.SGD(module.parameters(), lr=args.lr)
     ends = []
     for tokens in batches(args, model.config.vocab_size):
@@ -177,7 +181,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True)
     ap.add_argument("--ranks", type=int, default=1)
-    ap.add_argument("--schedule", choices=["gpipe", "1f1b", "eager"], required=True)
+    ap.add_argument("--schedule", choices=["gpipe", "1f1b", "zb", "eager"], required=True)
     ap.add_argument("--micro-batch-size", type=int, required=True)
     ap.add_argument("--micro-batches", type=int, required=True)
     ap.add_argument("--seq-len", type=int, required=True)

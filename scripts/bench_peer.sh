@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # DawnPiper beside torch.distributed.pipelining (the same torch, gloo, CPU) on the same Hugging
-# Face GPT-2: one process, gpipe and 1f1b on 2 ranks, 1f1b on 4 ranks; the same micro-batch
+# Face GPT-2: one process, gpipe and 1f1b on 2 ranks, 1f1b on 4 ranks, zero bubble on 2 and 4
+# (torch's ScheduleInterleavedZeroBubble with one stage per rank, DawnPiper's zb-h1); the same micro-batch
 # size, micro-batches, sequence length, SGD and one intra-op thread per rank. Reports samples/s
 # after the first step and the largest peak RSS of any rank (/usr/bin/time for DawnPiper,
 # getrusage for torch). DawnPiper trains the exported graph (scripts/export_model.py) with its
 # own plan (profiled and planned by rank 0 before training; not timed); torch's stages are cut
 # at layer boundaries, as evenly as they go.
 #   usage: scripts/bench_peer.sh build/dawnpiper [STEPS] [RUNS]
+#   (CONFIGS="2 zb zb-h1" runs one configuration: ranks, torch's schedule, DawnPiper's)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$(realpath "${1:?usage: scripts/bench_peer.sh build/dawnpiper [STEPS] [RUNS]}")
@@ -47,7 +49,9 @@ peer() {
 
 echo "| configuration | torch samples/s | DawnPiper samples/s | ratio | DawnPiper, 8 output chunks | ratio | torch peak RSS MiB | DawnPiper peak RSS MiB |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
-for c in "1 eager 1f1b" "2 gpipe gpipe" "2 1f1b 1f1b" "4 1f1b 1f1b"; do
+configs=("1 eager 1f1b" "2 gpipe gpipe" "2 1f1b 1f1b" "4 1f1b 1f1b" "2 zb zb-h1" "4 zb zb-h1")
+[ -n "${CONFIGS:-}" ] && configs=("$CONFIGS")
+for c in "${configs[@]}"; do
   read -r ranks peer_schedule schedule <<<"$c"
   t_rates=() d_rates=() c_rates=() t_rss=0 d_rss=0
   for ((r = 0; r < runs; ++r)); do

@@ -103,27 +103,31 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
 
   // The weight's and bias's gradients are summed over the chunks in their own dtype (fp32
   // master weights: one rounding, as one projection's backward has), the hidden states' in
-  // theirs.
+  // theirs. Only those asked for: a split backward's I wants the hidden states' alone, its W
+  // the weight's and bias's (runtime/pipeline_stage.h).
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &hidden = saved[0], &weight = saved[1], &bias = saved[2], &labels = saved[3], &lse = saved[4];
     const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
     const at::Tensor y = labels.reshape({-1});
     const at::Tensor w = weight.to(h.scalar_type()), b = bias.to(h.scalar_type());
-    at::Tensor grad_h = at::empty_like(h);
-    at::Tensor grad_w = at::zeros_like(weight);
-    at::Tensor grad_b = bias.numel() > 0 ? at::zeros_like(bias) : at::Tensor();
+    const bool want_h = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
+    at::Tensor grad_h = want_h ? at::empty_like(h) : at::Tensor();
+    at::Tensor grad_w = want_w ? at::zeros_like(weight) : at::Tensor();
+    at::Tensor grad_b = bias.numel() > 0 && ctx->needs_input_grad(2) ? at::zeros_like(bias) : at::Tensor();
     for_chunks(h.size(0), ctx->saved_data["chunk"].toInt(), [&](int64_t first, int64_t n) {
       const at::Tensor rows = h.narrow(0, first, n);
       at::Tensor g = chunk_logits(rows, w, b);
       g.sub_(lse.narrow(0, first, n).unsqueeze(1)).exp_();
       probabilities_to_gradient(g, y.narrow(0, first, n), grad_outputs[0], saved[5]);
-      at::Tensor grad_rows = grad_h.narrow(0, first, n);
-      at::mm_out(grad_rows, g.to(h.scalar_type()), w);  // g is fp32; to() copies only for bf16
-      grad_w.addmm_(g.t().to(grad_w.scalar_type()), rows.to(grad_w.scalar_type()));
+      if (want_h) {
+        at::Tensor grad_rows = grad_h.narrow(0, first, n);
+        at::mm_out(grad_rows, g.to(h.scalar_type()), w);  // g is fp32; to() copies only for bf16
+      }
+      if (want_w) grad_w.addmm_(g.t().to(grad_w.scalar_type()), rows.to(grad_w.scalar_type()));
       if (grad_b.defined()) grad_b.add_(g.sum(0).to(grad_b.scalar_type()));
     });
-    return {grad_h.view(hidden.sizes()), grad_w, grad_b, at::Tensor(), at::Tensor()};
+    return {want_h ? grad_h.view(hidden.sizes()) : at::Tensor(), grad_w, grad_b, at::Tensor(), at::Tensor()};
   }
 };
 

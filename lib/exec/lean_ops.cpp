@@ -52,7 +52,8 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
 
   // With dn = g * w: dx = r * dn - x * r^3 * mean(dn * x); dw = sum over rows of g * x * r.
   // g * x * r is the one temporary of x's size: summed over the rows, then times w summed
-  // over each row (r * sum(dn * x), times r^2 / width).
+  // over each row (r * sum(dn * x), times r^2 / width). Only the gradients asked for (a split
+  // backward asks for dx and dw apart).
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &r = saved[2];
@@ -60,10 +61,12 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
     const at::Tensor w = weight.to(x.scalar_type());
     std::vector<int64_t> rows(static_cast<size_t>(x.dim() - 1));
     std::iota(rows.begin(), rows.end(), 0);
+    const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
     at::Tensor grad_w, scale;  // scale: r^3 * mean(dn * x) per row
     {
       at::Tensor t = (g * x).mul_(per_row(r, x));
-      grad_w = t.sum(rows, /*keepdim=*/false, weight.scalar_type());
+      if (want_w) grad_w = t.sum(rows, /*keepdim=*/false, weight.scalar_type());
+      if (!want_x) return {at::Tensor(), grad_w, at::Tensor()};
       scale = t.mul_(w).sum(-1, /*keepdim=*/true, at::kFloat).mul_(r.square()).div_(static_cast<double>(x.size(-1)));
     }
     at::Tensor grad_x = (g * w).mul_(per_row(r, x));

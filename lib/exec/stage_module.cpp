@@ -204,6 +204,17 @@ int64_t StageModule::parameter_count() const {
   return n;
 }
 
+std::vector<int> StageModule::parameters_read(int node) const {
+  std::vector<int> read;
+  const std::vector<ParamSpec>& params = graph_->nodes[node].params;
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    const ParamSpec& spec = params[i];
+    read.push_back(
+        param_index_.at(spec.tied() ? std::make_pair(spec.tied_node, spec.tied_param) : std::make_pair(node, i)));
+  }
+  return read;
+}
+
 at::Tensor StageModule::param(int node, int index) const {
   const ParamSpec& spec = graph_->nodes[node].params[index];
   auto key = spec.tied() ? std::make_pair(spec.tied_node, spec.tied_param) : std::make_pair(node, index);

@@ -54,6 +54,8 @@ class StageModule {
   const std::vector<at::Tensor>& buffers() const { return buffers_; }
   const std::vector<StageParameter>& parameters() const { return params_; }
   int64_t parameter_count() const;
+  // The parameters node reads (indices into parameters(): its own and tied ones).
+  std::vector<int> parameters_read(int node) const;
 
   // A TensorEnv sized for the graph, with a slot past its tensors for each internal buffer the
   // range exposes.

@@ -82,12 +82,14 @@ void CostModel::index_nodes() {
       bad_profile("node " + std::to_string(i) + " has id " + std::to_string(profile.nodes[static_cast<size_t>(i)].id));
   fwd_.assign(static_cast<size_t>(n) + 1, 0);
   bwd_.assign(static_cast<size_t>(n) + 1, 0);
+  weight_.assign(static_cast<size_t>(n) + 1, 0);
   params_.assign(static_cast<size_t>(n) + 1, 0);
   std::vector<int64_t> transient(static_cast<size_t>(n), 0);
   for (int i = 0; i < n; ++i) {
     const NodeProfile& node = profile.nodes[static_cast<size_t>(i)];
     fwd_[i + 1] = fwd_[i] + node.fwd_ms;
     bwd_[i + 1] = bwd_[i] + node.bwd_ms;
+    weight_[i + 1] = weight_[i] + node.bwd_ms * weight_share(node);
     params_[i + 1] = params_[i] + node.param_bytes;
     transient[static_cast<size_t>(i)] = std::max(node.fwd_workspace, node.bwd_workspace);
     if (node.constant_bytes > 0) constant_nodes_.push_back(i);

@@ -44,6 +44,8 @@ class CostModel {
   // --- time (ms, per micro-batch) ---
   double fwd_ms(int b, int e) const { return fwd_[e] - fwd_[b]; }
   double bwd_ms(int b, int e) const { return bwd_[e] - bwd_[b]; }
+  // bwd_ms's part a split backward's W takes (NodeProfile::weight_share).
+  double weight_ms(int b, int e) const { return weight_[e] - weight_[b]; }
   double compute_ms(int b, int e) const { return fwd_ms(b, e) + bwd_ms(b, e); }
   double host_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / host_bw_; }
   double link_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / link_bw_; }
@@ -148,11 +150,11 @@ class CostModel {
   int data_parallel_ = 1;
   int64_t micro_batches_ = 1;
 
-  std::vector<double> fwd_, bwd_;    // prefix sums, size n+1
-  std::vector<int64_t> params_;      // prefix sums
-  std::vector<int> constant_nodes_;  // nodes with a stage constant, ascending
-  std::vector<int64_t> saved_sum_;   // prefix sums of each node's distinct saved bytes
-  DominanceSum saved_repeats_;       // consecutive savers of one tensor, to count it once
+  std::vector<double> fwd_, bwd_, weight_;  // prefix sums, size n+1
+  std::vector<int64_t> params_;             // prefix sums
+  std::vector<int> constant_nodes_;         // nodes with a stage constant, ascending
+  std::vector<int64_t> saved_sum_;          // prefix sums of each node's distinct saved bytes
+  DominanceSum saved_repeats_;              // consecutive savers of one tensor, to count it once
   RangeMax transient_;
   RangeMax forward_need_;
   std::vector<int64_t> cross_count_, cross_bytes_;  // per cut 0..n

@@ -23,6 +23,7 @@ TimedRun Plan::simulated_step() const {
     StageTimes t;
     t.forward_ms = s.forward_ms;
     t.backward_ms = s.compute_ms - s.forward_ms + s.memopt_ms;  // recomputation and swap stalls wait in backward
+    t.weight_ms = s.weight_ms;
     t.send_ms = static_cast<double>(s.crossing_bytes) / options.link_bandwidth * 1e3;
     times.push_back(t);
   }
@@ -145,6 +146,7 @@ void stage_fields(S& s, Field&& field) {
   field("end", s.end);
   field("compute_ms", s.compute_ms);
   field("forward_ms", s.forward_ms, kOptionalField);
+  field("weight_ms", s.weight_ms, kOptionalField);
   field("memopt_ms", s.memopt_ms);
   field("allreduce_ms", s.allreduce_ms, kOptionalField);
   field("allreduce_per_micro_batch_ms", s.allreduce_per_micro_batch_ms, kOptionalField);

@@ -106,6 +106,7 @@ struct StagePlan {
   int begin = 0, end = 0;  // node range [begin, end) in profile order
   double compute_ms = 0;   // sum of fwd + bwd of the nodes, per micro-batch
   double forward_ms = 0;   // the forwards' share of compute_ms (the step's simulation times passes apart)
+  double weight_ms = 0;    // the backwards' part a split backward's W takes (zero-bubble schedules)
   double memopt_ms = 0;    // swap stalls + recomputation, per micro-batch
   // Data parallelism: the gradient allreduce of one update, and its share per micro-batch (a
   // step's m micro-batches share one update under gpipe / 1f1b; async updates every time).

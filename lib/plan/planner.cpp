@@ -491,8 +491,36 @@ std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options)
   return plan;
 }
 
+std::string split_backward_refusal(const Profile& profile, const Plan& plan) {
+  const auto& nodes = profile.nodes;
+  for (const StagePlan& s : plan.stages)
+    for (int n = s.begin; n < s.end; ++n) {
+      const int owner = nodes[static_cast<size_t>(n)].tied_owner;
+      if (owner < s.begin || owner >= s.end || owner == n) continue;
+      const int first = std::min(owner, n), second = std::max(owner, n);
+      std::vector<char> reached(static_cast<size_t>(second - first + 1), 0);  // fed by `first`
+      reached[0] = 1;
+      for (int k = first; k < second; ++k) {
+        if (!reached[static_cast<size_t>(k - first)]) continue;
+        for (int t : nodes[static_cast<size_t>(k)].outputs)
+          for (int c : profile.tensors[static_cast<size_t>(t)].consumers)
+            if (c > k && c <= second) reached[static_cast<size_t>(c - first)] = 1;
+      }
+      if (reached.back())
+        return "stage " + std::to_string(s.index) + " cannot split its backward (" + name_of(plan.options.schedule) +
+               "): " + nodes[static_cast<size_t>(first)].name + " and " + nodes[static_cast<size_t>(second)].name +
+               " read one weight and the first feeds the second (its weight gradient would count the first's "
+               "twice); cut between them or use a schedule without I and W (1f1b, gpipe)";
+    }
+  return "";
+}
+
 Plan make_plan(const Profile& profile, const PlanOptions& options) {
   std::optional<Plan> plan = try_plan(profile, options);
+  if (plan && !options.schedule.is_auto() && options.schedule.traits().splits_backward) {
+    const std::string why = split_backward_refusal(profile, *plan);
+    if (!why.empty()) throw ConfigError(why);
+  }
   if (plan) return std::move(*plan);
   if (options.schedule.is_auto()) {  // why not, for the schedule that holds the fewest micro-batches
     PlanOptions fewest = options;

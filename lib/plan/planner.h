@@ -20,6 +20,11 @@ Plan make_plan(const Profile& profile, const PlanOptions& options);
 
 // As make_plan, but returns nothing instead of throwing InfeasibleError (no message search).
 std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options);
+// Why a schedule splitting its backwards (I and W) cannot run `plan`, or "": a stage holding a
+// weight's owner and a reader of it that the owner feeds (GPT-2's tied embedding and output
+// projection); W of the reader would count the owner's part too. The runtime refuses such a
+// stage as well (exec/split_backward.h); make_plan throws ConfigError with this.
+std::string split_backward_refusal(const Profile& profile, const Plan& plan);
 
 struct MaxBatch {
   int64_t micro_batch_size = 0;

@@ -15,7 +15,10 @@ std::vector<ScheduleCandidate> plan_each_schedule(const Profile& profile, const 
     if (!entry.traits.updates_once_per_step) continue;
     PlanOptions one = options;
     one.schedule = ScheduleChoice::named(entry.name);
-    candidates.push_back({entry.name, try_plan(profile, one)});
+    ScheduleCandidate c{entry.name, try_plan(profile, one), ""};
+    if (c.plan && entry.traits.splits_backward) c.why_not = split_backward_refusal(profile, *c.plan);
+    if (!c.why_not.empty()) c.plan.reset();
+    candidates.push_back(std::move(c));
   }
   return candidates;
 }
@@ -40,8 +43,8 @@ void print_schedule_table(std::ostream& out, const std::vector<ScheduleCandidate
   out << "schedules compared (--schedule auto):\n" << line;
   for (const ScheduleCandidate& c : candidates) {
     if (!c.plan) {
-      std::snprintf(line, sizeof line, "%-10s %12s %14s %6s %11s  nothing fits\n", c.schedule.c_str(), "-", "-", "-",
-                    "-");
+      std::snprintf(line, sizeof line, "%-10s %12s %14s %6s %11s  %s\n", c.schedule.c_str(), "-", "-", "-", "-",
+                    c.why_not.empty() ? "nothing fits" : "cannot split a stage's backward");
     } else {
       const Plan& p = *c.plan;
       std::snprintf(line, sizeof line, "%-10s %10.3fms %12.3fms %5.0f%% %11s%s\n", c.schedule.c_str(),

@@ -14,7 +14,8 @@ namespace dawnpiper {
 
 struct ScheduleCandidate {
   std::string schedule;
-  std::optional<Plan> plan;  // none: nothing fits the capacity under this schedule
+  std::optional<Plan> plan;  // none: nothing fits the capacity under this schedule, or why_not
+  std::string why_not;       // a plan that fits but cannot run (split_backward_refusal)
 };
 
 // `options` planned once per candidate schedule (its own schedule ignored).

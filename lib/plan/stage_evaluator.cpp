@@ -188,6 +188,7 @@ StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
   s.end = e;
   s.compute_ms = model_.compute_ms(b, e);
   s.forward_ms = model_.fwd_ms(b, e);
+  s.weight_ms = model_.weight_ms(b, e);
   s.memopt_ms = m.overhead_ms;
   s.allreduce_ms = model_.allreduce_ms(b, e);
   s.allreduce_per_micro_batch_ms = model_.allreduce_per_micro_batch_ms(b, e);

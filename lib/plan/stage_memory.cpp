@@ -26,6 +26,12 @@ struct MicroBatch {
   int64_t input_grads = 0;     // gradients of received activations, until they are sent back
   int64_t version = 0;
   std::vector<int> out;  // evictions whose storage is off the device, in program order
+  // Split backward: per node offset, the bytes of its outputs' gradients held from I until W
+  // (-1: none arrived); whether W is still to come (the state outlives the gradients' send).
+  std::vector<int64_t> held_for_weights;
+  bool weights_pending = false;
+  bool gradients_sent = false;
+  int grad_in_saved = -1;  // I: a tensor whose gradient the loss wrote over what it saved
 };
 
 // A program's eviction as the replay tracks it: by storage.
@@ -90,6 +96,8 @@ class StageReplay final : public ActionHooks {
   // The list's actions (schedule/interpreter.h).
   void forward(const Action& a) override;
   void backward(const Action& a) override { backward_action(a.micro_batch); }
+  void backward_input(const Action& a) override;
+  void backward_weight(const Action& a) override;
   void recv_activation(const Action& a) override;
   void send_activation(const Action& a) override { send_activations(a.micro_batch); }
   void recv_grad(const Action& a) override { receive_gradients(a.micro_batch); }
@@ -100,6 +108,7 @@ class StageReplay final : public ActionHooks {
   void send_activations(int64_t mb);
   void receive_gradients(int64_t mb);
   void backward_action(int64_t mb);
+  void graph_released(int64_t mb, MicroBatch& m);
 
   // Every micro-batch's forward starts from the same state (what it received), and so does
   // every backward but the first of a step (which creates the parameters' gradients): without
@@ -117,8 +126,13 @@ class StageReplay final : public ActionHooks {
   void forward(int64_t mb, MicroBatch& m);
   void forward_nodes(int64_t mb, MicroBatch& m);
   void backward(int64_t mb, MicroBatch& m);
-  void backward_nodes(int64_t mb, MicroBatch& m);
-  void backward_node(MicroBatch& m, int i);
+  // input_only: I, which keeps what the forward saved and the parameter-reading nodes' output
+  // gradients, and makes no parameter gradient.
+  void backward_nodes(int64_t mb, MicroBatch& m, bool input_only = false);
+  void backward_node(MicroBatch& m, int i, bool input_only = false);
+  void param_gradient(int i, int64_t& grads, int64_t& transient);
+  void weight_nodes(int64_t mb, MicroBatch& m);
+  void release_graph(MicroBatch& m);  // what the forward saved, the sent tensors, the loss
   void backward_slices(MicroBatch& m, int i);
   struct InputGradients {
     int64_t grads = 0, transient = 0;  // allocated for the inputs; held while the node runs
@@ -156,6 +170,8 @@ class StageReplay final : public ActionHooks {
   int64_t weights_ = 0;
   std::vector<int64_t> grad_at_, hold_from_, hold_to_;  // per node offset
   std::vector<char> in_place_grad_;                     // per node offset: NodeClass::InPlaceGradient applies
+  std::vector<char> reads_params_;                      // per node offset: the weight pass starts there
+  std::vector<char> weight_only_;  // per node offset: reads parameters and no tracked input (I skips it)
   // Per node offset (find_sliced_gradients): slices_gradient_, a concat whose backward hands
   // each input a slice of one gradient (1, 2: see there); frees_slices_of_, the concat whose
   // gradient the node's backward (its first input's producer, the last to run) frees, -1 none.
@@ -175,6 +191,7 @@ class StageReplay final : public ActionHooks {
   std::vector<int> due_scratch_, rerun_scratch_, chain_scratch_;
   bool repeat_walks_ = false;
   Walk forward_walk_, backward_walk_[2];  // backward: the step's first, the later ones
+  Walk input_walk_, weight_walk_[2];      // split backward: I, and W as backward
   Walk* recording_ = nullptr;
   int64_t walk_start_ = 0;
   bool backward_in_step_ = false;
@@ -192,6 +209,8 @@ class StageReplay final : public ActionHooks {
   int64_t received_bytes_ = 0, sent_bytes_ = 0, received_grad_bytes_ = 0, permuted_sent_bytes_ = 0;
   // The runtime gives a received gradient its tensor's layout, one copy at a time.
   int64_t largest_permuted_grad_ = 0;
+  std::vector<int> relaid_grads_;    // the sent tensors whose gradients get that copy, ascending
+  bool input_only_ = false;          // walking an I
   std::vector<int> sent_originals_;  // storages of the sent tensors sent as they are (not copies), distinct
 
   // The walk's state.
@@ -383,6 +402,14 @@ void StageReplay::place_weights() {
   const size_t n_nodes = static_cast<size_t>(e_ - b_);
   grad_at_.assign(n_nodes, 0);
   tied_sum_at_.assign(n_nodes, 0);
+  reads_params_.assign(n_nodes, 0);
+  weight_only_.assign(n_nodes, 0);
+  for (int n = b_; n < e_; ++n) {
+    reads_params_[at(n - b_)] = p_.nodes[at(n)].param_bytes > 0 || p_.nodes[at(n)].tied_owner >= 0;
+    bool tracked_input = false;
+    for (int t : model_.inputs(n)) tracked_input = tracked_input || requires_grad_[at(t)];
+    weight_only_[at(n - b_)] = reads_params_[at(n - b_)] && !tracked_input;
+  }
   std::set<int> tied_outside;
   std::map<int, std::vector<int>> tied_users;  // owner -> users in the stage, last first
   for (int n = e_ - 1; n >= b_; --n) {
@@ -483,6 +510,8 @@ void StageReplay::measure_messages() {
   for (const TensorBytes& s : sent_) {
     if (permuted(s.tensor)) {
       permuted_sent_bytes_ += s.bytes;
+      if (requires_grad_[at(s.tensor)])
+        relaid_grads_.insert(std::upper_bound(relaid_grads_.begin(), relaid_grads_.end(), s.tensor), s.tensor);
       if (requires_grad_[at(s.tensor)]) largest_permuted_grad_ = std::max(largest_permuted_grad_, s.bytes);
     } else if (std::find(sent_originals_.begin(), sent_originals_.end(), key_[at(s.tensor)]) == sent_originals_.end()) {
       sent_originals_.push_back(key_[at(s.tensor)]);
@@ -519,6 +548,9 @@ MicroBatch& StageReplay::state(int64_t mb) {
   m.evicted.assign(static_cast<size_t>(locals_), 0);
   m.has_grad.assign(static_cast<size_t>(locals_), 0);
   m.permuted.assign(static_cast<size_t>(locals_), 0);
+  m.held_for_weights.assign(static_cast<size_t>(e_ - b_), -1);
+  m.weights_pending = m.gradients_sent = false;
+  m.grad_in_saved = -1;
   return m;
 }
 
@@ -763,17 +795,48 @@ void StageReplay::backward(int64_t mb, MicroBatch& m) {
   }
 }
 
-void StageReplay::backward_nodes(int64_t mb, MicroBatch& m) {
+void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
+  input_only_ = input_only;
   size_t next_due = 0;
   for (int i = e_ - 1; i >= b_; --i) {
     if (!model_.has_backward(i)) continue;
-    restore_for(m, mb, i, next_due);
-    backward_node(m, i);
+    // Autograd runs in I only what leads to a tracked input: the rest waits for W.
+    if (!input_only || !weight_only_[at(i - b_)]) restore_for(m, mb, i, next_due);
+    backward_node(m, i, input_only);
   }
   live_ -= m.received_grads;
   m.received_grads = 0;
+  input_only_ = false;
+  if (!input_only) release_graph(m);
+}
+
+void StageReplay::release_graph(MicroBatch& m) {
+  if (m.weights_pending)  // I kept what the forward saved
+    for (int i = e_ - 1; i >= b_; --i)
+      if (model_.has_backward(i))
+        for (int t : p_.nodes[at(i)].saved) for_saver_keys(t, [&](int k) { release(m, k); });
   for (const TensorBytes& s : sent_) release(m, key_[at(s.tensor)]);
   if (last_) release(m, loss_);
+  if (m.weights_pending && m.gradients_sent)
+    for (const TensorBytes& t : received_)
+      if (requires_grad_[at(t.tensor)]) release(m, t.tensor);
+}
+
+// W: each parameter-reading node whose output got a gradient makes its parameters' gradients
+// from it (in the backward's order, as the runtime's weight pass runs), then lets it go.
+void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
+  size_t next_due = 0;
+  for (int i = e_ - 1; i >= b_; --i) {
+    const int64_t held = m.held_for_weights[at(i - b_)];
+    if (held < 0) continue;
+    if (weight_only_[at(i - b_)]) restore_for(m, mb, i, next_due);  // what I left evicted
+    int64_t grads = 0, transient = tied_sum_at_[at(i - b_)];
+    param_gradient(i, grads, transient);
+    note(live_ + grads + transient + p_.nodes[at(i)].bwd_workspace, i);
+    live_ += grads - held;
+  }
+  release_graph(m);
+  m.weights_pending = false;
 }
 
 // Node i's backward: the gradients of its inputs and parameters appear, its output's gradient
@@ -824,13 +887,18 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
       g = 1, r.grads += bytes(t), r.copied_view = true;  // a permuted gradient is not viewable
     } else {                                             // a view of the output's gradient, with its owner
       g = out_grad ? out_grad : 1;
-      m.permuted[loc(t)] = m.permuted[loc(out)] || kind == NodeClass::Permute;
+      // In I, a received gradient in its tensor's own (permuted) layout, permuted back, is dense
+      // in the order the view's input has: the view before it hands it on (measured; a whole
+      // backward copies it, as counted).
+      const bool relaid =
+          input_only_ && out_grad == 2 && std::binary_search(relaid_grads_.begin(), relaid_grads_.end(), out);
+      m.permuted[loc(t)] = !relaid && (m.permuted[loc(out)] || kind == NodeClass::Permute);
     }
   }
   return r;
 }
 
-void StageReplay::backward_node(MicroBatch& m, int i) {
+void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   const NodeProfile& node = p_.nodes[at(i)];
   const NodeClass kind = model_.node_class(i);
   const int out = model_.graph_output(i);
@@ -846,6 +914,66 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
   int64_t grads = in.grads, transient = in.transient;
   const bool passed_on = in.passed_on, copied_view = in.copied_view;
   if (view && !passed_on && out_grad == 1) live_ -= bytes(out);  // a view of a parameter, or summed into a gradient
+  // I holds a parameter-reading node's output gradient for W: nothing is written over it.
+  const bool holds = input_only && reads_params_[at(i - b_)];
+  if (!input_only) {
+    param_gradient(i, grads, transient);
+    transient += tied_sum_at_[at(i - b_)];
+  }
+  // Written over the output's gradient, which the stage made: no new storage for the input's.
+  int64_t reused = 0;
+  if (in_place_grad_[at(i - b_)] && out_grad == 1 && requires_grad_[at(model_.inputs(i)[0])] && !holds)
+    reused = bytes(model_.inputs(i)[0]);
+  // The loss writes the logits' gradient over its log-probabilities (fp32).
+  if (i == loss_node_ && requires_grad_[at(loss_logits_)]) reused = bytes(loss_logits_);
+  // A slice of a concat's gradient (find_sliced_gradients) is copied first; the copy of the
+  // last slice read frees the whole gradient before the products run.
+  // I holds the slices for W: the whole gradient lives until then (freed at this node's W).
+  int64_t slices_held = 0;
+  if (out >= 0 && m.has_grad[loc(out)] == 3) {
+    transient += bytes(out);
+    if (frees_slices_of_[at(i - b_)] >= 0) {
+      const int concat = model_.graph_output(frees_slices_of_[at(i - b_)]);
+      const int64_t whole = bytes(concat);
+      if (holds) {
+        if (concat != m.grad_in_saved) slices_held = whole;  // else released with what the loss saved
+      } else {
+        note(live_ + bytes(out), i);
+        live_ -= whole;
+      }
+    }
+  }
+  note(live_ + grads + transient + node.bwd_workspace - reused, i);
+  live_ += grads;
+  if (input_only && i == loss_node_ && reused > 0) {
+    // Written over the log-probabilities the loss saved, which I keeps: no storage of its own.
+    live_ -= reused;
+    m.grad_in_saved = loss_logits_;
+  }
+  if (holds) {
+    // W runs from here (also from a loss, whose seed gradient the replay does not count).
+    int64_t& held = m.held_for_weights[at(i - b_)];
+    held = std::max<int64_t>(held, 0) + slices_held;
+    for (int o : node.outputs) {
+      if (model_.is_internal(o) || is_received_[at(o)] || !m.has_grad[loc(o)]) continue;
+      if (o == m.grad_in_saved) continue;  // released with what the forward saved
+      if (m.has_grad[loc(o)] == 2) {       // a received gradient: held past the end of I
+        held += bytes(o);
+        m.received_grads -= bytes(o);
+      } else if (m.has_grad[loc(o)] == 1 && (!view || copied_view)) {
+        held += bytes(o);
+      }
+    }
+    return;  // what the forward saved stays for W
+  }
+  for (int o : node.outputs)  // the graph outputs' gradients have been consumed
+    if (!model_.is_internal(o) && m.has_grad[loc(o)] == 1 && (!view || copied_view) && !is_received_[at(o)])
+      live_ -= bytes(o);
+  if (!input_only)
+    for (int t : node.saved) for_saver_keys(t, [&](int k) { release(m, k); });
+}
+
+void StageReplay::param_gradient(int i, int64_t& grads, int64_t& transient) {
   const int64_t pg = grad_at_[at(i - b_)];
   if (!grad_done_[at(i - b_)]) {
     grad_done_[at(i - b_)] = 1;
@@ -857,28 +985,6 @@ void StageReplay::backward_node(MicroBatch& m, int i) {
     grads += held;
     live_ -= summed;
   }
-  transient += tied_sum_at_[at(i - b_)];
-  // Written over the output's gradient, which the stage made: no new storage for the input's.
-  int64_t reused = 0;
-  if (in_place_grad_[at(i - b_)] && out_grad == 1 && requires_grad_[at(model_.inputs(i)[0])])
-    reused = bytes(model_.inputs(i)[0]);
-  // The loss writes the logits' gradient over its log-probabilities (fp32).
-  if (i == loss_node_ && requires_grad_[at(loss_logits_)]) reused = bytes(loss_logits_);
-  // A slice of a concat's gradient (find_sliced_gradients) is copied first; the copy of the
-  // last slice read frees the whole gradient before the products run.
-  if (out >= 0 && m.has_grad[loc(out)] == 3) {
-    transient += bytes(out);
-    if (frees_slices_of_[at(i - b_)] >= 0) {
-      note(live_ + bytes(out), i);
-      live_ -= bytes(model_.graph_output(frees_slices_of_[at(i - b_)]));
-    }
-  }
-  note(live_ + grads + transient + node.bwd_workspace - reused, i);
-  live_ += grads;
-  for (int o : node.outputs)  // the graph outputs' gradients have been consumed
-    if (!model_.is_internal(o) && m.has_grad[loc(o)] == 1 && (!view || copied_view) && !is_received_[at(o)])
-      live_ -= bytes(o);
-  for (int t : node.saved) for_saver_keys(t, [&](int k) { release(m, k); });
 }
 
 void StageReplay::optimizer_step() {
@@ -903,7 +1009,9 @@ void StageReplay::reset_walk() {
   originals_sent_by_ = std::numeric_limits<int64_t>::min();
   optimizer_state_ = backward_in_step_ = false;
   version_users_.clear();
-  for (Walk* w : {&forward_walk_, &backward_walk_[0], &backward_walk_[1]}) w->done = w->noted = false;
+  for (Walk* w :
+       {&forward_walk_, &backward_walk_[0], &backward_walk_[1], &input_walk_, &weight_walk_[0], &weight_walk_[1]})
+    w->done = w->noted = false;
   recording_ = nullptr;
   before_send_ = before_step_ = Mark{};
   segment_ = -1;
@@ -960,8 +1068,12 @@ void StageReplay::send_grad(const Action& a) {
   live_ += received_grad_bytes_ - m.input_grads;
   send(received_grad_bytes_);
   originals_sent_by_ = std::numeric_limits<int64_t>::min();
-  for (const TensorBytes& t : received_) release(m, t.tensor);
-  retire(a.micro_batch);
+  // Autograd holds the received tensors it tracks (their gradients' accumulators do) as long as
+  // the graph lives: after a split backward's I, until its W.
+  for (const TensorBytes& t : received_)
+    if (!m.weights_pending || !requires_grad_[at(t.tensor)]) release(m, t.tensor);
+  m.gradients_sent = true;
+  if (!m.weights_pending) retire(a.micro_batch);
 }
 
 void StageReplay::send_activations(int64_t mb) {
@@ -988,13 +1100,32 @@ void StageReplay::receive_gradients(int64_t mb) {
 void StageReplay::backward_action(int64_t mb) {
   MicroBatch& m = state(mb);
   backward(mb, m);
-  // Activations sent as they are stay referenced by the transport until its next send
-  // completes: where this backward freed them (the step's last forward sent them), they are
-  // held until then.
+  graph_released(mb, m);
+}
+
+// Activations sent as they are stay referenced by the transport until its next send completes:
+// where the backward freed them (the step's last forward sent them), they are held until then.
+void StageReplay::graph_released(int64_t mb, MicroBatch& m) {
   if (mb == originals_sent_by_)
     for (int k : sent_originals_)
       if (!m.alive[loc(k)] && !m.evicted[loc(k)]) live_ += bytes(k), pending_send_ += bytes(k);
   if (b_ == 0) retire(mb);  // nothing to send back
+}
+
+void StageReplay::backward_input(const Action& a) {
+  MicroBatch& m = state(a.micro_batch);
+  walk_once(input_walk_, m, /*backward=*/false, [&] { backward_nodes(a.micro_batch, m, /*input_only=*/true); });
+  m.weights_pending = true;
+  m.gradients_sent = false;
+}
+
+void StageReplay::backward_weight(const Action& a) {
+  MicroBatch& m = state(a.micro_batch);
+  const bool sent = m.gradients_sent;  // a repeated walk restores the state it recorded
+  walk_once(weight_walk_[backward_in_step_ ? 1 : 0], m, /*backward=*/true, [&] { weight_nodes(a.micro_batch, m); });
+  backward_in_step_ = true;
+  graph_released(a.micro_batch, m);
+  if (b_ > 0 && sent) retire(a.micro_batch);
 }
 
 }  // namespace detail

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "data/synthetic.h"
+#include "exec/split_backward.h"
 #include "exec/stage_module.h"
 #include "memory/device_memory.h"
 #include "profile/device_timer.h"
@@ -63,6 +64,22 @@ void mean_std(const std::vector<std::vector<double>>& samples, std::vector<doubl
   }
 }
 
+// Each node's part of a split backward's weight pass (exec/split_backward.h) in a step on the
+// same data: what a zero-bubble schedule's W of the node takes.
+std::vector<double> weight_pass_ms(const StageModule& module, TensorEnv env, int it, int loss_id, c10::Device dev) {
+  const SplitBackward split(module, 0, /*exact=*/false);  // timing only: tied uses may count twice
+  WeightRoots roots;
+  module.forward(env, RunContext{it, it}, {}, [&](int n, TensorEnv& e) { split.record(n, e, roots); });
+  at::Tensor loss = env[loss_id];
+  env.clear();
+  split.input_pass({loss}, {at::ones_like(loss)}, {}, roots);
+  DeviceTimer timer(dev);
+  synchronize(dev);
+  split.weight_pass(roots, [&](int n) { timer.mark(n); });
+  timer.mark(-1);
+  return timer.totals_ms(module.end());
+}
+
 }  // namespace
 
 InStepTiming measure_in_step(const OpGraph& g, const ProfilerOptions& opt) {
@@ -73,11 +90,15 @@ InStepTiming measure_in_step(const OpGraph& g, const ProfilerOptions& opt) {
   const std::vector<int> wanted = g.data_inputs(0, N);
   const int loss_node = g.loss_node();
   const int loss_id = g.nodes[loss_node].outputs[0];
-  std::vector<std::vector<double>> fwd, bwd;
+  std::vector<std::vector<double>> fwd, bwd, weight;
   double plain_ms = 0;
   for (int it = 0; it < opt.warmup + opt.iterations; ++it) {
     TensorEnv env = module.make_env();
     data.load(env, wanted, data.first_sample(it, 0, 1), dev);
+    if (it >= opt.warmup) {
+      weight.push_back(weight_pass_ms(module, env, it, loss_id, dev));
+      for (auto& p : module.parameters()) p.tensor.mutable_grad() = at::Tensor();
+    }
     const double plain = time_ms(dev, [&] {
       TensorEnv plain_env = env;
       module.forward(plain_env, RunContext{it, it});
@@ -112,6 +133,8 @@ InStepTiming measure_in_step(const OpGraph& g, const ProfilerOptions& opt) {
   InStepTiming t;
   mean_std(fwd, t.fwd_ms, t.fwd_ms_std);
   mean_std(bwd, t.bwd_ms, t.bwd_ms_std);
+  std::vector<double> weight_std;
+  mean_std(weight, t.weight_ms, weight_std);
   t.plain_fwd_bwd_ms = plain_ms;
   return t;
 }

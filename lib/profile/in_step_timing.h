@@ -12,6 +12,7 @@ namespace dawnpiper {
 
 struct InStepTiming {
   std::vector<double> fwd_ms, fwd_ms_std, bwd_ms, bwd_ms_std;  // per node
+  std::vector<double> weight_ms;                               // per node: its part of a split backward's weight pass
   // Mean forward+backward of plain (uninstrumented) steps run alternately with the measured
   // ones, so the cross-check sees the same machine conditions as the node times.
   double plain_fwd_bwd_ms = 0;

@@ -15,6 +15,11 @@ int64_t bytes_at(const LinearFit& fit, int64_t batch) {
 double ms_at(const LinearFit& fit, int64_t batch) { return std::max(0.0, fit.at(batch)); }
 }  // namespace
 
+double weight_share(const NodeProfile& node) {
+  if (node.weight_share >= 0) return node.weight_share;
+  return node.param_bytes > 0 || node.tied_owner >= 0 ? 0.5 : 0.0;
+}
+
 namespace {
 // "aten::transpose.int" -> "aten::transpose"
 std::string op_of(const std::string& kind) {

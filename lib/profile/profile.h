@@ -133,7 +133,13 @@ struct NodeProfile {
   std::vector<int> saved;    // tensor ids this node's backward reads
   // Re-running the node's forward to rebuild its output (for recompute); usually == fwd_ms.
   double recompute_ms = 0;
+  // The part of bwd_ms that a split backward's W takes (the parameters' gradients, zero-bubble
+  // schedules), measured in the profiled step; -1: not measured (weight_share() estimates it).
+  double weight_share = -1;
 };
+// NodeProfile::weight_share where measured; else half for a node reading parameters (a
+// product's weight gradient is half its backward's FLOPs), 0 for one reading none.
+double weight_share(const NodeProfile& node);
 
 struct Profile {
   static constexpr int kSchemaVersion = 2;

@@ -52,7 +52,8 @@ const std::vector<Column<NodeProfile>>& node_columns() {
                              member("constant_bytes", &N::constant_bytes, true),
                              member("fwd_workspace", &N::fwd_workspace),
                              member("bwd_workspace", &N::bwd_workspace),
-                             member("workspace_full_at", &N::workspace_full_at, true)};
+                             member("workspace_full_at", &N::workspace_full_at, true),
+                             member("weight_share", &N::weight_share, true)};
     add_fit(c, "fwd_ms", &N::fwd_ms_fit);
     add_fit(c, "bwd_ms", &N::bwd_ms_fit);
     add_fit(c, "fwd_workspace", &N::fwd_workspace_fit);

@@ -354,6 +354,10 @@ void use_in_step_timing(Profile& p, const OpGraph& g, const ProfilerOptions& opt
       np.fwd_ms_std = t.fwd_ms_std[np.id];
       np.bwd_ms = t.bwd_ms[np.id];
       np.bwd_ms_std = t.bwd_ms_std[np.id];
+      if (np.param_bytes > 0 || np.tied_owner >= 0)  // W's share of the node's backward
+        np.weight_share = np.bwd_ms > 0 ? std::clamp(t.weight_ms[np.id] / np.bwd_ms, 0.0, 1.0) : -1;
+      else
+        np.weight_share = 0;
     }
     p.timing = "in-step";
     p.measured_fwd_bwd_ms = t.plain_fwd_bwd_ms;

@@ -107,6 +107,9 @@ StageConfig stage_config(const PipelineConfig& c, int stage) {
   s.data = c.data;
   s.replica = c.replica;
   s.replicas = c.replicas;
+  const Schedule step = c.schedule.make(s.stages, c.micro_batches);
+  for (const Action& a : step.actions.at(static_cast<size_t>(stage)))
+    s.split_backward = s.split_backward || a.kind == ActionKind::BackwardInput;
   return s;
 }
 

@@ -66,6 +66,7 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
   optimizer_ = make_optimizer(config.optimizer, masters_);
   auto evictor = std::make_unique<Evictor>(module_, config.evictions);
   if (evictor->active()) evictor_ = std::move(evictor);
+  if (config.split_backward) split_ = std::make_unique<SplitBackward>(module_, config.stage);
 }
 
 int PipelineStage::weight_versions() const {
@@ -140,7 +141,16 @@ void PipelineStage::send_gradients(int64_t mb) {
     check_message_tensor(grads.back(), *recv_specs_[i]);
   }
   transport_.send(config_.stage - 1, MessageKind::Gradient, mb, std::move(grads));
-  in_flight_.erase(mb);  // the micro-batch is done on this stage
+  if (!f.weights_pending) {
+    in_flight_.erase(mb);  // the micro-batch is done on this stage
+  } else {
+    // Autograd holds the tracked inputs until W (their gradients' accumulators do): not their
+    // gradients, which the transport holds until the send completes.
+    for (at::Tensor& input : f.inputs)
+      if (input.requires_grad()) input.mutable_grad() = at::Tensor();
+    f.inputs.clear();
+    f.inputs_sent = true;
+  }
 }
 
 void PipelineStage::receive_gradients(int64_t mb) {
@@ -184,14 +194,18 @@ void PipelineStage::forward(int64_t mb) {
     for (size_t i = 0; i < tensors.size(); ++i) module_.parameters()[i].tensor = tensors[i];
   }
   const RunContext ctx{step_of(mb), job_micro_batch(mb)};
+  std::function<void(int)> before_node;
+  std::function<void(int, TensorEnv&)> after_node;
   if (evictor_) {
     evictor_->begin_forward(mb, ctx, env);
-    module_.forward(
-        env, ctx, [&](int n) { evictor_->before_node(mb, n); },
-        [&](int n, TensorEnv& e) { evictor_->after_node(mb, n, e); });
-  } else {
-    module_.forward(env, ctx);
+    before_node = [&](int n) { evictor_->before_node(mb, n); };
   }
+  if (evictor_ || split_)
+    after_node = [&](int n, TensorEnv& e) {
+      if (split_) split_->record(n, e, f.weight_roots);
+      if (evictor_) evictor_->after_node(mb, n, e);
+    };
+  module_.forward(env, ctx, before_node, after_node);
   for (int t : send_ids_) f.outputs.push_back(env[t]);
   if (is_last()) {
     f.loss = env[graph_.nodes[graph_.loss_node()].outputs[0]];
@@ -204,6 +218,24 @@ void PipelineStage::forward(int64_t mb) {
   }
 }
 
+void PipelineStage::backward_roots(InFlight& f, std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& grads) {
+  if (is_last()) {
+    // Synchronous schedules accumulate the mean over the step's micro-batches, as the
+    // reference trainer does; PipeDream's asynchronous updates use each micro-batch's loss.
+    const double scale = config_.schedule.traits().loss_scale(config_.micro_batches);
+    outputs.push_back(f.loss * scale);
+    grads.push_back(at::ones_like(outputs.back()));
+    return;
+  }
+  const size_t n = send_ids_.size();
+  for (size_t i = 0, g = 0; i < n; ++i) {
+    if (!send_requires_grad_[i]) continue;
+    // f.outputs: [outputs..., the received gradients of the tracked ones...]
+    if (f.outputs[i].requires_grad()) outputs.push_back(f.outputs[i]), grads.push_back(f.outputs.at(n + g));
+    ++g;
+  }
+}
+
 void PipelineStage::backward(int64_t mb) {
   InFlight& f = in_flight_.at(mb);
   if (evictor_ && config_.schedule.traits().stashes_weights) {
@@ -211,27 +243,13 @@ void PipelineStage::backward(int64_t mb) {
     auto& tensors = stash_.at(f.version);
     for (size_t i = 0; i < tensors.size(); ++i) module_.parameters()[i].tensor = tensors[i];
   }
-  if (is_last()) {
-    // Synchronous schedules accumulate the mean over the step's micro-batches, as the
-    // reference trainer does; PipeDream's asynchronous updates use each micro-batch's loss.
-    const double scale = config_.schedule.traits().loss_scale(config_.micro_batches);
-    at::Tensor scaled = f.loss * scale;
-    if (evictor_) evictor_->before_backward(mb, {scaled});
-    scaled.backward();
-    f.loss = at::Tensor();
-  } else {
-    const size_t n = send_ids_.size();
-    std::vector<at::Tensor> outs(f.outputs.begin(), f.outputs.begin() + n);
-    std::vector<at::Tensor> grads(f.outputs.begin() + n, f.outputs.end());  // of the tracked ones
-    std::vector<at::Tensor> with_grad, their_grads;
-    for (size_t i = 0, g = 0; i < n; ++i) {
-      if (!send_requires_grad_[i]) continue;
-      if (outs[i].requires_grad()) with_grad.push_back(outs[i]), their_grads.push_back(grads.at(g));
-      ++g;
-    }
-    if (evictor_) evictor_->before_backward(mb, with_grad);
-    if (!with_grad.empty()) torch::autograd::backward(with_grad, their_grads);
+  {
+    std::vector<at::Tensor> outputs, grads;
+    backward_roots(f, outputs, grads);
+    if (evictor_) evictor_->before_backward(mb, outputs);
+    if (!outputs.empty()) torch::autograd::backward(outputs, grads);
   }
+  f.loss = at::Tensor();
   if (evictor_) evictor_->after_backward(mb);
   latest_step_ = step_of(mb);
   f.outputs.clear();
@@ -250,6 +268,44 @@ void PipelineStage::backward(int64_t mb) {
     }
   }
   if (config_.stage == 0) in_flight_.erase(mb);  // no gradient to send upstream
+  count_loss(mb);
+}
+
+void PipelineStage::backward_input(int64_t mb) {
+  if (!split_) throw std::logic_error("an I action on a stage not set up to split its backward");
+  InFlight& f = in_flight_.at(mb);
+  std::vector<at::Tensor> outputs, grads, inputs;
+  backward_roots(f, outputs, grads);
+  if (evictor_) evictor_->before_backward(mb, outputs);
+  std::vector<size_t> tracked;  // received inputs autograd tracks
+  for (size_t i = 0; i < f.inputs.size(); ++i)
+    if (recv_requires_grad_[i] && f.inputs[i].requires_grad()) tracked.push_back(i), inputs.push_back(f.inputs[i]);
+  if (!outputs.empty()) {
+    std::vector<at::Tensor> got = split_->input_pass(outputs, grads, inputs, f.weight_roots);
+    for (size_t k = 0; k < tracked.size(); ++k) f.inputs[tracked[k]].mutable_grad() = std::move(got[k]);
+  }
+  // The outputs (and the loss) keep the graph until W; the received gradients are done with,
+  // but for what the weight pass holds of them.
+  f.outputs.resize(send_ids_.size());
+  f.weights_pending = true;
+  latest_step_ = step_of(mb);
+  count_loss(mb);
+}
+
+void PipelineStage::backward_weight(int64_t mb) {
+  InFlight& f = in_flight_.at(mb);
+  split_->weight_pass(f.weight_roots);
+  if (evictor_) evictor_->after_backward(mb);
+  if (config_.stage == 0 || f.inputs_sent) {
+    in_flight_.erase(mb);  // the graph goes with the outputs
+    return;
+  }
+  f.weights_pending = false;  // the gradients are sent next
+  f.outputs.clear();
+  f.loss = at::Tensor();
+}
+
+void PipelineStage::count_loss(int64_t mb) {
   if (is_last() && step_losses_ == config_.micro_batches) {
     if (on_loss_) on_loss_(step_of(mb), step_loss_ / static_cast<double>(step_losses_));
     step_loss_ = 0;

@@ -11,6 +11,7 @@
 
 #include "data/synthetic.h"
 #include "data/token_file.h"
+#include "exec/split_backward.h"
 #include "exec/stage_module.h"
 #include "plan/plan.h"
 #include "runtime/evictor.h"
@@ -37,6 +38,9 @@ struct StageConfig {
   // micro-batch k * replicas + replica of the whole job (its samples and its dropout masks), so
   // D replicas of m micro-batches train what one pipeline of D x m micro-batches would.
   int replica = 0, replicas = 1;
+  // The stage's list splits backwards into I and W (zero-bubble schedules): its forwards record
+  // what the weight pass starts from (exec/split_backward.h).
+  bool split_backward = false;
 };
 
 // Throws ConfigError for clipping under async: its stages update on their own, so no norm spans
@@ -91,11 +95,16 @@ class PipelineStage : private ActionHooks {
     std::vector<at::Tensor> outputs;  // this stage's crossing outputs, with their graphs
     at::Tensor loss;                  // last stage
     int64_t version = 0;              // weight version the forward used (async)
+    WeightRoots weight_roots;         // split backward: from the forward until W
+    bool weights_pending = false;     // I ran, W not yet: the graph stays after the gradients are sent
+    bool inputs_sent = false;         // ... and they were
   };
 
   // The list's actions (schedule/interpreter.h).
   void forward(const Action& a) override { forward(a.micro_batch); }
   void backward(const Action& a) override { backward(a.micro_batch); }
+  void backward_input(const Action& a) override { backward_input(a.micro_batch); }
+  void backward_weight(const Action& a) override { backward_weight(a.micro_batch); }
   void recv_activation(const Action& a) override { receive_activations(a.micro_batch); }
   void send_activation(const Action& a) override { send_activations(a.micro_batch); }
   void recv_grad(const Action& a) override { receive_gradients(a.micro_batch); }
@@ -111,6 +120,12 @@ class PipelineStage : private ActionHooks {
   void receive_gradients(int64_t mb);  // kept until Backward, as the outputs' pending gradients
   void forward(int64_t mb);
   void backward(int64_t mb);
+  void backward_input(int64_t mb);
+  void backward_weight(int64_t mb);
+  // What the backward starts from: the stage's outputs that autograd tracks with their received
+  // gradients, or on the last stage the scaled loss (with 1).
+  void backward_roots(InFlight& f, std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& grads);
+  void count_loss(int64_t mb);  // the last stage: reports the step's loss after its last backward
   void optimizer_step();
   int64_t step_of(int64_t mb) const { return mb / config_.micro_batches; }
   int64_t job_micro_batch(int64_t mb) const { return mb * config_.replicas + config_.replica; }
@@ -123,6 +138,7 @@ class PipelineStage : private ActionHooks {
   std::unique_ptr<DataSource> data_, validation_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Evictor> evictor_;
+  std::unique_ptr<SplitBackward> split_;  // when the list holds I and W
   std::vector<int> recv_ids_, send_ids_, data_ids_;
   std::vector<const TensorInfo*> recv_specs_, grad_specs_;
   std::vector<bool> recv_requires_grad_, send_requires_grad_;

@@ -35,7 +35,8 @@ ForwardBackwardMs forward_backward_ms(const std::vector<ActionRecord>& records, 
     if (r.step < from_step) continue;
     const double d = r.end_s - r.start_s;
     if (r.action_kind() == ActionKind::Forward) fwd += d, ++fwds;
-    if (r.action_kind() == ActionKind::Backward) bwd += d, ++bwds;
+    if (is_backward(r.action_kind())) bwd += d;  // B, or I and W
+    if (passes_gradient_back(r.action_kind())) ++bwds;
   }
   return {1e3 * fwd / static_cast<double>(std::max<int64_t>(fwds, 1)),
           1e3 * bwd / static_cast<double>(std::max<int64_t>(bwds, 1))};

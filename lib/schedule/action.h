@@ -5,6 +5,7 @@
 //
 // Compact text form (as in torch.distributed.pipelining): stage, kind, micro-batch, e.g.
 //   2F0  stage 2 forward of micro-batch 0      2B0        backward of micro-batch 0
+//   2I0  input-gradient half of 2B0            2W0        its weight-gradient half (after 2I0)
 //   2U   optimizer step (weight update)        1SEND_F3   send activations of mb 3 downstream
 //   1RECV_F3 / 1SEND_B3 / 1RECV_B3             activations in, gradients out / in
 //   0SWAP_OUT2t17, 0SWAP_IN2t17, 0RECOMPUTE2t17  evictor actions for tensor 17 of mb 2
@@ -20,10 +21,15 @@ namespace dawnpiper {
 enum class ActionKind {
   Forward,
   Backward,
+  // The backward split in two (zero-bubble schedules): BackwardInput computes the gradients of
+  // the stage's inputs (what the previous stage waits for) and holds what the weights' gradients
+  // still need; BackwardWeight, later, computes those. A micro-batch has a Backward or both.
+  BackwardInput,
+  BackwardWeight,
   SendActivation,  // to stage + 1, after Forward
   RecvActivation,  // from stage - 1, before Forward
-  SendGrad,        // to stage - 1, after Backward
-  RecvGrad,        // from stage + 1, before Backward
+  SendGrad,        // to stage - 1, after Backward or BackwardInput
+  RecvGrad,        // from stage + 1, before Backward or BackwardInput
   OptimizerStep,   // no micro-batch
   // Reserved for the runtime's evictor (the generators never emit them).
   SwapOut,
@@ -40,7 +46,7 @@ enum class ActionKind {
 template <>
 struct EnumNames<ActionKind> {
   static constexpr const char* what = "action kind";
-  static constexpr std::array<std::pair<ActionKind, const char*>, 12> table{{
+  static constexpr std::array<std::pair<ActionKind, const char*>, 14> table{{
       {ActionKind::ReduceTiedGrads, "REDUCE_TIED"},
       {ActionKind::AllReduce, "ALLREDUCE"},
       {ActionKind::SwapOut, "SWAP_OUT"},
@@ -52,6 +58,8 @@ struct EnumNames<ActionKind> {
       {ActionKind::RecvGrad, "RECV_B"},
       {ActionKind::Forward, "F"},
       {ActionKind::Backward, "B"},
+      {ActionKind::BackwardInput, "I"},
+      {ActionKind::BackwardWeight, "W"},
       {ActionKind::OptimizerStep, "U"},
   }};
 };
@@ -67,6 +75,14 @@ struct Action {
   }
   bool operator!=(const Action& o) const { return !(*this == o); }
 };
+
+// Backward or BackwardInput: the backward that hands gradients to the previous stage.
+inline bool passes_gradient_back(ActionKind kind) {
+  return kind == ActionKind::Backward || kind == ActionKind::BackwardInput;
+}
+
+// B, I or W: a part of some micro-batch's backward.
+inline bool is_backward(ActionKind kind) { return passes_gradient_back(kind) || kind == ActionKind::BackwardWeight; }
 
 // Actions of the whole step, not of one micro-batch (U, REDUCE_TIED, ALLREDUCE).
 bool per_step(ActionKind kind);

@@ -8,6 +8,10 @@ void run_action(const Action& a, ActionHooks& hooks) {
       return hooks.forward(a);
     case ActionKind::Backward:
       return hooks.backward(a);
+    case ActionKind::BackwardInput:
+      return hooks.backward_input(a);
+    case ActionKind::BackwardWeight:
+      return hooks.backward_weight(a);
     case ActionKind::RecvActivation:
       return hooks.recv_activation(a);
     case ActionKind::SendActivation:

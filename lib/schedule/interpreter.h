@@ -12,6 +12,8 @@ class ActionHooks {
   virtual ~ActionHooks() = default;
   virtual void forward(const Action& a) = 0;
   virtual void backward(const Action& a) = 0;
+  virtual void backward_input(const Action& a) = 0;
+  virtual void backward_weight(const Action& a) = 0;
   virtual void recv_activation(const Action& a) = 0;
   virtual void send_activation(const Action& a) = 0;
   virtual void recv_grad(const Action& a) = 0;

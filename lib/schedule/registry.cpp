@@ -14,11 +14,14 @@ namespace dawnpiper {
 ComputeLists gpipe_actions(int stages, int64_t micro_batches);
 ComputeLists one_f_one_b_actions(int stages, int64_t micro_batches);
 ComputeLists async_actions(int stages, int64_t micro_batches);
+ComputeLists zb_h1_actions(int stages, int64_t micro_batches);
 
 namespace {
 const ScheduleTraits kSynchronous{};
 const ScheduleTraits kPipeDream{/*updates_once_per_step=*/false, /*drains_every_step=*/false,
                                 /*stashes_weights=*/true};
+const ScheduleTraits kZeroBubble{/*updates_once_per_step=*/true, /*drains_every_step=*/true,
+                                 /*stashes_weights=*/false, /*splits_backward=*/true};
 }  // namespace
 
 const std::vector<ScheduleEntry>& registered_schedules() {
@@ -26,6 +29,8 @@ const std::vector<ScheduleEntry>& registered_schedules() {
       {"gpipe", "all forwards, then all backwards, one update", kSynchronous, gpipe_actions},
       {"1f1b", "one forward, one backward after a warm-up, one update", kSynchronous, one_f_one_b_actions},
       {"async", "PipeDream: 1F1B, an update after every backward, weight stashing", kPipeDream, async_actions},
+      {"zb-h1", "zero bubble (ZB-H1): backward split into I and W, W fills the bubbles; holds min(l, m)", kZeroBubble,
+       zb_h1_actions},
   };
   return entries;
 }
@@ -44,7 +49,8 @@ void check_sizes(int stages, int64_t micro_batches) {
 }
 
 bool is_compute(ActionKind kind) {
-  return kind == ActionKind::Forward || kind == ActionKind::Backward || kind == ActionKind::OptimizerStep;
+  return kind == ActionKind::Forward || kind == ActionKind::Backward || kind == ActionKind::BackwardInput ||
+         kind == ActionKind::BackwardWeight || kind == ActionKind::OptimizerStep;
 }
 bool is_communication(ActionKind kind) {
   return kind == ActionKind::SendActivation || kind == ActionKind::RecvActivation || kind == ActionKind::SendGrad ||
@@ -74,8 +80,8 @@ Schedule parse_schedule_file(const std::string& name, const std::string& text) {
       if (a.stage != x) throw ConfigError(at + "the line of stage " + std::to_string(x) + " holds its actions only");
       if (!is_compute(a.kind) && !is_communication(a.kind))
         throw ConfigError(at +
-                          "the runtime adds its own evictions and reductions; a schedule holds F, B, U, SEND "
-                          "and RECV actions");
+                          "the runtime adds its own evictions and reductions; a schedule holds F, B, I, W, U, "
+                          "SEND and RECV actions");
       written_communication = written_communication || is_communication(a.kind);
     }
     // One update per step, after everything: the file's schedule is synchronous.
@@ -126,11 +132,13 @@ ScheduleChoice ScheduleChoice::from_actions(const std::string& name, const std::
   c.name_ = name;
   c.text_ = text;
   c.file_ = std::make_shared<const Schedule>(parse_schedule_file(name, text));
+  for (const std::vector<Action>& list : c.file_->actions)
+    for (const Action& a : list) c.file_traits_.splits_backward |= a.kind == ActionKind::BackwardInput;
   return c;
 }
 
 const ScheduleTraits& ScheduleChoice::traits() const {
-  if (file_) return kSynchronous;
+  if (file_) return file_traits_;
   const ScheduleEntry* e = find_registered(name_);
   if (!e) throw std::logic_error("schedule '" + name_ + "' is not resolved to a registered one");
   return e->traits;

@@ -19,7 +19,7 @@ void add_communication(Schedule& schedule) {
     std::vector<Action> with;
     with.reserve(3 * list.size());
     for (const Action& a : list) {
-      const bool forward = a.kind == ActionKind::Forward, backward = a.kind == ActionKind::Backward;
+      const bool forward = a.kind == ActionKind::Forward, backward = passes_gradient_back(a.kind);
       const bool from_before = forward && a.stage > 0, from_after = backward && a.stage < last;
       if (from_before) with.push_back({ActionKind::RecvActivation, a.stage, a.micro_batch});
       if (from_after) with.push_back({ActionKind::RecvGrad, a.stage, a.micro_batch});

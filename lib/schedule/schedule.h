@@ -23,6 +23,10 @@
 //         weight versions in the steady state. The list covers a stream of `micro_batches`
 //         micro-batches (the runtime passes steps * micro-batches per step); the drain at its
 //         end happens once per run, not per mini-batch.
+//  zb-h1  ZB-H1 (zero bubble): every backward split into I (input gradients, sent back at once)
+//         and W (weight gradients, later), W filling the bubbles (schedule/zero_bubble.cpp). With
+//         uniform stages (l-1)(F+I-W) of idle time instead of 1F1B's (l-1)(F+I+W); in flight
+//         (forwarded, W not run): min(l, m) on every stage.
 #include <algorithm>
 #include <cstdint>
 #include <iosfwd>
@@ -48,6 +52,9 @@ struct ScheduleTraits {
   // A forward's weights are kept for its backward while updates happen in between (weight
   // stashing): a stage holds one weight version per micro-batch in flight.
   bool stashes_weights = false;
+  // Backwards split into I and W (zero-bubble schedules): exact only on stages where no
+  // parameter's reader feeds another of its readers (exec/split_backward.h).
+  bool splits_backward = false;
 
   // The factor of one micro-batch's loss in the gradients an update uses.
   double loss_scale(int64_t micro_batches) const {
@@ -105,6 +112,7 @@ class ScheduleChoice {
   std::string name_ = "1f1b";
   std::shared_ptr<const Schedule> file_;  // checked: runs without deadlock on its own sizes
   std::string text_;
+  ScheduleTraits file_traits_;  // a file's: synchronous, splitting where it holds an I
 };
 // The choice goes by name in options, plan files and messages, like the enums (util/enum_names.h).
 inline const char* name_of(const ScheduleChoice& choice) { return choice.name().c_str(); }

@@ -29,7 +29,9 @@ struct MicroBatchState {
   bool received_activation = false;
   bool forwarded = false;
   bool received_grad = false;
-  bool backwarded = false;
+  bool backwarded = false;  // B, or I: the input gradient is there
+  bool split = false;       // by I: a W follows
+  bool weighted = false;    // W done
   bool sent_activation = false;
   bool sent_grad = false;
   int64_t weight_version = 0;  // version its forward used
@@ -55,6 +57,7 @@ class ActionListChecker final : public ActionHooks {
       Action probe{ActionKind::Forward, x_, index};
       if (!m.forwarded) malformed(probe, "micro-batch never forwarded");
       if (!m.backwarded) malformed(probe, "micro-batch never backwarded");
+      if (m.split && !m.weighted) malformed(Action{ActionKind::BackwardInput, x_, index}, "no W follows this I");
       if (x_ < stages_ - 1 && !m.sent_activation) malformed(probe, "activations never sent");
       if (x_ > 0 && !m.sent_grad) malformed(probe, "gradient never sent");
     }
@@ -77,18 +80,19 @@ class ActionListChecker final : public ActionHooks {
   }
 
   void backward(const Action& a) override {
+    input_gradient(a);
+    done(mbs_[a.micro_batch]);
+  }
+  void backward_input(const Action& a) override {
+    input_gradient(a);
+    mbs_[a.micro_batch].split = true;
+  }
+  void backward_weight(const Action& a) override {
     MicroBatchState& mb = mbs_[a.micro_batch];
-    if (!mb.forwarded) malformed(a, "backward before its forward");
-    if (mb.backwarded) malformed(a, "backwarded twice");
-    if (x_ < stages_ - 1 && !mb.received_grad) malformed(a, "backward before its RECV_B");
-    mb.backwarded = true;
-    // Passes of other micro-batches run since this one's forward.
-    int fwd_between = static_cast<int>(st_.forwards - mb.forwards_at_forward - 1);
-    int bwd_between = static_cast<int>(st_.backwards - mb.backwards_at_forward);
-    gaps_.insert({fwd_between, bwd_between});
-    if (--version_refs_[mb.weight_version] == 0) version_refs_.erase(mb.weight_version);
-    ++st_.backwards;
-    --in_flight_;
+    if (!mb.split) malformed(a, "W before its I");
+    if (mb.weighted) malformed(a, "W twice");
+    mb.weighted = true;
+    done(mb);
   }
 
   void recv_activation(const Action& a) override {
@@ -117,7 +121,7 @@ class ActionListChecker final : public ActionHooks {
   void send_grad(const Action& a) override {
     MicroBatchState& mb = mbs_[a.micro_batch];
     if (x_ == 0) malformed(a, "the first stage sends no gradients");
-    if (!mb.backwarded) malformed(a, "send before its backward");
+    if (!mb.backwarded) malformed(a, "send before its backward (B or I)");
     if (mb.sent_grad) malformed(a, "sent twice");
     mb.sent_grad = true;
   }
@@ -131,6 +135,25 @@ class ActionListChecker final : public ActionHooks {
   }
 
  private:
+  // B or I: the input gradients, from the forward and (but on the last stage) the RECV_B.
+  void input_gradient(const Action& a) {
+    MicroBatchState& mb = mbs_[a.micro_batch];
+    if (!mb.forwarded) malformed(a, "backward before its forward");
+    if (mb.backwarded) malformed(a, "backwarded twice");
+    if (x_ < stages_ - 1 && !mb.received_grad) malformed(a, "backward before its RECV_B");
+    mb.backwarded = true;
+    // Passes of other micro-batches run since this one's forward.
+    int fwd_between = static_cast<int>(st_.forwards - mb.forwards_at_forward - 1);
+    int bwd_between = static_cast<int>(st_.backwards - mb.backwards_at_forward);
+    gaps_.insert({fwd_between, bwd_between});
+    ++st_.backwards;
+  }
+  // B or W: the micro-batch's saved tensors and its weight version are let go.
+  void done(const MicroBatchState& mb) {
+    if (--version_refs_[mb.weight_version] == 0) version_refs_.erase(mb.weight_version);
+    --in_flight_;
+  }
+
   int live_versions() const {
     int n = static_cast<int>(version_refs_.size());
     if (!version_refs_.count(current_version_)) ++n;
@@ -257,6 +280,8 @@ class TimedWalk final : public ActionHooks {
 
   void forward(const Action& a) override { compute(a, times_[at(a)].forward_ms); }
   void backward(const Action& a) override { compute(a, times_[at(a)].backward_ms); }
+  void backward_input(const Action& a) override { compute(a, times_[at(a)].backward_ms - times_[at(a)].weight_ms); }
+  void backward_weight(const Action& a) override { compute(a, times_[at(a)].weight_ms); }
   void optimizer_step(const Action& a) override { compute(a, times_[at(a)].update_ms); }
   void send_activation(const Action& a) override { send(a, times_[at(a)].send_ms); }
   void send_grad(const Action& a) override { send(a, times_[at(a) - 1].send_ms); }  // over the cut before

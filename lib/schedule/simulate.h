@@ -25,10 +25,10 @@ class ScheduleError : public std::logic_error {
 struct StageStats {
   int stage = 0;
   int64_t forwards = 0;
-  int64_t backwards = 0;
+  int64_t backwards = 0;  // B and I actions
   int64_t optimizer_steps = 0;
-  // Most micro-batches forwarded and not yet backwarded at any point: how many micro-batches'
-  // saved activations the stage holds at once.
+  // Most micro-batches forwarded and not yet backwarded (B, or W after an I) at any point: how
+  // many micro-batches' saved activations the stage holds at once.
   int max_in_flight = 0;
   // Most weight versions alive at once: the current one plus those stashed for in-flight
   // micro-batches whose forward used an older version (weight stashing).
@@ -59,7 +59,8 @@ std::vector<Action> simulate_global(const Schedule& schedule);
 // What one stage's compute actions take in a timed simulation.
 struct StageTimes {
   double forward_ms = 0, backward_ms = 0, update_ms = 0;
-  double send_ms = 0;  // a message over the cut after this stage, either way: its send to its arrival
+  double send_ms = 0;    // a message over the cut after this stage, either way: its send to its arrival
+  double weight_ms = 0;  // backward_ms's weight-gradient part: a W takes it, an I the rest
 };
 struct TimedRun {
   double step_ms = 0;           // until the last stage's last action ends

@@ -70,6 +70,8 @@ bool is_compute(ActionKind kind) {
   switch (kind) {
     case ActionKind::Forward:
     case ActionKind::Backward:
+    case ActionKind::BackwardInput:
+    case ActionKind::BackwardWeight:
     case ActionKind::OptimizerStep:
     case ActionKind::Recompute:
     case ActionKind::SwapOut:
@@ -168,12 +170,16 @@ std::vector<StageSummary> summarize(const Trace& t) {
     s.peak_bytes = std::max(s.peak_bytes, r.peak_bytes);
     s.bytes_sent += r.bytes_sent;
     if (r.action_kind() == ActionKind::Forward) ++s.forwards, s.mean_forward_ms += 1e3 * d;
-    if (r.action_kind() == ActionKind::Backward) ++s.backwards, s.mean_backward_ms += 1e3 * d;
+    // A split backward's I and W add up to the micro-batch's backward.
+    if (is_backward(r.action_kind())) s.mean_backward_ms += 1e3 * d;
+    if (passes_gradient_back(r.action_kind())) ++s.backwards;
+    if (r.action_kind() == ActionKind::BackwardWeight) ++s.weights, s.mean_weight_ms += 1e3 * d;
   }
   for (StageSummary& s : out) {
     s.idle_fraction = t.wall_s > 0 ? 1 - s.busy_s / t.wall_s : 0;
     if (s.forwards) s.mean_forward_ms /= static_cast<double>(s.forwards);
     if (s.backwards) s.mean_backward_ms /= static_cast<double>(s.backwards);
+    if (s.weights) s.mean_weight_ms /= static_cast<double>(s.weights);
   }
   return out;
 }
@@ -182,7 +188,7 @@ bool cpu_time_is_work(const Trace& t) {
   if (t.device != "cpu") return false;
   double wall = 0, cpu = 0;
   for (const ActionRecord& r : t.actions) {
-    if (r.action_kind() != ActionKind::Forward && r.action_kind() != ActionKind::Backward) continue;
+    if (r.action_kind() != ActionKind::Forward && !is_backward(r.action_kind())) continue;
     if (r.cpu_s <= 0) return false;  // a trace from before CPU times were recorded
     wall += r.end_s - r.start_s, cpu += r.cpu_s;
   }
@@ -196,13 +202,13 @@ std::vector<StageCompute> measured_stage_compute(const Trace& t, bool cpu) {
       out[static_cast<size_t>(r.stage)] = {r.node_begin, r.node_end, 0};
   // The first step pays for first touches of memory; later ones are what a long run sees.
   const bool skip_first = std::any_of(t.actions.begin(), t.actions.end(), [&](const ActionRecord& r) {
-    return r.step > t.first_step && r.action_kind() == ActionKind::Backward;
+    return r.step > t.first_step && passes_gradient_back(r.action_kind());
   });
   std::vector<std::vector<const ActionRecord*>> work(out.size()), evictions(out.size());
   for (const ActionRecord& r : t.actions) {
     if (r.replica != 0 || r.stage < 0 || r.stage >= t.stages || (skip_first && r.step == t.first_step)) continue;
     const ActionKind kind = r.action_kind();
-    if (kind == ActionKind::Forward || kind == ActionKind::Backward) work[static_cast<size_t>(r.stage)].push_back(&r);
+    if (kind == ActionKind::Forward || is_backward(kind)) work[static_cast<size_t>(r.stage)].push_back(&r);
     if (is_evictor(kind)) evictions[static_cast<size_t>(r.stage)].push_back(&r);
   }
   auto by_start = [](const ActionRecord* a, const ActionRecord* b) { return a->start_s < b->start_s; };
@@ -213,7 +219,7 @@ std::vector<StageCompute> measured_stage_compute(const Trace& t, bool cpu) {
       if (cpu && r->cpu_s <= 0)
         throw ConfigError("the trace has no CPU times (written before they were recorded); trace the run again");
       ms += 1e3 * (cpu ? r->cpu_s : r->end_s - r->start_s);
-      micro_batches += r->action_kind() == ActionKind::Backward;
+      micro_batches += passes_gradient_back(r->action_kind());
     }
     if (micro_batches == 0 || out[x].node_end <= out[x].node_begin)
       throw ConfigError("the trace has no backward of stage " + std::to_string(x) + " to measure");
@@ -267,6 +273,7 @@ std::optional<TimedRun> schedule_bound(const Trace& t) {
   for (const StageSummary& s : summarize(t)) {
     times[static_cast<size_t>(s.stage)].forward_ms = s.mean_forward_ms;
     times[static_cast<size_t>(s.stage)].backward_ms = s.mean_backward_ms;
+    times[static_cast<size_t>(s.stage)].weight_ms = s.mean_weight_ms;
   }
   try {
     return simulate_times(recorded, times);

@@ -72,8 +72,10 @@ struct StageSummary {
   double idle_fraction = 0;  // 1 - busy / wall (the bubble, plus communication not overlapped)
   int64_t peak_bytes = 0;
   int64_t bytes_sent = 0;
-  int64_t forwards = 0, backwards = 0;
-  double mean_forward_ms = 0, mean_backward_ms = 0;
+  int64_t forwards = 0, backwards = 0;               // backwards: B and I
+  double mean_forward_ms = 0, mean_backward_ms = 0;  // a backward: B, or I and W
+  int64_t weights = 0;                               // W
+  double mean_weight_ms = 0;
   // Evictor work, inside the forwards and backwards above (not added to busy_s again).
   double memopt_s = 0;
   int64_t swapped_bytes = 0;  // out (each byte that went to the host once)

@@ -42,6 +42,16 @@ for ranks in 2 4; do
   if [ -n "$amp" ] && [ "$amp" = "$one" ]; then passed=$((passed + 1)); else
     failed=$((failed + 1)); echo "FAIL: $ranks-rank async differs from in-process"; echo "$amp"; echo "$one"; cat "$work/err"; fi
 done
+# The zero-bubble schedule (the backward split into I and W): the single-process losses, and the
+# same plan in one process, bitwise.
+for ranks in 2 4; do
+  for sched in zb-h1; do
+    zmp=$($mpi $ranks "$bin" train "${data[@]}" --schedule $sched --plan-out "$work/$sched$ranks.json" 2>"$work/err" | grep '^step' | cut -d' ' -f1-4)
+    one=$("$bin" train "${data[@]}" --schedule $sched --stages $ranks --in-process --plan-in "$work/$sched$ranks.json" 2>&1 | grep '^step' | cut -d' ' -f1-4)
+    if [ -n "$zmp" ] && [ "$zmp" = "$one" ] && same_losses "$ref" "$(echo "$zmp" | losses)"; then passed=$((passed + 1)); else
+      failed=$((failed + 1)); echo "FAIL: $ranks-rank $sched differs from the reference or from in-process"; paste <(echo "$ref") <(echo "$zmp") <(echo "$one"); cat "$work/err"; fi
+  done
+done
 # The shuffled order comes from the seed: the same seed repeats a run, another changes it.
 shuf=(train --model-file "$gpt2" --data "$work/tokens.bin" --micro-batch-size 2 --micro-batches 2 --steps 2)
 s1=$("$bin" "${shuf[@]}" 2>&1 | losses); s2=$("$bin" "${shuf[@]}" 2>&1 | losses); s3=$("$bin" "${shuf[@]}" --seed 7 2>&1 | losses)

@@ -971,3 +971,22 @@ TEST_CASE("device memory is split into what a plan fills and the allocator's hea
   back.print_table(table);
   CHECK_THAT(table.str(), Catch::Contains("left to the allocator)"));
 }
+
+// A split backward (zb-h1) cannot run a stage holding GPT-2's tied embedding and the output
+// projection it feeds: plan refuses it by name, auto leaves the schedule out, and two stages run.
+TEST_CASE("a split-backward schedule refuses a stage whose tied weight's readers feed each other", "[planner]") {
+  const Profile p = analytic_profile(build_model(preset_config("gpt2-tiny"), 4), device_spec("a100-40gb"));
+  PlanOptions o;
+  o.stages = 1;
+  o.micro_batches = 4;
+  o.schedule = ScheduleChoice::named("zb-h1");
+  CHECK_THROWS_WITH(make_plan(p, o), Catch::Contains("stage 0 cannot split its backward (zb-h1): wte and lm_head"));
+  o.schedule = ScheduleChoice::named("auto");
+  CHECK(make_plan(p, o).options.schedule != ScheduleChoice::named("zb-h1"));
+  o.stages = 2;
+  o.schedule = ScheduleChoice::named("zb-h1");
+  const Plan two = make_plan(p, o);
+  CHECK(split_backward_refusal(p, two).empty());
+  CHECK(two.stages[0].weight_ms > 0);
+  CHECK(two.stages[0].weight_ms < two.stages[0].compute_ms - two.stages[0].forward_ms);
+}

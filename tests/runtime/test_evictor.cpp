@@ -267,8 +267,8 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
       if (n.name.find(".chunk") != std::string::npos && n.name.compare(n.name.size() - 6, 6, "chunk0") != 0)
         cuts.insert(n.id);
     for (int cut : cuts)
-      for (ScheduleChoice kind :
-           {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
+      for (ScheduleChoice kind : {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"),
+                                  ScheduleChoice::named("async"), ScheduleChoice::named("zb-h1")}) {
         test::TwoStages two(profile, g.size(), cut, kind, /*steps=*/3);
         const CostModel& model = two.model;
         PipelineConfig& pc = two.pc;
@@ -287,8 +287,14 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
             std::vector<int64_t> replayed_live, executed_live;
             const int64_t predicted =
                 replay_stage_program(model, programs[static_cast<size_t>(x)], &replayed, &replayed_live).peak;
-            const int64_t measured =
-                run_program(counter, g, pc, programs[static_cast<size_t>(x)], executed, &executed_live);
+            int64_t measured = 0;
+            try {
+              measured = run_program(counter, g, pc, programs[static_cast<size_t>(x)], executed, &executed_live);
+            } catch (const ConfigError& e) {  // a stage holding the tied embedding and a chunk of its projection
+              CHECK(kind == ScheduleChoice::named("zb-h1"));
+              CHECK_THAT(e.what(), Catch::Contains("cannot split its backward"));
+              continue;
+            }
             INFO(preset << " cut " << cut << " " << name_of(kind) << " round " << round << " stage " << x
                         << ": measured " << measured << " predicted " << predicted);
             // The same program: the evictor swaps, fetches and re-runs in the replayed order.
@@ -300,7 +306,10 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
             // counts them from the start, the run makes them at their node of the first forward,
             // some after its first swap-out.
             const size_t half = replayed.size() / 2;
-            if (kind != ScheduleChoice::named("async") && half > 0 && replayed.size() == executed.size() &&
+            // (A split backward's replay carries up to one gradient more across the step on some
+            // stages: on the safe side, left out here.)
+            const bool split = kind == ScheduleChoice::named("zb-h1");
+            if (kind != ScheduleChoice::named("async") && !split && half > 0 && replayed.size() == executed.size() &&
                 replayed[0].kind == ActionKind::SwapOut && replayed[half].kind == ActionKind::SwapOut) {
               ++carried_over;
               const StageProgram& program = programs[static_cast<size_t>(x)];
@@ -317,6 +326,10 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
             // below at cut 57, and a chunked head, up to 9% below: at::cat's backward hands out
             // slices of one gradient, which lives until the last slice is read, each copied where
             // it is read; the replay counts that for every concat of single-reader inputs.)
+            // zb-h1 (a split backward: I holds for W what the forward saved and the parameter
+            // readers' output gradients): 418 stage programs from 8.3% above the measurement
+            // (gpt2-tiny/4 and bert-tiny/3, where the replay counts one gradient autograd hands
+            // on as a storage of its own) to 0.73% below it (amoebanet-tiny).
             const bool cnn = preset == "amoebanet-tiny";
             CHECK(double(measured) <= (cnn ? 1.01 : 1.005) * double(predicted));
             CHECK(double(measured) >= 0.90 * double(predicted));

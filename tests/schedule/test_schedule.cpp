@@ -114,7 +114,7 @@ void check_global_order(const Schedule& sched, const std::vector<Action>& order)
     if (a.kind == ActionKind::RecvGrad)
       REQUIRE(sent.count({a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch}) == 1);
     if (a.kind == ActionKind::Forward) ++forwards[{a.stage, a.micro_batch}];
-    if (a.kind == ActionKind::Backward) ++backwards[{a.stage, a.micro_batch}];
+    if (passes_gradient_back(a.kind)) ++backwards[{a.stage, a.micro_batch}];  // B, or I (and its W)
   }
   for (int x = 0; x < sched.stages; ++x)
     for (int64_t mb = 0; mb < sched.micro_batches; ++mb) {
@@ -125,11 +125,11 @@ void check_global_order(const Schedule& sched, const std::vector<Action>& order)
 }  // namespace
 
 TEST_CASE("every schedule runs to completion without deadlock", "[schedule]") {
-  for (const char* name : {"gpipe", "1f1b", "async"})
+  for (const ScheduleEntry& entry : registered_schedules())
     for (int l = 1; l <= 6; ++l)
       for (int m = 1; m <= 9; ++m) {
-        INFO(name << " l=" << l << " m=" << m);
-        Schedule s = make_schedule(name, l, m);
+        INFO(entry.name << " l=" << l << " m=" << m);
+        Schedule s = make_schedule(entry.name, l, m);
         check_global_order(s, simulate_global(s));
       }
 }
@@ -146,6 +146,13 @@ TEST_CASE("the simulators reject malformed lists and deadlocks", "[schedule]") {
       "gpipe", 2, 1, {parse_actions("0F0 0RECV_B0 0SEND_F0 0B0 0U"), parse_actions("1RECV_F0 1F0 1B0 1SEND_B0 1U")}};
   CHECK_THROWS_WITH(simulate_global(dead), Catch::Contains("deadlock"));
 
+  // A split backward: W after its I, once; an I needs its W.
+  CHECK_THROWS_WITH(simulate_stage(parse_actions("0F0 0W0 0I0"), 1), Catch::Contains("0W0: W before its I"));
+  CHECK_THROWS_WITH(simulate_stage(parse_actions("0F0 0I0 0W0 0W0"), 1), Catch::Contains("W twice"));
+  CHECK_THROWS_WITH(simulate_stage(parse_actions("0F0 0I0"), 1), Catch::Contains("0I0: no W follows this I"));
+  CHECK_THROWS_WITH(simulate_stage(parse_actions("0F0 0B0 0I0 0W0"), 1), Catch::Contains("backwarded twice"));
+  CHECK(simulate_stage(parse_actions("0F0 0F1 0I0 0I1 0W1 0W0"), 1).max_in_flight == 2);
+
   // Stages that disagree on the micro-batches.
   Schedule mismatch{
       "gpipe", 2, 1, {parse_actions("0F0 0SEND_F0 0RECV_B0 0B0 0U"), parse_actions("1RECV_F1 1F1 1B1 1SEND_B1 1U")}};
@@ -161,6 +168,11 @@ TEST_CASE("communication is added to compute lists", "[schedule]") {
   CHECK(to_string(s.actions[0]) == "0F0 0SEND_F0 0RECV_B0 0B0 0U");
   CHECK(to_string(s.actions[1]) == "1RECV_F0 1F0 1SEND_F0 1RECV_B0 1B0 1SEND_B0 1U");
   CHECK(to_string(s.actions[2]) == "2RECV_F0 2F0 2B0 2SEND_B0 2U");
+  // A split backward sends its gradients after I; W needs no message.
+  Schedule split{"", 2, 1, {parse_actions("0F0 0I0 0W0 0U"), parse_actions("1F0 1I0 1W0 1U")}};
+  add_communication(split);
+  CHECK(to_string(split.actions[0]) == "0F0 0SEND_F0 0RECV_B0 0I0 0W0 0U");
+  CHECK(to_string(split.actions[1]) == "1RECV_F0 1F0 1I0 1SEND_B0 1W0 1U");
 }
 
 TEST_CASE("schedule traits: only PipeDream's async stashes and updates per backward", "[schedule]") {
@@ -195,6 +207,22 @@ TEST_CASE("the timed simulation gives the textbook bubble", "[schedule]") {
   const TimedRun linked = simulate_times(s, std::vector<StageTimes>(4, {f, b, 0.0, 0.5}));
   CHECK(linked.step_ms == Approx((4 + 4 - 1) * (f + b) + 2 * 3 * 0.5));
   CHECK_THROWS_AS(simulate_times(s, std::vector<StageTimes>(3)), ScheduleError);
+}
+
+// Uniform stages, free communication, the backward split into I (input gradients) and W
+// (weights'): zb-h1 takes m (f + i + w) + (l - 1)(f + i - w) (Qi et al., ZB-H1), 1F1B's
+// (m + l - 1)(f + i + w) less (l - 1)(2 w), holding min(l, m) micro-batches on every stage.
+TEST_CASE("zb-h1: the textbook bubble and its in-flight count", "[schedule]") {
+  for (const auto& [f, i, w] : {std::tuple{1.0, 1.0, 1.0}, {1.0, 1.2, 0.8}, {1.0, 1.0, 0.5}, {2.0, 1.0, 1.0}})
+    for (int l : {2, 4, 8})
+      for (int m : {l, 2 * l, 3 * l}) {
+        INFO("l=" << l << " m=" << m << " f=" << f << " i=" << i << " w=" << w);
+        const std::vector<StageTimes> times(static_cast<size_t>(l), {f, i + w, 0.0, 0.0, w});
+        const Schedule h1 = make_schedule("zb-h1", l, m);
+        CHECK(simulate_times(h1, times).step_ms == Approx(m * (f + i + w) + (l - 1) * (f + i - w)));
+        CHECK(simulate_times(make_schedule("1f1b", l, m), times).step_ms == Approx((m + l - 1) * (f + i + w)));
+        for (const StageStats& st : simulate_stages(h1)) CHECK(st.max_in_flight == std::min(l, m));
+      }
 }
 
 TEST_CASE("a schedule file runs as written, its communication added when it writes none", "[schedule]") {
@@ -252,6 +280,8 @@ TEST_CASE("a schedule that cannot run is refused with the stage and the action",
   CHECK_THROWS_WITH(two.make(4, 2), Catch::Contains("has lists for 2 stages; the run has 4"));
   CHECK_THROWS_WITH(two.make(2, 8), Catch::Contains("runs 2 micro-batches per step; the run has 8"));
   CHECK_THROWS_WITH(ScheduleChoice::named("zb-h9"),
-                    Catch::Contains("unknown schedule 'zb-h9' (choose gpipe, 1f1b or async"));
+                    Catch::Contains("unknown schedule 'zb-h9' (choose gpipe, 1f1b, async or zb-h1"));
+  CHECK_THAT(refused("0F0 0W0 0I0 0U\n"), Catch::Contains("stage 0, action 0W0: W before its I"));
+  CHECK_THAT(refused("0F0 0I0 0U\n"), Catch::Contains("stage 0, action 0I0: no W follows this I"));
   CHECK_THROWS_WITH(ScheduleChoice::named("file:"), Catch::Contains("needs a path"));
 }

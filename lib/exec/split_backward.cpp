@@ -1,0 +1,100 @@
+#include "exec/split_backward.h"
+
+#include <map>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "util/error.h"
+
+namespace dawnpiper {
+
+namespace {
+using torch::autograd::Edge;
+using torch::autograd::edge_list;
+using torch::autograd::Engine;
+using torch::autograd::impl::gradient_edge;
+
+// Whether node `to` reads, within [from, end), what node `from` made (directly or through others).
+bool feeds(const OpGraph& g, int from, int to) {
+  std::vector<char> reached(g.nodes.size(), 0);
+  reached[static_cast<size_t>(from)] = 1;
+  for (int n = from + 1; n <= to; ++n)
+    for (int t : g.nodes[static_cast<size_t>(n)].inputs) {
+      const int producer = g.tensors[static_cast<size_t>(t)].producer;
+      if (producer >= from && reached[static_cast<size_t>(producer)]) reached[static_cast<size_t>(n)] = 1;
+    }
+  return reached[static_cast<size_t>(to)] != 0;
+}
+}  // namespace
+
+SplitBackward::SplitBackward(const StageModule& module, int stage, bool exact) : module_(module) {
+  const OpGraph& g = module.graph();
+  std::map<int, std::vector<int>> readers;  // parameter -> nodes reading it, in order
+  for (int n = module.begin(); n < module.end(); ++n) {
+    reads_.push_back(module.parameters_read(n));
+    for (int p : reads_.back()) readers[p].push_back(n);
+  }
+  if (!exact) return;
+  for (const auto& [p, nodes] : readers)
+    for (size_t i = 0; i < nodes.size(); ++i)
+      for (size_t j = i + 1; j < nodes.size(); ++j)
+        if (feeds(g, nodes[i], nodes[j]))
+          throw ConfigError("stage " + std::to_string(stage) + " cannot split its backward: parameter " +
+                            module.parameters()[static_cast<size_t>(p)].name + " is read by " +
+                            g.nodes[static_cast<size_t>(nodes[i])].name + " and by " +
+                            g.nodes[static_cast<size_t>(nodes[j])].name +
+                            ", which reads what the first made (its weight gradient would count the first's "
+                            "twice); use a schedule without I and W (1f1b, gpipe) or cut between them");
+}
+
+void SplitBackward::record(int node, const TensorEnv& env, WeightRoots& roots) const {
+  if (reads_[static_cast<size_t>(node - module_.begin())].empty()) return;
+  for (int t : module_.graph().nodes[static_cast<size_t>(node)].outputs) {
+    const at::Tensor& y = env[t];
+    if (!y.defined() || !y.requires_grad()) continue;
+    roots.edges.push_back(gradient_edge(y));
+    roots.node.push_back(node);
+  }
+}
+
+std::vector<at::Tensor> SplitBackward::input_pass(const std::vector<at::Tensor>& outputs,
+                                                  const std::vector<at::Tensor>& grads,
+                                                  const std::vector<at::Tensor>& inputs, WeightRoots& roots) const {
+  edge_list from, to;
+  for (const at::Tensor& y : outputs) from.push_back(gradient_edge(y));
+  for (const at::Tensor& x : inputs) to.push_back(gradient_edge(x));
+  to.insert(to.end(), roots.edges.begin(), roots.edges.end());
+  std::vector<at::Tensor> got = Engine::get_default_engine().execute(from, grads, /*keep_graph=*/true,
+                                                                     /*create_graph=*/false,
+                                                                     /*accumulate_grad=*/false, to);
+  roots.grads.assign(got.begin() + static_cast<std::ptrdiff_t>(inputs.size()), got.end());
+  got.resize(inputs.size());
+  return got;
+}
+
+void SplitBackward::weight_pass(WeightRoots& roots, const std::function<void(int)>& before_node) const {
+  // Node by node in the backward's order (the latest first), as the memory replay counts.
+  for (size_t end = roots.edges.size(); end > 0;) {
+    const int node = roots.node[end - 1];
+    size_t begin = end;
+    while (begin > 0 && roots.node[begin - 1] == node) --begin;
+    edge_list from, to;
+    std::vector<at::Tensor> grads;
+    for (size_t i = begin; i < end; ++i) {
+      if (!roots.grads[i].defined()) continue;
+      from.push_back(roots.edges[i]);
+      grads.push_back(std::move(roots.grads[i]));
+    }
+    end = begin;
+    if (from.empty()) continue;
+    for (int p : reads_[static_cast<size_t>(node - module_.begin())])
+      to.push_back(gradient_edge(module_.parameters()[static_cast<size_t>(p)].tensor));
+    if (before_node) before_node(node);
+    Engine::get_default_engine().execute(from, grads, /*keep_graph=*/true, /*create_graph=*/false,
+                                         /*accumulate_grad=*/true, to);
+  }
+  roots = WeightRoots{};
+}
+
+}  // namespace dawnpiper
