@@ -2,8 +2,14 @@
 
 #include <map>
 
+#include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <limits>
+#include <unordered_set>
 
 #include "util/error.h"
 
@@ -26,9 +32,10 @@ bool feeds(const OpGraph& g, int from, int to) {
     }
   return reached[static_cast<size_t>(to)] != 0;
 }
+
 }  // namespace
 
-SplitBackward::SplitBackward(const StageModule& module, int stage, bool exact) : module_(module) {
+SplitBackward::SplitBackward(const StageModule& module, int stage, bool exact) : module_(module), exact_(exact) {
   const OpGraph& g = module.graph();
   std::map<int, std::vector<int>> readers;  // parameter -> nodes reading it, in order
   for (int n = module.begin(); n < module.end(); ++n) {
@@ -49,6 +56,8 @@ SplitBackward::SplitBackward(const StageModule& module, int stage, bool exact) :
 }
 
 void SplitBackward::record(int node, const TensorEnv& env, WeightRoots& roots) const {
+  roots.node_end_seq.resize(reads_.size(), 0);
+  roots.node_end_seq[static_cast<size_t>(node - module_.begin())] = at::sequence_number::peek();
   if (reads_[static_cast<size_t>(node - module_.begin())].empty()) return;
   for (int t : module_.graph().nodes[static_cast<size_t>(node)].outputs) {
     const at::Tensor& y = env[t];
@@ -68,9 +77,31 @@ std::vector<at::Tensor> SplitBackward::input_pass(const std::vector<at::Tensor>&
   std::vector<at::Tensor> got = Engine::get_default_engine().execute(from, grads, /*keep_graph=*/true,
                                                                      /*create_graph=*/false,
                                                                      /*accumulate_grad=*/false, to);
+  if (exact_) release_unread(from, roots);  // else W may pass through other nodes' functions
   roots.grads.assign(got.begin() + static_cast<std::ptrdiff_t>(inputs.size()), got.end());
   got.resize(inputs.size());
   return got;
+}
+
+void SplitBackward::release_unread(const edge_list& from, const WeightRoots& roots) const {
+  std::vector<uint64_t> end_seq = roots.node_end_seq;  // nodes without a record end where the one before did
+  for (size_t k = 1; k < end_seq.size(); ++k) end_seq[k] = std::max(end_seq[k], end_seq[k - 1]);
+  std::vector<torch::autograd::Node*> stack;
+  for (const Edge& e : from) stack.push_back(e.function.get());
+  std::unordered_set<torch::autograd::Node*> seen;
+  while (!stack.empty()) {
+    torch::autograd::Node* fn = stack.back();
+    stack.pop_back();
+    if (!fn || !seen.insert(fn).second) continue;
+    for (const Edge& e : fn->next_edges()) stack.push_back(e.function.get());
+    const uint64_t seq = fn->sequence_nr();
+    if (seq == std::numeric_limits<uint64_t>::max()) continue;  // AccumulateGrad
+    // Its node: the first whose forward ended after it was made (none: made after the forward,
+    // as the loss's scaling; kept).
+    const auto owner = std::upper_bound(end_seq.begin(), end_seq.end(), seq);
+    if (owner == end_seq.end()) continue;
+    if (reads_[static_cast<size_t>(owner - end_seq.begin())].empty()) fn->release_variables();
+  }
 }
 
 void SplitBackward::weight_pass(WeightRoots& roots, const std::function<void(int)>& before_node) const {

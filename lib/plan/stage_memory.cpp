@@ -31,7 +31,6 @@ struct MicroBatch {
   std::vector<int64_t> held_for_weights;
   bool weights_pending = false;
   bool gradients_sent = false;
-  int grad_in_saved = -1;  // I: a tensor whose gradient the loss wrote over what it saved
 };
 
 // A program's eviction as the replay tracks it: by storage.
@@ -550,7 +549,6 @@ MicroBatch& StageReplay::state(int64_t mb) {
   m.permuted.assign(static_cast<size_t>(locals_), 0);
   m.held_for_weights.assign(static_cast<size_t>(e_ - b_), -1);
   m.weights_pending = m.gradients_sent = false;
-  m.grad_in_saved = -1;
   return m;
 }
 
@@ -807,13 +805,20 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
   live_ -= m.received_grads;
   m.received_grads = 0;
   input_only_ = false;
-  if (!input_only) release_graph(m);
+  if (!input_only) {
+    release_graph(m);
+    return;
+  }
+  // I kept the graph while it ran; what the parameter readers saved stays for W.
+  for (int i = e_ - 1; i >= b_; --i)
+    if (model_.has_backward(i) && !reads_params_[at(i - b_)])
+      for (int t : p_.nodes[at(i)].saved) for_saver_keys(t, [&](int k) { release(m, k); });
 }
 
 void StageReplay::release_graph(MicroBatch& m) {
-  if (m.weights_pending)  // I kept what the forward saved
+  if (m.weights_pending)  // I kept what the parameter readers saved
     for (int i = e_ - 1; i >= b_; --i)
-      if (model_.has_backward(i))
+      if (model_.has_backward(i) && reads_params_[at(i - b_)])
         for (int t : p_.nodes[at(i)].saved) for_saver_keys(t, [&](int k) { release(m, k); });
   for (const TensorBytes& s : sent_) release(m, key_[at(s.tensor)]);
   if (last_) release(m, loss_);
@@ -936,7 +941,7 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
       const int concat = model_.graph_output(frees_slices_of_[at(i - b_)]);
       const int64_t whole = bytes(concat);
       if (holds) {
-        if (concat != m.grad_in_saved) slices_held = whole;  // else released with what the loss saved
+        slices_held = whole;
       } else {
         note(live_ + bytes(out), i);
         live_ -= whole;
@@ -945,31 +950,25 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   }
   note(live_ + grads + transient + node.bwd_workspace - reused, i);
   live_ += grads;
-  if (input_only && i == loss_node_ && reused > 0) {
-    // Written over the log-probabilities the loss saved, which I keeps: no storage of its own.
-    live_ -= reused;
-    m.grad_in_saved = loss_logits_;
-  }
   if (holds) {
     // W runs from here (also from a loss, whose seed gradient the replay does not count).
     int64_t& held = m.held_for_weights[at(i - b_)];
     held = std::max<int64_t>(held, 0) + slices_held;
     for (int o : node.outputs) {
       if (model_.is_internal(o) || is_received_[at(o)] || !m.has_grad[loc(o)]) continue;
-      if (o == m.grad_in_saved) continue;  // released with what the forward saved
-      if (m.has_grad[loc(o)] == 2) {       // a received gradient: held past the end of I
+      if (m.has_grad[loc(o)] == 2) {  // a received gradient: held past the end of I
         held += bytes(o);
         m.received_grads -= bytes(o);
       } else if (m.has_grad[loc(o)] == 1 && (!view || copied_view)) {
         held += bytes(o);
       }
     }
-    return;  // what the forward saved stays for W
+    return;  // what it saved stays for W
   }
   for (int o : node.outputs)  // the graph outputs' gradients have been consumed
     if (!model_.is_internal(o) && m.has_grad[loc(o)] == 1 && (!view || copied_view) && !is_received_[at(o)])
       live_ -= bytes(o);
-  if (!input_only)
+  if (!input_only)  // I lets them go at its end (backward_nodes)
     for (int t : node.saved) for_saver_keys(t, [&](int k) { release(m, k); });
 }
 

