@@ -31,6 +31,9 @@ struct MicroBatch {
   std::vector<int64_t> held_for_weights;
   bool weights_pending = false;
   bool gradients_sent = false;
+  // I: the loss wrote the logits' gradient over the log-probabilities it saved, which then live
+  // (as that gradient) until W.
+  bool loss_grad_in_saved = false;
 };
 
 // A program's eviction as the replay tracks it: by storage.
@@ -548,7 +551,7 @@ MicroBatch& StageReplay::state(int64_t mb) {
   m.has_grad.assign(static_cast<size_t>(locals_), 0);
   m.permuted.assign(static_cast<size_t>(locals_), 0);
   m.held_for_weights.assign(static_cast<size_t>(e_ - b_), -1);
-  m.weights_pending = m.gradients_sent = false;
+  m.weights_pending = m.gradients_sent = m.loss_grad_in_saved = false;
   return m;
 }
 
@@ -809,10 +812,13 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
     release_graph(m);
     return;
   }
-  // I kept the graph while it ran; what the parameter readers saved stays for W.
+  // I kept the graph while it ran; what the parameter readers saved stays for W, and so do the
+  // log-probabilities holding the logits' gradient.
   for (int i = e_ - 1; i >= b_; --i)
     if (model_.has_backward(i) && !reads_params_[at(i - b_)])
-      for (int t : p_.nodes[at(i)].saved) for_saver_keys(t, [&](int k) { release(m, k); });
+      for (int t : p_.nodes[at(i)].saved)
+        if (!(m.loss_grad_in_saved && i == loss_node_ && model_.is_internal(t)))
+          for_saver_keys(t, [&](int k) { release(m, k); });
 }
 
 void StageReplay::release_graph(MicroBatch& m) {
@@ -840,6 +846,10 @@ void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
     note(live_ + grads + transient + p_.nodes[at(i)].bwd_workspace, i);
     live_ += grads - held;
   }
+  if (m.loss_grad_in_saved)
+    for (int t : p_.nodes[at(loss_node_)].saved)
+      if (model_.is_internal(t)) for_saver_keys(t, [&](int k) { release(m, k); });
+  m.loss_grad_in_saved = false;
   release_graph(m);
   m.weights_pending = false;
 }
@@ -941,7 +951,7 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
       const int concat = model_.graph_output(frees_slices_of_[at(i - b_)]);
       const int64_t whole = bytes(concat);
       if (holds) {
-        slices_held = whole;
+        if (!m.loss_grad_in_saved || concat != loss_logits_) slices_held = whole;
       } else {
         note(live_ + bytes(out), i);
         live_ -= whole;
@@ -950,13 +960,18 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   }
   note(live_ + grads + transient + node.bwd_workspace - reused, i);
   live_ += grads;
+  if (input_only && i == loss_node_ && reused > 0) {  // no storage of its own (loss_grad_in_saved)
+    live_ -= reused;
+    m.loss_grad_in_saved = true;
+  }
   if (holds) {
     // W runs from here (also from a loss, whose seed gradient the replay does not count).
     int64_t& held = m.held_for_weights[at(i - b_)];
     held = std::max<int64_t>(held, 0) + slices_held;
     for (int o : node.outputs) {
       if (model_.is_internal(o) || is_received_[at(o)] || !m.has_grad[loc(o)]) continue;
-      if (m.has_grad[loc(o)] == 2) {  // a received gradient: held past the end of I
+      if (m.loss_grad_in_saved && o == loss_logits_) continue;  // in the loss's log-probabilities
+      if (m.has_grad[loc(o)] == 2) {                            // a received gradient: held past the end of I
         held += bytes(o);
         m.received_grads -= bytes(o);
       } else if (m.has_grad[loc(o)] == 1 && (!view || copied_view)) {

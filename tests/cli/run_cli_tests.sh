@@ -305,6 +305,10 @@ auto_out=$("$bin" train --model gpt2-tiny --steps 1 --micro-batches 4 --stages 3
 kept=$(echo "$auto_out" | awk '/<- kept/ {print $1}')
 if [ -n "$kept" ] && echo "$auto_out" | grep -q "3 stages, $kept\$"; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: train --schedule auto runs the schedule it kept"; echo "$auto_out"; fi
+# A split backward cannot run a stage where GPT-2's tied embedding feeds its output projection.
+expect_fail "zb-h1 on a stage whose tied weight's readers feed each other" \
+  "stage 0 cannot split its backward (zb-h1): wte and lm_head read one weight" \
+  plan --model gpt2-tiny --device-spec a100-40gb --stages 1 --schedule zb-h1
 # With the split backward's W filling 1F1B's bubbles, zb-h1 predicts the fastest step.
 expect_ok "--schedule auto prints what it chose from" "zb-h1 .*<- kept" \
   plan --model gpt2-tiny --device-spec a100-40gb --stages 4 --micro-batches 8 --schedule auto --memopt none

@@ -327,13 +327,11 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
             // slices of one gradient, which lives until the last slice is read, each copied where
             // it is read; the replay counts that for every concat of single-reader inputs.)
             // zb-h1 (a split backward: I keeps the graph while it runs, then W keeps what the
-            // parameter readers saved and their output gradients): 418 stage programs within the
-            // same upper bounds, and down to 20% above the measurement where a stage ends in the
-            // loss (bert-tiny/3, gpt2-tiny/4, t5-tiny): the loss writes the logits' gradient over
-            // what it saved even there, the replay counts a storage of its own during I.
+            // parameter readers saved and their output gradients): 418 stage programs from 8.3%
+            // above the measurement (bert-tiny/3, gpt2-tiny/4) to 0.63% below (amoebanet-tiny).
             const bool cnn = preset == "amoebanet-tiny";
             CHECK(double(measured) <= (cnn ? 1.01 : 1.005) * double(predicted));
-            CHECK(double(measured) >= (split ? 0.78 : 0.90) * double(predicted));
+            CHECK(double(measured) >= 0.90 * double(predicted));
           }
         }
       }
