@@ -21,7 +21,7 @@ using torch::autograd::edge_list;
 using torch::autograd::Engine;
 using torch::autograd::impl::gradient_edge;
 
-// Whether node `to` reads, within [from, end), what node `from` made (directly or through others).
+// Whether node `to` reads what node `from` made, directly or through the nodes between them.
 bool feeds(const OpGraph& g, int from, int to) {
   std::vector<char> reached(g.nodes.size(), 0);
   reached[static_cast<size_t>(from)] = 1;
