@@ -141,7 +141,7 @@ class StageReplay final : public ActionHooks {
     bool passed_on = false;            // a view hands its output's gradient to its input
     bool copied_view = false;          // ... unless it must copy it first
   };
-  InputGradients input_gradients(MicroBatch& m, int i, bool view);
+  InputGradients input_gradients(MicroBatch& m, int i, bool view, bool input_only);
   void find_loss();
   int64_t overwritten_logits(const MicroBatch& m, int n) const;
   void optimizer_step();
@@ -212,7 +212,6 @@ class StageReplay final : public ActionHooks {
   // The runtime gives a received gradient its tensor's layout, one copy at a time.
   int64_t largest_permuted_grad_ = 0;
   std::vector<int> relaid_grads_;    // the sent tensors whose gradients get that copy, ascending
-  bool input_only_ = false;          // walking an I
   std::vector<int> sent_originals_;  // storages of the sent tensors sent as they are (not copies), distinct
 
   // The walk's state.
@@ -797,7 +796,6 @@ void StageReplay::backward(int64_t mb, MicroBatch& m) {
 }
 
 void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
-  input_only_ = input_only;
   size_t next_due = 0;
   for (int i = e_ - 1; i >= b_; --i) {
     if (!model_.has_backward(i)) continue;
@@ -807,7 +805,6 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
   }
   live_ -= m.received_grads;
   m.received_grads = 0;
-  input_only_ = false;
   if (!input_only) {
     release_graph(m);
     return;
@@ -873,7 +870,7 @@ void StageReplay::backward_slices(MicroBatch& m, int i) {
 
 // What node i's backward gives its inputs: new gradients, sums into existing ones, or (a view)
 // its output's gradient handed on.
-StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, bool view) {
+StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, bool view, bool input_only) {
   const NodeClass kind = model_.node_class(i);
   const int out = model_.graph_output(i);
   const char out_grad = m.has_grad[loc(out)];
@@ -906,7 +903,7 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
       // in the order the view's input has: the view before it hands it on (measured; a whole
       // backward copies it, as counted).
       const bool relaid =
-          input_only_ && out_grad == 2 && std::binary_search(relaid_grads_.begin(), relaid_grads_.end(), out);
+          input_only && out_grad == 2 && std::binary_search(relaid_grads_.begin(), relaid_grads_.end(), out);
       m.permuted[loc(t)] = !relaid && (m.permuted[loc(out)] || kind == NodeClass::Permute);
     }
   }
@@ -925,7 +922,7 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   // input's size (slices, expands, splits).
   const bool view = !model_.owns_storage()[at(out)] && kind != NodeClass::ViewAllocatingGradient;
   const char out_grad = m.has_grad[loc(out)];
-  InputGradients in = input_gradients(m, i, view);
+  InputGradients in = input_gradients(m, i, view, input_only);
   int64_t grads = in.grads, transient = in.transient;
   const bool passed_on = in.passed_on, copied_view = in.copied_view;
   if (view && !passed_on && out_grad == 1) live_ -= bytes(out);  // a view of a parameter, or summed into a gradient
