@@ -34,7 +34,8 @@ po::options_description plan_options() {
       ("profile-in", po::value<std::string>(), "profile to plan from (HDF5, `dawnpiper profile --out`)")
       ("device-spec", po::value<std::string>(), "without --profile-in: plan --model from an analytic profile "
                                                 "for this device (a100-40gb | h100-80gb | spec file)")
-      ("stages", po::value<int>()->default_value(4), "pipeline stages")
+      ("stages", po::value<int>()->default_value(4), "pipeline stages, one per rank")
+      ("virtual-stages", po::value<int>()->default_value(0), "stages per rank under --schedule interleaved (default 2): --stages x V stages are cut")
       ("schedule", po::value<ScheduleChoice>()->default_value(ScheduleChoice::named("async"), "async"), schedule_help().c_str())
       ("memory", po::value<std::string>(), "device memory per stage (default: the device spec's, else unlimited)")
       ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
@@ -87,8 +88,8 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
   } else {
     throw ConfigError("give --profile-in FILE (a profile) or --device-spec NAME (plan --model analytically)");
   }
-  o.stages = vm["stages"].as<int>();
-  o.schedule = vm["schedule"].as<ScheduleChoice>();
+  o.schedule = vm["schedule"].as<ScheduleChoice>().with_virtual_stages(vm["virtual-stages"].as<int>());
+  o.stages = vm["stages"].as<int>() * o.schedule.virtual_stages();
   o.micro_batches = vm["micro-batches"].as<int64_t>();
   if (o.schedule.is_file()) o.schedule.make(o.stages, o.micro_batches);  // its sizes, before any planning
   o.optimizer = vm["optimizer"].as<OptimizerKind>();

@@ -4,11 +4,12 @@ torch.distributed.pipelining (gloo, CPU, one intra-op thread per rank), or eager
 
 The model is cut at layer boundaries, as torch's pipelining asks its user to: stage 0 holds the
 embeddings and the first blocks, the last stage the last blocks, the final norm, the LM head and
-the loss (the shifted cross-entropy of GPT2LMHeadModel). Before timing, the stages composed in
+the loss (the shifted cross-entropy of GPT2LMHeadModel). `interleaved` (ScheduleInterleaved1F1B)
+cuts twice as many stages, rank r holding stages r and r + N. Before timing, the stages composed in
 one process must give the model's own loss (a check that the split is the model).
 
 Prints one line: `peer <config> samples/s <after the first step> rss_mib <max over ranks>`.
-  usage: bench_peer.py --config k=v,... --ranks N --schedule gpipe|1f1b|zb|eager --micro-batch-size B
+  usage: bench_peer.py --config k=v,... --ranks N --schedule gpipe|1f1b|zb|interleaved|eager --micro-batch-size B
                        --micro-batches M --seq-len S --steps K
 """
 import argparse
@@ -125,7 +126,7 @@ def rank_main(rank, args, port, queue):
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                              ScheduleInterleavedZeroBubble)
+                                              ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble)
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -133,14 +134,19 @@ def rank_main(rank, args, port, queue):
     model = build_model(args.config)
     if rank == 0:
         check_split(model, args)
-    module = stage_modules(model, args.ranks)[rank]
-    stage = PipelineStage(module, rank, args.ranks, torch.device("cpu"))
-    if args.schedule == "zb":  # zero bubble, one stage per rank: backwards split into I and W
-        schedule = ScheduleInterleavedZeroBubble([stage], args.micro_batches, loss_fn=loss_fn)
+    per_rank = 2 if args.schedule == "interleaved" else 1
+    stages = per_rank * args.ranks
+    indices = [rank + v * args.ranks for v in range(per_rank)]  # round robin, as Interleaved1F1B places them
+    modules = [stage_modules(model, stages)[i] for i in indices]
+    pipeline = [PipelineStage(m, i, stages, torch.device("cpu")) for m, i in zip(modules, indices)]
+    if args.schedule == "interleaved":
+        schedule = ScheduleInterleaved1F1B(pipeline, args.micro_batches, loss_fn=loss_fn)
+    elif args.schedule == "zb":  # zero bubble, one stage per rank: backwards split into I and W
+        schedule = ScheduleInterleavedZeroBubble(pipeline, args.micro_batches, loss_fn=loss_fn)
     else:
         kind = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
-        schedule = kind(stage, args.micro_batches, loss_fn=loss_fn)
-    opt = torch.optim.SGD(module.parameters(), lr=args.lr)
+        schedule = kind(pipeline[0], args.micro_batches, loss_fn=loss_fn)
+    opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=args.lr)
     ends = []
     for tokens in batches(args, model.config.vocab_size):
         opt.zero_grad()
@@ -181,7 +187,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True)
     ap.add_argument("--ranks", type=int, default=1)
-    ap.add_argument("--schedule", choices=["gpipe", "1f1b", "zb", "eager"], required=True)
+    ap.add_argument("--schedule", choices=["gpipe", "1f1b", "zb", "interleaved", "eager"], required=True)
     ap.add_argument("--micro-batch-size", type=int, required=True)
     ap.add_argument("--micro-batches", type=int, required=True)
     ap.add_argument("--seq-len", type=int, required=True)

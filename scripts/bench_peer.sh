@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # DawnPiper beside torch.distributed.pipelining (the same torch, gloo, CPU) on the same Hugging
 # Face GPT-2: one process, gpipe and 1f1b on 2 ranks, 1f1b on 4 ranks, zero bubble on 2 and 4
-# (torch's ScheduleInterleavedZeroBubble with one stage per rank, DawnPiper's zb-h1); the same micro-batch
+# (torch's ScheduleInterleavedZeroBubble with one stage per rank, DawnPiper's zb-h1), interleaved
+# 1F1B on 2 ranks of two stages each (torch's ScheduleInterleaved1F1B); the same micro-batch
 # size, micro-batches, sequence length, SGD and one intra-op thread per rank. Reports samples/s
 # after the first step and the largest peak RSS of any rank (/usr/bin/time for DawnPiper,
 # getrusage for torch). DawnPiper trains the exported graph (scripts/export_model.py) with its
@@ -49,7 +50,7 @@ peer() {
 
 echo "| configuration | torch samples/s | DawnPiper samples/s | ratio | DawnPiper, 8 output chunks | ratio | torch peak RSS MiB | DawnPiper peak RSS MiB |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
-configs=("1 eager 1f1b" "2 gpipe gpipe" "2 1f1b 1f1b" "4 1f1b 1f1b" "2 zb zb-h1" "4 zb zb-h1")
+configs=("1 eager 1f1b" "2 gpipe gpipe" "2 1f1b 1f1b" "4 1f1b 1f1b" "2 zb zb-h1" "4 zb zb-h1" "2 interleaved interleaved")
 [ -n "${CONFIGS:-}" ] && configs=("$CONFIGS")
 for c in "${configs[@]}"; do
   read -r ranks peer_schedule schedule <<<"$c"

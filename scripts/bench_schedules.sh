@@ -3,12 +3,13 @@
 # micro-batch size B DawnPiper's planner fits, the samples/s its predicted step gives (the plan's
 # stage times through the schedule's timed simulation) and that step's idle share, at 4 and 8
 # stages, memopt none and sr, with m = 2 x stages micro-batches per step (async: a stream, m
-# periods of its slowest stage, no idle share per step).
+# periods of its slowest stage, no idle share per step; interleaved: 2 stages per rank, each planned
+# within half the rank's memory).
 #   usage: scripts/bench_schedules.sh [build/dawnpiper] > table.md
 set -euo pipefail
 bin="${1:-build/dawnpiper}"
 models=(bert-large gpt2-large t5-large amoebanet-d)
-schedules=(gpipe 1f1b async zb-h1)
+schedules=(gpipe 1f1b async zb-h1 interleaved)
 cell() {  # schedule memopt stages model: "B, samples/s, idle share of the step"
   local m=$((2 * $3)) out b
   out=$("$bin" plan --model "$4" --device-spec a100-40gb --schedule "$1" --memopt "$2" --stages "$3" \

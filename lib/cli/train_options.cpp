@@ -123,7 +123,7 @@ void read_placement(const po::variables_map& vm, TrainOptions& o) {
   if (vm.count("stages") && o.stages < 1) throw ConfigError("--stages must be at least 1");
   o.data_parallel = vm.count("data-parallel") ? vm["data-parallel"].as<int>() : 0;
   if (vm.count("data-parallel") && o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
-  o.schedule = vm["schedule"].as<ScheduleChoice>();
+  o.schedule = vm["schedule"].as<ScheduleChoice>().with_virtual_stages(vm["virtual-stages"].as<int>());
   // A schedule file is written for its sizes: other ones are refused before anything runs.
   if (o.schedule.is_file())
     o.schedule.make(o.stages > 0 ? o.stages : o.schedule.file_stages(), vm["micro-batches"].as<int64_t>());
@@ -154,7 +154,8 @@ po::options_description train_options() {
   po::options_description own("Training options");
   // clang-format off
   own.add_options()
-      ("stages", po::value<int>(), "pipeline stages (default: the number of MPI ranks / --data-parallel)")
+      ("stages", po::value<int>(), "pipeline stages, one per MPI rank (default: the number of MPI ranks / --data-parallel)")
+      ("virtual-stages", po::value<int>()->default_value(0), "stages per rank under --schedule interleaved (default 2): --stages x V stages, stage s on rank s mod --stages")
       ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
                                           "averaged every step (default: MPI ranks / --stages); a pipeline's ranks share a node where they can")
       ("schedule", po::value<ScheduleChoice>()->default_value(ScheduleChoice::named("1f1b"), "1f1b"), schedule_help().c_str())
@@ -229,11 +230,13 @@ TrainOptions read_train_options(const po::variables_map& vm) {
 }
 
 namespace {
-// --schedule auto beside --plan-in takes the plan's choice.
-bool given_auto(const ScheduleChoice& schedule) { return schedule.is_auto(); }
+// --schedule auto beside --plan-in takes the plan's choice; --virtual-stages is compared on its own.
+bool agrees(const ScheduleChoice& given, const ScheduleChoice& planned) {
+  return given.is_auto() || (given.name() == planned.name() && given.actions_text() == planned.actions_text());
+}
 template <class T>
-bool given_auto(const T&) {
-  return false;
+bool agrees(const T& given, const T& planned) {
+  return given == planned;
 }
 }  // namespace
 
@@ -241,8 +244,7 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
   auto adopt = [&](const char* key, const auto& planned) {
     using T = std::decay_t<decltype(planned)>;
     auto found = vm.find(key);
-    if (found != vm.end() && !found->second.defaulted() && found->second.template as<T>() != planned &&
-        !given_auto(found->second.template as<T>())) {
+    if (found != vm.end() && !found->second.defaulted() && !agrees(found->second.template as<T>(), planned)) {
       std::ostringstream given, wanted;
       given << found->second.template as<T>();
       wanted << planned;
@@ -252,14 +254,16 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
     vm.erase(key);
     vm.insert({key, po::variable_value(boost::any(planned), false)});
   };
+  const int virtual_stages = plan.options.schedule.virtual_stages();
   adopt("schedule", plan.options.schedule);
+  adopt("virtual-stages", virtual_stages);
   adopt("micro-batch-size", plan.micro_batch_size);
   adopt("micro-batches", plan.options.micro_batches);
   adopt("optimizer", plan.options.optimizer);
   adopt("planner", plan.options.planner);
   adopt("memopt", plan.options.memopt);
   adopt("precision", plan.precision);
-  adopt("stages", static_cast<int>(plan.stages.size()));
+  adopt("stages", static_cast<int>(plan.stages.size()) / virtual_stages);
   adopt("data-parallel", plan.options.data_parallel);
 }
 

@@ -68,9 +68,11 @@ void CostModel::take_options(const PlanOptions& options) {
   data_parallel_ = options.data_parallel;
   micro_batches_ = options.micro_batches;
   optimizer_ = options.optimizer;
-  schedule_actions_ =
+  const Schedule simulated =
       schedule_.make(stages_, schedule_.traits().simulated_micro_batches(stages_, options.micro_batches));
-  stats_ = simulate_stages(schedule_actions_);
+  for (int x = 0; x < stages_; ++x) stage_actions_.push_back(simulated.stage_actions(x));
+  rank_actions_ = simulated.actions;
+  stats_ = simulate_stages(simulated);
 }
 
 // Prefix sums of node times and parameters; the largest workspace of a range.

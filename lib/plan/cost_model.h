@@ -36,7 +36,11 @@ class CostModel {
   const StageStats& stage_stats(int x) const { return stats_[static_cast<size_t>(x)]; }
   int in_flight(int x) const { return stage_stats(x).max_in_flight; }
   // Stage x's simulated action list (the runtime's, for simulated_micro_batches()).
-  const std::vector<Action>& actions(int x) const { return schedule_actions_.actions[static_cast<size_t>(x)]; }
+  const std::vector<Action>& actions(int x) const { return stage_actions_[static_cast<size_t>(x)]; }
+  // Rank r's simulated list: its stages' actions in the order it runs them (one stage per rank
+  // unless the schedule interleaves).
+  const std::vector<Action>& rank_actions(int r) const { return rank_actions_[static_cast<size_t>(r)]; }
+  int ranks() const { return static_cast<int>(rank_actions_.size()); }
   OptimizerKind optimizer() const { return optimizer_; }
   int optimizer_multiplier() const { return optimizer_state_multiplier(optimizer_); }
   int weight_versions(int x) const { return stage_stats(x).max_weight_versions; }
@@ -142,7 +146,8 @@ class CostModel {
   int stages_ = 0;
   ScheduleChoice schedule_ = ScheduleChoice::named("async");
   std::vector<StageStats> stats_;
-  Schedule schedule_actions_;
+  std::vector<std::vector<Action>> stage_actions_;  // per stage, in its rank's order
+  std::vector<std::vector<Action>> rank_actions_;
   OptimizerKind optimizer_ = OptimizerKind::Sgd;
   std::vector<char> requires_grad_;
   std::vector<NodeClass> node_classes_;

@@ -46,16 +46,23 @@ double Plan::bubble_fraction() const {
   return run.step_ms > 0 ? idle / (run.step_ms * static_cast<double>(run.idle_ms.size())) : 0;
 }
 
+std::vector<int64_t> Plan::rank_peak_bytes(bool predicted) const {
+  if (predicted && !rank_replayed_peaks.empty()) return rank_replayed_peaks;
+  const int ranks = static_cast<int>(stages.size()) / options.schedule.virtual_stages();
+  std::vector<int64_t> peaks(static_cast<size_t>(ranks), 0);
+  for (const StagePlan& s : stages)
+    peaks[static_cast<size_t>(s.index % ranks)] += predicted ? s.memory.predicted_peak() : s.memory.total();
+  return peaks;
+}
+
 int64_t Plan::max_peak_bytes() const {
-  int64_t worst = 0;
-  for (const StagePlan& s : stages) worst = std::max(worst, s.memory.total());
-  return worst;
+  const std::vector<int64_t> peaks = rank_peak_bytes(false);
+  return peaks.empty() ? 0 : *std::max_element(peaks.begin(), peaks.end());
 }
 
 int64_t Plan::max_predicted_peak_bytes() const {
-  int64_t worst = 0;
-  for (const StagePlan& s : stages) worst = std::max(worst, s.memory.predicted_peak());
-  return worst;
+  const std::vector<int64_t> peaks = rank_peak_bytes(true);
+  return peaks.empty() ? 0 : *std::max_element(peaks.begin(), peaks.end());
 }
 
 namespace {
@@ -187,11 +194,13 @@ void input_fields(P& p, Field&& field) {
 void schedule_to_json(const ScheduleChoice& schedule, Json& in) {
   in["schedule"] = schedule.name();
   if (schedule.is_file()) in["schedule_actions"] = schedule.actions_text();
+  if (schedule.virtual_stages() > 1) in["virtual_stages"] = schedule.virtual_stages();
 }
 
 ScheduleChoice schedule_from_json(const Json& in) {
   const std::string name = in.at("schedule").get<std::string>();
-  if (!in.contains("schedule_actions")) return ScheduleChoice::named(name);
+  const int virtual_stages = in.contains("virtual_stages") ? in.at("virtual_stages").get<int>() : 1;
+  if (!in.contains("schedule_actions")) return ScheduleChoice::named(name).with_virtual_stages(virtual_stages);
   return ScheduleChoice::from_actions(name, in.at("schedule_actions").get<std::string>());
 }
 
@@ -219,6 +228,7 @@ std::string Plan::to_json(int indent) const {
   j["bottleneck_ms"] = bottleneck_ms();
   j["max_peak_bytes"] = max_peak_bytes();
   j["max_predicted_peak_bytes"] = max_predicted_peak_bytes();
+  if (!rank_replayed_peaks.empty()) j["rank_replayed_peaks"] = rank_replayed_peaks;
   Json list = Json::array();
   for (const StagePlan& s : stages) {
     Json st = Json::object();
@@ -286,10 +296,15 @@ Plan plan_fields(const Json& j) {
   p.options.schedule = schedule_from_json(j.at("inputs"));
   p.planning_ms = j.at("planning_ms").get<double>();
   for (const Json& st : j.at("stages")) p.stages.push_back(stage_from_json(st));
+  if (j.contains("rank_replayed_peaks"))
+    p.rank_replayed_peaks = j.at("rank_replayed_peaks").get<std::vector<int64_t>>();
   // The runtime relies on these: contiguous stages covering every node, in order.
   if (static_cast<int>(p.stages.size()) != p.options.stages)
     throw ConfigError("plan lists " + std::to_string(p.stages.size()) + " stages but says " +
                       std::to_string(p.options.stages));
+  if (p.options.stages % p.options.schedule.virtual_stages() != 0)
+    throw ConfigError("plan has " + std::to_string(p.options.stages) + " stages, which " +
+                      std::to_string(p.options.schedule.virtual_stages()) + " virtual stages per rank do not divide");
   int expected_begin = 0;
   for (size_t x = 0; x < p.stages.size(); ++x) {
     const StagePlan& s = p.stages[x];
@@ -318,10 +333,12 @@ void Plan::print_table(std::ostream& out) const {
   if (options.allocator_headroom_bytes > 0)
     capacity +=
         " (+ " + format_bytes(static_cast<double>(options.allocator_headroom_bytes)) + " left to the allocator)";
-  out << "plan: planner " << name_of(options.planner) << ", " << options.stages << " stages, schedule "
-      << name_of(options.schedule) << ", " << options.micro_batches << " micro-batches of " << micro_batch_size
-      << ", optimizer " << name_of(options.optimizer) << ", memopt " << name_of(options.memopt) << ", capacity "
-      << capacity << "\n";
+  const int v = options.schedule.virtual_stages();
+  out << "plan: planner " << name_of(options.planner) << ", " << options.stages << " stages"
+      << (v > 1 ? " (" + std::to_string(options.stages / v) + " ranks x " + std::to_string(v) + ")" : "")
+      << ", schedule " << name_of(options.schedule) << ", " << options.micro_batches << " micro-batches of "
+      << micro_batch_size << ", optimizer " << name_of(options.optimizer) << ", memopt " << name_of(options.memopt)
+      << ", capacity " << capacity << "\n";
   std::snprintf(line, sizeof line, "%5s %13s %10s %10s %10s %11s %11s %11s %11s %4s %4s %11s %7s\n", "stage", "nodes",
                 "compute", "memopt", "time", "peak", "weights*v", "grad+opt", "act/mb", "in", "ver", "sent/mb",
                 "sw/rc");
@@ -351,6 +368,13 @@ void Plan::print_table(std::ostream& out) const {
                 bottleneck_ms(), step_ms(), 100 * bubble_fraction(),
                 format_bytes(static_cast<double>(max_predicted_peak_bytes())).c_str(), planning_ms);
   out << line;
+  if (v > 1) {  // a rank holds its stages at once
+    out << "per rank (its stages replayed together):";
+    const std::vector<int64_t> peaks = rank_peak_bytes(true);
+    for (size_t r = 0; r < peaks.size(); ++r)
+      out << (r ? ", " : " ") << r << ": " << format_bytes(static_cast<double>(peaks[r]));
+    out << "\n";
+  }
   // Stages that bring every swapped tensor back only when its backward needs it (the planner's
   // last resort, where nothing else fits) wait for those copies: say which.
   std::string late;

@@ -132,6 +132,9 @@ struct Plan {
   int nodes = 0;           // profile size the node ranges refer to
   double planning_ms = 0;  // wall time of the search
   std::vector<StagePlan> stages;
+  // Several stages per rank (interleaved): each rank's stages replayed together
+  // (replay_rank_peak); empty otherwise.
+  std::vector<int64_t> rank_replayed_peaks;
 
   // The schedule's timed run of one step (a drained pipeline) with the stages' predicted times.
   TimedRun simulated_step() const;
@@ -143,8 +146,11 @@ struct Plan {
   double step_ms() const;
   // The idle share of the stages' time in that step (bubbles and waits), averaged over stages.
   double bubble_fraction() const;
-  int64_t max_peak_bytes() const;            // by the search's formula (MemoryBreakdown::total)
-  int64_t max_predicted_peak_bytes() const;  // what the runtime is measured against (the replay)
+  // Per rank, what its stages hold at once: the rank replay's (predicted; where there is none,
+  // the stages' replayed peaks summed) or the search formula's peaks summed.
+  std::vector<int64_t> rank_peak_bytes(bool predicted) const;
+  int64_t max_peak_bytes() const;            // of the ranks, by the search's formula
+  int64_t max_predicted_peak_bytes() const;  // of the ranks, what the runtime is measured against (the replay)
   std::string to_json(int indent = 2) const;
   void print_table(std::ostream& out) const;
 };

@@ -35,11 +35,13 @@ struct EnumNames<MemoptKind> {
 };
 
 struct PlanOptions {
-  int stages = 1;
+  int stages = 1;  // to cut: ranks x the schedule's virtual stages
   ScheduleChoice schedule = ScheduleChoice::named("async");
   int64_t micro_batches = 4;  // per mini-batch (per optimizer step for gpipe / 1f1b)
   OptimizerKind optimizer = OptimizerKind::Sgd;
-  int64_t capacity_bytes = kUnlimitedBytes;  // device memory per stage the plan may fill
+  // Device memory per rank the plan may fill; under an interleaved schedule each of a rank's V
+  // stages is planned within capacity / V, so that their sum fits.
+  int64_t capacity_bytes = kUnlimitedBytes;
   // What the device memory held beyond capacity_bytes, left to the allocator's fragmentation (the
   // CUDA caching allocator reserves more than it allocates; a cap limits what it reserves).
   int64_t allocator_headroom_bytes = 0;

@@ -18,6 +18,8 @@
 #include "plan/bipar.h"
 #include "plan/cost_model.h"
 #include "plan/stage_evaluator.h"
+#include "plan/stage_memory.h"
+#include "plan/stage_program.h"
 #include "util/error.h"
 #include "util/units.h"
 
@@ -27,9 +29,12 @@ namespace {
 
 void validate(const Profile& profile, const PlanOptions& options) {
   if (options.stages < 1) throw ConfigError("the number of stages must be at least 1");
+  const int v = options.schedule.virtual_stages();
   if (options.stages > profile.size())
-    throw ConfigError("cannot split " + std::to_string(profile.size()) + " nodes into " +
-                      std::to_string(options.stages) + " stages");
+    throw ConfigError(
+        "cannot split " + std::to_string(profile.size()) + " nodes into " + std::to_string(options.stages) + " stages" +
+        (v > 1 ? " (" + std::to_string(options.stages / v) + " ranks x --virtual-stages " + std::to_string(v) + ")"
+               : ""));
   if (options.capacity_bytes <= 0) throw ConfigError("device memory capacity must be positive");
 }
 
@@ -281,13 +286,19 @@ std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& opt
   return BatchProbes(profile, options, upper_bound, threads).run();
 }
 
+// What a capacity is of: a stage, or a rank of several (interleaved) stages.
+std::string per_device(const PlanOptions& options) {
+  return options.schedule.virtual_stages() > 1 ? " per rank" : " per stage";
+}
+
 std::string describe(const Profile& profile, const PlanOptions& options) {
   std::string model = profile.preset.empty() ? profile.model : profile.preset;
   return std::string("planner '") + name_of(options.planner) + "' found no plan for " +
          (model.empty() ? std::string("the model") : model) + " on " + std::to_string(options.stages) +
          " stages (schedule " + name_of(options.schedule) + ", " + std::to_string(options.micro_batches) +
          " micro-batches of " + std::to_string(profile.micro_batch_size) + ", optimizer " + name_of(options.optimizer) +
-         ", memopt " + name_of(options.memopt) + ") within " + capacity_text(options.capacity_bytes) + " per stage";
+         ", memopt " + name_of(options.memopt) + ") within " + capacity_text(options.capacity_bytes) +
+         per_device(options);
 }
 
 // The node that needs the most by itself (CostModel::memory_floor of it alone, on the stage
@@ -329,8 +340,8 @@ std::string node_needs_text(const Profile& profile, const PlanOptions& options) 
 }
 
 std::string needs_text(const Profile& profile, const PlanOptions& options) {
-  return "; it needs at least " + capacity_text(needed_capacity(profile, options)) + " per stage at micro-batch size " +
-         std::to_string(profile.micro_batch_size);
+  return "; it needs at least " + capacity_text(needed_capacity(profile, options)) + per_device(options) +
+         " at micro-batch size " + std::to_string(profile.micro_batch_size);
 }
 
 }  // namespace
@@ -409,6 +420,15 @@ Plan plan_of(const Profile& profile, const PlanOptions& options, StageEvaluator&
   plan.nodes = profile.size();
   for (int x = 0; x < options.stages; ++x)
     plan.stages.push_back(evaluator.stage_plan(bounds[static_cast<size_t>(x)], bounds[static_cast<size_t>(x) + 1], x));
+  const CostModel& model = evaluator.model();
+  if (model.ranks() < options.stages)  // several stages per rank: what each rank holds at once
+    for (int r = 0; r < model.ranks(); ++r) {
+      std::vector<StageProgram> programs;
+      for (const StagePlan& s : plan.stages)
+        if (s.index % model.ranks() == r)
+          programs.push_back(stage_program(model, s.begin, s.end, s.index, s.decisions));
+      plan.rank_replayed_peaks.push_back(replay_rank_peak(model, programs, model.rank_actions(r)));
+    }
   return plan;
 }
 
@@ -453,15 +473,22 @@ std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options)
   }
   validate(profile, options);
   const auto start = std::chrono::steady_clock::now();
-  const int64_t replay_capacity =
-      options.fit_replayed && options.capacity_bytes != kUnlimitedBytes ? options.capacity_bytes : 0;
-  std::optional<Plan> plan = search(profile, options, replay_capacity);
+  const bool limited = options.capacity_bytes != kUnlimitedBytes;
+  // The search fits each stage; a rank's V stages each get capacity / V (plan_options.h).
+  const int v = options.schedule.virtual_stages();
+  const int64_t replay_capacity = options.fit_replayed && limited ? options.capacity_bytes / v : 0;
+  auto search_within = [&](int64_t rank_capacity) {
+    PlanOptions per_stage = options;
+    if (limited) per_stage.capacity_bytes = rank_capacity / v;
+    return search(profile, per_stage, replay_capacity);
+  };
+  std::optional<Plan> plan = search_within(options.capacity_bytes);
   auto overshoot = [&](const Plan& p) {
     int64_t most = INT64_MIN;
-    for (const StagePlan& s : p.stages) most = std::max(most, s.memory.predicted_peak() - options.capacity_bytes);
+    for (int64_t peak : p.rank_peak_bytes(true)) most = std::max(most, peak - options.capacity_bytes);
     return most;
   };
-  if (plan && options.fit_replayed && options.capacity_bytes != kUnlimitedBytes && overshoot(*plan) > 0) {
+  if (plan && options.fit_replayed && limited && overshoot(*plan) > 0) {
     // The largest search capacity whose plan fits when replayed: a capacity too small has no
     // plan, one too large overshoots. First guess: lowered by the overshoot; then bisection.
     std::optional<Plan> best;
@@ -471,9 +498,7 @@ std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options)
       if (planning_stopped()) return std::nullopt;
       const int64_t c = next > lo && next < hi ? next : lo + (hi - lo) / 2;
       next = -1;
-      PlanOptions tightened = options;
-      tightened.capacity_bytes = c;
-      std::optional<Plan> candidate = search(profile, tightened, replay_capacity);
+      std::optional<Plan> candidate = search_within(c);
       if (!candidate) {
         lo = c;
       } else if (overshoot(*candidate) > 0) {

@@ -11,12 +11,21 @@ namespace dawnpiper {
 
 std::vector<ScheduleCandidate> plan_each_schedule(const Profile& profile, const PlanOptions& options) {
   std::vector<ScheduleCandidate> candidates;
+  const int ranks = options.stages / options.schedule.virtual_stages();
   for (const ScheduleEntry& entry : registered_schedules()) {
     if (!entry.traits.updates_once_per_step) continue;
     PlanOptions one = options;
-    one.schedule = ScheduleChoice::named(entry.name);
+    one.schedule = ScheduleChoice::named(entry.name);  // an interleaved one with its default virtual stages
+    one.stages = ranks * one.schedule.virtual_stages();
+    if (entry.traits.interleaves() && (options.micro_batches % ranks != 0 || one.stages > profile.size())) {
+      candidates.push_back({entry.name, std::nullopt,
+                            options.micro_batches % ranks != 0 ? "micro-batches not a multiple of the ranks"
+                                                               : "fewer nodes than stages"});
+      continue;
+    }
     ScheduleCandidate c{entry.name, try_plan(profile, one), ""};
-    if (c.plan && entry.traits.splits_backward) c.why_not = split_backward_refusal(profile, *c.plan);
+    if (c.plan && entry.traits.splits_backward)
+      if (!split_backward_refusal(profile, *c.plan).empty()) c.why_not = "cannot split a stage's backward";
     if (!c.why_not.empty()) c.plan.reset();
     candidates.push_back(std::move(c));
   }
@@ -38,16 +47,16 @@ const Plan* fastest_fitting(const std::vector<ScheduleCandidate>& candidates) {
 void print_schedule_table(std::ostream& out, const std::vector<ScheduleCandidate>& candidates) {
   const Plan* best = fastest_fitting(candidates);
   char line[200];
-  std::snprintf(line, sizeof line, "%-10s %12s %14s %6s %11s\n", "schedule", "bottleneck", "predicted step", "idle",
+  std::snprintf(line, sizeof line, "%-11s %12s %14s %6s %11s\n", "schedule", "bottleneck", "predicted step", "idle",
                 "max peak");
   out << "schedules compared (--schedule auto):\n" << line;
   for (const ScheduleCandidate& c : candidates) {
     if (!c.plan) {
-      std::snprintf(line, sizeof line, "%-10s %12s %14s %6s %11s  %s\n", c.schedule.c_str(), "-", "-", "-", "-",
-                    c.why_not.empty() ? "nothing fits" : "cannot split a stage's backward");
+      std::snprintf(line, sizeof line, "%-11s %12s %14s %6s %11s  %s\n", c.schedule.c_str(), "-", "-", "-", "-",
+                    c.why_not.empty() ? "nothing fits" : c.why_not.c_str());
     } else {
       const Plan& p = *c.plan;
-      std::snprintf(line, sizeof line, "%-10s %10.3fms %12.3fms %5.0f%% %11s%s\n", c.schedule.c_str(),
+      std::snprintf(line, sizeof line, "%-11s %10.3fms %12.3fms %5.0f%% %11s%s\n", c.schedule.c_str(),
                     p.bottleneck_ms(), p.step_ms(), 100 * p.bubble_fraction(),
                     format_bytes(static_cast<double>(p.max_predicted_peak_bytes())).c_str(),
                     &p == best ? "  <- kept" : "");

@@ -15,7 +15,7 @@ namespace dawnpiper {
 struct ScheduleCandidate {
   std::string schedule;
   std::optional<Plan> plan;  // none: nothing fits the capacity under this schedule, or why_not
-  std::string why_not;       // a plan that fits but cannot run (split_backward_refusal)
+  std::string why_not;       // why a plan that fits cannot run, or why the schedule does not apply
 };
 
 // `options` planned once per candidate schedule (its own schedule ignored).

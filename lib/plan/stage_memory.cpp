@@ -1,6 +1,7 @@
 #include "plan/stage_memory.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -51,6 +52,14 @@ int64_t sum_bytes(const std::vector<TensorBytes>& list) {
   return s;
 }
 
+class StageReplay;
+// The sends of a rank's stages replayed together, oldest first: the rank's transport completes
+// the oldest beyond `depth` (ScheduleTraits::sends_in_flight) whichever stage made it.
+struct RankSends {
+  size_t depth = 1;
+  std::deque<StageReplay*> order;
+};
+
 class StageReplay final : public ActionHooks {
  public:
   // Stage x over [b, e) running `actions`: what does not depend on the evictions is set up here.
@@ -62,6 +71,13 @@ class StageReplay final : public ActionHooks {
   }
   // Walks the actions with these evictions (any number of times, one set each).
   StageMemoryReplay run(const std::vector<Eviction>& evictions);
+  // One of several stages on a rank (replay_rank_peak): begin, then one step per action of the
+  // stage, each walked in full, its highs over `others_live` (the rank's other stages' bytes)
+  // noted in *rank_peak.
+  void begin(const std::vector<Eviction>& evictions, int64_t* rank_peak, RankSends* rank_sends);
+  void step(const Action& a, int index, int64_t others_live);
+  int64_t live() const { return live_; }
+  void complete_oldest_send();
 
  private:
   size_t at(int t) const { return static_cast<size_t>(t); }
@@ -93,7 +109,7 @@ class StageReplay final : public ActionHooks {
   void swap_in_due(MicroBatch& m, int64_t mb, int node, size_t first_due, size_t next_due);
   void restore_with_rerun(MicroBatch& m, int64_t mb, int node);
   void note_rerun(int node);
-  void send(int64_t held_by_send);
+  void send(int64_t held_by_send, int64_t originals_of);
   void reset_walk();
   // The list's actions (schedule/interpreter.h).
   void forward(const Action& a) override;
@@ -220,15 +236,26 @@ class StageReplay final : public ActionHooks {
   int current_action_ = -1;
   std::map<int64_t, MicroBatch> mbs_;
   std::vector<MicroBatch> spare_;
-  int64_t pending_send_ = 0;  // bytes only the transport still references
-  // The micro-batch whose activations the last send sent as they are (sent_originals_), while
-  // that send is pending; else INT64_MIN.
-  int64_t originals_sent_by_ = std::numeric_limits<int64_t>::min();
+  // Sends the transport has not completed, oldest first: the bytes only it still references, and
+  // the micro-batch whose activations it sent as they are (sent_originals_), else INT64_MIN.
+  struct PendingSend {
+    int64_t bytes = 0;
+    int64_t originals_of = std::numeric_limits<int64_t>::min();
+  };
+  std::deque<PendingSend> pending_sends_;
+  int64_t pending_send_bytes() const {
+    int64_t total = 0;
+    for (const PendingSend& p : pending_sends_) total += p.bytes;
+    return total;
+  }
   int64_t param_grads_ = 0;
   std::vector<char> grad_done_;
   bool optimizer_state_ = false;
   int64_t version_ = 0;
   std::map<int64_t, int> version_users_;
+  int64_t* rank_peak_ = nullptr;     // a rank's stages replayed together: their peak
+  int64_t others_live_ = 0;          // ... and what the other stages hold now
+  RankSends* rank_sends_ = nullptr;  // ... and their sends not yet completed
 };
 
 StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std::vector<Action>& actions,
@@ -522,6 +549,7 @@ void StageReplay::measure_messages() {
 
 void StageReplay::note(int64_t value, int node) {
   if (value > r_.peak) r_.peak = value, r_.peak_action = current_action_, r_.peak_node = node;
+  if (rank_peak_) *rank_peak_ = std::max(*rank_peak_, value + others_live_);
   if (recording_ && (!recording_->noted || value - walk_start_ > recording_->high))
     recording_->noted = true, recording_->high = value - walk_start_, recording_->node = node;
   if (segment_ < 0 || segment_ > 1) return;
@@ -578,11 +606,25 @@ void StageReplay::evict(MicroBatch& m, int64_t mb, int index) {
 }
 
 // Receives allocate the tensors they receive. A send keeps what it sends referenced until MPI
-// completes it: found done by the next send (the receiver may not have taken it earlier).
-void StageReplay::send(int64_t held_by_send) {
+// completes it: found done by the next send (the receiver may not have taken it earlier), or on a
+// rank of several stages by the rank's send sends_in_flight later.
+void StageReplay::send(int64_t held_by_send, int64_t originals_of) {
   if (segment_ == 0) segment_ = 1;
-  live_ -= pending_send_;
-  pending_send_ = held_by_send;
+  if (!rank_sends_) {
+    while (!pending_sends_.empty()) complete_oldest_send();
+  } else {
+    while (rank_sends_->order.size() >= rank_sends_->depth) {
+      rank_sends_->order.front()->complete_oldest_send();
+      rank_sends_->order.pop_front();
+    }
+    rank_sends_->order.push_back(this);
+  }
+  pending_sends_.push_back({held_by_send, originals_of});
+}
+
+void StageReplay::complete_oldest_send() {
+  live_ -= pending_sends_.front().bytes;
+  pending_sends_.pop_front();
 }
 
 // Before node i's backward the evictor brings back what it (or a later node's backward) reads:
@@ -1016,8 +1058,8 @@ void StageReplay::reset_walk() {
   while (!mbs_.empty()) retire(mbs_.begin()->first);
   r_ = StageMemoryReplay{};
   current_action_ = -1;
-  pending_send_ = param_grads_ = version_ = 0;
-  originals_sent_by_ = std::numeric_limits<int64_t>::min();
+  pending_sends_.clear();
+  param_grads_ = version_ = 0;
   optimizer_state_ = backward_in_step_ = false;
   version_users_.clear();
   for (Walk* w :
@@ -1054,11 +1096,28 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
   if (derive_second) {
     const int64_t state_bytes = model_.optimizer_multiplier() * weights_;
     for (const auto& [mark, extra] :
-         {std::pair{before_send_, state_bytes + pending_send_}, {before_step_, state_bytes}})
+         {std::pair{before_send_, state_bytes + pending_send_bytes()}, {before_step_, state_bytes}})
       if (mark.action >= 0 && mark.value + extra > r_.peak)
         r_.peak = mark.value + extra, r_.peak_action = mark.action, r_.peak_node = mark.node;
   }
   return r_;
+}
+
+void StageReplay::begin(const std::vector<Eviction>& evictions, int64_t* rank_peak, RankSends* rank_sends) {
+  evictions_ = &evictions;
+  place_evictions();
+  rank_peak_ = nullptr;
+  reset_walk();
+  repeat_walks_ = false;  // the walks' starting states depend on the other stages' order
+  rank_peak_ = rank_peak;
+  rank_sends_ = rank_sends;
+}
+
+void StageReplay::step(const Action& a, int index, int64_t others_live) {
+  others_live_ = others_live;
+  current_action_ = index;
+  run_action(a, *this);
+  note(live_, -1);
 }
 
 void StageReplay::recv_activation(const Action& a) {
@@ -1077,8 +1136,7 @@ void StageReplay::send_grad(const Action& a) {
   // Every received activation autograd tracks gets a gradient back (zeros where none flowed); the
   // sent gradients live until the send completes.
   live_ += received_grad_bytes_ - m.input_grads;
-  send(received_grad_bytes_);
-  originals_sent_by_ = std::numeric_limits<int64_t>::min();
+  send(received_grad_bytes_, std::numeric_limits<int64_t>::min());
   // Autograd holds the received tensors it tracks (their gradients' accumulators do) as long as
   // the graph lives: after a split backward's I, until its W.
   for (const TensorBytes& t : received_)
@@ -1093,8 +1151,7 @@ void StageReplay::send_activations(int64_t mb) {
   // next are sent as copies.
   const int64_t copies = evict_after_send_.empty() ? permuted_sent_bytes_ : sent_bytes_;
   live_ += copies;
-  send(copies);
-  originals_sent_by_ = evict_after_send_.empty() ? mb : std::numeric_limits<int64_t>::min();
+  send(copies, evict_after_send_.empty() ? mb : std::numeric_limits<int64_t>::min());
   for (int i : evict_after_send_) evict(m, mb, i);
 }
 
@@ -1114,12 +1171,13 @@ void StageReplay::backward_action(int64_t mb) {
   graph_released(mb, m);
 }
 
-// Activations sent as they are stay referenced by the transport until its next send completes:
+// Activations sent as they are stay referenced by the transport until their send completes:
 // where the backward freed them (the step's last forward sent them), they are held until then.
 void StageReplay::graph_released(int64_t mb, MicroBatch& m) {
-  if (mb == originals_sent_by_)
-    for (int k : sent_originals_)
-      if (!m.alive[loc(k)] && !m.evicted[loc(k)]) live_ += bytes(k), pending_send_ += bytes(k);
+  for (PendingSend& p : pending_sends_)
+    if (p.originals_of == mb)
+      for (int k : sent_originals_)
+        if (!m.alive[loc(k)] && !m.evicted[loc(k)]) live_ += bytes(k), p.bytes += bytes(k);
   if (b_ == 0) retire(mb);  // nothing to send back
 }
 
@@ -1156,6 +1214,33 @@ StageMemoryReplay replay_stage_program(const CostModel& model, const StageProgra
                                        std::vector<int64_t>* event_live) {
   return detail::StageReplay(model, program.begin, program.end, program.stage, program.actions, events, event_live)
       .run(program.evictions);
+}
+
+int64_t replay_rank_peak(const CostModel& model, const std::vector<StageProgram>& programs,
+                         const std::vector<Action>& rank_actions) {
+  std::vector<std::unique_ptr<detail::StageReplay>> replays;
+  std::map<int, size_t> of_stage;
+  int64_t peak = 0;
+  for (const StageProgram& p : programs) {
+    of_stage[p.stage] = replays.size();
+    replays.push_back(std::make_unique<detail::StageReplay>(model, p.begin, p.end, p.stage, p.actions, nullptr));
+  }
+  detail::RankSends sends;
+  sends.depth = static_cast<size_t>(model.schedule().traits().sends_in_flight);
+  for (size_t k = 0; k < replays.size(); ++k) replays[k]->begin(programs[k].evictions, &peak, &sends);
+  // Synchronous schedules: the second pass is the steady state (optimizer state allocated).
+  const int passes = model.schedule().traits().drains_every_step ? 2 : 1;
+  for (int pass = 0; pass < passes; ++pass)
+    for (size_t i = 0; i < rank_actions.size(); ++i) {
+      const Action& a = rank_actions[i];
+      const auto found = of_stage.find(a.stage);
+      if (found == of_stage.end()) continue;
+      int64_t others = 0;
+      for (size_t k = 0; k < replays.size(); ++k)
+        if (k != found->second) others += replays[k]->live();
+      replays[found->second]->step(a, static_cast<int>(i), others);
+    }
+  return peak;
 }
 
 StageMemoryReplay replay_whole_step(const Profile& profile, OptimizerKind optimizer) {

@@ -56,6 +56,12 @@ StageMemoryReplay replay_whole_step(const Profile& profile, OptimizerKind optimi
 StageMemoryReplay replay_stage_memory(const CostModel& model, int b, int e, int x,
                                       const std::vector<TensorDecision>& decisions);
 
+// The peak of one rank running several stages (an interleaved schedule's), by replaying their
+// programs together in the rank's order (CostModel::rank_actions): at every point the stage
+// running an action adds its own high to what the rank's other stages hold then.
+int64_t replay_rank_peak(const CostModel& model, const std::vector<StageProgram>& programs,
+                         const std::vector<Action>& rank_actions);
+
 namespace detail {
 class StageReplay;
 }

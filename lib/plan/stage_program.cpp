@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "util/error.h"
@@ -187,7 +188,8 @@ StageProgram stage_program(const CostModel& model, int b, int e, int x, const st
   program.stage = x;
   program.begin = b;
   program.end = e;
-  program.actions = stage_list(model.schedule().traits(), model.actions(x), holds_tied_across(model.profile(), b, e));
+  program.actions = stage_list(model.schedule().traits(), model.actions(x),
+                               holds_tied_across(model.profile(), b, e) ? std::set<int>{x} : std::set<int>{});
   program.evictions = place_evictions(model, b, e, decisions);
   return program;
 }

@@ -73,7 +73,7 @@ std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const Ran
       std::printf("profile: node times scaled to what %zu traced run(s) measured\n", o.calibrate_traces.size());
   }
   PlanOptions p;
-  p.stages = layout.stages;
+  p.stages = layout.stages * o.schedule.virtual_stages();
   p.schedule = o.schedule;
   p.micro_batches = o.config.micro_batches;
   p.optimizer = o.config.optimizer.kind;
@@ -124,9 +124,11 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
   if (plan.precision != graph.precision)
     throw ConfigError("the plan was made for " + std::string(name_of(plan.precision)) + ", this run trains in " +
                       name_of(graph.precision) + " (plan again from a " + name_of(graph.precision) + " profile)");
-  if (static_cast<int>(plan.stages.size()) != layout.stages)
-    throw ConfigError("the plan has " + std::to_string(plan.stages.size()) + " stages, but " +
-                      std::to_string(layout.stages) + " are launched");
+  const int virtual_stages = plan.options.schedule.virtual_stages();
+  if (static_cast<int>(plan.stages.size()) != layout.stages * virtual_stages)
+    throw ConfigError("the plan has " + std::to_string(plan.stages.size()) + " stages" +
+                      (virtual_stages > 1 ? " (" + std::to_string(virtual_stages) + " per rank)" : "") + ", but " +
+                      std::to_string(layout.stages) + (virtual_stages > 1 ? " ranks" : "") + " are launched");
   if (rank == 0 && !o.plan_out.empty()) write_text_atomically(o.plan_out, plan_json);
   return plan;
 }

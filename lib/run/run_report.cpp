@@ -57,7 +57,10 @@ void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConf
   std::printf("training %s: %d nodes, %.2fM parameters, micro-batch %" PRId64 " x %" PRId64 ", %s, %d stage%s, %s%s\n",
               graph.preset.c_str(), graph.size(), graph.parameter_count() / 1e6, o.micro_batch_size, pc.micro_batches,
               optimizer_summary(pc.optimizer).c_str(), layout.stages, layout.stages == 1 ? "" : "s",
-              name_of(pc.schedule),
+              pc.schedule.virtual_stages() > 1 ? (std::string(name_of(pc.schedule)) + " (" +
+                                                  std::to_string(pc.schedule.virtual_stages()) + " stages per rank)")
+                                                     .c_str()
+                                               : name_of(pc.schedule),
               layout.replicas > 1 ? (", " + std::to_string(layout.replicas) + " data-parallel replicas on " +
                                      std::to_string(layout.nodes) + (layout.nodes == 1 ? " host" : " hosts"))
                                         .c_str()
@@ -105,12 +108,14 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayo
   if (rank != 0) return;
   if (!o.in_process && !o.quiet)
     std::printf("  transport: %s on %s\n", mine.transport.c_str(), pc.device.is_cuda() ? "cuda" : "cpu");
+  const bool interleaved = plan.options.schedule.virtual_stages() > 1;
+  const std::vector<int64_t> predicted = plan.rank_peak_bytes(true);
   if (!o.in_process)
     for (const RankPeak& r : peaks)
-      std::printf("  stage %d%s: measured peak %s (predicted %s)%s\n", r.stage,
+      std::printf("  %s %d%s: measured peak %s (predicted %s)%s\n", interleaved ? "rank" : "stage", r.stage,
                   layout.replicas > 1 ? (" of replica " + std::to_string(r.replica)).c_str() : "",
                   format_bytes(double(r.peak_bytes)).c_str(),
-                  format_bytes(double(plan.stages[static_cast<size_t>(r.stage)].memory.predicted_peak())).c_str(),
+                  format_bytes(double(predicted[static_cast<size_t>(r.stage)])).c_str(),
                   pc.device.is_cuda()
                       ? (", the caching allocator held up to " + format_bytes(double(r.reserved_peak_bytes))).c_str()
                       : "");

@@ -29,11 +29,9 @@ void write_tensor(hid_t group, const std::string& name, const at::Tensor& t) {
 
 }  // namespace
 
-void write_checkpoint(const std::string& dir, int64_t next_step, PipelineStage& stage, const CheckpointIdentity& id,
-                      MPI_Comm comm) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  make_directories(step_dir(dir, next_step));
+namespace {
+
+void write_stage_file(const std::string& dir, int64_t next_step, PipelineStage& stage, const CheckpointIdentity& id) {
   const std::string path = stage_file(dir, next_step, stage.config().stage);
   write_atomically(path, [&](const std::string& tmp) {
     quiet_errors();
@@ -63,6 +61,16 @@ void write_checkpoint(const std::string& dir, int64_t next_step, PipelineStage& 
     for (size_t i = 0; i < s.size(); ++i)
       if (s[i].defined()) write_tensor(state, std::to_string(i), s[i]);
   });
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& dir, int64_t next_step, const std::vector<PipelineStage*>& stages,
+                      const CheckpointIdentity& id, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  make_directories(step_dir(dir, next_step));
+  for (PipelineStage* stage : stages) write_stage_file(dir, next_step, *stage, id);
   // Every stage has its file once all reach the barrier; then `latest` may move.
   barrier_quietly(comm);
   if (rank == 0) {

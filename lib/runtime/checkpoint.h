@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "runtime/pipeline_stage.h"
 
@@ -19,10 +20,10 @@ struct CheckpointIdentity {
   int64_t nodes = 0, stages = 0;
 };
 
-// Collective over `comm` (every stage calls it after the same step). `next_step`: the first step
-// a resumed run trains.
-void write_checkpoint(const std::string& dir, int64_t next_step, PipelineStage& stage, const CheckpointIdentity& id,
-                      MPI_Comm comm);
+// Collective over `comm` (every rank calls it with its stages after the same step): a file per
+// stage. `next_step`: the first step a resumed run trains.
+void write_checkpoint(const std::string& dir, int64_t next_step, const std::vector<PipelineStage*>& stages,
+                      const CheckpointIdentity& id, MPI_Comm comm);
 
 // The step `latest` names (the first step to train); throws ConfigError if there is none.
 int64_t latest_checkpoint(const std::string& dir);

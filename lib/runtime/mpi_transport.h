@@ -7,6 +7,7 @@
 // (wait_all_quietly). The tag encodes the message kind and the micro-batch.
 #include <mpi.h>
 
+#include <deque>
 #include <vector>
 
 #include "runtime/transport.h"
@@ -20,7 +21,9 @@ inline constexpr int64_t kMessageChunkBytes = int64_t{1} << 20;
 
 class MpiTransport final : public Transport {
  public:
-  explicit MpiTransport(MPI_Comm comm);
+  // `sends_in_flight`: how many sends go on at once; a send first completes the oldest beyond
+  // that (ScheduleTraits::sends_in_flight).
+  explicit MpiTransport(MPI_Comm comm, int sends_in_flight = 1);
   ~MpiTransport() override;
   void send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) override;
   std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
@@ -30,11 +33,16 @@ class MpiTransport final : public Transport {
  private:
   int tag(MessageKind kind, int64_t micro_batch) const;
 
+  struct Pending {
+    std::vector<MPI_Request> requests;  // one per chunk
+    std::vector<at::Tensor> buffers;    // what they are sent from (referenced until done)
+  };
+  void complete_oldest();
+
   MPI_Comm comm_;
+  int sends_in_flight_;
   int tag_ub_ = 32767;
-  // The latest send's chunks, and the tensors they are sent from (referenced until done).
-  std::vector<MPI_Request> pending_;
-  std::vector<at::Tensor> pending_buffers_;
+  std::deque<Pending> pending_;  // the latest sends, oldest first
 };
 
 }  // namespace dawnpiper

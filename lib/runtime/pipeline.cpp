@@ -70,7 +70,9 @@ std::map<std::pair<int, int>, std::vector<int>> tied_groups(const OpGraph& g, co
 
 }  // namespace
 
-std::vector<Action> stage_actions(const OpGraph& g, const PipelineConfig& c, int stage) {
+int ranks_of(const PipelineConfig& c) { return static_cast<int>(c.ranges.size()) / c.schedule.virtual_stages(); }
+
+std::vector<Action> rank_actions(const OpGraph& g, const PipelineConfig& c, int rank) {
   const int stages = static_cast<int>(c.ranges.size());
   // One schedule per stretch between drains: a synchronous step drains, async only every
   // drain_every steps (or never).
@@ -80,16 +82,22 @@ std::vector<Action> stage_actions(const OpGraph& g, const PipelineConfig& c, int
   for (int64_t from = c.first_step; from < c.steps;) {
     const int64_t to = every > 0 ? std::min(c.steps, (from / every + 1) * every) : c.steps;
     const Schedule stretch = c.schedule.make(stages, (to - from) * c.micro_batches);
-    for (Action a : stretch.actions.at(stage)) {
+    for (Action a : stretch.actions.at(static_cast<size_t>(rank))) {
       if (a.micro_batch >= 0) a.micro_batch += from * c.micro_batches;
       all.push_back(a);
     }
     from = to;
   }
-  bool holds_tied_across = false;
-  for (const auto& [key, holders] : tied_groups(g, c))
-    holds_tied_across = holds_tied_across || std::find(holders.begin(), holders.end(), stage) != holders.end();
-  return stage_list(traits, std::move(all), holds_tied_across);
+  std::set<int> holding_tied;
+  for (const auto& [key, holders] : tied_groups(g, c)) holding_tied.insert(holders.begin(), holders.end());
+  return stage_list(traits, std::move(all), holding_tied);
+}
+
+std::vector<Action> stage_actions(const OpGraph& g, const PipelineConfig& c, int stage) {
+  std::vector<Action> mine;
+  for (const Action& a : rank_actions(g, c, stage % ranks_of(c)))
+    if (a.stage == stage) mine.push_back(a);
+  return mine;
 }
 
 StageConfig stage_config(const PipelineConfig& c, int stage) {
@@ -107,8 +115,7 @@ StageConfig stage_config(const PipelineConfig& c, int stage) {
   s.data = c.data;
   s.replica = c.replica;
   s.replicas = c.replicas;
-  const Schedule step = c.schedule.make(s.stages, c.micro_batches);
-  for (const Action& a : step.actions.at(static_cast<size_t>(stage)))
+  for (const Action& a : c.schedule.make(s.stages, c.micro_batches).stage_actions(stage))
     s.split_backward = s.split_backward || a.kind == ActionKind::BackwardInput;
   return s;
 }
@@ -145,7 +152,8 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   schedule.name = c.schedule.name();
   schedule.stages = stages;
   schedule.micro_batches = c.steps * c.micro_batches;
-  for (int s = 0; s < stages; ++s) schedule.actions.push_back(stage_actions(g, c, s));
+  schedule.sends_in_flight = c.schedule.traits().sends_in_flight;
+  for (int r = 0; r < ranks_of(c); ++r) schedule.actions.push_back(rank_actions(g, c, r));
   std::vector<int> pending_updates;
   auto run_updates = [&] {
     // Summed tied gradients first, then the global norm over every stage, as the pipeline's
@@ -315,41 +323,59 @@ class StepRelay {
   std::vector<MPI_Request> requests_;
 };
 
-// One communicator per group of stages sharing a tied parameter (key: owner node, parameter
-// index); every rank takes part in every split, in the same order.
-using TieComms = std::vector<std::pair<std::pair<int, int>, MPI_Comm>>;
-TieComms tie_communicators(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, int rank) {
-  TieComms tie_comms;
+// One communicator per group of ranks sharing a tied parameter (key: owner node, parameter
+// index), with the stage on this rank holding it; every rank takes part in every split, in the
+// same order.
+struct TieComm {
+  std::pair<int, int> key;
+  int stage;
+  MPI_Comm comm;
+};
+std::vector<TieComm> tie_communicators(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, int rank) {
+  std::vector<TieComm> tie_comms;
+  const int ranks = ranks_of(c);
   for (const auto& [key, holders] : tied_groups(g, c)) {
-    const bool member = std::find(holders.begin(), holders.end(), rank) != holders.end();
+    int mine = -1;
+    std::set<int> holding_ranks;
+    for (int s : holders) {
+      if (!holding_ranks.insert(s % ranks).second)
+        throw ConfigError(g.nodes[key.first].name + "." + g.nodes[key.first].params[key.second].name +
+                          " is tied across stages that share rank " + std::to_string(s % ranks) +
+                          ": place them on different ranks (another --virtual-stages or --stages)");
+      if (s % ranks == rank) mine = s;
+    }
     MPI_Comm sub;
-    MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, rank, &sub);
-    if (member) tie_comms.push_back({key, sub});
+    MPI_Comm_split(comm, mine >= 0 ? 0 : MPI_UNDEFINED, rank, &sub);
+    if (mine >= 0) tie_comms.push_back({key, mine, sub});
   }
   return tie_comms;
 }
 
-// Sums each tied parameter's gradient over the stages holding it (REDUCE_TIED).
-void reduce_tied(const TieComms& tie_comms, std::vector<StageParameter>& params) {
-  for (const auto& [key, sub] : tie_comms)
+// Sums stage `stage`'s tied parameters' gradients over the ranks holding them (REDUCE_TIED).
+void reduce_tied(const std::vector<TieComm>& tie_comms, int stage, std::vector<StageParameter>& params) {
+  for (const TieComm& tie : tie_comms)
     for (auto& p : params)
-      if (p.node == key.first && p.index == key.second) {
+      if (tie.stage == stage && p.node == tie.key.first && p.index == tie.key.second) {
         if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
         // Summed in host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
         at::Tensor grad = p.tensor.mutable_grad().to(at::kCPU).contiguous();
-        allreduce_quietly(grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, sub);
+        allreduce_quietly(grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, tie.comm);
         p.tensor.mutable_grad() = grad.to(p.tensor.device());
       }
 }
 
+// The stages this rank runs: one, or an interleaved schedule's V (stage v * ranks + rank at v).
+using RankStages = std::vector<std::unique_ptr<PipelineStage>>;
+
 // The mean loss of options.eval_batches validation micro-batches, on every rank (collective over
 // the pipeline). Message ids from `first_id` on, apart from every training micro-batch's.
-double validation_loss(PipelineStage& stage, const PipelineConfig& c, const RunConfig& options, MPI_Comm comm,
+double validation_loss(RankStages& stages, const PipelineConfig& c, const RunConfig& options, MPI_Comm comm,
                        int64_t first_id) {
   double sum = 0;
-  for (int64_t k = 0; k < options.eval_batches; ++k) sum += stage.evaluate(first_id + k, k);
+  for (int64_t k = 0; k < options.eval_batches; ++k)
+    for (auto& stage : stages) sum += stage->evaluate(first_id + k, k);
   double mean = sum / static_cast<double>(options.eval_batches);
-  broadcast_quietly(&mean, 1, MPI_DOUBLE, static_cast<int>(c.ranges.size()) - 1, comm);
+  broadcast_quietly(&mean, 1, MPI_DOUBLE, ranks_of(c) - 1, comm);
   return mean;
 }
 
@@ -362,16 +388,16 @@ int agreed_stop_signal(const RunConfig& options, MPI_Comm comm) {
   return signal;
 }
 
-// After an optimizer step that ends a training step: the validation loss every eval_every steps,
+// After the optimizer steps that end a training step: the validation loss every eval_every steps,
 // whether a stop signal ends the run here (where the ranks can stop: after every step of a
 // synchronous schedule, at async's drains), and a checkpoint every checkpoint_every steps, after
 // the last and where the run stops. Returns the stop signal, or 0.
-int after_step(PipelineStage& stage, Transport& transport, const PipelineConfig& c, const RunConfig& options,
+int after_step(RankStages& stages, Transport& transport, const PipelineConfig& c, const RunConfig& options,
                const CheckpointIdentity& identity, MPI_Comm comm, int rank, int64_t step, StepRelay& relay) {
   if (options.eval_every > 0 && (step + 1) % options.eval_every == 0) {
     const int64_t evaluation = (step + 1) / options.eval_every;  // 1, 2, ...; 0: --eval-only's
     const double mean =
-        validation_loss(stage, c, options, comm, (c.steps + evaluation * options.eval_batches) * c.micro_batches);
+        validation_loss(stages, c, options, comm, (c.steps + evaluation * options.eval_batches) * c.micro_batches);
     relay.poll(step);  // the step's report comes first
     if (rank == 0 && options.on_validation) options.on_validation({step, mean});
   }
@@ -382,20 +408,22 @@ int after_step(PipelineStage& stage, Transport& transport, const PipelineConfig&
     const bool due = options.checkpoint_every > 0 && (done % options.checkpoint_every == 0 || done == c.steps);
     if (due || stop) {
       transport.flush();
-      write_checkpoint(options.checkpoint_dir, done, stage, identity, comm);
+      std::vector<PipelineStage*> mine;
+      for (auto& stage : stages) mine.push_back(stage.get());
+      write_checkpoint(options.checkpoint_dir, done, mine, identity, comm);
     }
   }
   return stop;
 }
 
-// Its parameters and optimizer are the stage's first allocations: where they do not fit (ranks
-// sharing a GPU), the message names the stage (the rank: main's error line).
-std::unique_ptr<PipelineStage> build_stage(const OpGraph& g, const PipelineConfig& c, Transport& transport, int rank) {
+// Its parameters and optimizer are a stage's first allocations: where they do not fit (ranks
+// sharing a GPU), the message names the stage.
+std::unique_ptr<PipelineStage> build_stage(const OpGraph& g, const PipelineConfig& c, Transport& transport, int stage) {
   try {
-    return std::make_unique<PipelineStage>(g, stage_config(c, rank), transport);
+    return std::make_unique<PipelineStage>(g, stage_config(c, stage), transport);
   } catch (const c10::OutOfMemoryError& e) {
-    throw OutOfMemoryError("stage " + std::to_string(rank) + " (nodes [" + std::to_string(c.ranges[rank].first) + ", " +
-                           std::to_string(c.ranges[rank].second) +
+    throw OutOfMemoryError("stage " + std::to_string(stage) + " (nodes [" + std::to_string(c.ranges[stage].first) +
+                           ", " + std::to_string(c.ranges[stage].second) +
                            ")), building its parameters: " + e.what_without_backtrace());
   }
 }
@@ -406,65 +434,93 @@ std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, c
                                                          const RunConfig& options, StageTracer* const& tracing,
                                                          std::string& description) {
   std::unique_ptr<ReplicaAverager> averager = make_replica_averager(options.replica_comm, c.device);
-  description += ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averager->description();
+  if (description.find(" replicas by ") == std::string::npos)
+    description +=
+        ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averager->description();
   ReplicaAverager* a = averager.get();
-  stage.set_replica_reducer([a, &tracing](std::vector<StageParameter>& params) {
+  const int x = stage.config().stage;
+  stage.set_replica_reducer([a, x, &tracing](std::vector<StageParameter>& params) {
     const auto start = StageTracer::Clock::now();
     const int64_t bytes = a->average(params);
-    if (tracing) tracing->record_nested(ActionKind::AllReduce, -1, -1, bytes, start, StageTracer::Clock::now());
+    if (tracing) tracing->record_nested(x, ActionKind::AllReduce, -1, -1, bytes, start, StageTracer::Clock::now());
   });
   return averager;
 }
 
-// Builds and runs this rank's stage: its action list, the losses sent to rank 0, validation and
+// What the rank's stages reduce over the pipeline before their updates: tied gradients, and the
+// global gradient norm, summed over the rank's stages at its first update of a step (after every
+// tied sum: stage_list puts those first) and over the ranks, then kept for its other updates.
+void attach_reducers(RankStages& stages, const std::vector<TieComm>& tie_comms, const PipelineConfig& c, MPI_Comm comm,
+                     std::shared_ptr<std::pair<int, double>> norm) {
+  for (auto& stage : stages) {
+    const int x = stage->config().stage;
+    if (c.schedule.traits().updates_once_per_step && !tie_comms.empty())
+      stage->set_tied_reducer(
+          [&tie_comms, x](std::vector<StageParameter>& params) { reduce_tied(tie_comms, x, params); });
+    stage->set_norm_reducer([&stages, norm, comm](double) {
+      auto& [updates, square_sum] = *norm;
+      if (updates++ % static_cast<int>(stages.size()) == 0) {
+        square_sum = 0;
+        for (auto& s : stages) square_sum += s->grad_square_sum();
+        allreduce_quietly(&square_sum, 1, MPI_DOUBLE, MPI_SUM, comm);
+      }
+      return square_sum;
+    });
+  }
+}
+
+// Builds and runs this rank's stages: its action list, the losses sent to rank 0, validation and
 // checkpoints.
 StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI_Comm data_comm, MPI_Comm control_comm,
                    const RunConfig& options, int rank) {
   StageRun result;
   result.next_step = c.steps;
+  const int ranks = ranks_of(c), virtual_stages = c.schedule.virtual_stages();
   const CheckpointIdentity identity{options.preset, name_of(c.optimizer.kind), g.size(),
                                     static_cast<int64_t>(c.ranges.size())};
-  PipelineTransport link = make_pipeline_transport(data_comm, c.device, options.transport);
-  Transport& transport = *link.transport;
+  PipelineTransport link = make_pipeline_transport(data_comm, c.device, options.transport,
+                                                   LinkNeeds{virtual_stages > 1, c.schedule.traits().sends_in_flight});
+  RoundRobinTransport round_robin(*link.transport, ranks, virtual_stages);
+  Transport& transport = virtual_stages > 1 ? static_cast<Transport&>(round_robin) : *link.transport;
   result.transport = link.description;
-  const std::unique_ptr<PipelineStage> built = build_stage(g, c, transport, rank);
-  PipelineStage& stage = *built;
-  if (options.resume) read_checkpoint(options.checkpoint_dir, c.first_step, stage, identity);
-  const TieComms tie_comms = tie_communicators(g, c, comm, rank);
+  RankStages stages;
+  for (int v = 0; v < virtual_stages; ++v) stages.push_back(build_stage(g, c, transport, v * ranks + rank));
+  if (options.resume)
+    for (auto& stage : stages) read_checkpoint(options.checkpoint_dir, c.first_step, *stage, identity);
+  std::vector<TieComm> tie_comms = tie_communicators(g, c, comm, rank);
   StageTracer* tracing = nullptr;  // set once the tracer exists
-  const std::unique_ptr<ReplicaAverager> averager =
-      c.replicas > 1 ? attach_replica_averager(stage, c, options, tracing, result.transport) : nullptr;
-  if (c.schedule.traits().updates_once_per_step && !tie_comms.empty())
-    stage.set_tied_reducer([&](std::vector<StageParameter>& params) { reduce_tied(tie_comms, params); });
-  StepRelay relay(c, options, control_comm, rank, static_cast<int>(c.ranges.size()));
+  std::vector<std::unique_ptr<ReplicaAverager>> averagers;
+  for (auto& stage : stages)
+    if (c.replicas > 1) averagers.push_back(attach_replica_averager(*stage, c, options, tracing, result.transport));
+  attach_reducers(stages, tie_comms, c, comm, std::make_shared<std::pair<int, double>>(0, 0.0));
+  StepRelay relay(c, options, control_comm, rank, ranks);
   double step_loss = 0;  // the last stage's, of the latest finished step
-  stage.set_loss_callback([&](int64_t, double loss) { step_loss = loss; });
-  stage.set_norm_reducer([&](double square_sum) {
-    allreduce_quietly(&square_sum, 1, MPI_DOUBLE, MPI_SUM, comm);
-    return square_sum;
-  });
+  stages.back()->set_loss_callback([&](int64_t, double loss) { step_loss = loss; });
   barrier_quietly(comm);  // every rank arrives without spinning...
   MPI_Barrier(comm);      // ...and leaves at once: the common origin of every rank's trace times
-  StageTracer tracer(rank, stage.module().device(), transport, StageTracer::Clock::now(), options.trace);
+  StageTracer tracer(c.device, transport, StageTracer::Clock::now(), options.trace);
   tracing = &tracer;
-  if (stage.evictor())
-    stage.evictor()->set_listener(
-        [&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes, StageTracer::Clock::time_point start,
-                  StageTracer::Clock::time_point end) { tracer.record_nested(kind, mb, tensor, bytes, start, end); });
+  for (auto& stage : stages)
+    if (stage->evictor())
+      stage->evictor()->set_listener(
+          [&tracer, x = stage->config().stage](
+              ActionKind kind, int64_t mb, int tensor, int64_t bytes, StageTracer::Clock::time_point start,
+              StageTracer::Clock::time_point end) { tracer.record_nested(x, kind, mb, tensor, bytes, start, end); });
   int64_t step = c.first_step;  // of the latest action with a micro-batch (an update belongs to it)
   int64_t micro_batch = -1;     // the latest action's
-  for (const Action& a : stage_actions(g, c, rank)) {
+  int64_t updates = 0;
+  for (const Action& a : rank_actions(g, c, rank)) {
     if (a.micro_batch >= 0) step = a.micro_batch / c.micro_batches, micro_batch = a.micro_batch;
-    tracer.run(a, step, [&] { stage.execute(a); });
+    tracer.run(a, step, [&] { stages[static_cast<size_t>(a.stage / ranks)]->execute(a); });
     relay.poll();
-    // A synchronous step ends with the optimizer step: every stage is between steps there. An
-    // asynchronous stage updates after every backward; at the update after a step's last
-    // micro-batch, at a drain, nothing is in flight.
+    // A synchronous step ends with the rank's optimizer steps (one per stage): every stage is
+    // between steps there. An asynchronous stage updates after every backward; at the update
+    // after a step's last micro-batch, at a drain, nothing is in flight.
     const bool step_done =
         c.schedule.traits().updates_once_per_step || micro_batch % c.micro_batches == c.micro_batches - 1;
-    if (a.kind == ActionKind::OptimizerStep && step_done) {
-      relay.send(step, tracer.take_step_peak(), step_loss, stage.last_grad_norm());
-      result.stop_signal = after_step(stage, transport, c, options, identity, comm, rank, step, relay);
+    if (a.kind == ActionKind::OptimizerStep && ++updates % virtual_stages == 0 && step_done) {
+      relay.send(step, tracer.take_step_peak(), step_loss, stages.front()->last_grad_norm());
+      result.stop_signal = after_step(stages, transport, c, options, identity, comm, rank, step, relay);
       if (result.stop_signal) {  // every rank stops after this step: none has begun the next
         result.next_step = step + 1;
         break;
@@ -472,14 +528,15 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
     }
   }
   if (options.eval_only) {
-    const double mean = validation_loss(stage, c, options, comm, c.steps * c.micro_batches);
+    const double mean = validation_loss(stages, c, options, comm, c.steps * c.micro_batches);
     // Reported as after step first_step - 1, as a validation after training step k is.
     if (rank == 0 && options.on_validation) options.on_validation({c.first_step - 1, mean});
   }
   transport.flush();
   relay.finish(result.next_step);
-  for (auto [key, sub] : tie_comms) MPI_Comm_free(&sub);
-  result.parameters = stage.module().parameters();
+  for (TieComm& tie : tie_comms) MPI_Comm_free(&tie.comm);
+  for (auto& stage : stages)
+    for (const StageParameter& p : stage->module().parameters()) result.parameters.push_back(p);
   result.actions = tracer.records();
   for (ActionRecord& r : result.actions) r.replica = c.replica;
   result.peak_bytes = tracer.peak_bytes();
@@ -494,8 +551,8 @@ StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm co
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  if (size != static_cast<int>(c.ranges.size()))
-    throw ConfigError(std::to_string(c.ranges.size()) + " stages need " + std::to_string(c.ranges.size()) +
+  if (size != ranks_of(c))
+    throw ConfigError(std::to_string(c.ranges.size()) + " stages need " + std::to_string(ranks_of(c)) +
                       " MPI ranks, not " + std::to_string(size));
   if (!c.schedule.traits().drains_every_step && options.checkpoint_every > 0 &&
       c.drain_every != options.checkpoint_every)

@@ -55,11 +55,17 @@ void check_ranges(const OpGraph& graph, const std::vector<std::pair<int, int>>& 
 // evictions, micro-batches per step, optimizer kind. The caller sets the rest.
 PipelineConfig pipeline_config_of(const Plan& plan, const OpGraph& graph);
 
-// The action lists of one stage for the whole run: for gpipe and 1f1b one schedule per step,
-// its micro-batch ids offset by step * micro_batches; for async one stream of micro-batches per
-// stretch between drains (drain_every). Steps before first_step are left out (a resumed async
-// run starts at a drain: its checkpoint was written there). Under gpipe and 1f1b a stage holding
-// weights tied across stages sums their gradients in a ReduceTiedGrads before every update.
+// Pipeline ranks: the stages over the schedule's virtual stages per rank.
+int ranks_of(const PipelineConfig& config);
+
+// The action list of one rank for the whole run: for the synchronous schedules one schedule per
+// step, its micro-batch ids offset by step * micro_batches; for async one stream of
+// micro-batches per stretch between drains (drain_every). Steps before first_step are left out
+// (a resumed async run starts at a drain: its checkpoint was written there). Under synchronous
+// schedules a stage holding weights tied across stages sums their gradients in a
+// ReduceTiedGrads before its rank's updates.
+std::vector<Action> rank_actions(const OpGraph& graph, const PipelineConfig& config, int rank);
+// One stage's actions of its rank's list.
 std::vector<Action> stage_actions(const OpGraph& graph, const PipelineConfig& config, int stage);
 
 // A finished step as rank 0 reports it (a validation: step and loss only).
@@ -124,7 +130,8 @@ struct StageRun {
 // they depend on: what a stage run alone (replay-stage) needs besides stand-ins.
 std::map<int, at::Tensor> exact_integer_inputs(const OpGraph& graph, int begin, uint64_t seed);
 
-// This rank's stage (rank == stage in `comm`, size == stages).
+// This rank's stages (rank == stage in `comm`, size == stages; or the stages s with s mod size ==
+// rank under an interleaved schedule).
 StageRun run_pipeline_mpi(const OpGraph& graph, const PipelineConfig& config, MPI_Comm comm, const RunConfig& options);
 
 }  // namespace dawnpiper

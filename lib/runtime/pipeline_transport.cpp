@@ -68,17 +68,24 @@ void check_transport(TransportKind choice, c10::Device device) {
     throw ConfigError("--transport nccl: this build has no NCCL (see CMakeLists.txt); use --transport host");
 }
 
-PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, TransportKind choice) {
+PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, TransportKind choice, LinkNeeds needs) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   check_transport(choice, device);
+  if (choice == TransportKind::Nccl && needs.any_peer)
+    throw ConfigError(
+        "--transport nccl: an interleaved schedule sends both ways between ranks, which NCCL would "
+        "match by order alone; use --transport auto or host");
   const std::vector<std::string> ids = device_identities(device, comm);
   if (choice == TransportKind::Auto && !device.is_cuda()) choice = TransportKind::Mpi;
   PipelineTransport out;
-  if (choice == TransportKind::Mpi) {
-    out.transport = std::make_unique<MpiTransport>(comm);
-    out.description = "mpi";
+  if (choice == TransportKind::Mpi || needs.any_peer) {  // tagged messages to any rank
+    if (device.is_cuda())
+      out.transport = std::make_unique<HostStagedTransport>(comm, device, needs.sends_in_flight);
+    else
+      out.transport = std::make_unique<MpiTransport>(comm, needs.sends_in_flight);
+    out.description = device.is_cuda() ? "host" : "mpi";
     return out;
   }
   // Per link (x, x + 1): NCCL unless the two ranks share a GPU (or host staging was asked for).

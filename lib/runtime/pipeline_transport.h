@@ -33,7 +33,8 @@ struct EnumNames<TransportKind> {
 // receiver. On the CPU the copies are no-ops (it is MpiTransport).
 class HostStagedTransport final : public Transport {
  public:
-  HostStagedTransport(MPI_Comm comm, c10::Device device) : mpi_(comm), device_(device) {}
+  HostStagedTransport(MPI_Comm comm, c10::Device device, int sends_in_flight = 1)
+      : mpi_(comm, sends_in_flight), device_(device) {}
   void send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) override;
   std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                const std::vector<const TensorInfo*>& specs) override;
@@ -70,8 +71,18 @@ struct PipelineTransport {
 // with CUDA); sharing a GPU is found only by make_pipeline_transport.
 void check_transport(TransportKind choice, c10::Device device);
 
-// This rank's transport (rank == stage in `comm`). Collective over `comm`. ConfigError for a
-// choice that cannot work (nccl on the CPU or between ranks sharing a GPU, mpi with CUDA).
-PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, TransportKind choice);
+// What the schedule asks of the links: whether a rank sends to any other (interleaved: the last
+// rank to the first, both ways on every link), and how many sends go on at once.
+struct LinkNeeds {
+  bool any_peer = false;
+  int sends_in_flight = 1;
+};
+
+// This rank's transport (rank == stage in `comm`, or a rank of several stages where any_peer).
+// Collective over `comm`. ConfigError for a choice that cannot work (nccl on the CPU, between
+// ranks sharing a GPU or for any_peer, whose messages NCCL would match by order alone; mpi with
+// CUDA).
+PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, TransportKind choice,
+                                          LinkNeeds needs = {});
 
 }  // namespace dawnpiper

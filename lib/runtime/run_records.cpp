@@ -16,20 +16,28 @@ void write_pipeline_trace(const OpGraph& graph, const Plan& plan, const Pipeline
   trace.actions = gather_records(mine.actions, world);
   double wall = 0;
   MPI_Reduce(&mine.wall_s, &wall, 1, MPI_DOUBLE, MPI_MAX, 0, world);
-  const StagePlan& planned = plan.stages[static_cast<size_t>(layout.stage)];
-  StageRecord rec;
-  rec.stage = layout.stage;
-  rec.rank = rank;
-  rec.replica = layout.replica;
-  rec.node_begin = planned.begin;
-  rec.node_end = planned.end;
-  for (const auto& p : mine.parameters) rec.parameters += p.tensor.numel();
-  rec.predicted_peak_bytes = planned.memory.predicted_peak();
-  rec.predicted_ms_per_micro_batch = planned.time_ms();
-  rec.measured_peak_bytes = mine.peak_bytes;
-  gethostname(rec.host, sizeof rec.host - 1);
-  std::vector<StageRecord> records(static_cast<size_t>(size));
-  MPI_Gather(&rec, sizeof rec, MPI_BYTE, records.data(), sizeof rec, MPI_BYTE, 0, world);
+  // One record per stage of the rank (its V stages under interleaving, which share its peak).
+  const int virtual_stages = pc.schedule.virtual_stages();
+  std::vector<StageRecord> mine_records;
+  for (int v = 0; v < virtual_stages; ++v) {
+    const int stage = v * layout.stages + layout.stage;
+    const StagePlan& planned = plan.stages[static_cast<size_t>(stage)];
+    StageRecord& rec = mine_records.emplace_back();
+    rec.stage = stage;
+    rec.rank = rank;
+    rec.replica = layout.replica;
+    rec.node_begin = planned.begin;
+    rec.node_end = planned.end;
+    for (const auto& p : mine.parameters)  // a tied copy counts on its owner's stage
+      if (virtual_stages == 1 || (p.node >= planned.begin && p.node < planned.end)) rec.parameters += p.tensor.numel();
+    rec.predicted_peak_bytes = planned.memory.predicted_peak();
+    rec.predicted_ms_per_micro_batch = planned.time_ms();
+    rec.measured_peak_bytes = mine.peak_bytes;
+    gethostname(rec.host, sizeof rec.host - 1);
+  }
+  const int bytes = static_cast<int>(sizeof(StageRecord)) * virtual_stages;
+  std::vector<StageRecord> records(static_cast<size_t>(size * virtual_stages));
+  MPI_Gather(mine_records.data(), bytes, MPI_BYTE, records.data(), bytes, MPI_BYTE, 0, world);
   if (rank != 0) return;
   trace.model = graph.model;
   trace.preset = graph.preset;
@@ -37,7 +45,8 @@ void write_pipeline_trace(const OpGraph& graph, const Plan& plan, const Pipeline
   trace.schedule = name_of(pc.schedule);
   trace.device = pc.device.str();
   trace.transport = mine.transport;
-  trace.stages = layout.stages;
+  trace.stages = static_cast<int64_t>(plan.stages.size());
+  trace.virtual_stages = virtual_stages;
   trace.replicas = layout.replicas;
   trace.micro_batch_size = graph.micro_batch_size;
   trace.micro_batches = pc.micro_batches;

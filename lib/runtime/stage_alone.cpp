@@ -14,11 +14,13 @@ StageAloneRun run_stage_alone(const OpGraph& graph, const PipelineConfig& config
   if (stage > 0)
     transport.set_exact(exact_integer_inputs(graph, config.ranges[static_cast<size_t>(stage)].first, config.seed));
   PipelineStage runner(graph, stage_config(config, stage), transport);
-  StageTracer tracer(stage, config.device, transport, StageTracer::Clock::now(), /*keep_records=*/true);
+  StageTracer tracer(config.device, transport, StageTracer::Clock::now(), /*keep_records=*/true);
   if (runner.evictor())
-    runner.evictor()->set_listener(
-        [&tracer](ActionKind kind, int64_t mb, int tensor, int64_t bytes, StageTracer::Clock::time_point start,
-                  StageTracer::Clock::time_point end) { tracer.record_nested(kind, mb, tensor, bytes, start, end); });
+    runner.evictor()->set_listener([&tracer, stage](ActionKind kind, int64_t mb, int tensor, int64_t bytes,
+                                                    StageTracer::Clock::time_point start,
+                                                    StageTracer::Clock::time_point end) {
+      tracer.record_nested(stage, kind, mb, tensor, bytes, start, end);
+    });
   int64_t step = 0;  // of the latest action with a micro-batch (an update belongs to it)
   for (const Action& a : stage_actions(graph, config, stage)) {
     if (a.micro_batch >= 0) step = a.micro_batch / config.micro_batches;

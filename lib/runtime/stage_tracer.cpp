@@ -14,9 +14,8 @@ double process_cpu_s() {
 }
 }  // namespace
 
-StageTracer::StageTracer(int stage, c10::Device device, const Transport& transport, Clock::time_point origin,
-                         bool keep_records)
-    : stage_(stage), device_(device), transport_(transport), origin_(origin), keep_(keep_records) {}
+StageTracer::StageTracer(c10::Device device, const Transport& transport, Clock::time_point origin, bool keep_records)
+    : device_(device), transport_(transport), origin_(origin), keep_(keep_records) {}
 
 void StageTracer::begin(int64_t step) {
   step_ = step;
@@ -36,7 +35,7 @@ void StageTracer::end(const Action& action, int64_t step) {
   r.end_s = std::chrono::duration<double>(Clock::now() - origin_).count();
   r.start_s = start_s_;
   r.cpu_s = process_cpu_s() - start_cpu_s_;
-  r.stage = stage_;
+  r.stage = action.stage;
   r.kind = static_cast<int64_t>(action.kind);
   r.micro_batch = action.micro_batch;
   r.step = step;
@@ -50,11 +49,11 @@ void StageTracer::end(const Action& action, int64_t step) {
   if (keep_) records_.push_back(r);
 }
 
-void StageTracer::record_nested(ActionKind kind, int64_t micro_batch, int tensor, int64_t bytes,
+void StageTracer::record_nested(int stage, ActionKind kind, int64_t micro_batch, int tensor, int64_t bytes,
                                 Clock::time_point start, Clock::time_point end) {
   if (!keep_) return;
   ActionRecord r;
-  r.stage = stage_;
+  r.stage = stage;
   r.kind = static_cast<int64_t>(kind);
   r.micro_batch = micro_batch;
   r.step = step_;

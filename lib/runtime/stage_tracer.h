@@ -19,7 +19,8 @@ namespace dawnpiper {
 class StageTracer {
  public:
   using Clock = std::chrono::steady_clock;
-  StageTracer(int stage, c10::Device device, const Transport& transport, Clock::time_point origin, bool keep_records);
+  // Records carry each action's stage (a rank may run several).
+  StageTracer(c10::Device device, const Transport& transport, Clock::time_point origin, bool keep_records);
 
   // Runs `work` (executing `action` of training step `step`) and records it.
   template <typename F>
@@ -29,9 +30,9 @@ class StageTracer {
     end(action, step);
   }
 
-  // An evictor record inside the action now running (Evictor::Listener's arguments).
-  void record_nested(ActionKind kind, int64_t micro_batch, int tensor, int64_t bytes, Clock::time_point start,
-                     Clock::time_point end);
+  // An evictor record inside the action now running on `stage` (Evictor::Listener's arguments).
+  void record_nested(int stage, ActionKind kind, int64_t micro_batch, int tensor, int64_t bytes,
+                     Clock::time_point start, Clock::time_point end);
 
   const std::vector<ActionRecord>& records() const { return records_; }
   int64_t peak_bytes() const { return peak_; }
@@ -43,7 +44,6 @@ class StageTracer {
   void begin(int64_t step);
   void end(const Action& action, int64_t step);
 
-  int stage_;
   c10::Device device_;
   const Transport& transport_;
   Clock::time_point origin_;

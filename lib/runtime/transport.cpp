@@ -35,12 +35,26 @@ std::vector<at::Tensor> LocalTransport::recv(int from_stage, MessageKind kind, i
   return out;
 }
 
+void RoundRobinTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) {
+  by_rank_.send(to_stage % ranks_, kind, message(to_stage, micro_batch), std::move(tensors));
+  bytes_sent_ = by_rank_.bytes_sent();
+}
+
+std::vector<at::Tensor> RoundRobinTransport::recv(int from_stage, MessageKind kind, int64_t micro_batch,
+                                                  const std::vector<const TensorInfo*>& specs) {
+  const int to_stage = kind == MessageKind::Activation ? from_stage + 1 : from_stage - 1;
+  std::vector<at::Tensor> out = by_rank_.recv(from_stage % ranks_, kind, message(to_stage, micro_batch), specs);
+  bytes_received_ = by_rank_.bytes_received();
+  return out;
+}
+
 void StandInTransport::send(int, MessageKind, int64_t, std::vector<at::Tensor> tensors) {
   for (at::Tensor& t : tensors) {
     t = t.contiguous();
     bytes_sent_ += t.numel() * t.element_size();
   }
-  in_flight_ = std::move(tensors);
+  while (in_flight_.size() >= sends_in_flight_) in_flight_.pop_front();
+  in_flight_.push_back(std::move(tensors));
 }
 
 std::vector<at::Tensor> StandInTransport::recv(int, MessageKind, int64_t micro_batch,
@@ -76,7 +90,7 @@ int64_t chunk_count(int64_t n) { return std::max<int64_t>(1, (n + kMessageChunkB
 
 }  // namespace
 
-MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
+MpiTransport::MpiTransport(MPI_Comm comm, int sends_in_flight) : comm_(comm), sends_in_flight_(sends_in_flight) {
   void* value = nullptr;
   int flag = 0;
   MPI_Comm_get_attr(comm, MPI_TAG_UB, &value, &flag);
@@ -98,24 +112,25 @@ int MpiTransport::tag(MessageKind kind, int64_t micro_batch) const {
 }
 
 void MpiTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) {
-  // The previous send completes first, and only then is its buffer released: the planner's
-  // memory replay holds a sent buffer exactly until the stage's next send (earlier, by timing,
-  // would make the measured peak depend on the other ranks' speed), and a receiver running
-  // behind must not let sends pile up beyond it.
-  flush();
+  // The previous send (of the last sends_in_flight) completes first, and only then is its buffer
+  // released: the planner's memory replay holds a sent buffer exactly until the stage's next send
+  // (earlier, by timing, would make the measured peak depend on the other ranks' speed), and a
+  // receiver running behind must not let sends pile up beyond it.
+  while (static_cast<int>(pending_.size()) >= sends_in_flight_) complete_oldest();
   // Straight from each tensor's storage (no packed copy), in chunks that MPI keeps in order; the
   // tensor stays referenced until its chunks are done.
+  Pending& sent = pending_.emplace_back();
   for (const at::Tensor& t : tensors) {
     at::Tensor buffer = t.contiguous();
     const int64_t n = buffer.numel() * buffer.element_size();
     auto* bytes = static_cast<const char*>(buffer.data_ptr());
     for (int64_t offset = 0, c = 0; c < chunk_count(n); ++c, offset += kMessageChunkBytes) {
       const int count = static_cast<int>(std::min(kMessageChunkBytes, n - offset));
-      pending_.push_back(MPI_REQUEST_NULL);
-      MPI_Isend(bytes + offset, count, MPI_BYTE, to_stage, tag(kind, micro_batch), comm_, &pending_.back());
+      sent.requests.push_back(MPI_REQUEST_NULL);
+      MPI_Isend(bytes + offset, count, MPI_BYTE, to_stage, tag(kind, micro_batch), comm_, &sent.requests.back());
     }
     bytes_sent_ += n;
-    pending_buffers_.push_back(std::move(buffer));
+    sent.buffers.push_back(std::move(buffer));
   }
 }
 
@@ -150,10 +165,13 @@ std::vector<at::Tensor> MpiTransport::recv(int from_stage, MessageKind kind, int
   return out;
 }
 
+void MpiTransport::complete_oldest() {
+  wait_all_quietly(pending_.front().requests);
+  pending_.pop_front();
+}
+
 void MpiTransport::flush() {
-  wait_all_quietly(pending_);
-  pending_.clear();
-  pending_buffers_.clear();
+  while (!pending_.empty()) complete_oldest();
 }
 
 }  // namespace dawnpiper

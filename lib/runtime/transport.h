@@ -4,6 +4,7 @@
 // one process run every stage (the single-process reference for the asynchronous schedule,
 // and tests).
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -54,14 +55,34 @@ class LocalTransport final : public Transport {
   int sender_ = 0;
 };
 
+// Several stages per rank (interleaved schedules): stage s lives on rank s mod ranks of
+// `by_rank`, a transport whose "stages" are ranks. Two stages of one rank receive the same
+// micro-batch from the same peer, so a message's micro-batch becomes micro_batch x V + the
+// receiving stage's chunk (s / ranks).
+class RoundRobinTransport final : public Transport {
+ public:
+  RoundRobinTransport(Transport& by_rank, int ranks, int virtual_stages)
+      : by_rank_(by_rank), ranks_(ranks), virtual_stages_(virtual_stages) {}
+  void send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) override;
+  std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
+                               const std::vector<const TensorInfo*>& specs) override;
+  void flush() override { by_rank_.flush(); }
+
+ private:
+  int64_t message(int to_stage, int64_t micro_batch) const { return micro_batch * virtual_stages_ + to_stage / ranks_; }
+  Transport& by_rank_;
+  int ranks_, virtual_stages_;
+};
+
 // For running one stage alone (replay-stage): receives return stand-in tensors of the right
 // shapes and dtypes (small positive random values; zeros for integers unless set_exact gives them), sends are counted
-// and held until the next send (the latest an MPI send completes, as the planner's memory replay assumes), as
-// contiguous copies where MPI would need one (transposed views).
+// and held until the next send (the latest an MPI send completes, as the planner's memory replay assumes; with
+// `sends_in_flight` sends going on at once, until that many later sends), as contiguous copies where MPI would need
+// one (transposed views).
 class StandInTransport final : public Transport {
  public:
-  explicit StandInTransport(at::Device device = at::Device(at::kCPU), uint64_t seed = 7)
-      : device_(device), seed_(seed) {}
+  explicit StandInTransport(at::Device device = at::Device(at::kCPU), uint64_t seed = 7, int sends_in_flight = 1)
+      : device_(device), seed_(seed), sends_in_flight_(sends_in_flight) {}
   void send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) override;
   std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                const std::vector<const TensorInfo*>& specs) override;
@@ -74,7 +95,8 @@ class StandInTransport final : public Transport {
  private:
   at::Device device_;
   uint64_t seed_;
-  std::vector<at::Tensor> in_flight_;
+  size_t sends_in_flight_;
+  std::deque<std::vector<at::Tensor>> in_flight_;  // the latest sends, oldest first
   std::map<int, at::Tensor> exact_;
 };
 

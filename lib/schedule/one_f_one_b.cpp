@@ -26,7 +26,7 @@ ComputeLists one_f_one_b(int stages, int64_t m, bool update_every_backward) {
 }
 }  // namespace
 
-ComputeLists one_f_one_b_actions(int stages, int64_t m) { return one_f_one_b(stages, m, false); }
-ComputeLists async_actions(int stages, int64_t m) { return one_f_one_b(stages, m, true); }
+ComputeLists one_f_one_b_actions(const ScheduleShape& s) { return one_f_one_b(s.ranks, s.micro_batches, false); }
+ComputeLists async_actions(const ScheduleShape& s) { return one_f_one_b(s.ranks, s.micro_batches, true); }
 
 }  // namespace dawnpiper

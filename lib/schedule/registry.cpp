@@ -11,10 +11,11 @@
 namespace dawnpiper {
 
 // Each generator, in its own file.
-ComputeLists gpipe_actions(int stages, int64_t micro_batches);
-ComputeLists one_f_one_b_actions(int stages, int64_t micro_batches);
-ComputeLists async_actions(int stages, int64_t micro_batches);
-ComputeLists zb_h1_actions(int stages, int64_t micro_batches);
+ComputeLists gpipe_actions(const ScheduleShape& shape);
+ComputeLists one_f_one_b_actions(const ScheduleShape& shape);
+ComputeLists async_actions(const ScheduleShape& shape);
+ComputeLists zb_h1_actions(const ScheduleShape& shape);
+ComputeLists interleaved_actions(const ScheduleShape& shape);
 
 namespace {
 const ScheduleTraits kSynchronous{};
@@ -22,6 +23,9 @@ const ScheduleTraits kPipeDream{/*updates_once_per_step=*/false, /*drains_every_
                                 /*stashes_weights=*/true};
 const ScheduleTraits kZeroBubble{/*updates_once_per_step=*/true, /*drains_every_step=*/true,
                                  /*stashes_weights=*/false, /*splits_backward=*/true};
+const ScheduleTraits kInterleaved{/*updates_once_per_step=*/true, /*drains_every_step=*/true,
+                                  /*stashes_weights=*/false,      /*splits_backward=*/false,
+                                  /*default_virtual_stages=*/2,   /*sends_in_flight=*/2};
 }  // namespace
 
 const std::vector<ScheduleEntry>& registered_schedules() {
@@ -31,6 +35,8 @@ const std::vector<ScheduleEntry>& registered_schedules() {
       {"async", "PipeDream: 1F1B, an update after every backward, weight stashing", kPipeDream, async_actions},
       {"zb-h1", "zero bubble (ZB-H1): backward split into I and W, W fills the bubbles; holds min(l, m)", kZeroBubble,
        zb_h1_actions},
+      {"interleaved", "Megatron's interleaved 1F1B: V stages per rank (--virtual-stages), a bubble V times smaller",
+       kInterleaved, interleaved_actions},
   };
   return entries;
 }
@@ -124,6 +130,21 @@ ScheduleChoice ScheduleChoice::named(const std::string& name) {
     throw ConfigError("unknown schedule '" + name + "' (choose " + schedule_choices() + ", auto or file:PATH)");
   ScheduleChoice c;
   c.name_ = name;
+  return c.with_virtual_stages(0);
+}
+
+ScheduleChoice ScheduleChoice::with_virtual_stages(int v) const {
+  if (v < 0) throw ConfigError("--virtual-stages must be at least 1");
+  ScheduleChoice c = *this;
+  if (is_auto()) {  // the planner's to resolve; kept for the schedules it compares
+    c.virtual_stages_ = std::max(v, 1);
+    return c;
+  }
+  const ScheduleTraits& t = traits();
+  if (v > 1 && !t.interleaves())
+    throw ConfigError("--virtual-stages " + std::to_string(v) + " places several stages on each rank, which only " +
+                      "interleaved does (the schedule is " + name_ + ")");
+  c.virtual_stages_ = v > 0 ? v : std::max(t.default_virtual_stages, 1);
   return c;
 }
 
@@ -157,7 +178,12 @@ Schedule ScheduleChoice::make(int stages, int64_t micro_batches) const {
   }
   const ScheduleEntry* e = find_registered(name_);
   if (!e) throw std::logic_error("schedule '" + name_ + "' is not resolved to a registered one");
-  Schedule s{name_, stages, micro_batches, e->generate(stages, micro_batches)};
+  if (stages % virtual_stages_ != 0)
+    throw ConfigError(std::to_string(stages) + " stages cannot be placed " + std::to_string(virtual_stages_) +
+                      " on each rank (--virtual-stages)");
+  Schedule s{name_, stages, micro_batches,
+             e->generate(ScheduleShape{stages / virtual_stages_, virtual_stages_, micro_batches}),
+             e->traits.sends_in_flight};
   add_communication(s);
   return s;
 }

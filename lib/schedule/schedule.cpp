@@ -1,5 +1,6 @@
 #include "schedule/schedule.h"
 
+#include <set>
 #include <utility>
 
 namespace dawnpiper {
@@ -11,6 +12,13 @@ std::string Schedule::to_string() const {
     s += '\n';
   }
   return s;
+}
+
+std::vector<Action> Schedule::stage_actions(int stage) const {
+  std::vector<Action> out;
+  for (const Action& a : actions.at(static_cast<size_t>(rank_of(stage))))
+    if (a.stage == stage) out.push_back(a);
+  return out;
 }
 
 void add_communication(Schedule& schedule) {
@@ -31,13 +39,21 @@ void add_communication(Schedule& schedule) {
   }
 }
 
-std::vector<Action> stage_list(const ScheduleTraits& traits, std::vector<Action> actions, bool holds_tied_across) {
-  if (!traits.updates_once_per_step || !holds_tied_across) return actions;
+std::vector<Action> stage_list(const ScheduleTraits& traits, std::vector<Action> actions,
+                               const std::set<int>& holding_tied) {
+  if (!traits.updates_once_per_step || holding_tied.empty()) return actions;
+  // A rank's updates of a step stand together at its list's end; its tied reductions come
+  // before all of them, so that every rank meets its collectives (tied sums, then the norm
+  // summed at the first update) in the same order.
   std::vector<Action> out;
   out.reserve(actions.size() + actions.size() / 4);
-  for (const Action& a : actions) {
-    if (a.kind == ActionKind::OptimizerStep) out.push_back(Action{ActionKind::ReduceTiedGrads, a.stage, -1, -1});
-    out.push_back(a);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const bool first_update =
+        actions[i].kind == ActionKind::OptimizerStep && (i == 0 || actions[i - 1].kind != ActionKind::OptimizerStep);
+    for (size_t j = i; first_update && j < actions.size() && actions[j].kind == ActionKind::OptimizerStep; ++j)
+      if (holding_tied.count(actions[j].stage))
+        out.push_back(Action{ActionKind::ReduceTiedGrads, actions[j].stage, -1, -1});
+    out.push_back(actions[i]);
   }
   return out;
 }

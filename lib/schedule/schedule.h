@@ -27,10 +27,17 @@
 //         and W (weight gradients, later), W filling the bubbles (schedule/zero_bubble.cpp). With
 //         uniform stages (l-1)(F+I-W) of idle time instead of 1F1B's (l-1)(F+I+W); in flight
 //         (forwarded, W not run): min(l, m) on every stage.
+//  interleaved  Megatron's interleaved 1F1B: each of the l ranks runs V stages (model chunks),
+//         stage s on rank s mod l (schedule/interleaved.cpp). Uniform stages idle (l-1)(F+B)/V
+//         per rank instead of (l-1)(F+B), for more micro-batches in flight.
+//
+// A list belongs to a rank; each action names its stage. Every schedule but interleaved puts
+// one stage on each rank (V = 1), where rank and stage are the same number.
 #include <algorithm>
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +62,13 @@ struct ScheduleTraits {
   // Backwards split into I and W (zero-bubble schedules): exact only on stages where no
   // parameter's reader feeds another of its readers (exec/split_backward.h).
   bool splits_backward = false;
+  // Several stages per rank (--virtual-stages V), placed round robin: stage s on rank s mod l.
+  // 0: one stage per rank.
+  int default_virtual_stages = 0;
+  bool interleaves() const { return default_virtual_stages > 0; }
+  // Sends a rank keeps going at once (Schedule::sends_in_flight): interleaved's ranks send both
+  // ways on one link, and with one send at a time two ranks would each wait for the other.
+  int sends_in_flight = 1;
 
   // The factor of one micro-batch's loss in the gradients an update uses.
   double loss_scale(int64_t micro_batches) const {
@@ -69,11 +83,20 @@ struct ScheduleTraits {
 
 struct Schedule {
   std::string name;  // the registered schedule's, or "file:PATH"
-  int stages = 0;
+  int stages = 0;    // ranks x virtual stages
   int64_t micro_batches = 0;
-  std::vector<std::vector<Action>> actions;  // actions[x]: stage x's list, in execution order
+  // actions[r]: rank r's list, in execution order; its actions are those of the stages s with
+  // s mod ranks() == r.
+  std::vector<std::vector<Action>> actions;
+  // Sends a rank's transport keeps going before it completes the oldest: a send waits while
+  // this many of its rank's are not yet received.
+  int sends_in_flight = 1;
 
-  // One line per stage, compact action forms ("0F0 0SEND_F0 0F1 ...").
+  int ranks() const { return static_cast<int>(actions.size()); }
+  int rank_of(int stage) const { return stage % ranks(); }
+  // Stage s's actions, in its rank's order.
+  std::vector<Action> stage_actions(int stage) const;
+  // One line per rank, compact action forms ("0F0 0SEND_F0 0F1 ...").
   std::string to_string() const;
 };
 
@@ -101,11 +124,19 @@ class ScheduleChoice {
   const std::string& actions_text() const { return text_; }      // a file's, empty otherwise
   int file_stages() const { return file_ ? file_->stages : 0; }  // 0: any
   const ScheduleTraits& traits() const;
-  // The action lists of `stages` stages over `micro_batches` micro-batches, communication added.
-  // ConfigError for sizes below 1, or a file written for other sizes.
+  // Stages per rank: --virtual-stages, or the schedule's default (1 where it does not
+  // interleave). with_virtual_stages(0) takes the default; V > 1 on a schedule that does not
+  // interleave is a ConfigError.
+  int virtual_stages() const { return virtual_stages_; }
+  ScheduleChoice with_virtual_stages(int v) const;
+  // The action lists of `stages` stages (ranks x virtual stages) over `micro_batches`
+  // micro-batches, communication added. ConfigError for sizes below 1, stages the virtual
+  // stages do not divide, or a file written for other sizes.
   Schedule make(int stages, int64_t micro_batches) const;
 
-  bool operator==(const ScheduleChoice& o) const { return name_ == o.name_ && text_ == o.text_; }
+  bool operator==(const ScheduleChoice& o) const {
+    return name_ == o.name_ && text_ == o.text_ && virtual_stages_ == o.virtual_stages_;
+  }
   bool operator!=(const ScheduleChoice& o) const { return !(*this == o); }
 
  private:
@@ -113,6 +144,7 @@ class ScheduleChoice {
   std::shared_ptr<const Schedule> file_;  // checked: runs without deadlock on its own sizes
   std::string text_;
   ScheduleTraits file_traits_;  // a file's: synchronous, splitting where it holds an I
+  int virtual_stages_ = 1;
 };
 // The choice goes by name in options, plan files and messages, like the enums (util/enum_names.h).
 inline const char* name_of(const ScheduleChoice& choice) { return choice.name().c_str(); }
@@ -127,11 +159,12 @@ std::string schedule_choices();
 std::string schedule_help();
 // ScheduleChoice::named(name).make(stages, micro_batches).
 Schedule make_schedule(const std::string& name, int stages, int64_t micro_batches);
-// A stage's list as it runs: `actions` (the schedule's, for that stage) with a ReduceTiedGrads
-// before every optimizer step when the stage holds weights tied to another stage's and the
-// schedule updates once per step (PipeDream's updates have no rule for tied weights: each copy
-// is updated with its own stage's gradients). The planner's stage programs and the runtime's
-// lists both come from here.
-std::vector<Action> stage_list(const ScheduleTraits& traits, std::vector<Action> actions, bool holds_tied_across);
+// A rank's list as it runs: `actions` (the schedule's, for that rank or one of its stages) with a
+// ReduceTiedGrads of each stage in `holding_tied` (stages holding weights tied to another
+// stage's) before its rank's updates of a step, when the schedule updates once per step
+// (PipeDream's updates have no rule for tied weights: each copy is updated with its own stage's
+// gradients). The planner's stage programs and the runtime's lists both come from here.
+std::vector<Action> stage_list(const ScheduleTraits& traits, std::vector<Action> actions,
+                               const std::set<int>& holding_tied);
 
 }  // namespace dawnpiper

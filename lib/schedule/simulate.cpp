@@ -180,21 +180,25 @@ StageStats simulate_stage(const std::vector<Action>& actions, int stages) {
 
 std::vector<StageStats> simulate_stages(const Schedule& schedule) {
   std::vector<StageStats> out;
-  for (const std::vector<Action>& list : schedule.actions) out.push_back(simulate_stage(list, schedule.stages));
+  for (int x = 0; x < schedule.stages; ++x) out.push_back(simulate_stage(schedule.stage_actions(x), schedule.stages));
   return out;
 }
 
-std::vector<Action> simulate_global(const Schedule& schedule) {
-  const int l = schedule.stages;
-  if (static_cast<int>(schedule.actions.size()) != l)
-    throw ScheduleError("schedule has " + std::to_string(schedule.actions.size()) + " action lists for " +
-                        std::to_string(l) + " stages");
-  // Every stage must be well-formed on its own, and all must cover the same micro-batches.
+namespace {
+
+// Every rank's list holds its own stages' actions, every stage's are well-formed on their own,
+// and all stages cover the same micro-batches.
+void check_lists(const Schedule& schedule) {
+  const int l = schedule.stages, ranks = schedule.ranks();
+  if (ranks < 1 || l % ranks != 0)
+    throw ScheduleError("schedule has " + std::to_string(ranks) + " action lists for " + std::to_string(l) + " stages");
+  for (int r = 0; r < ranks; ++r)
+    for (const Action& a : schedule.actions[static_cast<size_t>(r)])
+      if (a.stage < 0 || a.stage >= l || schedule.rank_of(a.stage) != r)
+        malformed(a, "action in the list of rank " + std::to_string(r));
   std::set<int64_t> reference;
   for (int x = 0; x < l; ++x) {
-    const std::vector<Action>& list = schedule.actions[static_cast<size_t>(x)];
-    for (const Action& a : list)
-      if (a.stage != x) malformed(a, "action in the list of stage " + std::to_string(x));
+    const std::vector<Action> list = schedule.stage_actions(x);
     simulate_stage(list, l);
     std::set<int64_t> forwarded;
     for (const Action& a : list)
@@ -204,48 +208,53 @@ std::vector<Action> simulate_global(const Schedule& schedule) {
     else if (forwarded != reference)
       throw ScheduleError("stage " + std::to_string(x) + " forwards other micro-batches than stage 0");
   }
+}
 
+}  // namespace
+
+std::vector<Action> simulate_global(const Schedule& schedule) {
+  check_lists(schedule);
+  const int ranks = schedule.ranks();
   // Sends executed so far, keyed by (sending stage, kind, micro-batch); a receive consumes one.
   std::set<std::tuple<int, int, int64_t>> pending_sends;
-  std::vector<size_t> head(static_cast<size_t>(l), 0);
+  std::vector<size_t> head(static_cast<size_t>(ranks), 0);
   std::vector<Action> order;
   size_t total = 0;
   for (const auto& list : schedule.actions) total += list.size();
   order.reserve(total);
 
-  // Per stage, how many of its sends are not yet received: the transport completes a send before
-  // it starts the next (it holds one send buffer), so a stage's second unreceived send waits.
-  std::vector<int> unreceived(static_cast<size_t>(l), 0);
+  // Per rank, how many of its sends are not yet received: the transport completes a send before
+  // it starts the next (it holds one send buffer), so a rank's second unreceived send waits.
+  std::vector<int> unreceived(static_cast<size_t>(ranks), 0);
+  auto rank = [&](int stage) { return static_cast<size_t>(schedule.rank_of(stage)); };
   auto ready = [&](const Action& a) {
     if (a.kind == ActionKind::SendActivation || a.kind == ActionKind::SendGrad)
-      return unreceived[static_cast<size_t>(a.stage)] == 0;
+      return unreceived[rank(a.stage)] < schedule.sends_in_flight;
     if (a.kind == ActionKind::RecvActivation)
       return pending_sends.count({a.stage - 1, static_cast<int>(ActionKind::SendActivation), a.micro_batch}) > 0;
     if (a.kind == ActionKind::RecvGrad)
       return pending_sends.count({a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch}) > 0;
     return true;
   };
+  auto receive = [&](int from, ActionKind sent_as, int64_t micro_batch) {
+    pending_sends.erase({from, static_cast<int>(sent_as), micro_batch});
+    --unreceived[rank(from)];
+  };
 
   bool progress = true;
   while (progress) {
     progress = false;
-    for (int x = 0; x < l; ++x) {
-      const std::vector<Action>& list = schedule.actions[static_cast<size_t>(x)];
-      size_t& h = head[static_cast<size_t>(x)];
+    for (int r = 0; r < ranks; ++r) {
+      const std::vector<Action>& list = schedule.actions[static_cast<size_t>(r)];
+      size_t& h = head[static_cast<size_t>(r)];
       while (h < list.size() && ready(list[h])) {
         const Action& a = list[h];
         if (a.kind == ActionKind::SendActivation || a.kind == ActionKind::SendGrad) {
           pending_sends.insert({a.stage, static_cast<int>(a.kind), a.micro_batch});
-          ++unreceived[static_cast<size_t>(a.stage)];
+          ++unreceived[rank(a.stage)];
         }
-        if (a.kind == ActionKind::RecvActivation) {
-          pending_sends.erase({a.stage - 1, static_cast<int>(ActionKind::SendActivation), a.micro_batch});
-          --unreceived[static_cast<size_t>(a.stage - 1)];
-        }
-        if (a.kind == ActionKind::RecvGrad) {
-          pending_sends.erase({a.stage + 1, static_cast<int>(ActionKind::SendGrad), a.micro_batch});
-          --unreceived[static_cast<size_t>(a.stage + 1)];
-        }
+        if (a.kind == ActionKind::RecvActivation) receive(a.stage - 1, ActionKind::SendActivation, a.micro_batch);
+        if (a.kind == ActionKind::RecvGrad) receive(a.stage + 1, ActionKind::SendGrad, a.micro_batch);
         order.push_back(a);
         ++h;
         progress = true;
@@ -254,12 +263,13 @@ std::vector<Action> simulate_global(const Schedule& schedule) {
   }
   if (order.size() != total) {
     std::string blocked;
-    for (int x = 0; x < l; ++x) {
-      const std::vector<Action>& list = schedule.actions[static_cast<size_t>(x)];
-      size_t h = head[static_cast<size_t>(x)];
+    for (int r = 0; r < ranks; ++r) {
+      const std::vector<Action>& list = schedule.actions[static_cast<size_t>(r)];
+      size_t h = head[static_cast<size_t>(r)];
       if (h < list.size()) blocked += " " + to_string(list[h]);
     }
-    throw ScheduleError("schedule deadlocks: each stage waits at its next action:" + blocked);
+    throw ScheduleError(std::string("schedule deadlocks: each ") + (ranks == schedule.stages ? "stage" : "rank") +
+                        " waits at its next action:" + blocked);
   }
   if (!pending_sends.empty()) {
     const auto& s = *pending_sends.begin();
@@ -272,11 +282,17 @@ std::vector<Action> simulate_global(const Schedule& schedule) {
 
 namespace {
 
-// All stages' clocks, advanced action by action in an order where every send precedes its receive.
+// All ranks' clocks, advanced action by action in an order where every send precedes its
+// receive; a compute action takes its stage's time on its stage's rank.
 class TimedWalk final : public ActionHooks {
  public:
-  explicit TimedWalk(const std::vector<StageTimes>& times)
-      : times_(times), clock_(times.size(), 0.0), busy_(times.size(), 0.0), received_(times.size(), 0.0) {}
+  TimedWalk(const std::vector<StageTimes>& times, int ranks, int sends_in_flight)
+      : times_(times),
+        ranks_(ranks),
+        depth_(sends_in_flight),
+        clock_(ranks, 0.0),
+        busy_(ranks, 0.0),
+        received_(ranks) {}
 
   void forward(const Action& a) override { compute(a, times_[at(a)].forward_ms); }
   void backward(const Action& a) override { compute(a, times_[at(a)].backward_ms); }
@@ -301,21 +317,30 @@ class TimedWalk final : public ActionHooks {
 
  private:
   static size_t at(const Action& a) { return static_cast<size_t>(a.stage); }
-  void compute(const Action& a, double ms) { clock_[at(a)] += ms, busy_[at(a)] += ms; }
+  size_t rank(int stage) const { return static_cast<size_t>(stage % ranks_); }
+  void compute(const Action& a, double ms) { clock_[rank(a.stage)] += ms, busy_[rank(a.stage)] += ms; }
   void send(const Action& a, double link_ms) {
-    clock_[at(a)] = std::max(clock_[at(a)], received_[at(a)]);  // the stage's previous send completes first
-    arrivals_[{a.stage, static_cast<int>(a.kind), a.micro_batch}] = clock_[at(a)] + link_ms;
+    double& clock = clock_[rank(a.stage)];
+    std::vector<double>& received = received_[rank(a.stage)];
+    // The rank's send depth_ sends back completes first (simulate_global ordered its receive before).
+    if (received.size() >= static_cast<size_t>(depth_)) clock = std::max(clock, received[received.size() - depth_]);
+    sends_[{a.stage, static_cast<int>(a.kind), a.micro_batch}] = {clock + link_ms, received.size()};
+    received.push_back(0);
   }
   void receive(const Action& a, int from, ActionKind sent_as) {
-    clock_[at(a)] = std::max(clock_[at(a)], arrivals_.at({from, static_cast<int>(sent_as), a.micro_batch}));
-    received_[static_cast<size_t>(from)] = clock_[at(a)];
+    double& clock = clock_[rank(a.stage)];
+    const auto& [arrival, index] = sends_.at({from, static_cast<int>(sent_as), a.micro_batch});
+    clock = std::max(clock, arrival);
+    received_[rank(from)][index] = clock;
   }
 
   const std::vector<StageTimes>& times_;
-  std::vector<double> clock_, busy_;
-  std::vector<double> received_;  // per stage: when its latest send was received
-  // When each send's message is there: keyed by (sending stage, kind, micro-batch).
-  std::map<std::tuple<int, int, int64_t>, double> arrivals_;
+  const int ranks_, depth_;
+  std::vector<double> clock_, busy_;           // per rank
+  std::vector<std::vector<double>> received_;  // per rank, per send in order: when it was received
+  // Each send's arrival and its index among its rank's sends, keyed by (sending stage, kind,
+  // micro-batch).
+  std::map<std::tuple<int, int, int64_t>, std::pair<double, size_t>> sends_;
 };
 
 }  // namespace
@@ -324,7 +349,7 @@ TimedRun simulate_times(const Schedule& schedule, const std::vector<StageTimes>&
   const size_t l = static_cast<size_t>(schedule.stages);
   if (times.size() != l)
     throw ScheduleError(std::to_string(times.size()) + " stage times for " + std::to_string(l) + " stages");
-  TimedWalk walk(times);
+  TimedWalk walk(times, schedule.ranks(), schedule.sends_in_flight);
   for (const Action& a : simulate_global(schedule)) run_action(a, walk);  // every send before its receive
   return walk.result();
 }

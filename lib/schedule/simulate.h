@@ -3,8 +3,8 @@
 // weight-version counts from simulate_stage (never from formulas), because the runtime executes
 // the same lists. simulate_global checks that a whole schedule can run: it finds an interleaving
 // in which every receive comes after its matching send, or reports the deadlock. A send does not
-// wait for its receive, but a stage's next send waits until its previous one was received: the
-// transport completes one send before it starts the next (it holds one send buffer, as the
+// wait for its receive, but a rank's next send waits until its previous one was received: the
+// rank's transport completes one send before it starts the next (it holds one send buffer, as the
 // memory replay counts), and MPI completes a large send only once it is received.
 #include <cstdint>
 #include <stdexcept>
@@ -43,15 +43,15 @@ struct StageStats {
   double min_gap_ms(double fwd_ms, double bwd_ms) const;
 };
 
-// Simulates one stage's list on its own (communication takes no time). `stages` is the pipeline
+// Simulates one stage's actions on their own (communication takes no time). `stages` is the pipeline
 // depth, needed to check the sends and receives. Throws ScheduleError when the list is malformed:
 // a forward or backward twice, a backward before its forward, a missing receive before a
 // compute or a send before it, a micro-batch never backwarded.
 StageStats simulate_stage(const std::vector<Action>& actions, int stages);
-std::vector<StageStats> simulate_stages(const Schedule& schedule);
+std::vector<StageStats> simulate_stages(const Schedule& schedule);  // per stage (Schedule::stage_actions)
 
-// A global order of all actions of all stages that respects every stage's list and puts each
-// receive after its matching send. Throws ScheduleError on a deadlock (naming each stage's
+// A global order of all actions of all ranks that respects every rank's list and puts each
+// receive after its matching send. Throws ScheduleError on a deadlock (naming each rank's
 // blocked action), on an unmatched send or receive, or when the stages do not all forward and
 // backward the same micro-batches exactly once.
 std::vector<Action> simulate_global(const Schedule& schedule);
@@ -64,13 +64,13 @@ struct StageTimes {
 };
 struct TimedRun {
   double step_ms = 0;           // until the last stage's last action ends
-  std::vector<double> busy_ms;  // per stage: time spent computing
-  std::vector<double> idle_ms;  // per stage: step_ms less busy_ms (bubbles, waits)
+  std::vector<double> busy_ms;  // per rank: time spent computing
+  std::vector<double> idle_ms;  // per rank: step_ms less busy_ms (bubbles, waits)
 };
-// Runs the schedule in time: each stage executes its list in order; a forward, backward or
-// update takes its stage's time, a send none but the wait for its stage's previous send to be
-// received; a receive waits until the cut's send_ms after its matching send. Throws ScheduleError where simulate_global
-// does.
+// Runs the schedule in time: each rank executes its list in order; a forward, backward or
+// update takes its stage's time (`times` per stage), a send none but the wait for its rank's
+// previous send to be received; a receive waits until the cut's send_ms after its matching send. Throws ScheduleError
+// where simulate_global does.
 TimedRun simulate_times(const Schedule& schedule, const std::vector<StageTimes>& times);
 
 }  // namespace dawnpiper

@@ -16,7 +16,9 @@
 
 namespace dawnpiper {
 
-ComputeLists zb_h1_actions(int stages, int64_t m) {
+ComputeLists zb_h1_actions(const ScheduleShape& shape) {
+  const int stages = shape.ranks;
+  const int64_t m = shape.micro_batches;
   ComputeLists lists(static_cast<size_t>(stages));
   for (int x = 0; x < stages; ++x) {
     std::vector<Action>& list = lists[static_cast<size_t>(x)];

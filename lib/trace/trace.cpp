@@ -96,6 +96,7 @@ void write_trace(const Trace& t, const std::string& path) {
     write_attr(file, "graph_hash", t.graph_hash);
     write_attr(file, "created", t.created.empty() ? now_iso8601() : t.created);
     write_attr<int64_t>(file, "stages", t.stages);
+    write_attr<int64_t>(file, "virtual_stages", t.virtual_stages);
     write_attr<int64_t>(file, "replicas", t.replicas);
     write_attr<int64_t>(file, "micro_batch_size", t.micro_batch_size);
     write_attr<int64_t>(file, "micro_batches", t.micro_batches);
@@ -130,6 +131,7 @@ Trace read_trace(const std::string& path) {
     t.stages = read_attr<int64_t>(file, "stages");
     if (has_attr(file, "graph_hash")) t.graph_hash = read_attr_string(file, "graph_hash");
     if (has_attr(file, "replicas")) t.replicas = read_attr<int64_t>(file, "replicas");
+    if (has_attr(file, "virtual_stages")) t.virtual_stages = read_attr<int64_t>(file, "virtual_stages");
     t.micro_batch_size = read_attr<int64_t>(file, "micro_batch_size");
     t.micro_batches = read_attr<int64_t>(file, "micro_batches");
     t.first_step = read_attr<int64_t>(file, "first_step");
@@ -250,26 +252,33 @@ double throughput(const Trace& t) {
 }
 
 std::optional<TimedRun> schedule_bound(const Trace& t) {
-  if (t.stages < 1) return std::nullopt;
+  if (t.stages < 1 || t.virtual_stages < 1 || t.stages % t.virtual_stages != 0) return std::nullopt;
+  const size_t ranks = static_cast<size_t>(t.stages / t.virtual_stages);
   Schedule recorded{t.schedule, static_cast<int>(t.stages), (t.steps - t.first_step) * t.micro_batches, {}};
-  recorded.actions.resize(static_cast<size_t>(t.stages));
+  recorded.actions.resize(ranks);
+  try {  // the recorded schedule's transport depth; a file's is 1
+    recorded.sends_in_flight = ScheduleChoice::named(t.schedule).traits().sends_in_flight;
+  } catch (const ConfigError&) {
+  }
   std::vector<StageTimes> times(static_cast<size_t>(t.stages));
   std::vector<int64_t> updates(times.size(), 0);
-  std::vector<std::vector<const ActionRecord*>> lists(times.size());
+  std::vector<std::vector<const ActionRecord*>> lists(ranks);  // per rank
   for (const ActionRecord& r : t.actions)
     if (r.replica == 0 && r.stage >= 0 && r.stage < t.stages && !is_evictor(r.action_kind()) &&
         r.action_kind() != ActionKind::AllReduce)
-      lists[static_cast<size_t>(r.stage)].push_back(&r);
-  for (size_t x = 0; x < lists.size(); ++x) {
-    std::stable_sort(lists[x].begin(), lists[x].end(),
+      lists[static_cast<size_t>(r.stage) % ranks].push_back(&r);
+  for (size_t rank = 0; rank < ranks; ++rank) {
+    std::stable_sort(lists[rank].begin(), lists[rank].end(),
                      [](const ActionRecord* a, const ActionRecord* b) { return a->start_s < b->start_s; });
-    for (const ActionRecord* r : lists[x]) {
-      recorded.actions[x].push_back(Action{r->action_kind(), static_cast<int>(r->stage), r->micro_batch, -1});
+    for (const ActionRecord* r : lists[rank]) {
+      const size_t x = static_cast<size_t>(r->stage);
+      recorded.actions[rank].push_back(Action{r->action_kind(), static_cast<int>(r->stage), r->micro_batch, -1});
       if (r->action_kind() == ActionKind::OptimizerStep)
         times[x].update_ms += 1e3 * (r->end_s - r->start_s), ++updates[x];
     }
-    if (updates[x] > 0) times[x].update_ms /= static_cast<double>(updates[x]);
   }
+  for (size_t x = 0; x < times.size(); ++x)
+    if (updates[x] > 0) times[x].update_ms /= static_cast<double>(updates[x]);
   for (const StageSummary& s : summarize(t)) {
     times[static_cast<size_t>(s.stage)].forward_ms = s.mean_forward_ms;
     times[static_cast<size_t>(s.stage)].backward_ms = s.mean_backward_ms;

@@ -51,7 +51,8 @@ struct Trace {
   std::string model, preset, schedule, device, transport, created;
   std::string graph_hash;  // OpGraph::fingerprint() of the graph trained ("" in older files)
   int64_t stages = 0, micro_batch_size = 0, micro_batches = 0, first_step = 0, steps = 0;
-  int64_t replicas = 1;  // data-parallel pipelines; micro_batches is per replica
+  int64_t replicas = 1;        // data-parallel pipelines; micro_batches is per replica
+  int64_t virtual_stages = 1;  // stages per rank (interleaved): stage s ran on rank s mod (stages / this)
   double wall_s = 0;
   std::vector<ActionRecord> actions;  // by stage, then execution order
   std::vector<StageRecord> stage_records;

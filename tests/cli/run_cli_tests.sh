@@ -120,6 +120,30 @@ file_one=$("$bin" train "${common[@]/--quiet/}" --stages 3 --in-process --plan-i
 mv "$work/lifo-moved.txt" "$work/lifo.txt"
 if [ -n "$file_mpi" ] && [ "$(echo "$file_mpi" | cut -d' ' -f1-4)" = "$(echo "$file_one" | cut -d' ' -f1-4)" ]; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: a schedule file over MPI differs from in-process"; echo "$file_mpi"; echo "$file_one"; cat "$work/err"; fi
+# Interleaved: two ranks of two stages each train the reference's losses; the same plan in one
+# process gives them bitwise; a checkpointed run resumes to the uninterrupted run's losses; each
+# rank's measured peak is within 5% of its stages replayed together.
+got=$($mpi 2 "$bin" train "${common[@]/--quiet/}" --schedule interleaved --plan-out "$work/il-plan.json" 2>"$work/err" | losses)
+if same_losses "$ref" "$got"; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: mpirun interleaved losses differ from the reference"; echo "$ref" | paste - <(echo "$got"); cat "$work/err"; fi
+il_mpi=$($mpi 2 "$bin" train "${common[@]/--quiet/}" --plan-in "$work/il-plan.json" 2>"$work/err" | grep '^step')
+il_one=$("$bin" train "${common[@]/--quiet/}" --stages 2 --in-process --plan-in "$work/il-plan.json" 2>&1 | grep '^step')
+if [ -n "$il_mpi" ] && grep -q '"virtual_stages": 2' "$work/il-plan.json" &&
+   [ "$(echo "$il_mpi" | cut -d' ' -f1-4)" = "$(echo "$il_one" | cut -d' ' -f1-4)" ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: interleaved over MPI differs from in-process"; echo "$il_mpi"; echo "$il_one"; cat "$work/err"; fi
+ilc=(train --model gpt2-tiny --schedule interleaved --micro-batches 4 --plan-in "$work/il-plan.json")
+ilfull=$($mpi 2 "$bin" "${ilc[@]}" --steps 4 2>/dev/null | grep '^step' | cut -d' ' -f1-4)
+$mpi 2 "$bin" "${ilc[@]}" --steps 2 --checkpoint-dir "$work/ilck" --checkpoint-every 2 --quiet >/dev/null 2>"$work/err"
+ilresumed=$($mpi 2 "$bin" "${ilc[@]}" --steps 4 --checkpoint-dir "$work/ilck" --resume 2>>"$work/err" | grep '^step' | cut -d' ' -f1-4)
+if [ -n "$ilresumed" ] && [ "$ilresumed" = "$(echo "$ilfull" | tail -2)" ] && [ -f "$work/ilck/step-2/stage-3.h5" ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: resumed interleaved losses differ"; echo "$ilfull"; echo "--"; echo "$ilresumed"; cat "$work/err"; fi
+il_peaks=$($mpi 2 "$bin" train --model gpt2-mini --schedule interleaved --micro-batches 4 --steps 2 --memopt sr \
+  --device-memory 120MiB 2>"$work/err" | grep -o 'rank [01]: measured peak .*)' | tr -d '()' |
+  awk '{printf "%s %s %s %s\n", $5, $6, $8, $9}')
+if [ "$(echo "$il_peaks" | wc -l)" -eq 2 ] && echo "$il_peaks" | awk '
+  function mib(v, u) { return u == "KiB" ? v / 1024 : u == "GiB" ? v * 1024 : v }
+  { m = mib($1, $2); p = mib($3, $4); if (m > 1.05 * p || m < 0.95 * p) bad = 1 } END { exit bad }'; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: interleaved ranks' peaks beside their replay"; echo "$il_peaks"; cat "$work/err"; fi
 # Activations of 2 x 500 x 768 floats (2.9 MiB) travel as several 1 MiB chunks and a partial one:
 # the two ranks' losses equal the same plan's in one process.
 big=(--model gpt2-tiny --hidden 768 --heads 12 --seq-len 500 --layers 2 --vocab 512 --micro-batch-size 2 --micro-batches 2 --steps 2)
@@ -284,7 +308,7 @@ code=$?
 if [ $code -eq 2 ] && grep -q "checkpoint file '$work/ck-cut/step-[0-9]*/stage-1.h5' is truncated or corrupt" "$work/err" &&
    ! grep -q "internal error" "$work/err"; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: truncated checkpoint (exit $code)"; cat "$work/err"; fi
-expect_fail "unknown schedule on one stage" "unknown schedule 'zigzag' (choose gpipe, 1f1b, async or zb-h1, auto or file:PATH)" \
+expect_fail "unknown schedule on one stage" "unknown schedule 'zigzag' (choose gpipe, 1f1b, async, zb-h1 or interleaved, auto or file:PATH)" \
   train --model mlp-tiny --steps 1 --schedule zigzag
 # Stage 0 sends every activation ahead while stage 1 returns gradients: each waits on the other's
 # send, so the file is refused before anything runs.
@@ -305,12 +329,20 @@ auto_out=$("$bin" train --model gpt2-tiny --steps 1 --micro-batches 4 --stages 3
 kept=$(echo "$auto_out" | awk '/<- kept/ {print $1}')
 if [ -n "$kept" ] && echo "$auto_out" | grep -q "3 stages, $kept\$"; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: train --schedule auto runs the schedule it kept"; echo "$auto_out"; fi
+expect_fail "virtual stages on a schedule that does not interleave" "only interleaved does (the schedule is 1f1b)" \
+  plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --schedule 1f1b --virtual-stages 2
+expect_fail "interleaved micro-batches in groups of the ranks" "--micro-batches 3 is not a multiple of the 2 ranks" \
+  plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --micro-batches 3 --schedule interleaved
+expect_fail "more virtual stages than the graph has nodes" "cannot split 65 nodes into 80 stages (2 ranks x --virtual-stages 40)" \
+  plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --micro-batches 4 --schedule interleaved --virtual-stages 40
+expect_fail "an interleaved plan on other ranks" "--stages 4 contradicts the plan (--plan-in), made for 2" \
+  train "${common[@]}" --stages 4 --in-process --plan-in "$work/il-plan.json"
 # A split backward cannot run a stage where GPT-2's tied embedding feeds its output projection.
 expect_fail "zb-h1 on a stage whose tied weight's readers feed each other" \
   "stage 0 cannot split its backward (zb-h1): wte and lm_head read one weight" \
   plan --model gpt2-tiny --device-spec a100-40gb --stages 1 --schedule zb-h1
-# With the split backward's W filling 1F1B's bubbles, zb-h1 predicts the fastest step.
-expect_ok "--schedule auto prints what it chose from" "zb-h1 .*<- kept" \
+# Interleaving's two stages per rank halve 1F1B's bubble: a faster step than zb-h1's W filling it.
+expect_ok "--schedule auto prints what it chose from" "interleaved .*<- kept" \
   plan --model gpt2-tiny --device-spec a100-40gb --stages 4 --micro-batches 8 --schedule auto --memopt none
 expect_fail "resume without checkpoint" "no complete checkpoint" train --model gpt2-tiny --steps 2 --checkpoint-dir "$work/none" --resume
 # Asynchronous checkpoints: the pipeline drains every K steps and writes them there; a resumed

@@ -52,7 +52,8 @@ std::vector<StepReport> pipeline_losses(const OpGraph& g, const TrainConfig& rc,
 }
 }  // namespace
 
-TEST_CASE("gpipe, 1f1b and zero-bubble pipelines reproduce the reference trainer's parameters", "[runtime]") {
+TEST_CASE("gpipe, 1f1b, zero-bubble and interleaved pipelines reproduce the reference trainer's parameters",
+          "[runtime]") {
   at::set_num_threads(1);
   // AmoebaNet is left out: batch normalization over a 1x1 map of a few samples makes its
   // training chaotic, so last-bit differences in summation order grow without bound.
@@ -67,9 +68,12 @@ TEST_CASE("gpipe, 1f1b and zero-bubble pipelines reproduce the reference trainer
     std::vector<StepResult> ref_losses = reference.run();
     std::map<std::string, at::Tensor> expected;
     for (const auto& p : reference.module().parameters()) expected[p.name] = p.tensor;
-    for (ScheduleChoice kind :
-         {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("zb-h1")}) {
-      for (int stages : {2, 3, 4}) {
+    for (ScheduleChoice kind : {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"),
+                                ScheduleChoice::named("zb-h1"), ScheduleChoice::named("interleaved")}) {
+      for (int ranks : {2, 3, 4}) {
+        // Interleaved: two stages per rank, micro-batches in groups of the ranks.
+        if (rc.micro_batches % ranks != 0 && kind.traits().interleaves()) continue;
+        const int stages = ranks * kind.virtual_stages();
         INFO(preset << " " << name_of(kind) << " " << stages << " stages");
         PipelineConfig pc;
         pc.schedule = kind;

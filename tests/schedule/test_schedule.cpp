@@ -94,7 +94,7 @@ TEST_CASE("gaps between a micro-batch's forward and backward", "[schedule]") {
 }
 
 namespace {
-// Independent check of a global order: per-stage order kept, every receive after its send.
+// Independent check of a global order: per-rank order kept, every receive after its send.
 void check_global_order(const Schedule& sched, const std::vector<Action>& order) {
   size_t total = 0;
   for (const auto& list : sched.actions) total += list.size();
@@ -103,9 +103,10 @@ void check_global_order(const Schedule& sched, const std::vector<Action>& order)
   std::set<std::tuple<int, int, int64_t>> sent;
   std::map<std::pair<int, int64_t>, int> forwards, backwards;
   for (const Action& a : order) {
-    size_t& n = next[static_cast<size_t>(a.stage)];
-    REQUIRE(n < sched.actions[static_cast<size_t>(a.stage)].size());
-    REQUIRE(sched.actions[static_cast<size_t>(a.stage)][n] == a);
+    const size_t r = static_cast<size_t>(sched.rank_of(a.stage));
+    size_t& n = next[r];
+    REQUIRE(n < sched.actions[r].size());
+    REQUIRE(sched.actions[r][n] == a);
     ++n;
     if (a.kind == ActionKind::SendActivation || a.kind == ActionKind::SendGrad)
       sent.insert({a.stage, static_cast<int>(a.kind), a.micro_batch});
@@ -126,12 +127,14 @@ void check_global_order(const Schedule& sched, const std::vector<Action>& order)
 
 TEST_CASE("every schedule runs to completion without deadlock", "[schedule]") {
   for (const ScheduleEntry& entry : registered_schedules())
-    for (int l = 1; l <= 6; ++l)
-      for (int m = 1; m <= 9; ++m) {
-        INFO(entry.name << " l=" << l << " m=" << m);
-        Schedule s = make_schedule(entry.name, l, m);
-        check_global_order(s, simulate_global(s));
-      }
+    for (int v = 1; v <= (entry.traits.interleaves() ? 3 : 1); ++v)
+      for (int l = 1; l <= 6; ++l)
+        for (int m = 1; m <= 9; ++m) {
+          if (entry.traits.interleaves() && m % l != 0) continue;  // refused (below)
+          INFO(entry.name << " v=" << v << " l=" << l << " m=" << m);
+          Schedule s = ScheduleChoice::named(entry.name).with_virtual_stages(v).make(l * v, m);
+          check_global_order(s, simulate_global(s));
+        }
 }
 
 TEST_CASE("the simulators reject malformed lists and deadlocks", "[schedule]") {
@@ -280,8 +283,37 @@ TEST_CASE("a schedule that cannot run is refused with the stage and the action",
   CHECK_THROWS_WITH(two.make(4, 2), Catch::Contains("has lists for 2 stages; the run has 4"));
   CHECK_THROWS_WITH(two.make(2, 8), Catch::Contains("runs 2 micro-batches per step; the run has 8"));
   CHECK_THROWS_WITH(ScheduleChoice::named("zb-h9"),
-                    Catch::Contains("unknown schedule 'zb-h9' (choose gpipe, 1f1b, async or zb-h1"));
+                    Catch::Contains("unknown schedule 'zb-h9' (choose gpipe, 1f1b, async, zb-h1 or interleaved"));
   CHECK_THAT(refused("0F0 0W0 0I0 0U\n"), Catch::Contains("stage 0, action 0W0: W before its I"));
   CHECK_THAT(refused("0F0 0I0 0U\n"), Catch::Contains("stage 0, action 0I0: no W follows this I"));
   CHECK_THROWS_WITH(ScheduleChoice::named("file:"), Catch::Contains("needs a path"));
+}
+
+// Interleaved 1F1B places V stages on each of l ranks, stage c*l + r on rank r; with uniform
+// stages of f and b per pass it takes m V (f + b) + (l - 1)(f + b): 1F1B's bubble over V
+// (Narayanan et al., SC'21), here with the one-send-buffer rule of the transport.
+TEST_CASE("interleaved: its lists, its textbook bubble, its refusals", "[schedule]") {
+  const Schedule two = ScheduleChoice::named("interleaved").with_virtual_stages(2).make(4, 2);
+  REQUIRE(two.ranks() == 2);
+  CHECK(to_string(two.actions[0]) ==
+        "0F0 0SEND_F0 0F1 0SEND_F1 2RECV_F0 2F0 2SEND_F0 2RECV_F1 2F1 2SEND_F1 2RECV_B0 2B0 2SEND_B0 2RECV_B1 2B1 "
+        "2SEND_B1 0RECV_B0 0B0 "
+        "0RECV_B1 0B1 0U 2U");
+  CHECK(to_string(two.stage_actions(3)) == "3RECV_F0 3F0 3RECV_F1 3F1 3B0 3SEND_B0 3B1 3SEND_B1 3U");
+  const double f = 1.0, b = 2.0;
+  for (int l : {2, 3, 4, 8})
+    for (int v : {1, 2, 3, 4})
+      for (int m : {l, 2 * l, 3 * l, 4 * l}) {
+        INFO("l=" << l << " v=" << v << " m=" << m);
+        const Schedule s = ScheduleChoice::named("interleaved").with_virtual_stages(v).make(l * v, m);
+        const std::vector<StageTimes> times(static_cast<size_t>(l * v), {f, b, 0.0, 0.0});
+        const TimedRun run = simulate_times(s, times);
+        CHECK(run.step_ms == Approx(m * v * (f + b) + (l - 1) * (f + b)));
+        REQUIRE(run.idle_ms.size() == static_cast<size_t>(l));
+      }
+  CHECK_THROWS_WITH(ScheduleChoice::named("interleaved").make(4, 3), Catch::Contains("not a multiple of the 2 ranks"));
+  CHECK_THROWS_WITH(ScheduleChoice::named("interleaved").make(3, 2), Catch::Contains("3 stages cannot be placed 2"));
+  CHECK_THROWS_WITH(ScheduleChoice::named("1f1b").with_virtual_stages(2), Catch::Contains("only interleaved"));
+  CHECK(ScheduleChoice::named("interleaved").virtual_stages() == 2);
+  CHECK(ScheduleChoice::named("1f1b").with_virtual_stages(0).virtual_stages() == 1);
 }
