@@ -24,7 +24,9 @@ ComputeLists interleaved_actions(const ScheduleShape& shape) {
   for (int r = 0; r < l; ++r) {
     std::vector<Action>& list = lists[static_cast<size_t>(r)];
     auto forward = [&](int64_t k) { list.push_back({ActionKind::Forward, forward_chunk(k) * l + r, micro_batch(k)}); };
-    auto backward = [&](int64_t k) { list.push_back({ActionKind::Backward, backward_chunk(k) * l + r, micro_batch(k)}); };
+    auto backward = [&](int64_t k) {
+      list.push_back({ActionKind::Backward, backward_chunk(k) * l + r, micro_batch(k)});
+    };
     const int64_t warmup = m == l ? total : std::min<int64_t>(2 * (l - r - 1) + int64_t{v - 1} * l, total);
     for (int64_t k = 0; k < warmup; ++k) forward(k);
     for (int64_t k = warmup; k < total; ++k) forward(k), backward(k - warmup);
