@@ -169,7 +169,8 @@ class StageReplay final : public ActionHooks {
   std::vector<Action>* events_;
   std::vector<int64_t>* event_live_;  // live bytes at each event, when given
   const int b_, e_, x_, T_;
-  const bool stashes_, stream_;  // weight versions kept; one list for the run (no step repeats)
+  const bool stashes_, stream_;   // weight versions kept; one list for the run (no step repeats)
+  const size_t sends_in_flight_;  // the transport's (ScheduleTraits::sends_in_flight)
   const bool last_;
   const std::vector<char>& requires_grad_;
 
@@ -271,6 +272,7 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
       T_(static_cast<int>(model.profile().tensors.size())),
       stashes_(model.schedule().traits().stashes_weights),
       stream_(!model.schedule().traits().drains_every_step),
+      sends_in_flight_(static_cast<size_t>(model.schedule().traits().sends_in_flight)),
       last_(e == model.size()),
       requires_grad_(model.requires_grad()) {
   place_storages();
@@ -606,12 +608,12 @@ void StageReplay::evict(MicroBatch& m, int64_t mb, int index) {
 }
 
 // Receives allocate the tensors they receive. A send keeps what it sends referenced until MPI
-// completes it: found done by the next send (the receiver may not have taken it earlier), or on a
-// rank of several stages by the rank's send sends_in_flight later.
+// completes it: found done by the send sends_in_flight later (the next one for most schedules; the
+// receiver may not have taken it earlier), on a rank of several stages whichever stage sends.
 void StageReplay::send(int64_t held_by_send, int64_t originals_of) {
   if (segment_ == 0) segment_ = 1;
   if (!rank_sends_) {
-    while (!pending_sends_.empty()) complete_oldest_send();
+    while (pending_sends_.size() >= sends_in_flight_) complete_oldest_send();
   } else {
     while (rank_sends_->order.size() >= rank_sends_->depth) {
       rank_sends_->order.front()->complete_oldest_send();

@@ -324,48 +324,52 @@ class StepRelay {
 };
 
 // One communicator per group of ranks sharing a tied parameter (key: owner node, parameter
-// index), with the stage on this rank holding it; every rank takes part in every split, in the
-// same order.
+// index), with the stages on this rank holding it (two where interleaving puts both on one
+// rank); every rank takes part in every split, in the same order.
 struct TieComm {
   std::pair<int, int> key;
-  int stage;
+  std::vector<int> stages;  // this rank's, ascending
   MPI_Comm comm;
 };
 std::vector<TieComm> tie_communicators(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, int rank) {
   std::vector<TieComm> tie_comms;
   const int ranks = ranks_of(c);
   for (const auto& [key, holders] : tied_groups(g, c)) {
-    int mine = -1;
-    std::set<int> holding_ranks;
-    for (int s : holders) {
-      if (!holding_ranks.insert(s % ranks).second)
-        throw ConfigError(g.nodes[key.first].name + "." + g.nodes[key.first].params[key.second].name +
-                          " is tied across stages that share rank " + std::to_string(s % ranks) +
-                          ": place them on different ranks (another --virtual-stages or --stages)");
-      if (s % ranks == rank) mine = s;
-    }
+    std::vector<int> mine;
+    for (int s : holders)
+      if (s % ranks == rank) mine.push_back(s);
     MPI_Comm sub;
-    MPI_Comm_split(comm, mine >= 0 ? 0 : MPI_UNDEFINED, rank, &sub);
-    if (mine >= 0) tie_comms.push_back({key, mine, sub});
+    MPI_Comm_split(comm, mine.empty() ? MPI_UNDEFINED : 0, rank, &sub);
+    if (!mine.empty()) tie_comms.push_back({key, mine, sub});
   }
   return tie_comms;
 }
 
-// Sums stage `stage`'s tied parameters' gradients over the ranks holding them (REDUCE_TIED).
-void reduce_tied(const std::vector<TieComm>& tie_comms, int stage, std::vector<StageParameter>& params) {
-  for (const TieComm& tie : tie_comms)
-    for (auto& p : params)
-      if (tie.stage == stage && p.node == tie.key.first && p.index == tie.key.second) {
-        if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
-        // Summed in host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
-        at::Tensor grad = p.tensor.mutable_grad().to(at::kCPU).contiguous();
-        allreduce_quietly(grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, tie.comm);
-        p.tensor.mutable_grad() = grad.to(p.tensor.device());
-      }
-}
-
-// The stages this rank runs: one, or an interleaved schedule's V (stage v * ranks + rank at v).
+// The rank's stages: one, or an interleaved schedule's V (stage v * ranks + rank at v).
 using RankStages = std::vector<std::unique_ptr<PipelineStage>>;
+
+// Sums each tied parameter's gradient over the stages holding it (REDUCE_TIED), at the first of
+// its stages on this rank (a rank's tied reductions all come before its updates): the rank's
+// copies summed, then over the ranks holding it, and every copy here given the sum.
+void reduce_tied(const std::vector<TieComm>& tie_comms, int stage, RankStages& stages) {
+  const int ranks = stages.front()->config().stages / static_cast<int>(stages.size());
+  for (const TieComm& tie : tie_comms) {
+    if (tie.stages.front() != stage) continue;
+    std::vector<at::Tensor*> copies;
+    for (int s : tie.stages)
+      for (auto& p : stages[static_cast<size_t>(s / ranks)]->module().parameters())
+        if (p.node == tie.key.first && p.index == tie.key.second) {
+          if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+          copies.push_back(&p.tensor.mutable_grad());
+        }
+    // Summed in host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
+    at::Tensor sum = copies.front()->to(at::kCPU).contiguous().clone();
+    for (size_t k = 1; k < copies.size(); ++k) sum += copies[k]->to(at::kCPU);
+    allreduce_quietly(sum.data_ptr(), static_cast<int>(sum.numel()), MPI_FLOAT, MPI_SUM, tie.comm);
+    for (size_t k = 0; k < copies.size(); ++k)  // each copy its own tensor: backwards accumulate into it
+      *copies[k] = (k == 0 ? sum : sum.clone()).to(copies[k]->device());
+  }
+}
 
 // The mean loss of options.eval_batches validation micro-batches, on every rank (collective over
 // the pipeline). Message ids from `first_id` on, apart from every training micro-batch's.
@@ -456,7 +460,7 @@ void attach_reducers(RankStages& stages, const std::vector<TieComm>& tie_comms, 
     const int x = stage->config().stage;
     if (c.schedule.traits().updates_once_per_step && !tie_comms.empty())
       stage->set_tied_reducer(
-          [&tie_comms, x](std::vector<StageParameter>& params) { reduce_tied(tie_comms, x, params); });
+          [&tie_comms, &stages, x](std::vector<StageParameter>&) { reduce_tied(tie_comms, x, stages); });
     stage->set_norm_reducer([&stages, norm, comm](double) {
       auto& [updates, square_sum] = *norm;
       if (updates++ % static_cast<int>(stages.size()) == 0) {

@@ -80,7 +80,7 @@ PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, Tra
   const std::vector<std::string> ids = device_identities(device, comm);
   if (choice == TransportKind::Auto && !device.is_cuda()) choice = TransportKind::Mpi;
   PipelineTransport out;
-  if (choice == TransportKind::Mpi || needs.any_peer) {  // tagged messages to any rank
+  if (choice == TransportKind::Mpi || needs.any_peer || needs.sends_in_flight > 1) {  // tagged, to any rank
     if (device.is_cuda())
       out.transport = std::make_unique<HostStagedTransport>(comm, device, needs.sends_in_flight);
     else

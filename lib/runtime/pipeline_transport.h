@@ -78,10 +78,11 @@ struct LinkNeeds {
   int sends_in_flight = 1;
 };
 
-// This rank's transport (rank == stage in `comm`, or a rank of several stages where any_peer).
-// Collective over `comm`. ConfigError for a choice that cannot work (nccl on the CPU, between
-// ranks sharing a GPU or for any_peer, whose messages NCCL would match by order alone; mpi with
-// CUDA).
+// This rank's transport (rank == stage in `comm`, or a rank of several stages where any_peer):
+// on CUDA, host-staged MPI where the schedule needs any peer or several sends going. Collective
+// over `comm`. ConfigError for a choice that cannot work (nccl on the CPU, between ranks sharing a
+// GPU, or for those needs: NCCL would match two directions' messages by order alone, and its
+// links complete each send before the next; mpi with CUDA).
 PipelineTransport make_pipeline_transport(MPI_Comm comm, c10::Device device, TransportKind choice,
                                           LinkNeeds needs = {});
 

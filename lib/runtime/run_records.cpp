@@ -30,7 +30,9 @@ void write_pipeline_trace(const OpGraph& graph, const Plan& plan, const Pipeline
     rec.node_end = planned.end;
     for (const auto& p : mine.parameters)  // a tied copy counts on its owner's stage
       if (virtual_stages == 1 || (p.node >= planned.begin && p.node < planned.end)) rec.parameters += p.tensor.numel();
-    rec.predicted_peak_bytes = planned.memory.predicted_peak();
+    // Under interleaving the measured peak is the rank's: so is the prediction beside it.
+    rec.predicted_peak_bytes = virtual_stages > 1 ? plan.rank_peak_bytes(true)[static_cast<size_t>(layout.stage)]
+                                                  : planned.memory.predicted_peak();
     rec.predicted_ms_per_micro_batch = planned.time_ms();
     rec.measured_peak_bytes = mine.peak_bytes;
     gethostname(rec.host, sizeof rec.host - 1);

@@ -15,6 +15,7 @@ ComputeLists gpipe_actions(const ScheduleShape& shape);
 ComputeLists one_f_one_b_actions(const ScheduleShape& shape);
 ComputeLists async_actions(const ScheduleShape& shape);
 ComputeLists zb_h1_actions(const ScheduleShape& shape);
+ComputeLists zb_h2_actions(const ScheduleShape& shape);
 ComputeLists interleaved_actions(const ScheduleShape& shape);
 
 namespace {
@@ -23,6 +24,10 @@ const ScheduleTraits kPipeDream{/*updates_once_per_step=*/false, /*drains_every_
                                 /*stashes_weights=*/true};
 const ScheduleTraits kZeroBubble{/*updates_once_per_step=*/true, /*drains_every_step=*/true,
                                  /*stashes_weights=*/false, /*splits_backward=*/true};
+const ScheduleTraits kZeroBubbleAhead{
+    /*updates_once_per_step=*/true, /*drains_every_step=*/true,
+    /*stashes_weights=*/false,      /*splits_backward=*/true,
+    /*default_virtual_stages=*/0,   /*sends_in_flight=*/2};
 const ScheduleTraits kInterleaved{/*updates_once_per_step=*/true, /*drains_every_step=*/true,
                                   /*stashes_weights=*/false,      /*splits_backward=*/false,
                                   /*default_virtual_stages=*/2,   /*sends_in_flight=*/2};
@@ -35,6 +40,8 @@ const std::vector<ScheduleEntry>& registered_schedules() {
       {"async", "PipeDream: 1F1B, an update after every backward, weight stashing", kPipeDream, async_actions},
       {"zb-h1", "zero bubble (ZB-H1): backward split into I and W, W fills the bubbles; holds min(l, m)", kZeroBubble,
        zb_h1_actions},
+      {"zb-h2", "zero bubble (ZB-H2): as zb-h1, forwarding up to 2l-1 micro-batches ahead to fill the warm-up too",
+       kZeroBubbleAhead, zb_h2_actions},
       {"interleaved", "Megatron's interleaved 1F1B: V stages per rank (--virtual-stages), a bubble V times smaller",
        kInterleaved, interleaved_actions},
   };

@@ -27,6 +27,9 @@
 //         and W (weight gradients, later), W filling the bubbles (schedule/zero_bubble.cpp). With
 //         uniform stages (l-1)(F+I-W) of idle time instead of 1F1B's (l-1)(F+I+W); in flight
 //         (forwarded, W not run): min(l, m) on every stage.
+//  zb-h2  ZB-H2: the same split, stages forwarding up to 2l-1 micro-batches ahead so that the
+//         warm-up idles too little to matter: m(F+I+W) + (l-1)F once m >= 2l
+//         (schedule/zb_h2.cpp); two sends going per rank.
 //  interleaved  Megatron's interleaved 1F1B: each of the l ranks runs V stages (model chunks),
 //         stage s on rank s mod l (schedule/interleaved.cpp). Uniform stages idle (l-1)(F+B)/V
 //         per rank instead of (l-1)(F+B), for more micro-batches in flight.

@@ -6,10 +6,7 @@
 // takes m (F+I+W) + (l-1)(F+I-W) against 1F1B's (m+l-1)(F+I+W), every stage holding min(l, m)
 // micro-batches (1F1B's first stage's count).
 //
-// Not registered: ZB-H2, which warms up with 2(l-x-1) forwards to reach (l-1) F + m (F+I+W). It
-// sends two forwards more ahead than the next stage takes them; the transport completes one
-// send before it starts the next (schedule/simulate.h), so the sender waits, and its lists
-// simulate slower than ZB-H1's (l = 4, m = 8, unit passes: 30 against 27).
+// ZB-H2, which forwards further ahead, is schedule/zb_h2.cpp.
 #include <deque>
 
 #include "schedule/registry.h"

@@ -40,6 +40,7 @@ struct StageRecord {
   int64_t replica = 0;
   int64_t node_begin = 0, node_end = 0;
   int64_t parameters = 0;
+  // Under interleaving (several stages per rank) both peaks are the rank's.
   int64_t predicted_peak_bytes = 0;
   double predicted_ms_per_micro_batch = 0;
   int64_t measured_peak_bytes = 0;

@@ -102,7 +102,7 @@ common=(--model gpt2-tiny --steps 3 --micro-batches 4 --quiet)
 ref=$("$bin" train "${common[@]/--quiet/}" --stages 1 2>/dev/null | losses)
 # A user's schedule: gpipe's forwards, the backwards in reverse order.
 printf '# backwards last in, first out\n0F0 0F1 0F2 0F3 0B3 0B2 0B1 0B0 0U\n1F0 1F1 1F2 1F3 1B3 1B2 1B1 1B0 1U\n2F0 2F1 2F2 2F3 2B3 2B2 2B1 2B0 2U\n' >"$work/lifo.txt"
-for sched in gpipe 1f1b zb-h1 "file:$work/lifo.txt"; do
+for sched in gpipe 1f1b zb-h1 zb-h2 "file:$work/lifo.txt"; do
   got=$($mpi 3 "$bin" train "${common[@]/--quiet/}" --schedule $sched 2>"$work/err" | losses)
   if same_losses "$ref" "$got"; then passed=$((passed + 1)); else
     failed=$((failed + 1)); echo "FAIL: mpirun $sched losses differ from the reference"; echo "$ref" | paste - <(echo "$got"); cat "$work/err"; fi
@@ -126,6 +126,11 @@ if [ -n "$file_mpi" ] && [ "$(echo "$file_mpi" | cut -d' ' -f1-4)" = "$(echo "$f
 got=$($mpi 2 "$bin" train "${common[@]/--quiet/}" --schedule interleaved --plan-out "$work/il-plan.json" 2>"$work/err" | losses)
 if same_losses "$ref" "$got"; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: mpirun interleaved losses differ from the reference"; echo "$ref" | paste - <(echo "$got"); cat "$work/err"; fi
+# One rank of two stages holds GPT-2's tied embedding and output projection both: it sums their
+# gradients itself.
+got=$($mpi 1 "$bin" train "${common[@]/--quiet/}" --schedule interleaved --trace "$work/il1.h5" 2>"$work/err" | losses)
+if same_losses "$ref" "$got"; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: one rank of two interleaved stages"; echo "$ref" | paste - <(echo "$got"); cat "$work/err"; fi
 il_mpi=$($mpi 2 "$bin" train "${common[@]/--quiet/}" --plan-in "$work/il-plan.json" 2>"$work/err" | grep '^step')
 il_one=$("$bin" train "${common[@]/--quiet/}" --stages 2 --in-process --plan-in "$work/il-plan.json" 2>&1 | grep '^step')
 if [ -n "$il_mpi" ] && grep -q '"virtual_stages": 2' "$work/il-plan.json" &&
@@ -308,7 +313,7 @@ code=$?
 if [ $code -eq 2 ] && grep -q "checkpoint file '$work/ck-cut/step-[0-9]*/stage-1.h5' is truncated or corrupt" "$work/err" &&
    ! grep -q "internal error" "$work/err"; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: truncated checkpoint (exit $code)"; cat "$work/err"; fi
-expect_fail "unknown schedule on one stage" "unknown schedule 'zigzag' (choose gpipe, 1f1b, async, zb-h1 or interleaved, auto or file:PATH)" \
+expect_fail "unknown schedule on one stage" "unknown schedule 'zigzag' (choose gpipe, 1f1b, async, zb-h1, zb-h2 or interleaved, auto or file:PATH)" \
   train --model mlp-tiny --steps 1 --schedule zigzag
 # Stage 0 sends every activation ahead while stage 1 returns gradients: each waits on the other's
 # send, so the file is refused before anything runs.

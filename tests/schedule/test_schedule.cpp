@@ -282,8 +282,9 @@ TEST_CASE("a schedule that cannot run is refused with the stage and the action",
   const ScheduleChoice two = ScheduleChoice::from_actions("file:s.txt", "0F0 0F1 0B0 0B1 0U\n1F0 1F1 1B0 1B1 1U\n");
   CHECK_THROWS_WITH(two.make(4, 2), Catch::Contains("has lists for 2 stages; the run has 4"));
   CHECK_THROWS_WITH(two.make(2, 8), Catch::Contains("runs 2 micro-batches per step; the run has 8"));
-  CHECK_THROWS_WITH(ScheduleChoice::named("zb-h9"),
-                    Catch::Contains("unknown schedule 'zb-h9' (choose gpipe, 1f1b, async, zb-h1 or interleaved"));
+  CHECK_THROWS_WITH(
+      ScheduleChoice::named("zb-h9"),
+      Catch::Contains("unknown schedule 'zb-h9' (choose gpipe, 1f1b, async, zb-h1, zb-h2 or interleaved"));
   CHECK_THAT(refused("0F0 0W0 0I0 0U\n"), Catch::Contains("stage 0, action 0W0: W before its I"));
   CHECK_THAT(refused("0F0 0I0 0U\n"), Catch::Contains("stage 0, action 0I0: no W follows this I"));
   CHECK_THROWS_WITH(ScheduleChoice::named("file:"), Catch::Contains("needs a path"));
@@ -316,4 +317,27 @@ TEST_CASE("interleaved: its lists, its textbook bubble, its refusals", "[schedul
   CHECK_THROWS_WITH(ScheduleChoice::named("1f1b").with_virtual_stages(2), Catch::Contains("only interleaved"));
   CHECK(ScheduleChoice::named("interleaved").virtual_stages() == 2);
   CHECK(ScheduleChoice::named("1f1b").with_virtual_stages(0).virtual_stages() == 1);
+}
+
+// zb-h2 forwards up to 2l - 1 micro-batches ahead, so that the first stage's warm-up has no
+// bubble either: m (f + i + w) + (l - 1) f once m >= 2l, with whatever F/I/W ratio (its lists are
+// laid out with passes of one length), never slower than zb-h1. Its ranks keep two sends going:
+// with one, a stage forwarding ahead waits for the next to take its previous send.
+TEST_CASE("zb-h2: its step, its in-flight count, its send depth", "[schedule]") {
+  for (const auto& [f, i, w] : {std::tuple{1.0, 1.0, 1.0}, {1.0, 1.2, 0.8}, {1.0, 1.0, 0.5}, {2.0, 1.0, 1.0}})
+    for (int l : {2, 4, 8})
+      for (int m : {l, 2 * l, 3 * l}) {
+        INFO("l=" << l << " m=" << m << " f=" << f << " i=" << i << " w=" << w);
+        const std::vector<StageTimes> times(static_cast<size_t>(l), {f, i + w, 0.0, 0.0, w});
+        const Schedule h2 = make_schedule("zb-h2", l, m);
+        const double step = simulate_times(h2, times).step_ms;
+        if (m >= 2 * l) CHECK(step == Approx(m * (f + i + w) + (l - 1) * f));
+        CHECK(step <= simulate_times(make_schedule("zb-h1", l, m), times).step_ms + 1e-9);
+        for (const StageStats& st : simulate_stages(h2)) CHECK(st.max_in_flight <= std::min(2 * l - 1, m));
+      }
+  const std::vector<StageTimes> unit(4, {1.0, 2.0, 0.0, 0.0, 1.0});
+  Schedule one_send = make_schedule("zb-h2", 4, 4);
+  one_send.sends_in_flight = 1;
+  CHECK(simulate_times(one_send, unit).step_ms == Approx(16));
+  CHECK(simulate_times(make_schedule("zb-h2", 4, 4), unit).step_ms == Approx(15));
 }
