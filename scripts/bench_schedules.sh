@@ -9,7 +9,7 @@
 set -euo pipefail
 bin="${1:-build/dawnpiper}"
 models=(bert-large gpt2-large t5-large amoebanet-d)
-schedules=(gpipe 1f1b async zb-h1 interleaved)
+schedules=(gpipe 1f1b async zb-h1 zb-h2 interleaved)
 cell() {  # schedule memopt stages model: "B, samples/s, idle share of the step"
   local m=$((2 * $3)) out b
   out=$("$bin" plan --model "$4" --device-spec a100-40gb --schedule "$1" --memopt "$2" --stages "$3" \

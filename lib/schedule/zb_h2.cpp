@@ -17,7 +17,7 @@ namespace dawnpiper {
 namespace {
 struct UnitStage {
   int64_t clock = 0, forwarded = 0, inputs = 0;
-  std::deque<int64_t> held;  // I done, W not yet
+  std::deque<int64_t> held;                               // I done, W not yet
   std::map<int64_t, int64_t> activation_at, gradient_at;  // micro-batch -> when it arrives
 };
 }  // namespace
