@@ -453,7 +453,8 @@ std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, c
 
 // What the rank's stages reduce over the pipeline before their updates: tied gradients, and the
 // global gradient norm, summed over the rank's stages at its first update of a step (after every
-// tied sum: stage_list puts those first) and over the ranks, then kept for its other updates.
+// tied sum: stage_list puts those first; each stage averaged over its replicas first) and over
+// the ranks, then kept for its other updates.
 void attach_reducers(RankStages& stages, const std::vector<TieComm>& tie_comms, const PipelineConfig& c, MPI_Comm comm,
                      std::shared_ptr<std::pair<int, double>> norm) {
   for (auto& stage : stages) {
@@ -465,7 +466,7 @@ void attach_reducers(RankStages& stages, const std::vector<TieComm>& tie_comms, 
       auto& [updates, square_sum] = *norm;
       if (updates++ % static_cast<int>(stages.size()) == 0) {
         square_sum = 0;
-        for (auto& s : stages) square_sum += s->grad_square_sum();
+        for (auto& s : stages) s->average_replicas(), square_sum += s->grad_square_sum();
         allreduce_quietly(&square_sum, 1, MPI_DOUBLE, MPI_SUM, comm);
       }
       return square_sum;

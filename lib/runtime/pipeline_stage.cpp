@@ -335,8 +335,14 @@ double PipelineStage::evaluate(int64_t id, int64_t index) {
 
 double PipelineStage::grad_square_sum() const { return dawnpiper::grad_square_sum(masters_, counted_in_norm_); }
 
+void PipelineStage::average_replicas() {
+  if (replicas_averaged_ || !reduce_replicas_) return;
+  reduce_replicas_(module_.parameters());
+  replicas_averaged_ = true;
+}
+
 void PipelineStage::optimizer_step() {
-  if (reduce_replicas_) reduce_replicas_(module_.parameters());
+  average_replicas();
   if (config_.schedule.traits().updates_once_per_step) {
     const double local = grad_square_sum();
     last_grad_norm_ = std::sqrt(reduce_norm_ ? reduce_norm_(local) : local);
@@ -345,6 +351,7 @@ void PipelineStage::optimizer_step() {
   optimizer_->set_lr(scheduled_lr(config_.optimizer.lr, config_.optimizer.schedule, latest_step_));
   optimizer_->step();
   ++version_;
+  replicas_averaged_ = false;
 }
 
 }  // namespace dawnpiper

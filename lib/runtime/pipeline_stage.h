@@ -69,6 +69,9 @@ class PipelineStage : private ActionHooks {
   // Averages the stage's gradients over the data-parallel replicas before every optimizer step
   // (every schedule; under async, each replica's k-th update averages their k-th gradients).
   void set_replica_reducer(TiedGradReducer reducer) { reduce_replicas_ = std::move(reducer); }
+  // Averages the gradients over the replicas now, once per update (which then does not): a rank
+  // of several stages needs all of them averaged before its first update takes the norm.
+  void average_replicas();
   // Forward only, without autograd or dropout, of validation micro-batch `index` (its samples
   // from the validation split): received from the previous stage and sent to the next under
   // message id `id` (apart from every training micro-batch's). Returns the loss on the last
@@ -156,6 +159,7 @@ class PipelineStage : private ActionHooks {
   int64_t step_losses_ = 0;
   std::function<void(int64_t, double)> on_loss_;
   TiedGradReducer reduce_tied_, reduce_replicas_;
+  bool replicas_averaged_ = false;  // since the last update
   std::function<double(double)> reduce_norm_;
 };
 

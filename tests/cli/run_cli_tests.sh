@@ -131,6 +131,15 @@ if same_losses "$ref" "$got"; then passed=$((passed + 1)); else
 got=$($mpi 1 "$bin" train "${common[@]/--quiet/}" --schedule interleaved --trace "$work/il1.h5" 2>"$work/err" | losses)
 if same_losses "$ref" "$got"; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: one rank of two interleaved stages"; echo "$ref" | paste - <(echo "$got"); cat "$work/err"; fi
+# Two data-parallel replicas of 2 interleaved ranks, clipped by the global norm, train what one
+# pipeline of twice the micro-batches does (every stage averaged before the rank's first update
+# takes the norm).
+norms() { grep '^step' | grep -o 'grad-norm [0-9.e+-]*' | awk '{print $2}'; }
+dp=$($mpi 4 "$bin" train --model gpt2-tiny --steps 3 --micro-batches 4 --stages 2 --data-parallel 2 --schedule interleaved \
+  --grad-clip 0.5 2>"$work/err")
+one=$($mpi 2 "$bin" train --model gpt2-tiny --steps 3 --micro-batches 8 --schedule interleaved --grad-clip 0.5 2>>"$work/err")
+if same_losses "$(echo "$one" | losses)" "$(echo "$dp" | losses)" && same_losses "$(echo "$one" | norms)" "$(echo "$dp" | norms)"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: data-parallel interleaved"; echo "$one"; echo "$dp"; cat "$work/err"; fi
 il_mpi=$($mpi 2 "$bin" train "${common[@]/--quiet/}" --plan-in "$work/il-plan.json" 2>"$work/err" | grep '^step')
 il_one=$("$bin" train "${common[@]/--quiet/}" --stages 2 --in-process --plan-in "$work/il-plan.json" 2>&1 | grep '^step')
 if [ -n "$il_mpi" ] && grep -q '"virtual_stages": 2' "$work/il-plan.json" &&

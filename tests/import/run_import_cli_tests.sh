@@ -42,10 +42,11 @@ for ranks in 2 4; do
   if [ -n "$amp" ] && [ "$amp" = "$one" ]; then passed=$((passed + 1)); else
     failed=$((failed + 1)); echo "FAIL: $ranks-rank async differs from in-process"; echo "$amp"; echo "$one"; cat "$work/err"; fi
 done
-# The zero-bubble schedule (the backward split into I and W): the single-process losses, and the
+# The zero-bubble schedules (the backward split into I and W) and interleaved (two stages per
+# rank, the tied embedding and head on one rank at 2 x 2): the single-process losses, and the
 # same plan in one process, bitwise.
 for ranks in 2 4; do
-  for sched in zb-h1; do
+  for sched in zb-h1 zb-h2 interleaved; do
     zmp=$($mpi $ranks "$bin" train "${data[@]}" --schedule $sched --plan-out "$work/$sched$ranks.json" 2>"$work/err" | grep '^step' | cut -d' ' -f1-4)
     one=$("$bin" train "${data[@]}" --schedule $sched --stages $ranks --in-process --plan-in "$work/$sched$ranks.json" 2>&1 | grep '^step' | cut -d' ' -f1-4)
     if [ -n "$zmp" ] && [ "$zmp" = "$one" ] && same_losses "$ref" "$(echo "$zmp" | losses)"; then passed=$((passed + 1)); else
@@ -59,8 +60,10 @@ check "shuffled order reproducible from the seed" test -n "$s1" -a "$s1" = "$s2"
 # Validation loss every N steps, equal on one rank and on two.
 v1=$("$bin" train "${data[@]}" --validation-fraction 0.1 --eval-every 2 --eval-batches 2 2>&1 | grep '^validation')
 v2=$($mpi 2 "$bin" train "${data[@]}" --validation-fraction 0.1 --eval-every 2 --eval-batches 2 2>&1 | grep '^validation')
-if [ "$(echo "$v1" | wc -l)" -eq 2 ] && same_losses "$(echo "$v1" | awk '{print $5}')" "$(echo "$v2" | awk '{print $5}')"; then
-  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: validation losses"; echo "$v1"; echo "$v2"; fi
+v3=$($mpi 2 "$bin" train "${data[@]}" --validation-fraction 0.1 --eval-every 2 --eval-batches 2 --schedule interleaved 2>&1 | grep '^validation')
+if [ "$(echo "$v1" | wc -l)" -eq 2 ] && same_losses "$(echo "$v1" | awk '{print $5}')" "$(echo "$v2" | awk '{print $5}')" &&
+   same_losses "$(echo "$v1" | awk '{print $5}')" "$(echo "$v3" | awk '{print $5}')"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: validation losses"; echo "$v1"; echo "$v2"; echo "$v3"; fi
 
 # Swap and recompute under a tight cap: the largest cap from 2000 KiB down whose sr plan evicts.
 # Every stage's measured peak lies within 5% of its prediction, and the losses are those of
