@@ -1,14 +1,16 @@
 // ZB-H2 (Qi et al., ICLR 2024): as zb-h1, every backward split into I and W, but stages forward
 // further ahead (up to 2l-1 micro-batches held, from F until W), so that the first stage is not
-// left waiting for its first I: with passes of equal length the step takes m (F+I+W) + (l-1) F,
-// against zb-h1's m (F+I+W) + (l-1)(F+I-W). The lists come from a list schedule of unit passes:
-// each stage, whenever it is free, runs an I whose gradient has arrived, else a forward while it
-// holds fewer than 2l-1 micro-batches and its input has arrived, else the oldest W it holds; a
-// stage with nothing ready waits for the first input to arrive. Its ranks keep two sends going
-// (ScheduleTraits::sends_in_flight), as its forwards run ahead of the next stage.
+// left waiting for its first I: with uniform stages the step takes m (F+I+W) + (l-1) F once
+// m >= 2l, against zb-h1's m (F+I+W) + (l-1)(F+I-W). The lists come from a list schedule of
+// unit passes: each stage, whenever it is free, runs an I whose gradient has arrived, else a
+// forward while it holds fewer than 2l-1 micro-batches and its input has arrived, else the oldest
+// W it holds; a stage with nothing ready waits for the first input to arrive. Its ranks keep two
+// sends going (ScheduleTraits::sends_in_flight), as its forwards run ahead of the next stage.
+#include <algorithm>
 #include <deque>
 #include <limits>
 #include <map>
+#include <vector>
 
 #include "schedule/registry.h"
 
