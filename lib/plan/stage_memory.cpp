@@ -169,8 +169,7 @@ class StageReplay final : public ActionHooks {
   std::vector<Action>* events_;
   std::vector<int64_t>* event_live_;  // live bytes at each event, when given
   const int b_, e_, x_, T_;
-  const bool stashes_, stream_;   // weight versions kept; one list for the run (no step repeats)
-  const size_t sends_in_flight_;  // the transport's (ScheduleTraits::sends_in_flight)
+  const bool stashes_, stream_;  // weight versions kept; one list for the run (no step repeats)
   const bool last_;
   const std::vector<char>& requires_grad_;
 
@@ -257,6 +256,8 @@ class StageReplay final : public ActionHooks {
   int64_t* rank_peak_ = nullptr;     // a rank's stages replayed together: their peak
   int64_t others_live_ = 0;          // ... and what the other stages hold now
   RankSends* rank_sends_ = nullptr;  // ... and their sends not yet completed
+  RankSends own_sends_;              // alone: its own
+  RankSends& sends() { return rank_sends_ ? *rank_sends_ : own_sends_; }
 };
 
 StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std::vector<Action>& actions,
@@ -272,9 +273,9 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
       T_(static_cast<int>(model.profile().tensors.size())),
       stashes_(model.schedule().traits().stashes_weights),
       stream_(!model.schedule().traits().drains_every_step),
-      sends_in_flight_(static_cast<size_t>(model.schedule().traits().sends_in_flight)),
       last_(e == model.size()),
       requires_grad_(model.requires_grad()) {
+  own_sends_.depth = static_cast<size_t>(model.schedule().traits().sends_in_flight);
   place_storages();
   find_in_place_gradients();
   find_sliced_gradients();
@@ -612,15 +613,12 @@ void StageReplay::evict(MicroBatch& m, int64_t mb, int index) {
 // receiver may not have taken it earlier), on a rank of several stages whichever stage sends.
 void StageReplay::send(int64_t held_by_send, int64_t originals_of) {
   if (segment_ == 0) segment_ = 1;
-  if (!rank_sends_) {
-    while (pending_sends_.size() >= sends_in_flight_) complete_oldest_send();
-  } else {
-    while (rank_sends_->order.size() >= rank_sends_->depth) {
-      rank_sends_->order.front()->complete_oldest_send();
-      rank_sends_->order.pop_front();
-    }
-    rank_sends_->order.push_back(this);
+  RankSends& rank = sends();
+  while (rank.order.size() >= rank.depth) {
+    rank.order.front()->complete_oldest_send();
+    rank.order.pop_front();
   }
+  rank.order.push_back(this);
   pending_sends_.push_back({held_by_send, originals_of});
 }
 
@@ -1061,6 +1059,7 @@ void StageReplay::reset_walk() {
   r_ = StageMemoryReplay{};
   current_action_ = -1;
   pending_sends_.clear();
+  own_sends_.order.clear();
   param_grads_ = version_ = 0;
   optimizer_state_ = backward_in_step_ = false;
   version_users_.clear();

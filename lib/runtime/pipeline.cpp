@@ -362,8 +362,9 @@ void reduce_tied(const std::vector<TieComm>& tie_comms, int stage, RankStages& s
           if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
           copies.push_back(&p.tensor.mutable_grad());
         }
-    // Summed in host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
-    at::Tensor sum = copies.front()->to(at::kCPU).contiguous().clone();
+    // Summed in host memory (MPI is not assumed CUDA-aware); with one copy on the CPU, in place.
+    at::Tensor sum = copies.front()->to(at::kCPU).contiguous();
+    if (copies.size() > 1) sum = sum.clone();
     for (size_t k = 1; k < copies.size(); ++k) sum += copies[k]->to(at::kCPU);
     allreduce_quietly(sum.data_ptr(), static_cast<int>(sum.numel()), MPI_FLOAT, MPI_SUM, tie.comm);
     for (size_t k = 0; k < copies.size(); ++k)  // each copy its own tensor: backwards accumulate into it
@@ -435,12 +436,8 @@ std::unique_ptr<PipelineStage> build_stage(const OpGraph& g, const PipelineConfi
 // Data parallelism: the stage averages its gradients with its replicas before each update, each
 // averaging traced (through `tracing`, once the tracer exists) as an AllReduce.
 std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, const PipelineConfig& c,
-                                                         const RunConfig& options, StageTracer* const& tracing,
-                                                         std::string& description) {
+                                                         const RunConfig& options, StageTracer* const& tracing) {
   std::unique_ptr<ReplicaAverager> averager = make_replica_averager(options.replica_comm, c.device);
-  if (description.find(" replicas by ") == std::string::npos)
-    description +=
-        ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averager->description();
   ReplicaAverager* a = averager.get();
   const int x = stage.config().stage;
   stage.set_replica_reducer([a, x, &tracing](std::vector<StageParameter>& params) {
@@ -496,7 +493,10 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   StageTracer* tracing = nullptr;  // set once the tracer exists
   std::vector<std::unique_ptr<ReplicaAverager>> averagers;
   for (auto& stage : stages)
-    if (c.replicas > 1) averagers.push_back(attach_replica_averager(*stage, c, options, tracing, result.transport));
+    if (c.replicas > 1) averagers.push_back(attach_replica_averager(*stage, c, options, tracing));
+  if (!averagers.empty())
+    result.transport +=
+        ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averagers.front()->description();
   attach_reducers(stages, tie_comms, c, comm, std::make_shared<std::pair<int, double>>(0, 0.0));
   StepRelay relay(c, options, control_comm, rank, ranks);
   double step_loss = 0;  // the last stage's, of the latest finished step
