@@ -293,6 +293,32 @@ def hf_task(config, task):
     return task, classes[task]
 
 
+def token_ids_in_vocab(config):
+    """The config with every special-token id outside its vocabulary set to None (a config made
+    smaller than its architecture's default, GPT-2 with vocab_size=4096, keeps bos/eos 50256, which
+    from_pretrained warns about): what config.json says must name tokens the model has. Sub-configs
+    with a vocabulary of their own are fixed against it (lib/models/hf_config.cpp, the same rule)."""
+    for value in config.values():
+        if isinstance(value, dict):
+            token_ids_in_vocab(value)
+    vocab = config.get("vocab_size")
+    if not isinstance(vocab, int):
+        return config
+
+    def inside(i):
+        return not isinstance(i, int) or isinstance(i, bool) or 0 <= i < vocab
+
+    for key, value in config.items():
+        if not key.endswith("_token_id"):
+            continue
+        if isinstance(value, list):
+            value = [i for i in value if inside(i)] or None
+        elif not inside(value):
+            value = None
+        config[key] = value
+    return config
+
+
 def hf_source(args):
     """A Hugging Face model, wrapped so that forward(input_ids, labels) returns the loss."""
     import torch
@@ -381,7 +407,7 @@ def hf_source(args):
         "architecture": config.model_type,
         "task": task,
         "model_class": type(model).__name__,
-        "hf_config": config.to_dict(),
+        "hf_config": token_ids_in_vocab(config.to_dict()),
     }
     if experts_modules(model):
         description["experts_implementation"] = config._experts_implementation
