@@ -34,12 +34,7 @@ po::options_description plan_options() {
       ("profile-in", po::value<std::string>(), "profile to plan from (HDF5, `dawnpiper profile --out`)")
       ("device-spec", po::value<std::string>(), "without --profile-in: plan --model from an analytic profile "
                                                 "for this device (a100-40gb | h100-80gb | spec file)")
-      ("stages", po::value<int>()->default_value(4), "pipeline stages, one per rank")
-      ("virtual-stages", po::value<int>()->default_value(0), "stages per rank under --schedule interleaved (default 2): --stages x V stages are cut")
-      ("schedule", po::value<ScheduleChoice>()->default_value(ScheduleChoice::named("async"), "async"), schedule_help().c_str())
       ("memory", po::value<std::string>(), "device memory per stage (default: the device spec's, else unlimited)")
-      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
-      ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::SwapRecompute, "sr"), "none | r (recompute) | sr (swap + recompute)")
       ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd | adam | adamw (optimizer state in the memory model)")
       ("host-bandwidth", po::value<std::string>(), "device<->host bytes/s for swaps, e.g. 24GB")
       ("link-bandwidth", po::value<std::string>(), "stage<->stage bytes/s, e.g. 10GB")
@@ -57,13 +52,36 @@ po::options_description plan_options() {
       ("out", po::value<std::string>(), "write the plan as JSON");
   // clang-format on
   po::options_description options;
-  options.add(own).add(run_options()).add(allocator_headroom_option()).add(model_override_options());
+  options.add(own)
+      .add(planning_options())
+      .add(run_options())
+      .add(allocator_headroom_option())
+      .add(model_override_options());
   return options;
+}
+
+// --stages, or what `train` takes without it: the MPI ranks (of `mpirun -np N dawnpiper plan`)
+// over the replicas. One process has no ranks to count.
+int stages_from(const po::variables_map& vm, int world_size, int data_parallel) {
+  if (vm.count("stages")) {
+    const int stages = vm["stages"].as<int>();
+    if (stages < 1) throw ConfigError("--stages must be at least 1");
+    return stages;
+  }
+  if (world_size == 1)
+    throw ConfigError("give --stages L: `plan` runs in one process, with no MPI ranks to count (train's default)");
+  if (world_size % data_parallel != 0)
+    throw ConfigError("--data-parallel " + std::to_string(data_parallel) + " does not divide the " +
+                      std::to_string(world_size) + " MPI ranks: give --stages");
+  return world_size / data_parallel;
 }
 
 // The profile to plan from (a file, or the model's analytic profile for a device spec) and the
 // options to plan with: a device spec's capacity and bandwidths unless flags override them.
-Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
+Profile profile_and_options(const po::variables_map& vm, int world_size, PlanOptions& o) {
+  o.data_parallel = vm["data-parallel"].as<int>();
+  if (o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
+  const int stages = stages_from(vm, world_size, o.data_parallel);
   const int64_t B = vm["micro-batch-size"].as<int64_t>();
   if (B < 1) throw ConfigError("micro-batch size must be at least 1");
   Profile profile;
@@ -89,15 +107,13 @@ Profile profile_and_options(const po::variables_map& vm, PlanOptions& o) {
     throw ConfigError("give --profile-in FILE (a profile) or --device-spec NAME (plan --model analytically)");
   }
   o.schedule = vm["schedule"].as<ScheduleChoice>().with_virtual_stages(vm["virtual-stages"].as<int>());
-  o.stages = vm["stages"].as<int>() * o.schedule.virtual_stages();
+  o.stages = stages * o.schedule.virtual_stages();
   o.micro_batches = vm["micro-batches"].as<int64_t>();
   if (o.schedule.is_file()) o.schedule.make(o.stages, o.micro_batches);  // its sizes, before any planning
   o.optimizer = vm["optimizer"].as<OptimizerKind>();
   o.planner = vm["planner"].as<PlannerKind>();
   o.memopt = vm["memopt"].as<MemoptKind>();
   o.fit_replayed = true;
-  o.data_parallel = vm["data-parallel"].as<int>();
-  if (o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
   if (vm.count("memory") && vm.count("device-memory"))
     throw ConfigError("--memory and --device-memory both give the memory per stage: give one");
   if (vm.count("memory")) o.capacity_bytes = parse_capacity(vm["memory"].as<std::string>(), "--memory");
@@ -165,7 +181,7 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
   if (world.rank != 0) return 0;
   if (vm.count("out")) check_writable(vm["out"].as<std::string>());
   PlanOptions o;
-  Profile profile = profile_and_options(vm, o);
+  Profile profile = profile_and_options(vm, world.size, o);
   if (vm.count("calibrate-trace")) {
     if (!vm.count("profile-in"))  // an analytic profile is another device's times
       throw ConfigError("--calibrate-trace needs --profile-in (the profile the traced run was planned from)");

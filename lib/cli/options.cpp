@@ -27,7 +27,8 @@ po::options_description run_options(const RunOptionSet& set) {
   weights.add_options()
       ("init-from", po::value<std::string>(), "with --model-file: initial weights from this safetensors checkpoint (PyTorch names, "
                                               "e.g. a Hugging Face model.safetensors)")
-      ("seed", po::value<uint64_t>()->default_value(42), "seed for parameters, data and dropout");
+      ("seed", po::value<uint64_t>()->default_value(42), "seed for a preset's initial parameters (a --model-file starts from its file's "
+                                                          "weights, or --init-from's), the data order and dropout");
   // clang-format on
   po::options_description d("Common options");
   if (set.micro_batches)
@@ -52,6 +53,22 @@ po::options_description allocator_headroom_option() {
   d.add_options()
       ("allocator-headroom", po::value<std::string>(), "share of --device-memory the plan leaves free for the device allocator's "
                                                        "fragmentation, e.g. 5%; default 5% for a CUDA profile, 0 on the CPU");
+  // clang-format on
+  return d;
+}
+
+po::options_description planning_options() {
+  po::options_description d("Planning options (the same defaults for plan and train)");
+  // clang-format off
+  d.add_options()
+      ("stages", po::value<int>(), "pipeline stages, one per rank (default: the MPI ranks / --data-parallel; `plan` "
+                                   "without mpirun has no ranks to count and needs it)")
+      ("virtual-stages", po::value<int>()->default_value(0), "stages per rank under --schedule interleaved (default 2): "
+                                                             "--stages x V stages, stage s on rank s mod --stages")
+      ("schedule", po::value<ScheduleChoice>()->default_value(ScheduleChoice::named("1f1b"), "1f1b"), schedule_help().c_str())
+      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
+      ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"), "memory optimization the plan may use: none | r (recompute) | "
+                                                                                 "sr (swap + recompute); the runtime carries out its per-tensor decisions");
   // clang-format on
   return d;
 }

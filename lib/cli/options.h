@@ -34,6 +34,11 @@ struct RunOptionSet {
 po::options_description run_options(const RunOptionSet& set = {});
 // --allocator-headroom: what a subcommand that plans against --device-memory takes besides.
 po::options_description allocator_headroom_option();
+// --stages --virtual-stages --schedule --planner --memopt: how a pipeline is planned, declared once
+// for `plan` and `train` with one set of defaults (1f1b, the dawnpiper planner, no memory
+// optimization, a stage per MPI rank), so that `plan` then `train --plan-in` trains what `train`
+// alone would.
+po::options_description planning_options();
 // --layers --decoder-layers --hidden --heads --ffn --vocab --seq-len --image-size --classes
 // --in-features --output-chunks --loss-chunk-tokens --attention --dropout
 po::options_description model_override_options();

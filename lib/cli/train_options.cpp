@@ -47,7 +47,11 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   make_optimizer(config.optimizer, {});  // validates before any work
   config.data = data_config_from(vm);
   if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
-  if (config.steps < 0) throw ConfigError("--steps must not be negative");
+  if (config.steps < 1) throw ConfigError("--steps must be at least 1 (--eval-only evaluates without training)");
+  // An option the chosen optimizer does not read is refused rather than ignored.
+  if (config.optimizer.kind != OptimizerKind::Sgd && !vm["momentum"].defaulted())
+    throw ConfigError("--momentum is SGD's; --optimizer " + std::string(name_of(config.optimizer.kind)) +
+                      " keeps moving averages of its own (betas 0.9, 0.999): leave --momentum out");
   return config;
 }
 
@@ -65,6 +69,9 @@ void read_evaluation(const po::variables_map& vm, TrainOptions& o) {
   o.eval_batches = vm["eval-batches"].as<int64_t>();
   if (o.eval_every < 0 || o.eval_batches < 1) throw ConfigError("--eval-every must be >= 0 and --eval-batches >= 1");
   o.eval_only = vm["eval-only"].as<bool>();
+  if (o.eval_every == 0 && !o.eval_only && !vm["eval-batches"].defaulted())
+    throw ConfigError(
+        "--eval-batches sizes each validation, and this run has none: give --eval-every N (or --eval-only)");
   if ((o.eval_every > 0 || o.eval_only) && !o.config.data.path.empty() && o.config.data.validation_fraction <= 0)
     throw ConfigError(std::string(o.eval_only ? "--eval-only" : "--eval-every") +
                       " needs a validation split: give --validation-fraction (e.g. 0.05)");
@@ -102,8 +109,8 @@ void read_files(const po::variables_map& vm, TrainOptions& o) {
   if (vm.count("calibrate-trace"))
     for (const std::string& trace : vm["calibrate-trace"].as<std::vector<std::string>>())
       check_readable(trace, "--calibrate-trace");
-  if (o.in_process && (!o.trace_path.empty() || o.checkpoint_every > 0 || o.resume))
-    throw ConfigError("--trace, --checkpoint-every and --resume apply to MPI runs, not --in-process");
+  if (o.in_process && (!o.trace_path.empty() || !o.checkpoint_dir.empty()))
+    throw ConfigError("--trace and --checkpoint-dir apply to MPI runs, not --in-process");
   if (o.in_process && !o.save_path.empty())
     throw ConfigError("--save-weights applies to MPI runs and one-stage runs, not --in-process");
   if (o.in_process && (o.eval_every > 0 || o.eval_only))
@@ -154,13 +161,8 @@ po::options_description train_options() {
   po::options_description own("Training options");
   // clang-format off
   own.add_options()
-      ("stages", po::value<int>(), "pipeline stages, one per MPI rank (default: the number of MPI ranks / --data-parallel)")
-      ("virtual-stages", po::value<int>()->default_value(0), "stages per rank under --schedule interleaved (default 2): --stages x V stages, stage s on rank s mod --stages")
       ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
                                           "averaged every step (default: MPI ranks / --stages); a pipeline's ranks share a node where they can")
-      ("schedule", po::value<ScheduleChoice>()->default_value(ScheduleChoice::named("1f1b"), "1f1b"), schedule_help().c_str())
-      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
-      ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"), "memory optimization the plan may use: none | r (recompute) | sr (swap + recompute); the runtime carries out its per-tensor decisions (default none, where `plan` defaults to sr: a run evicts only when asked)")
       ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
       ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
       ("calibrate-trace", po::value<std::vector<std::string>>()->composing(),
@@ -177,7 +179,8 @@ po::options_description train_options() {
       ("threads", po::value<int>()->default_value(0), "intra-op threads per rank (default: OMP_NUM_THREADS if set, else "
                                                     "the node's cores / the ranks on it)")
       ("trace", po::value<std::string>(), "write an HDF5 trace of every action on every rank (docs/trace-format.md)")
-      ("checkpoint-dir", po::value<std::string>(), "directory for checkpoints (every stage's parameters and optimizer state)")
+      ("checkpoint-dir", po::value<std::string>(), "directory for checkpoints (every stage's parameters and optimizer state): one "
+                                                   "after the last step, and where a signal stops the run")
       ("checkpoint-every", po::value<int64_t>()->default_value(0), "write a checkpoint every K steps (and after the last)")
       ("save-weights", po::value<std::string>(), "after training, write the weights to this safetensors file (PyTorch names: "
                                                  "transformers' from_pretrained loads it)")
@@ -187,7 +190,7 @@ po::options_description train_options() {
                                     "optimizer settings of the run that wrote it)")
       ("resume-override", po::bool_switch(), "with --resume: accept settings that differ from the checkpoint's run")
       ("steps", po::value<int64_t>()->default_value(10), "training steps")
-      ("data", po::value<std::string>(), "train on this token file (scripts/prepare_data.py) instead of synthetic data")
+      ("data", po::value<std::string>(), "train on this token file (scripts/prepare_data.py) or sample file (*.safetensors: an array per input) instead of synthetic data")
       ("data-order", po::value<DataOrder>()->default_value(DataOrder::Shuffled, "shuffled"),
        "shuffled (windows in a seeded order per epoch) | sequential (sample i of the run is window i)")
       ("validation-fraction", po::value<double>()->default_value(0.0), "share of the token file's windows held out for validation")
@@ -210,7 +213,11 @@ po::options_description train_options() {
                                                 "grad norm, samples/s and tokens/s, peak memory per stage); scripts/plot_metrics.py draws it");
   // clang-format on
   po::options_description options;
-  options.add(own).add(run_options()).add(allocator_headroom_option()).add(model_override_options());
+  options.add(own)
+      .add(planning_options())
+      .add(run_options())
+      .add(allocator_headroom_option())
+      .add(model_override_options());
   return options;
 }
 

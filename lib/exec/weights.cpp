@@ -35,4 +35,33 @@ at::Tensor WeightLoader::load(const std::string& name, const std::vector<std::st
                     (aliases.empty() ? "" : " (nor its tied names)"));
 }
 
+void check_init_weights(const OpGraph& graph) {
+  if (graph.weight_files.size() < 2) return;
+  const SafetensorsFile file(graph.weight_files.front());
+  std::string first;
+  int64_t problems = 0;
+  for (const Node& node : graph.nodes)
+    for (const ParamSpec& spec : node.params) {
+      if (spec.tied() || spec.init != Init::File) continue;
+      std::vector<std::string> names{spec.source};
+      names.insert(names.end(), spec.aliases.begin(), spec.aliases.end());
+      std::string problem = "weight " + spec.source + " is missing";
+      for (const std::string& n : names)
+        if (file.contains(n)) {
+          const Shape& shape = file.entry(n).shape;
+          problem = shape == spec.shape ? ""
+                                        : "weight " + spec.source + " has shape " + shape_str(shape) +
+                                              ", the model needs " + shape_str(spec.shape);
+          break;
+        }
+      if (problem.empty()) continue;
+      if (problems++ == 0) first = problem;
+    }
+  if (problems == 0) return;
+  throw ConfigError(
+      "--init-from '" + file.path() + "' does not fit " + graph.preset + ": " + first +
+      (problems > 1 ? " (and " + std::to_string(problems - 1) + " more weights missing or of another shape)" : "") +
+      "; give a checkpoint of this model");
+}
+
 }  // namespace dawnpiper

@@ -28,4 +28,10 @@ class WeightLoader {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
 };
 
+// With --init-from (two weight files): the first must hold every parameter the graph reads from
+// files, under its name or a tied one, in its shape. Reads the file's header alone, so the run can
+// refuse a checkpoint of another model before any work (ConfigError naming the first mismatch and
+// how many more there are). One weight file: nothing to check.
+void check_init_weights(const OpGraph& graph);
+
 }  // namespace dawnpiper

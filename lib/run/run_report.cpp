@@ -131,6 +131,9 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayo
               mine.stop_signal ? "stopped" : "done", mine.next_step, progress.last_loss(),
               progress.steady_samples_per_second(), seconds > 0 ? o.samples_per_step * trained / seconds : 0.0);
   if (!o.save_path.empty()) report_saved_weights(o);
+  if (!mine.stop_signal && !o.checkpoint_dir.empty())  // a stopped run says so in print_stop
+    std::printf("wrote checkpoint %s/step-%" PRId64 " (--resume with a larger --steps trains on)\n",
+                o.checkpoint_dir.c_str(), mine.next_step);
   if (!o.trace_path.empty())
     std::printf("wrote trace %s (dawnpiper inspect %s)\n", o.trace_path.c_str(), o.trace_path.c_str());
 }

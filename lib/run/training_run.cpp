@@ -7,12 +7,16 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "data/token_file.h"
+#include "exec/weights.h"
 #include "memory/counting_allocator.h"
 #include "memory/device_memory.h"
+#include "models/hf_config.h"
 #include "run/resume.h"
 #include "run/run_report.h"
 #include "runtime/checkpoint.h"
 #include "runtime/device_placement.h"
+#include "runtime/mpi_wait.h"
 #include "runtime/run_records.h"
 #include "runtime/weights_export.h"
 #include "train/metrics_log.h"
@@ -41,9 +45,32 @@ std::string hf_config_json(const ModelSource& source) {
   if (!source.imported()) return "";
   const Json& model = source.model_file().graph.at("model");
   if (!model.contains("hf_config")) return "";
-  Json config = model.at("hf_config");
-  if (model.contains("model_class")) config["architectures"] = Json::array({model.at("model_class")});
-  return config.dump(2) + "\n";
+  return saved_hf_config(model.at("hf_config"),
+                         model.contains("model_class") ? model.at("model_class").get<std::string>() : "")
+             .dump(2) +
+         "\n";
+}
+
+// What rank 0 profiles and the stages later read must hold before it profiles: the data (its
+// inputs' roles, ids within the model's vocabulary, enough windows for a step and, when the run
+// evaluates, for a validation) and --init-from's weights (names and shapes). Checked on rank 0
+// once; every rank then fails with its message, which is printed once.
+void check_inputs_before_profiling(const OpGraph& graph, const TrainOptions& o, int rank) {
+  std::string problem;
+  if (rank == 0) try {
+      check_init_weights(graph);
+      if (!o.config.data.path.empty()) {
+        make_data_source(graph, o.config.data, o.config.seed, DataSplit::Train,
+                         graph.micro_batch_size * o.config.micro_batches);
+        if (o.eval_every > 0 || o.eval_only)
+          make_data_source(graph, o.config.data, o.config.seed, DataSplit::Validation, graph.micro_batch_size);
+      }
+    } catch (const ConfigError& e) {
+      problem = e.reason();
+      if (problem.empty()) problem = "(no reason given)";
+    }
+  broadcast_string_quietly(problem, 0, MPI_COMM_WORLD);
+  if (!problem.empty()) throw ConfigError(problem);
 }
 
 // One stage, nothing the runtime alone does: the reference trainer.
@@ -241,13 +268,14 @@ int run_training(TrainOptions o, const ModelSource& source, const std::optional<
                       graph.fingerprint());
   // The reference trainer serves plain one-stage runs; traces, checkpoints, plans (given, made
   // from a profile or written out) and planned memory optimization need the runtime.
-  const bool runtime_features = !o.trace_path.empty() || o.checkpoint_every > 0 || o.resume ||
+  const bool runtime_features = !o.trace_path.empty() || !o.checkpoint_dir.empty() || o.resume ||
                                 o.memopt != MemoptKind::None || plan || device.is_cuda() || !o.plan_out.empty() ||
                                 !o.profile_in.empty();
   if (!o.calibrate_traces.empty() && layout.stages == 1)
     throw ConfigError("--calibrate-trace corrects the stages of a pipeline; this run has one stage");
   if (layout.stages == 1 && layout.replicas == 1 && !o.in_process && !runtime_features)
     return train_one_stage(graph, o);
+  check_inputs_before_profiling(graph, o, rank);
   return train_pipeline(given, graph, layout, o, rank, device);
 }
 

@@ -410,7 +410,8 @@ int after_step(RankStages& stages, Transport& transport, const PipelineConfig& c
   const bool can_stop = c.schedule.traits().drains_every_step || (c.drain_every > 0 && done % c.drain_every == 0);
   const int stop = options.stop_on_signal && can_stop && done < c.steps ? agreed_stop_signal(options, comm) : 0;
   if (c.replica == 0 && !options.checkpoint_dir.empty()) {  // once per stage: the replicas hold the same weights
-    const bool due = options.checkpoint_every > 0 && (done % options.checkpoint_every == 0 || done == c.steps);
+    // The last step always: a directory given for checkpoints gets one, --checkpoint-every or not.
+    const bool due = done == c.steps || (options.checkpoint_every > 0 && done % options.checkpoint_every == 0);
     if (due || stop) {
       transport.flush();
       std::vector<PipelineStage*> mine;

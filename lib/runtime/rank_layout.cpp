@@ -41,6 +41,11 @@ RankLayout rank_layout(int stages, int replicas, MPI_Comm world) {
   int size = 1;
   MPI_Comm_size(world, &size);
   RankLayout l;
+  // Without --stages each replica is a pipeline of ranks / D stages: D must divide the ranks.
+  if (stages <= 0 && replicas > 0 && size % replicas != 0)
+    throw ConfigError("--data-parallel " + std::to_string(replicas) + " needs a multiple of " +
+                      std::to_string(replicas) + " MPI ranks (each replica a pipeline of ranks / " +
+                      std::to_string(replicas) + " stages), but " + std::to_string(size) + " are launched");
   l.stages = stages > 0 ? stages : (replicas > 0 ? size / replicas : size);
   if (l.stages < 1) throw ConfigError("--stages must be at least 1");
   if (replicas > 0 && replicas * l.stages != size)

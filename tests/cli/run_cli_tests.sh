@@ -63,10 +63,11 @@ expect_fail "unknown device spec" "unknown device spec 'tpu'" profile --model ml
 [ ! -e "$work/x.h5" ] && passed=$((passed + 1)) || { echo "FAIL: partial profile left behind"; failed=$((failed + 1)); }
 
 # plan: from a measured profile and analytically; infeasible capacity; bad options.
-expect_ok "plan from profile" "bottleneck" plan --profile-in "$work/p.h5" --stages 2 --schedule 1f1b --out "$work/plan.json"
+expect_ok "plan from profile" "bottleneck" plan --profile-in "$work/p.h5" --stages 2 --schedule 1f1b --memopt sr --out "$work/plan.json"
 grep -q '"version": 2' "$work/plan.json" && passed=$((passed + 1)) || { echo "FAIL: plan JSON lacks its version"; failed=$((failed + 1)); }
 expect_ok "plan max batch" "largest micro-batch size" plan --model bert-large --device-spec a100-40gb --stages 4 --max-batch --memopt none
-expect_fail "plan infeasible" "no feasible plan" plan --model gpt2-large --device-spec a100-40gb --stages 2 --memory 1GiB --micro-batch-size 8
+expect_fail "plan infeasible" "no feasible plan" plan --model gpt2-large --device-spec a100-40gb --stages 2 --memory 1GiB --micro-batch-size 8 \
+  --schedule async --memopt sr
 # Calibrated planning runs each stage of the profiled model (mlp-tiny) alone: it needs that model.
 expect_ok "plan calibrated" "calibration round 1: cuts" plan --profile-in "$work/p.h5" --model mlp-tiny --stages 2 \
   --schedule 1f1b --memopt none --calibrate-rounds 2 --calibrate-steps 2 --out "$work/calibrated.json"
@@ -86,7 +87,7 @@ expect_fail "plan not a profile" "not a readable HDF5 profile" plan --profile-in
 
 # A plan is run as planned: its schedule and micro-batching, not the defaults; a flag that
 # contradicts it, or a plan of another graph, is refused.
-"$bin" plan --profile-in "$work/p.h5" --stages 2 --schedule async --micro-batch-size 8 --micro-batches 3 --out "$work/async8.json" >/dev/null
+"$bin" plan --profile-in "$work/p.h5" --stages 2 --schedule async --memopt sr --micro-batch-size 8 --micro-batches 3 --out "$work/async8.json" >/dev/null
 expect_ok "train runs the plan's settings" "micro-batch 8 x 3, sgd lr 0.01, 2 stages, async" \
   train --model mlp-tiny --plan-in "$work/async8.json" --stages 2 --in-process --steps 1
 expect_fail "a flag against the plan" "--schedule 1f1b contradicts the plan (--plan-in), made for async" \
@@ -217,7 +218,7 @@ expect_fail "calibrate by another model's trace" "a trace of gpt2-tiny, not of m
 expect_fail "calibrate by a trace of another graph" "a run of another graph than this profile's" plan \
   --profile-in "$work/v300.h5" --stages 2 --calibrate-trace "$work/trace.h5"
 expect_fail "calibrate by a trace without a profile" "--calibrate-trace needs --profile-in" plan --model gpt2-tiny \
-  --device-spec a100-40gb --calibrate-trace "$work/trace.h5"
+  --device-spec a100-40gb --stages 4 --calibrate-trace "$work/trace.h5"
 expect_fail "calibrate a given plan" "--plan-in gives the plan" train --model gpt2-tiny --stages 2 --in-process \
   --plan-in "$work/plan2.json" --calibrate-trace "$work/trace.h5"
 expect_fail "calibrate by a profile" "not a DawnPiper trace" train --model mlp-tiny --stages 2 --in-process \
@@ -295,7 +296,7 @@ expect_ok "train names its memory" "memory: 1.00 GiB per rank (--device-memory);
 expect_fail "bad headroom" "--allocator-headroom '60%': give a share between 0 and 50%" plan --model mlp-tiny \
   --device-spec a100-40gb --stages 2 --allocator-headroom 60%
 expect_ok "plan leaves headroom" "capacity 36.00 GiB (+ 4.00 GiB left to the allocator)" plan --model mlp-tiny \
-  --device-spec a100-40gb --stages 2 --device-memory 40GiB --allocator-headroom 10%
+  --device-spec a100-40gb --stages 2 --schedule async --memopt sr --device-memory 40GiB --allocator-headroom 10%
 expect_fail "bad data order" "--data-order: unknown data order 'random' (choose shuffled or sequential)" train --model mlp-tiny --data-order random
 expect_fail "bad transport" "--transport: unknown transport 'tcp' (choose auto, mpi, nccl or host)" train --model mlp-tiny --transport tcp
 # Profile cache: a second run plans from the first run's profile (the same split); another
@@ -331,11 +332,11 @@ expect_fail "a schedule file that deadlocks" "waits at its next action: 0SEND_F3
   train --model mlp-tiny --steps 1 --schedule "file:$work/dead.txt"
 printf '0F0 0B0 0U\n1B0 1F0 1U\n' >"$work/early.txt"
 expect_fail "a schedule file's backward before its forward" "stage 1, action 1B0: backward before its forward" \
-  plan --model mlp-tiny --device-spec a100-40gb --stages 2 --schedule "file:$work/early.txt"
+  plan --model mlp-tiny --device-spec a100-40gb --stages 2 --memopt sr --schedule "file:$work/early.txt"
 expect_fail "a schedule file for other micro-batches, before profiling" "runs 4 micro-batches per step; the run has 2" \
   train --model mlp-tiny --steps 1 --micro-batches 2 --schedule "file:$work/lifo.txt"
 expect_fail "a schedule file for other stages" "has lists for 3 stages; the run has 2" \
-  plan --model mlp-tiny --device-spec a100-40gb --stages 2 --micro-batches 4 --schedule "file:$work/lifo.txt"
+  plan --model mlp-tiny --device-spec a100-40gb --stages 2 --micro-batches 4 --memopt sr --schedule "file:$work/lifo.txt"
 expect_fail "a plan of another schedule" "--schedule gpipe contradicts the plan (--plan-in), made for file:" \
   train "${common[@]}" --stages 3 --in-process --plan-in "$work/lifo-plan.json" --schedule gpipe
 # (The measured profile decides which; the schedule kept in the table is the one that trains.)
@@ -354,7 +355,7 @@ expect_fail "an interleaved plan on other ranks" "--stages 4 contradicts the pla
 # A split backward cannot run a stage where GPT-2's tied embedding feeds its output projection.
 expect_fail "zb-h1 on a stage whose tied weight's readers feed each other" \
   "stage 0 cannot split its backward (zb-h1): wte and lm_head read one weight" \
-  plan --model gpt2-tiny --device-spec a100-40gb --stages 1 --schedule zb-h1
+  plan --model gpt2-tiny --device-spec a100-40gb --stages 1 --schedule zb-h1 --memopt sr
 # Interleaving's two stages per rank halve 1F1B's bubble: a faster step than zb-h1's W filling it.
 expect_ok "--schedule auto prints what it chose from" "interleaved .*<- kept" \
   plan --model gpt2-tiny --device-spec a100-40gb --stages 4 --micro-batches 8 --schedule auto --memopt none
@@ -572,6 +573,67 @@ $mpi 2 "$bin" train --model gpt2-tiny --steps 5 --lr-schedule cosine --checkpoin
 code=$?
 if [ $code -eq 2 ] && grep -q "this one changes --steps 3 -> 5" "$work/err"; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: resume moving a cosine schedule's end (exit $code)"; cat "$work/err"; fi
+
+# --checkpoint-dir alone writes a checkpoint after the last step and says so, in one process (one
+# stage), over MPI and under async; --resume trains on from it.
+expect_ok "a final checkpoint in one process" "wrote checkpoint $work/final1/step-2" train --model mlp-tiny --steps 2 \
+  --checkpoint-dir "$work/final1"
+[ "$(cat "$work/final1/latest" 2>/dev/null)" = 2 ] && passed=$((passed + 1)) ||
+  { echo "FAIL: no final checkpoint in one process"; ls -R "$work/final1"; failed=$((failed + 1)); }
+for sched in 1f1b async; do
+  $mpi 2 "$bin" train --model gpt2-tiny --steps 2 --schedule $sched --checkpoint-dir "$work/final-$sched" \
+    >"$work/out" 2>"$work/err"
+  if [ "$(cat "$work/final-$sched/latest" 2>/dev/null)" = 2 ] && grep -q "wrote checkpoint $work/final-$sched/step-2" "$work/out" &&
+     $mpi 2 "$bin" train --model gpt2-tiny --steps 3 --schedule $sched --checkpoint-dir "$work/final-$sched" --resume \
+       >"$work/out" 2>>"$work/err" && grep -q "resuming from the checkpoint at step 2" "$work/out" &&
+     grep -q "^step 2 " "$work/out" && [ "$(cat "$work/final-$sched/latest")" = 3 ]; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: --checkpoint-dir alone under $sched"; cat "$work/out" "$work/err"; fi
+done
+expect_fail "checkpoints in one process of several stages" "--trace and --checkpoint-dir apply to MPI runs" \
+  train --model mlp-tiny --stages 2 --in-process --checkpoint-dir "$work/never"
+
+# plan and train share their planning defaults: a plan made with none of them given is the plan
+# train makes by default (1f1b, no memory optimization), and runs with no flag; plan in one
+# process needs --stages, under mpirun it takes the ranks as train does.
+expect_ok "plan with train's defaults" "bottleneck" plan --profile-in "$work/p.h5" --stages 2 --out "$work/defaults.json"
+if python3 -c 'import json, sys
+p = json.load(open(sys.argv[1]))
+o = p["inputs"]
+sys.exit(0 if o["schedule"] == "1f1b" and o["memopt"] == "none" and p["planner"] == "dawnpiper" and len(p["stages"]) == 2 else 1)' \
+  "$work/defaults.json"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: plan's defaults"; head -30 "$work/defaults.json"; fi
+expect_ok "train runs a default plan with its own defaults" "2 stages, 1f1b" train --model mlp-tiny --stages 2 --in-process \
+  --steps 1 --plan-in "$work/defaults.json" --schedule 1f1b --memopt none
+expect_fail "plan in one process needs --stages" "give --stages L: \`plan\` runs in one process" plan --profile-in "$work/p.h5"
+$mpi 2 "$bin" plan --profile-in "$work/p.h5" --out "$work/ranks.json" >/dev/null 2>"$work/err"
+if python3 -c 'import json, sys; sys.exit(0 if len(json.load(open(sys.argv[1]))["stages"]) == 2 else 1)' "$work/ranks.json"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: plan under mpirun -np 2 plans 2 stages"; cat "$work/err"; fi
+
+# Mistakes found before any work, each one line, exit 2 (once under MPI).
+one_error() {  # one_error NAME PATTERN COMMAND...: exit 2, one error line with PATTERN, nothing planned
+  local name="$1" pattern="$2"
+  shift 2
+  "$@" >"$work/out" 2>"$work/err"
+  local code=$?
+  if [ $code -eq 2 ] && [ "$(grep -c 'dawnpiper: error' "$work/err")" -eq 1 ] && grep -q -- "$pattern" "$work/err" &&
+     ! grep -q "^training " "$work/out"; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: $name (exit $code)"; cat "$work/out" "$work/err"; fi
+}
+one_error "more replicas than ranks" "--data-parallel 3 needs a multiple of 3 MPI ranks .*, but 2 are launched" \
+  $mpi 2 "$bin" train --model gpt2-tiny --data-parallel 3
+# A token file whose ids lie beyond gpt2-tiny's vocabulary: refused by rank 0 before it profiles.
+python3 -c 'import json, sys
+ids = [i % 60000 for i in range(0, 400000, 7)]
+open(sys.argv[1], "wb").write(b"".join(i.to_bytes(2, "little") for i in ids))
+json.dump({"format": "dawnpiper-tokens", "version": 1, "dtype": "uint16", "tokens": len(ids), "vocab_size": 65536},
+          open(sys.argv[1] + ".json", "w"))' "$work/wide.bin"
+one_error "token ids beyond the vocabulary" "token file '$work/wide.bin' holds id [0-9]* at offset [0-9]*, outside" \
+  $mpi 2 "$bin" train --model gpt2-tiny --data "$work/wide.bin"
+expect_fail "no steps" "--steps must be at least 1" train --model mlp-tiny --steps 0
+expect_fail "momentum under adamw" "--momentum is SGD's; --optimizer adamw keeps moving averages of its own" \
+  train --model mlp-tiny --optimizer adamw --momentum 0.5
+expect_fail "eval batches without evaluations" "--eval-batches sizes each validation, and this run has none" \
+  train --model mlp-tiny --eval-batches 2
+expect_ok "--seed says what it seeds" "seed for a preset's initial parameters" train --help
 
 leftovers=$(find "$work" -name '*.tmp.*' | wc -l)
 [ "$leftovers" -eq 0 ] || { echo "FAIL: $leftovers temporary files left behind"; failed=$((failed + 1)); }
