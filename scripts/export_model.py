@@ -273,25 +273,71 @@ def check_heads(config, aliases):
             check_kv(config.model_type, heads_key, heads, kv_key, kv)
 
 
+# The tasks --hf exports: the Auto class and transformers' table of the architectures it maps.
+HF_TASKS = {
+    "causal-lm": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    "masked-lm": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    "seq2seq": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    "speech-seq2seq": ("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+}
+
+
 def hf_task(config, task):
+    """The task and Auto class for the config: --task, else the one whose class the config's
+    `architectures` names (a saved model's), else by the model type: masked-LM where
+    transformers has one and the config is no decoder, encoder-decoder models as speech or text
+    seq2seq, causal LM. Where transformers maps the model type to none of these, a UserError
+    names the classes it has and --module."""
     import transformers
     from transformers.models.auto import modeling_auto as auto
 
     model_type = config.model_type
-    if task == "auto":
-        if model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
-            task = "masked-lm"
-        elif getattr(config, "is_encoder_decoder", False):
-            task = "seq2seq"
-        else:
-            task = "causal-lm"
-    classes = {
-        "causal-lm": transformers.AutoModelForCausalLM,
-        "masked-lm": transformers.AutoModelForMaskedLM,
-        "seq2seq": transformers.AutoModelForSeq2SeqLM,
-    }
-    return task, classes[task]
 
+    def classes_of(table):  # the class names a table maps the model type to
+        value = getattr(auto, table, {}).get(model_type)
+        return set(value if isinstance(value, (list, tuple)) else [value]) - {None}
+
+    maps = {name for name, (_, table) in HF_TASKS.items() if classes_of(table)}
+    if task == "auto":
+        named = [name for arch in getattr(config, "architectures", None) or [] for name, (_, table) in HF_TASKS.items()
+                 if arch in classes_of(table)]
+        if named:
+            task = named[0]
+        elif "masked-lm" in maps and not getattr(config, "is_decoder", False):
+            task = "masked-lm"
+        elif getattr(config, "is_encoder_decoder", False) and maps & {"speech-seq2seq", "seq2seq"}:
+            task = "speech-seq2seq" if "speech-seq2seq" in maps else "seq2seq"
+        elif "causal-lm" in maps:
+            task = "causal-lm"
+        else:
+            task = None
+    if task is None or task not in maps:
+        tables = [n for n in dir(auto) if n.startswith("MODEL_FOR_") and n.endswith("_MAPPING_NAMES")]
+        others = sorted({c for t in tables for c in classes_of(t) if isinstance(c, str)})
+        has = f"it has {', '.join(others)}" if others else "it has no model with a head"
+        fits = f"; --task {' or '.join(sorted(maps))} fits" if maps else ""
+        wanted = f"no {task} model" if task else "none of the models --hf exports (" + ", ".join(HF_TASKS) + ")"
+        raise UserError(f"transformers maps {model_type} to {wanted} ({has}{fits}): export it with --module "
+                        "module:function returning (model, inputs, loss)")
+    return task, getattr(transformers, HF_TASKS[task][0])
+
+
+def speech_features(model, config, batch, gen):
+    """An example batch of the audio features a speech seq2seq model's encoder reads, and the
+    input's name: Whisper's log-mel frames [B, num_mel_bins, the frames its encoder requires]."""
+    import torch
+
+    name = getattr(model, "main_input_name", "input_features")
+    encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
+    bins, positions = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
+    convs = [getattr(encoder, c, None) for c in ("conv1", "conv2")]
+    if name != "input_features" or not bins or not positions or not all(
+            isinstance(c, torch.nn.Conv1d) for c in convs):
+        raise UserError(f"{type(model).__name__} reads {name} in a layout the exporter does not know (it knows "
+                        "Whisper's log-mel features): export it with --module module:function returning "
+                        "(model, inputs, loss)")
+    frames = positions * convs[0].stride[0] * convs[1].stride[0]
+    return name, torch.randn(batch, bins, frames, generator=gen)
 
 def token_ids_in_vocab(config):
     """The config with every special-token id outside its vocabulary set to None (a config made
@@ -331,6 +377,13 @@ def hf_source(args):
     task, auto_class = hf_task(config, args.task)
     if task == "seq2seq" and getattr(config, "decoder_start_token_id", None) is None:
         config.decoder_start_token_id = config.pad_token_id or 0  # T5's convention
+    if task in ("seq2seq", "speech-seq2seq"):
+        # The decoder reads the start token (and pad where labels are ignored): ids of its vocabulary.
+        for key in ("decoder_start_token_id", "pad_token_id"):
+            value = getattr(config, key, None)
+            if isinstance(value, int) and not 0 <= value < config.vocab_size:
+                raise UserError(f"--config: {config.model_type}: {key} {value} is outside vocab_size "
+                                f"{config.vocab_size} (the decoder embeds it): give {key}=N below {config.vocab_size}")
     torch.manual_seed(args.seed)
     try:
         if args.pretrained:
@@ -343,7 +396,8 @@ def hf_source(args):
     model.train()
     vocab = config.vocab_size
     seq = args.seq_len
-    limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None) or \
+        getattr(config, "max_target_positions", None)
     if limit and seq > limit:
         raise UserError(f"--seq-len {seq} exceeds the model's {limit} positions")
 
@@ -356,10 +410,33 @@ def hf_source(args):
             with autocast(args.precision):
                 return self.model(input_ids=input_ids, labels=labels).loss
 
+    class SpeechToText(torch.nn.Module):
+        """Audio features in, the decoder's loss on the labels (the model shifts them right)."""
+
+        def __init__(self, model, features):
+            super().__init__()
+            self.model = model
+            self.features = features
+
+        def forward(self, features, labels):
+            with autocast(args.precision):
+                return self.model(**{self.features: features}, labels=labels).loss
+
     if args.output_chunks > 1:
         chunk_output_projection(model, args.output_chunks)
-    wrapper = CausalOrMasked(model)
     gen = torch.Generator().manual_seed(args.seed)
+    if task == "speech-seq2seq":
+        if args.loss_chunk_tokens:
+            raise UserError("--loss-chunk-tokens: speech models are exported with their own loss; leave it out")
+        feature_name, features = speech_features(model, config, args.batch_size, gen)
+        ids = torch.randint(0, vocab, (args.batch_size, seq), generator=gen)
+        wrapper = SpeechToText(model, feature_name)
+        if not args.keep_activations:
+            fuse_tanh_gelu(model, lambda: float(wrapper(features, ids)), args.precision)
+        # Features: synthetic (normal) unless a sample file gives them (--data F.safetensors).
+        roles = {feature_name: {"role": "randn"}, "labels": {"role": "tokens", "vocab": vocab}}
+        return wrapper, "model.", {feature_name: features, "labels": ids}, roles, hf_description(config, task, model)
+    wrapper = CausalOrMasked(model)
     ids = torch.randint(0, vocab, (args.batch_size, seq), generator=gen)
     if not args.keep_activations:
         fuse_tanh_gelu(model, lambda: float(wrapper(ids, ids)), args.precision)
@@ -402,6 +479,13 @@ def hf_source(args):
 
     for r in roles.values():
         r["vocab"] = vocab
+    description = hf_description(config, task, model)
+    if args.loss_chunk_tokens:
+        description["loss_chunk_tokens"] = args.loss_chunk_tokens
+    return wrapper, "model.", {"input_ids": ids, "labels": labels}, roles, description
+
+
+def hf_description(config, task, model):
     description = {
         "source": "hf",
         "architecture": config.model_type,
@@ -411,9 +495,7 @@ def hf_source(args):
     }
     if experts_modules(model):
         description["experts_implementation"] = config._experts_implementation
-    if args.loss_chunk_tokens:
-        description["loss_chunk_tokens"] = args.loss_chunk_tokens
-    return wrapper, "model.", {"input_ids": ids, "labels": labels}, roles, description
+    return description
 
 
 # ----------------------------------------------------------------------------- mixtures of experts
@@ -1118,7 +1200,31 @@ def build_graph(program, input_names, prefix, roles, names_of, observed, paths):
         raise UserError("the loss must be a floating-point scalar tensor")
     if loss.name not in meta or out_nodes[-1]["name"] != loss.name:
         raise UserError("the loss is not the last operation of the graph")
-    return inputs, out_nodes, weights, batch
+    return inputs, live_nodes(out_nodes, loss.name), weights, batch
+
+
+def live_nodes(nodes, loss):
+    """The nodes the loss depends on. torch.export keeps a computation that only an assertion
+    reads (aten::_assert_tensor_metadata has effects, so its dead-code pass keeps it and what it
+    checks); the assertions are left out of the file (SKIPPED_OPS), and what they alone read
+    would be a node whose outputs nobody reads, which DawnPiper refuses. Qwen2-MoE builds a
+    sliding-window attention mask that no layer uses and that only such assertions read."""
+    live, kept = {loss}, []
+
+    def reads(a):
+        if isinstance(a, dict) and "t" in a:
+            live.add(a["t"])
+        elif isinstance(a, list):
+            for x in a:
+                reads(x)
+
+    for n in reversed(nodes):
+        if any(o is not None and o["name"] in live for o in n["outputs"]):
+            kept.append(n)
+            reads(n["args"])
+    if VERBOSE and len(kept) < len(nodes):
+        print(f"export_model.py: left out {len(nodes) - len(kept)} nodes the loss does not depend on")
+    return kept[::-1]
 
 
 def weight_table(program, weights, nodes, prefix, names_of):
@@ -1182,11 +1288,61 @@ def blocks_of(nodes):
 # ----------------------------------------------------------------------------- output
 
 
-def write_model_file(path, graph, tensors):
+def dawnpiper_binary(given):
+    """The dawnpiper that checks the written file: --dawnpiper, $DAWNPIPER_BIN, this checkout's
+    build/dawnpiper, or one on PATH; None where there is none."""
+    import shutil
+
+    if given:
+        if not (os.path.isfile(given) and os.access(given, os.X_OK)):
+            raise UserError(f"--dawnpiper {given}: no such executable")
+        return given
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.environ.get("DAWNPIPER_BIN"), os.path.join(here, "..", "build", "dawnpiper"),
+                      shutil.which("dawnpiper")):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return os.path.abspath(candidate)
+    return None
+
+
+def check_with_trainer(path, binary, shown):
+    """Loads the written file with the trainer's own checks (`dawnpiper graph --model-file F
+    --summary`: every subcommand reads a model file the same way): a graph the trainer would
+    refuse is refused here, at export, with the trainer's reason (which names the node)."""
+    import subprocess
+
+    # Run alone: not as a rank of a job this export may run inside.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_WORLD", "PMI_", "PMIX_", "SLURM_STEP"))}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["DAWNPIPER_CACHE"] = "off"
+    try:
+        run = subprocess.run([binary, "graph", "--model-file", path, "--summary"], capture_output=True, text=True,
+                             env=env, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise UserError(f"cannot check the model file with {binary}: {first_line(e)} (--no-check skips the check)")
+    if run.returncode == 0:
+        return
+    lines = [l.strip() for l in run.stderr.splitlines() if l.strip()]
+    reason = lines[-1] if lines else f"exit status {run.returncode}"
+    for prefix in ("dawnpiper: error: ", "dawnpiper: ", "configuration error: "):
+        reason = reason[len(prefix):] if reason.startswith(prefix) else reason
+    reason = reason.replace(path, shown)  # the file it checked is the temporary one
+    raise UserError(f"dawnpiper would refuse this export ({reason}); nothing was written: export the model with "
+                    "--module, computing that part with other torch operations, or report the model")
+
+
+def write_model_file(path, graph, tensors, binary=None):
+    """Writes the file whole or not at all; with `binary`, only a file that dawnpiper loads."""
     from safetensors.torch import save_file
 
     metadata = {"format": "pt", "dawnpiper_model": json.dumps(graph, separators=(",", ":"))}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), ".export-")
+
+    def write(tmp):
+        save_file(tensors, tmp, metadata=metadata)
+        if binary:
+            check_with_trainer(tmp, binary, path)
+
+    atomic_write(path, write, ".export-")
 
 
 def write_reference(path, wrapper, inputs, prefix, seed):
@@ -1216,7 +1372,8 @@ def main(argv=None):
     src.add_argument("--pretrained", help="a local save_pretrained() directory: its config and weights")
     src.add_argument("--module", help="module:function returning (model, inputs, loss[, roles])")
     parser.add_argument("--config", default="", help="key=value,... overrides of the HF config, or the function's keyword arguments")
-    parser.add_argument("--task", default="auto", choices=["auto", "causal-lm", "masked-lm", "seq2seq"])
+    parser.add_argument("--task", default="auto", choices=["auto", *HF_TASKS],
+                        help="HF sources: which head (default: the config's architecture, else by its model type)")
     parser.add_argument("--path", action="append", help="directory to import --module from (repeatable)")
     parser.add_argument("--seq-len", type=int, default=128, help="sequence length (HF sources)")
     parser.add_argument("--batch-size", type=int, default=2, help="example batch size traced (HF sources)")
@@ -1235,8 +1392,13 @@ def main(argv=None):
     parser.add_argument("--keep-activations", action="store_true",
                         help="keep Hugging Face's gelu_new / gelu_fast as written (eight elementwise operators) "
                              "instead of one gelu(approximate='tanh') node")
+    parser.add_argument("--dawnpiper", help="the dawnpiper binary that checks the written file (default: $DAWNPIPER_BIN, "
+                                            "this checkout's build/dawnpiper, or dawnpiper on PATH)")
+    parser.add_argument("--no-check", action="store_true",
+                        help="write the file without loading it with dawnpiper's own checks")
     parser.add_argument("--verbose", action="store_true", help="show what torch.export logs")
     args = parser.parse_args(argv)
+    binary = None if args.no_check else dawnpiper_binary(args.dawnpiper)
     if args.loss_chunk_tokens < 0 or (args.loss_chunk_tokens and args.module):
         raise UserError("--loss-chunk-tokens takes a positive number of positions, for --hf / --hf-config / --pretrained "
                         "sources (a --module model calls dawnpiper_ops.linear_cross_entropy itself)")
@@ -1276,7 +1438,10 @@ def main(argv=None):
         "nodes": nodes,
         "loss": nodes[-1]["name"],
     }
-    write_model_file(args.out, graph, tensors)
+    if binary is None and not args.no_check:
+        print("export_model.py: warning: no dawnpiper binary found (build it, or give --dawnpiper or $DAWNPIPER_BIN): "
+              "the file is written without the trainer's checks", file=sys.stderr)
+    write_model_file(args.out, graph, tensors, binary)
     if args.reference:
         write_reference(args.reference, wrapper, inputs, prefix, args.seed)
     params = sum(t.numel() for e, t in zip(table, tensors.values()) if e["kind"] == "param")

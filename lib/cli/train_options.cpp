@@ -25,7 +25,7 @@ DataConfig data_config_from(const po::variables_map& vm) {
     throw ConfigError("--validation-fraction must be in [0, 1)");
   if (d.path.empty() && (!vm["data-order"].defaulted() || d.validation_fraction > 0))
     throw ConfigError("--data-order and --validation-fraction apply to --data (a token file)");
-  if (!d.path.empty()) TokenFile check(d.path);  // the file and its metadata, before any work
+  if (!d.path.empty()) check_data_file(d.path);  // the file (a token file: and its metadata), before any work
   return d;
 }
 

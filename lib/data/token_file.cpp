@@ -81,51 +81,39 @@ int64_t model_vocab(const OpGraph& g, const Node& input) {
     if (n.kind == OpKind::Embedding && !n.params.empty()) return n.params[0].shape[0];
   return 0;
 }
-}  // namespace
 
-TokenFileData::TokenFileData(const OpGraph& graph, std::shared_ptr<const TokenFile> file, const DataConfig& config,
-                             uint64_t seed, DataSplit split, int64_t needed)
-    : DataSource(graph), file_(std::move(file)), seed_(seed), sequential_(config.sequential) {
-  int64_t vocab = 0;
+int64_t seq_len_of(const OpGraph& graph) {
+  int64_t seq_len = 0;
   for (const Node& n : graph.nodes) {
     if (n.kind != OpKind::Input || n.role == "zeros") continue;
     if (!is_token_role(n.role))
       throw ConfigError("input " + n.name + " of " + graph.preset + " (role '" + n.role +
-                        "') cannot come from a token file; train it on synthetic data (no --data)");
-    seq_len_ = graph.tensor(n.outputs[0]).shape.at(1);
-    vocab = std::max(vocab, model_vocab(graph, n));
+                        "') cannot come from a token file; give its samples in a sample file (--data FILE.safetensors, "
+                        "docs/training.md) or train it on synthetic data (no --data)");
+    seq_len = graph.tensor(n.outputs[0]).shape.at(1);
   }
-  if (seq_len_ < 1) throw ConfigError(graph.preset + " reads no tokens");
-  if (vocab > 0) file_->check_ids_below(vocab, graph.preset);
-  const int64_t windows = file_->size() > 0 ? (file_->size() - 1) / seq_len_ : 0;
-  const int64_t held_out =
-      config.validation_fraction > 0
-          ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(config.validation_fraction * windows)))
-          : 0;
-  first_ = split == DataSplit::Train ? 0 : windows - held_out;
-  count_ = split == DataSplit::Train ? windows - held_out : held_out;
-  const char* what = split == DataSplit::Train ? "training" : "validation";
-  if (count_ < needed)
-    throw ConfigError("token file '" + file_->path() + "' is too short: " + std::to_string(file_->size()) +
-                      " tokens give " + std::to_string(count_) + " " + what + " windows of " +
-                      std::to_string(seq_len_ + 1) + " tokens, one step needs " + std::to_string(needed));
+  if (seq_len < 1) throw ConfigError(graph.preset + " reads no tokens");
+  return seq_len;
 }
+}  // namespace
 
-int64_t TokenFileData::window_of(int64_t sample) const {
-  const int64_t epoch = sample / count_, j = sample % count_;
-  if (sequential_) return first_ + j;
-  if (epoch != epoch_) {  // Fisher-Yates from (seed, epoch)
-    permutation_.resize(static_cast<size_t>(count_));
-    for (int64_t i = 0; i < count_; ++i) permutation_[static_cast<size_t>(i)] = i;
-    uint64_t state = mix_seed(seed_ ^ 0x0e90c4ULL, static_cast<uint64_t>(epoch));
-    for (int64_t i = count_ - 1; i > 0; --i) {
-      state = mix_seed(state, static_cast<uint64_t>(i));
-      std::swap(permutation_[static_cast<size_t>(i)],
-                permutation_[static_cast<size_t>(state % static_cast<uint64_t>(i + 1))]);
-    }
-    epoch_ = epoch;
-  }
-  return first_ + permutation_[static_cast<size_t>(j)];
+TokenFileData::TokenFileData(const OpGraph& graph, std::shared_ptr<const TokenFile> file, const DataConfig& config,
+                             uint64_t seed, DataSplit split, int64_t needed)
+    : DataSource(graph),
+      file_(std::move(file)),
+      seed_(seed),
+      seq_len_(seq_len_of(graph)),
+      order_(file_->size() > 0 ? (file_->size() - 1) / seq_len_ : 0, config.validation_fraction, split,
+             config.sequential, seed) {
+  int64_t vocab = 0;
+  for (const Node& n : graph.nodes)
+    if (n.kind == OpKind::Input && n.role != "zeros") vocab = std::max(vocab, model_vocab(graph, n));
+  if (vocab > 0) file_->check_ids_below(vocab, graph.preset);
+  const char* what = split == DataSplit::Train ? "training" : "validation";
+  if (order_.count() < needed)
+    throw ConfigError("token file '" + file_->path() + "' is too short: " + std::to_string(file_->size()) +
+                      " tokens give " + std::to_string(order_.count()) + " " + what + " windows of " +
+                      std::to_string(seq_len_ + 1) + " tokens, one step needs " + std::to_string(needed));
 }
 
 void TokenFileData::load(TensorEnv& env, const std::vector<int>& wanted, int64_t first_sample,
@@ -141,7 +129,7 @@ void TokenFileData::load(TensorEnv& env, const std::vector<int>& wanted, int64_t
     std::vector<at::Tensor> samples;
     for (int64_t b = 0; b < info.shape.at(0); ++b) {
       const int64_t sample = first_sample + b;
-      const int64_t start = window_of(sample) * seq_len_;
+      const int64_t start = order_.at(sample) * seq_len_;
       std::vector<int64_t> window(static_cast<size_t>(seq_len_ + 1));
       for (int64_t i = 0; i <= seq_len_; ++i) window[static_cast<size_t>(i)] = file_->at(start + i);
       at::Generator gen = at::detail::createCPUGenerator(mix_seed(seed_ ^ 0xda7aULL, sample));
@@ -149,13 +137,6 @@ void TokenFileData::load(TensorEnv& env, const std::vector<int>& wanted, int64_t
     }
     env.at(t) = at::stack(samples).to(device, scalar_type(info.dtype));
   }
-}
-
-std::unique_ptr<DataSource> make_data_source(const OpGraph& graph, const DataConfig& config, uint64_t seed,
-                                             DataSplit split, int64_t needed) {
-  if (config.path.empty())
-    return std::make_unique<SyntheticData>(graph, split == DataSplit::Train ? seed : mix_seed(seed, 0x7a11dULL));
-  return std::make_unique<TokenFileData>(graph, std::make_shared<TokenFile>(config.path), config, seed, split, needed);
 }
 
 }  // namespace dawnpiper

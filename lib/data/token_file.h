@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "data/sample_order.h"
 #include "data/synthetic.h"
 #include "util/enum_names.h"
 
@@ -26,12 +27,10 @@ struct EnumNames<DataOrder> {
 
 // Where a run's samples come from.
 struct DataConfig {
-  std::string path;         // token file; empty: synthetic data
+  std::string path;         // token file, or a sample file (*.safetensors, data/sample_file.h); empty: synthetic data
   bool sequential = false;  // DataOrder::Sequential: sample i is window i
   double validation_fraction = 0.0;
 };
-
-enum class DataSplit { Train, Validation };
 
 class TokenFile {
  public:
@@ -65,21 +64,20 @@ class TokenFileData final : public DataSource {
   TokenFileData(const OpGraph& graph, std::shared_ptr<const TokenFile> file, const DataConfig& config, uint64_t seed,
                 DataSplit split, int64_t needed);
   void load(TensorEnv& env, const std::vector<int>& wanted, int64_t first_sample, at::Device device) const override;
-  int64_t windows() const { return count_; }
+  int64_t windows() const { return order_.count(); }
 
  private:
-  int64_t window_of(int64_t sample) const;
   std::shared_ptr<const TokenFile> file_;
   uint64_t seed_;
-  bool sequential_;
-  int64_t seq_len_ = 0, first_ = 0, count_ = 0;  // windows [first_, first_ + count_)
-  mutable std::vector<int64_t> permutation_;     // of the current epoch (shuffled order)
-  mutable int64_t epoch_ = -1;
+  int64_t seq_len_ = 0;
+  SampleOrder order_;  // of the split's windows
 };
 
 // The data source a run's stages read: synthetic samples (validation ones from another seed
-// stream), or the token file's split.
+// stream), the token file's split, or a sample file's (a path ending in .safetensors).
 std::unique_ptr<DataSource> make_data_source(const OpGraph& graph, const DataConfig& config, uint64_t seed,
                                              DataSplit split, int64_t needed);
+// Opens --data's file (token file and metadata, or sample file) to refuse a bad one before any work.
+void check_data_file(const std::string& path);
 
 }  // namespace dawnpiper

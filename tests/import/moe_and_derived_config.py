@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Mixtures of experts and configs whose values follow others (export_model.py).
 
-- Mixtral and Qwen3-MoE export with default settings (experts in ATen operations) and train 2
-  steps on a token file in 1 process and on 2 MPI ranks: the same losses (1e-5 relative), and a
-  first-step loss equal to PyTorch eager's (transformers' own experts implementation) on the
-  same windows and weights (--init-from).
+- Mixtral, Qwen3-MoE and Qwen2-MoE (shared experts; a sliding-window mask no layer uses, read
+  only by torch.export's assertions) export with default settings (experts in ATen operations)
+  and train 2 steps on a token file in 1 process and on 2 MPI ranks: the same losses (1e-5
+  relative), and a first-step loss equal to PyTorch eager's (transformers' own experts
+  implementation) on the same windows and weights (--init-from).
+- The exporter loads what it wrote with dawnpiper's own checks: with its dead-node pass undone,
+  Qwen2-MoE's export is refused (one line, exit 2, the node named) and nothing is written.
 - A custom operator is refused at export time: experts_implementation=grouped_mm traces to
   transformers::grouped_mm_fallback, which names the operator and the setting to change.
 - --config num_attention_heads=4 on Mistral and Phi: num_key_value_heads and head_dim follow it,
@@ -31,6 +34,8 @@ ATTENTION = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num
 MOE = {
     "mixtral": dict(ATTENTION, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(ATTENTION, intermediate_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2),
+    "qwen2_moe": dict(ATTENTION, intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                      num_experts=4, num_experts_per_tok=2),
 }
 # Only the heads among the attention's settings: the others follow (export_model.hf_config).
 DERIVED = "num_hidden_layers=1,hidden_size=64,num_attention_heads=4,intermediate_size=128,vocab_size=256," \
@@ -85,7 +90,8 @@ def moe(binary, work, arch, tokens, token_ids):
     # Default settings: the exporter chooses the experts implementation.
     model_file = os.path.join(work, arch + ".dpm")
     overrides = ",".join(f"{k}={v}" for k, v in MOE[arch].items())
-    export_model.main(["--hf", arch, "--config", overrides, "--seq-len", str(SEQ), "--out", model_file])
+    export_model.main(["--hf", arch, "--config", overrides, "--seq-len", str(SEQ), "--out", model_file,
+                       "--dawnpiper", binary])
     graph = graph_of(model_file)
     foreign = sorted({n["op"] for n in graph["nodes"] if not n["op"].startswith("aten::")})
     check(not foreign, f"{arch}: every node is an ATen call (others: {foreign})")
@@ -134,6 +140,18 @@ def main():
     token_ids = np.fromfile(tokens, dtype=np.uint16).astype(np.int64)
     for arch in MOE:
         moe(binary, work, arch, tokens, token_ids)
+
+    # A graph the trainer refuses is refused at export: Qwen2-MoE without the dead-node pass.
+    dead = os.path.join(work, "dead.dpm")
+    live_nodes = export_model.live_nodes
+    export_model.live_nodes = lambda nodes, loss: nodes
+    try:
+        refused(["--hf", "qwen2_moe", "--config", ",".join(f"{k}={v}" for k, v in MOE["qwen2_moe"].items()),
+                 "--seq-len", str(SEQ), "--out", dead, "--dawnpiper", binary], "dawnpiper would refuse",
+                "produces nothing the graph reads", "node ")
+    finally:
+        export_model.live_nodes = live_nodes
+    check(not os.path.exists(dead), "nothing written for the export dawnpiper refuses")
 
     # A custom operator is refused at export, with the setting to change; nothing is written.
     grouped = os.path.join(work, "grouped.dpm")
