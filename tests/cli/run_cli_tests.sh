@@ -150,7 +150,7 @@ ilc=(train --model gpt2-tiny --schedule interleaved --micro-batches 4 --plan-in 
 ilfull=$($mpi 2 "$bin" "${ilc[@]}" --steps 4 2>/dev/null | grep '^step' | cut -d' ' -f1-4)
 $mpi 2 "$bin" "${ilc[@]}" --steps 2 --checkpoint-dir "$work/ilck" --checkpoint-every 2 --quiet >/dev/null 2>"$work/err"
 ilresumed=$($mpi 2 "$bin" "${ilc[@]}" --steps 4 --checkpoint-dir "$work/ilck" --resume 2>>"$work/err" | grep '^step' | cut -d' ' -f1-4)
-if [ -n "$ilresumed" ] && [ "$ilresumed" = "$(echo "$ilfull" | tail -2)" ] && [ -f "$work/ilck/step-2/stage-3.h5" ]; then
+if [ -n "$ilresumed" ] && [ "$ilresumed" = "$(echo "$ilfull" | tail -2)" ] && [ -f "$work/ilck/step-4/stage-3.h5" ]; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: resumed interleaved losses differ"; echo "$ilfull"; echo "--"; echo "$ilresumed"; cat "$work/err"; fi
 il_peaks=$($mpi 2 "$bin" train --model gpt2-mini --schedule interleaved --micro-batches 4 --steps 2 --memopt sr \
   --device-memory 120MiB 2>"$work/err" | grep -o 'rank [01]: measured peak .*)' | tr -d '()' |
@@ -234,12 +234,13 @@ fi
 full=$($mpi 3 "$bin" train --model gpt2-tiny --steps 5 --schedule gpipe --optimizer adam --lr 0.001 2>/dev/null | grep '^step' | cut -d' ' -f1-4)
 $mpi 3 "$bin" train --model gpt2-tiny --steps 3 --schedule gpipe --optimizer adam --lr 0.001 --checkpoint-dir "$work/ck" \
   --checkpoint-every 2 --quiet >/dev/null 2>"$work/err"
+written=$(cat "$work/ck/latest")  # after the last step, too
 resumed=$($mpi 3 "$bin" train --model gpt2-tiny --steps 5 --schedule gpipe --optimizer adam --lr 0.001 --checkpoint-dir "$work/ck" \
   --resume 2>>"$work/err" | grep '^step' | cut -d' ' -f1-4)
-if [ -n "$resumed" ] && [ "$resumed" = "$(echo "$full" | tail -2)" ] && [ "$(cat "$work/ck/latest")" = 3 ]; then
+if [ -n "$resumed" ] && [ "$resumed" = "$(echo "$full" | tail -2)" ] && [ "$written" = 3 ] && [ "$(cat "$work/ck/latest")" = 5 ]; then
   passed=$((passed + 1)); else
   echo "FAIL: resumed losses differ"; echo "$full"; echo "--"; echo "$resumed"; cat "$work/err"; failed=$((failed + 1)); fi
-$mpi 3 "$bin" train --model gpt2-tiny --steps 5 --schedule gpipe --optimizer sgd --checkpoint-dir "$work/ck" --resume \
+$mpi 3 "$bin" train --model gpt2-tiny --steps 7 --schedule gpipe --optimizer sgd --checkpoint-dir "$work/ck" --resume \
   >/dev/null 2>"$work/err"
 code=$?
 if [ $code -eq 2 ] && grep -q 'this one changes --optimizer "adam" -> "sgd", --lr 0.001 -> 0.01: repeat its values, or give --resume-override' "$work/err"; then
@@ -249,7 +250,7 @@ $mpi 3 "$bin" train --model gpt2-tiny --steps 6 --schedule gpipe --optimizer ada
   --resume-override --checkpoint-every 6 >"$work/out" 2>"$work/err"
 code=$?
 if [ $code -eq 0 ] && grep -q "note: --resume-override: --lr 0.001 -> 0.002" "$work/out" &&
-   grep -q "resuming from the checkpoint at step 3 in $work/ck" "$work/out" && [ "$(cat "$work/ck/latest")" = 6 ]; then passed=$((passed + 1)); else
+   grep -q "resuming from the checkpoint at step 5 in $work/ck" "$work/out" && [ "$(cat "$work/ck/latest")" = 6 ]; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: --resume-override (exit $code)"; cat "$work/out" "$work/err"; fi
 expect_ok "resume of a finished run" "nothing to do: the checkpoint in $work/ck is at step 6" train --model gpt2-tiny \
   --steps 6 --optimizer adam --lr 0.002 --checkpoint-dir "$work/ck" --resume
@@ -473,8 +474,8 @@ dp=(train --model gpt2-tiny --micro-batches 4 --data-parallel 2 --planner even -
 dfull=$($mpi 4 "$bin" "${dp[@]}" --steps 5 2>/dev/null | grep '^step' | cut -d' ' -f1-4)
 $mpi 4 "$bin" "${dp[@]}" --steps 3 --checkpoint-dir "$work/dck" --checkpoint-every 2 --quiet >/dev/null 2>&1
 dres=$($mpi 4 "$bin" "${dp[@]}" --steps 5 --checkpoint-dir "$work/dck" --resume --trace "$work/dp.h5" 2>&1 | grep '^step' | cut -d' ' -f1-4)
-if [ -n "$dres" ] && [ "$dres" = "$(echo "$dfull" | tail -2)" ] && [ "$(ls "$work/dck/step-3")" = "$(printf 'stage-0.h5\nstage-1.h5')" ]; then
-  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: data-parallel checkpoint"; echo "$dfull"; echo "$dres"; ls "$work/dck/step-3"; fi
+if [ -n "$dres" ] && [ "$dres" = "$(echo "$dfull" | tail -2)" ] && [ "$(ls "$work/dck/step-5")" = "$(printf 'stage-0.h5\nstage-1.h5')" ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: data-parallel checkpoint"; echo "$dfull"; echo "$dres"; ls "$work/dck/step-5"; fi
 expect_ok "inspect a data-parallel trace" "2 data-parallel replicas .* gradient allreduce per stage" inspect "$work/dp.h5"
 $mpi 4 "$bin" train --model gpt2-tiny --stages 3 >/dev/null 2>"$work/err"
 if [ $? -ne 0 ] && grep -q "launch with \`mpirun -np 3\` (or a multiple of it for data parallelism" "$work/err"; then
@@ -511,12 +512,13 @@ stopped_run() {  # stopped_run SIGNAL LAUNCHER...: starts the run, signals it af
 rm -rf "$work/sig"
 stopped_run USR1 $mpi 2 "$bin" train
 code=$?
+stopped_at=$(cat "$work/sig/latest" 2>/dev/null)  # the resumed run moves it to its last step
 at=$(sed -n 's/^stopped by SIGUSR1 after step \([0-9]*\) (exit 138): checkpoint .*sig\/step-[0-9]* written; continue with the same command and --resume$/\1/p' "$work/sig.out")
 end=$((${at:-0} + 4))
 signal_full=$($mpi 2 "$bin" train --model gpt2-tiny --steps $end --optimizer adam --lr 0.001 2>/dev/null | grep '^step' | cut -d' ' -f1-4)
 signal_resumed=$($mpi 2 "$bin" train --model gpt2-tiny --steps $end --optimizer adam --lr 0.001 --checkpoint-dir "$work/sig" \
   --resume 2>>"$work/sig.err" | grep '^step' | cut -d' ' -f1-4)
-if [ $code -eq 138 ] && [ -n "$at" ] && [ "$(cat "$work/sig/latest")" = $((at + 1)) ] && [ -n "$signal_resumed" ] &&
+if [ $code -eq 138 ] && [ -n "$at" ] && [ "$stopped_at" = $((at + 1)) ] && [ -n "$signal_resumed" ] &&
    [ "$signal_resumed" = "$(echo "$signal_full" | tail -3)" ]; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: stop on SIGUSR1 and resume (exit $code, stopped after step '$at')"
   cat "$work/sig.out" "$work/sig.err"; echo "$signal_full"; echo "--"; echo "$signal_resumed"; fi
