@@ -1438,6 +1438,11 @@ def main(argv=None):
         "nodes": nodes,
         "loss": nodes[-1]["name"],
     }
+    frozen = [n for n, p in wrapper.named_parameters() if not p.requires_grad]
+    if frozen:  # the file has no such flag: DawnPiper's optimizer updates every parameter
+        names = ", ".join(n[len(prefix):] if n.startswith(prefix) else n for n in frozen[:3])
+        print(f"export_model.py: warning: {len(frozen)} parameters PyTorch does not train (requires_grad=False: "
+              f"{names}{', ...' if len(frozen) > 3 else ''}) are trained like the others in DawnPiper", file=sys.stderr)
     if binary is None and not args.no_check:
         print("export_model.py: warning: no dawnpiper binary found (build it, or give --dawnpiper or $DAWNPIPER_BIN): "
               "the file is written without the trainer's checks", file=sys.stderr)
