@@ -33,7 +33,8 @@ std::string checkpoint(const std::string& name, const std::vector<std::pair<std:
 }
 }  // namespace
 
-TEST_CASE("--init-from of another model is refused from its header, naming the first mismatch", "[exec]") {
+TEST_CASE("a checkpoint of another model (--init-from) is refused from its header, naming the first mismatch",
+          "[exec]") {
   OpGraph g;
   g.preset = "model.dpm";
   Node embed, head;
