@@ -23,6 +23,9 @@ struct MicroBatch {
   // gradient (or a view of one) the stage holds until its backward ends.
   std::vector<char> has_grad;
   std::vector<char> permuted;  // the gradient is a transposed view: reshaping it copies
+  // I: the gradient is (a view of) the logits' gradient that the loss wrote over the
+  // log-probabilities it saved, which hold it: no bytes of its own.
+  std::vector<char> grad_in_loss;
   int64_t received_grads = 0;  // gradients received for the backward
   int64_t input_grads = 0;     // gradients of received activations, until they are sent back
   int64_t version = 0;
@@ -32,9 +35,11 @@ struct MicroBatch {
   std::vector<int64_t> held_for_weights;
   bool weights_pending = false;
   bool gradients_sent = false;
-  // I: the loss wrote the logits' gradient over the log-probabilities it saved, which then live
-  // (as that gradient) until W.
-  bool loss_grad_in_saved = false;
+  // I: a parameter reader holds (a view of) the logits' gradient in the loss's log-probabilities
+  // for W, so they live until W. Else (the readers of a cast or of slices of the logits hold
+  // gradients of their own) I's end releases them with the loss's other saved tensors.
+  bool loss_grad_held = false;
+  bool loss_saved_released = false;  // I: the received logits' gradient took them (released early)
 };
 
 // A program's eviction as the replay tracks it: by storage.
@@ -580,8 +585,9 @@ MicroBatch& StageReplay::state(int64_t mb) {
   m.evicted.assign(static_cast<size_t>(locals_), 0);
   m.has_grad.assign(static_cast<size_t>(locals_), 0);
   m.permuted.assign(static_cast<size_t>(locals_), 0);
+  m.grad_in_loss.assign(static_cast<size_t>(locals_), 0);
   m.held_for_weights.assign(static_cast<size_t>(e_ - b_), -1);
-  m.weights_pending = m.gradients_sent = m.loss_grad_in_saved = false;
+  m.weights_pending = m.gradients_sent = m.loss_grad_held = m.loss_saved_released = false;
   return m;
 }
 
@@ -852,11 +858,11 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
     return;
   }
   // I kept the graph while it ran; what the parameter readers saved stays for W, and so do the
-  // log-probabilities holding the logits' gradient.
+  // log-probabilities holding the logits' gradient that a reader holds (loss_grad_held).
   for (int i = e_ - 1; i >= b_; --i)
     if (model_.has_backward(i) && !reads_params_[at(i - b_)])
       for (int t : p_.nodes[at(i)].saved)
-        if (!(m.loss_grad_in_saved && i == loss_node_ && model_.is_internal(t)))
+        if (!((m.loss_grad_held || m.loss_saved_released) && i == loss_node_ && model_.is_internal(t)))
           for_saver_keys(t, [&](int k) { release(m, k); });
 }
 
@@ -885,10 +891,10 @@ void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
     note(live_ + grads + transient + p_.nodes[at(i)].bwd_workspace, i);
     live_ += grads - held;
   }
-  if (m.loss_grad_in_saved)
+  if (m.loss_grad_held)
     for (int t : p_.nodes[at(loss_node_)].saved)
       if (model_.is_internal(t)) for_saver_keys(t, [&](int k) { release(m, k); });
-  m.loss_grad_in_saved = false;
+  m.loss_grad_held = false;
   release_graph(m);
   m.weights_pending = false;
 }
@@ -907,7 +913,7 @@ void StageReplay::backward_slices(MicroBatch& m, int i) {
   note(live_ + copies + p_.nodes[at(i)].bwd_workspace, i);
   live_ += copies;
   m.input_grads += copies;
-  if (slices_gradient_[at(i - b_)] == 2) live_ -= bytes(out);
+  if (slices_gradient_[at(i - b_)] == 2 && !m.grad_in_loss[loc(out)]) live_ -= bytes(out);
 }
 
 // What node i's backward gives its inputs: new gradients, sums into existing ones, or (a view)
@@ -947,6 +953,7 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
       const bool relaid =
           input_only && out_grad == 2 && std::binary_search(relaid_grads_.begin(), relaid_grads_.end(), out);
       m.permuted[loc(t)] = !relaid && (m.permuted[loc(out)] || kind == NodeClass::Permute);
+      m.grad_in_loss[loc(t)] = m.grad_in_loss[loc(out)];  // an imported head's reshape of the logits
     }
   }
   return r;
@@ -967,9 +974,12 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   InputGradients in = input_gradients(m, i, view, input_only);
   int64_t grads = in.grads, transient = in.transient;
   const bool passed_on = in.passed_on, copied_view = in.copied_view;
-  if (view && !passed_on && out_grad == 1) live_ -= bytes(out);  // a view of a parameter, or summed into a gradient
   // I holds a parameter-reading node's output gradient for W: nothing is written over it.
   const bool holds = input_only && reads_params_[at(i - b_)];
+  // A view of a parameter (Falcon's transposed weights), or summed into a gradient: the
+  // gradient is done with, but that of a parameter's view, which I holds for W.
+  const bool param_view_grad = view && !passed_on && out_grad == 1;
+  if (param_view_grad && !holds) live_ -= bytes(out);
   if (!input_only) {
     param_gradient(i, grads, transient);
     transient += tied_sum_at_[at(i - b_)];
@@ -989,9 +999,11 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
     if (frees_slices_of_[at(i - b_)] >= 0) {
       const int concat = model_.graph_output(frees_slices_of_[at(i - b_)]);
       const int64_t whole = bytes(concat);
-      if (holds) {
-        if (!m.loss_grad_in_saved || concat != loss_logits_) slices_held = whole;
-      } else {
+      if (holds && m.grad_in_loss[loc(concat)]) {
+        m.loss_grad_held = true;
+      } else if (holds) {
+        slices_held = whole;
+      } else if (!m.grad_in_loss[loc(concat)]) {  // (else freed with the loss's log-probabilities)
         note(live_ + bytes(out), i);
         live_ -= whole;
       }
@@ -999,9 +1011,17 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   }
   note(live_ + grads + transient + node.bwd_workspace - reused, i);
   live_ += grads;
-  if (input_only && i == loss_node_ && reused > 0) {  // no storage of its own (loss_grad_in_saved)
-    live_ -= reused;
-    m.loss_grad_in_saved = true;
+  if (input_only && i == loss_node_ && reused > 0) {
+    if (is_received_[at(key_[at(loss_logits_)])]) {
+      // Received logits: their gradient goes back in the log-probabilities' buffer, which it
+      // owns from here, as in a whole backward.
+      for (int t : node.saved)
+        if (model_.is_internal(t)) for_saver_keys(t, [&](int k) { release(m, k); });
+      m.loss_saved_released = true;
+    } else {  // no storage of its own
+      live_ -= reused;
+      m.grad_in_loss[loc(loss_logits_)] = 1;
+    }
   }
   if (holds) {
     // W runs from here (also from a loss, whose seed gradient the replay does not count).
@@ -1009,18 +1029,22 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
     held = std::max<int64_t>(held, 0) + slices_held;
     for (int o : node.outputs) {
       if (model_.is_internal(o) || is_received_[at(o)] || !m.has_grad[loc(o)]) continue;
-      if (m.loss_grad_in_saved && o == loss_logits_) continue;  // in the loss's log-probabilities
-      if (m.has_grad[loc(o)] == 2) {                            // a received gradient: held past the end of I
+      if (m.grad_in_loss[loc(o)]) {  // in the loss's log-probabilities
+        m.loss_grad_held = true;
+        continue;
+      }
+      if (m.has_grad[loc(o)] == 2) {  // a received gradient: held past the end of I
         held += bytes(o);
         m.received_grads -= bytes(o);
-      } else if (m.has_grad[loc(o)] == 1 && (!view || copied_view)) {
+      } else if (m.has_grad[loc(o)] == 1 && (!view || copied_view || (param_view_grad && o == out))) {
         held += bytes(o);
       }
     }
     return;  // what it saved stays for W
   }
   for (int o : node.outputs)  // the graph outputs' gradients have been consumed
-    if (!model_.is_internal(o) && m.has_grad[loc(o)] == 1 && (!view || copied_view) && !is_received_[at(o)])
+    if (!model_.is_internal(o) && m.has_grad[loc(o)] == 1 && (!view || copied_view) && !is_received_[at(o)] &&
+        !m.grad_in_loss[loc(o)])  // (that one goes with the loss's log-probabilities)
       live_ -= bytes(o);
   if (!input_only)  // I lets them go at its end (backward_nodes)
     for (int t : node.saved) for_saver_keys(t, [&](int k) { release(m, k); });

@@ -23,6 +23,8 @@ MODELS = {
                        "intermediate_size=128,vocab_size=256,max_position_embeddings=64,head_dim=16"),
     "falcon": ("falcon", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,ffn_hidden_size=128,vocab_size=256,"
                          "hidden_dropout=0,attention_dropout=0"),
+    "gpt_neox": ("gpt_neox", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,intermediate_size=128,vocab_size=256,"
+                             "max_position_embeddings=64,hidden_dropout=0,attention_dropout=0"),
     "gpt_bigcode": ("gpt_bigcode", "n_layer=2,n_embd=64,n_head=4,vocab_size=256,n_positions=64,resid_pdrop=0,embd_pdrop=0,"
                                    "attn_pdrop=0"),
 }

@@ -17,21 +17,25 @@
 #include "plan/cost_model.h"
 #include "plan/stage_memory.h"
 #include "profile/profiler.h"
+#include "measured_peak.h"
+#include "plan/planner.h"
 #include "quick_profile.h"
 #include "two_stage_setup.h"
 #include "runtime/pipeline.h"
 #include "runtime/pipeline_stage.h"
 #include "runtime/transport.h"
+#include "util/error.h"
 
 using namespace dawnpiper;
 using namespace dawnpiper::test;
 
 namespace {
 
-// What a stage run alone holds at its peak, as the counting allocator sees it.
+// What a stage run alone holds at its peak, as the counting allocator sees it (its transport
+// keeps as many sends going as the schedule's ranks do).
 int64_t measured_stage_peak(CountingAllocator& counter, const OpGraph& g, const PipelineConfig& pc, int x) {
   const int64_t base = counter.live_bytes();
-  StandInTransport transport;
+  StandInTransport transport(at::Device(at::kCPU), 7, pc.schedule.traits().sends_in_flight);
   if (x > 0) transport.set_exact(exact_integer_inputs(g, pc.ranges[static_cast<size_t>(x)].first, pc.seed));
   PipelineStage stage(g, stage_config(pc, x), transport);
   counter.reset_peak();
@@ -99,7 +103,8 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
     }
     for (int cut : cuts)
       for (ScheduleChoice kind :
-           {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")})
+           {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async"),
+            ScheduleChoice::named("zb-h1"), ScheduleChoice::named("zb-h2")})
         for (int round = 0; round < 2; ++round) {
           test::TwoStages two(profile, g.size(), cut, kind, /*steps=*/2);
           const CostModel& model = two.model;
@@ -113,7 +118,14 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
           }
           for (int x = 0; x < 2; ++x) {
             const int64_t predicted = replay_stage_program(model, programs[static_cast<size_t>(x)]).peak;
-            const int64_t measured = measured_stage_peak(counter, g, pc, x);
+            int64_t measured = 0;
+            try {
+              measured = measured_stage_peak(counter, g, pc, x);
+            } catch (const ConfigError& e) {  // a stage holding a tied embedding and its projection
+              CHECK(kind.traits().splits_backward);
+              CHECK_THAT(e.what(), Catch::Contains("cannot split its backward"));
+              continue;
+            }
             if (std::getenv("DEBUG_MEMORY"))
               std::fprintf(stderr, "%s %s cut %d round %d stage %d (%+.1f%%)\n", name, name_of(kind), cut, round, x,
                            100.0 * (double(measured) / double(predicted) - 1));
@@ -129,12 +141,98 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
             // tensor's layout. Plus 1 KiB: a first stage that only views the input ids and sends
             // the view holds one micro-batch's ids (512 bytes) more or less than the replay,
             // whose moments of releasing data and sent views differ from the stand-in
-            // transport's (not explained either).
+            // transport's (not explained either). A split backward (zb-h1, zb-h2) measured up to
+            // 24% above before the replay's I held the gradients a parameter's view gets (Falcon's
+            // transposed weights, a bf16 cast, a chunked head's split) and let go of the
+            // log-probabilities no reader holds (an imported head's reshape of the logits, a
+            // bf16 cast, received logits).
             const double above = std::string(name) == "gemma" ? 1.015 : 1.01;
             CHECK(double(measured) <= above * double(predicted) + 1024);
             CHECK(double(measured) >= 0.93 * double(predicted) - 1024);
           }
         }
+  }
+}
+
+// What `train` plans is what its ranks hold: the planner's own plans of imported GPT-2, GPT-NeoX
+// and T5 (the loss head on the last stage) on 2 ranks, under the schedules with a split
+// backward or several stages a rank, keeping everything and then under the largest budget below
+// that plan's largest stage (times the stages a rank), lowered until the plan evicts (memopt sr: swaps and
+// recomputations); every rank, run alone through two steps, measures at most its predicted peak and at least 93% of it.
+// DEBUG_MEMORY=1 prints them.
+TEST_CASE("planned imported pipelines measure at most their predicted rank peaks", "[import]") {
+  at::set_num_threads(1);
+  CountingAllocator& counter = CountingAllocator::install();
+  for (const char* name : {"gpt2", "gpt_neox", "t5"}) {
+    const OpGraph g = build_imported(*read_model_file(test_model(name)), 4);
+    const Profile profile = quick_profile(g);
+    for (const char* schedule : {"zb-h1", "zb-h2", "interleaved"})
+      for (int ranks : {2}) {  // 4: see the note below the checks
+        int64_t kept_peak = 0;
+        for (MemoptKind memopt : {MemoptKind::None, MemoptKind::SwapRecompute}) {
+          // Not interleaved with evictions: at some budgets (GPT-NeoX, 2 ranks) the planner makes a
+          // plan whose stage evicts a tensor it neither makes nor reads, refused when its program is
+          // built (an open planner defect: docs/benchmarks.md).
+          if (std::string(schedule) == "interleaved" && memopt != MemoptKind::None) continue;
+          PlanOptions po;
+          po.schedule = ScheduleChoice::named(schedule);
+          po.stages = ranks * po.schedule.virtual_stages();
+          po.micro_batches = 2 * ranks;  // interleaved: a multiple of the ranks
+          po.optimizer = OptimizerKind::Adam;
+          po.memopt = memopt;
+          po.fit_replayed = true;
+          // The largest budget (in 1% steps below the kept plan's largest rank) whose plan evicts:
+          // above it, the planner moves its cuts instead.
+          auto evicts = [](const Plan& p) {
+            return std::any_of(p.stages.begin(), p.stages.end(),
+                               [](const StagePlan& s) { return !s.evictions.empty(); });
+          };
+          std::optional<Plan> found = memopt == MemoptKind::None ? try_plan(profile, po) : std::nullopt;
+          for (int64_t percent = 99; memopt != MemoptKind::None && !found && percent >= 10; --percent) {
+            po.capacity_bytes = kept_peak * percent / 100;
+            found = try_plan(profile, po);
+            if (found && !evicts(*found)) found.reset();
+          }
+          if (!found) {  // T5 under zb-h1: every budget that needs evictions is refused or infeasible
+            REQUIRE(memopt != MemoptKind::None);
+            WARN(name << " " << schedule << ": no budget gives a plan that evicts");
+            continue;
+          }
+          const Plan& plan = *found;
+          const std::vector<int64_t> predicted = plan.rank_peak_bytes(/*predicted=*/true);
+          // Interleaved: each of a rank's V stages is planned within capacity / V.
+          if (memopt == MemoptKind::None)
+            for (const StagePlan& s : plan.stages)
+              kept_peak = std::max(kept_peak, s.memory.predicted_peak() * po.schedule.virtual_stages());
+          PipelineConfig pc = pipeline_config_of(plan, g);
+          pc.steps = 2;
+          int evictions = 0;
+          for (const auto& stage : pc.evictions) evictions += static_cast<int>(stage.size());
+          if (std::getenv("DEBUG_MEMORY"))
+            for (const auto& [b, e] : pc.ranges) std::fprintf(stderr, "  [%d, %d)", b, e);
+          for (int r = 0; r < ranks; ++r) {
+            const int64_t measured = test::measured_rank_peak(counter, g, pc, r);
+            const int64_t expected = predicted[static_cast<size_t>(r)];
+            if (std::getenv("DEBUG_MEMORY"))
+              std::fprintf(stderr, "%s %s %d ranks %s rank %d: predicted %lld measured %lld (%+.2f%%)\n", name,
+                           schedule, ranks, name_of(memopt), r, static_cast<long long>(expected),
+                           static_cast<long long>(measured), 100.0 * (double(measured) / double(expected) - 1));
+            INFO(name << " " << schedule << " " << ranks << " ranks memopt " << name_of(memopt) << " (" << evictions
+                      << " evictions) rank " << r << ": measured " << measured << " predicted " << expected);
+            // Plus 1 KiB a stage: one that receives a view of the input ids (GPT-2) holds up to
+            // two micro-batches' ids (512 bytes each) longer than the replay (see the test above).
+            CHECK(measured <= expected + 1024 * po.schedule.virtual_stages());
+            // GPT-NeoX's ranks measure up to 5.4% below (backward workspaces measured node by
+            // node, as in the test above).
+            CHECK(double(measured) >= 0.93 * double(expected));
+            // Not yet on 4 ranks: the planner's cuts there make two kinds of stage whose split
+            // backward the replay under-predicts (docs/benchmarks.md): one relaying a received
+            // tensor whose gradient comes back as a view of the received one (GPT-2 cut before
+            // and after the first c_attn: +4.4%), and one that only reshapes received logits
+            // for the loss's stage (+31%: autograd holds the logits until W).
+          }
+        }
+      }
   }
 }
 

@@ -17,6 +17,7 @@
 #include "plan/planner.h"
 #include "plan/stage_memory.h"
 #include "profile/profiler.h"
+#include "measured_peak.h"
 #include "quick_profile.h"
 #include "two_stage_setup.h"
 #include "runtime/pipeline.h"
@@ -347,20 +348,6 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
   CHECK(carried_over > 500);
 }
 
-// Rank r of an interleaved pipeline run alone (stand-in transport holding the schedule's sends
-// in flight) through its list of two steps: its stages' peak together, above what was allocated
-// before.
-int64_t measured_rank_peak(CountingAllocator& counter, const OpGraph& g, const PipelineConfig& pc, int r) {
-  const int64_t base = counter.live_bytes();
-  StandInTransport transport(at::Device(at::kCPU), 7, pc.schedule.traits().sends_in_flight);
-  std::map<int, std::unique_ptr<PipelineStage>> stages;
-  for (int x = r; x < static_cast<int>(pc.ranges.size()); x += ranks_of(pc))
-    stages[x] = std::make_unique<PipelineStage>(g, stage_config(pc, x), transport);
-  counter.reset_peak();
-  for (const Action& a : rank_actions(g, pc, r)) stages.at(a.stage)->execute(a);
-  return counter.peak_bytes() - base;
-}
-
 TEST_CASE("interleaved: a rank's stages replayed together predict its measured peak", "[runtime][evictor]") {
   at::set_num_threads(1);
   CountingAllocator& counter = CountingAllocator::install();
@@ -393,7 +380,7 @@ TEST_CASE("interleaved: a rank's stages replayed together predict its measured p
         for (int r = 0; r < 2; ++r) {
           const int64_t predicted = replay_rank_peak(
               model, {programs[static_cast<size_t>(r)], programs[static_cast<size_t>(r) + 2]}, model.rank_actions(r));
-          const int64_t measured = measured_rank_peak(counter, g, pc, r);
+          const int64_t measured = test::measured_rank_peak(counter, g, pc, r);
           INFO(preset << " shift " << shift << " round " << round << " rank " << r << ": measured " << measured
                       << " predicted " << predicted);
           CHECK(double(measured) <= 1.005 * double(predicted));
