@@ -54,6 +54,44 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
   index_aliases();
   forward_need_ = RangeMax(forward_needs(profile, inputs_, alias_root_));
   index_gradients();
+  index_split_conflicts();
+}
+
+void CostModel::index_split_conflicts() {
+  const Profile& p = *profile_;
+  split_conflict_.assign(static_cast<size_t>(n_), -1);
+  // One stage has no cut to move: make_plan refuses it with the pair (split_backward_refusal).
+  if (stages_ < 2 || schedule_.is_auto() || !schedule_.traits().splits_backward) return;
+  std::map<int, std::vector<int>> readers;  // weight (its owning node) -> its readers, in order
+  for (const NodeProfile& node : p.nodes) {
+    const int weight = node.tied_owner >= 0 ? node.tied_owner : node.param_bytes > 0 ? node.id : -1;
+    if (weight >= 0) readers[weight].push_back(node.id);
+  }
+  std::vector<char> reached;
+  for (auto& [weight, nodes] : readers) {
+    std::sort(nodes.begin(), nodes.end());
+    for (size_t i = 0; i + 1 < nodes.size(); ++i) {
+      const int from = nodes[i];
+      reached.assign(static_cast<size_t>(n_ - from), 0);  // fed by `from`
+      reached[0] = 1;
+      for (int k = from; k < nodes.back(); ++k) {
+        if (!reached[static_cast<size_t>(k - from)]) continue;
+        for (int t : p.nodes[static_cast<size_t>(k)].outputs)
+          for (int c : p.tensors[static_cast<size_t>(t)].consumers)
+            if (c > k && c <= nodes.back()) reached[static_cast<size_t>(c - from)] = 1;
+      }
+      for (size_t j = i + 1; j < nodes.size(); ++j)
+        if (reached[static_cast<size_t>(nodes[j] - from)])
+          split_conflict_[static_cast<size_t>(nodes[j])] =
+              std::max(split_conflict_[static_cast<size_t>(nodes[j])], from);
+    }
+  }
+}
+
+bool CostModel::split_refused(int b, int e) const {
+  for (int n = b; n < e; ++n)
+    if (split_conflict_[static_cast<size_t>(n)] >= b) return true;
+  return false;
 }
 
 void CostModel::take_options(const PlanOptions& options) {

@@ -28,6 +28,10 @@ class CostModel {
   // Throws ConfigError on stages < 1, non-positive
   // bandwidths or a malformed profile (ids out of range).
   CostModel(const Profile& profile, const PlanOptions& options);
+  // Under a split backward (zb-h1, zb-h2) a stage holding two readers of one weight, the first
+  // feeding the second, cannot run: its W would count the first's gradient twice
+  // (split_backward_refusal). Whether nodes [b, e) hold such a pair.
+  bool split_refused(int b, int e) const;
 
   const Profile& profile() const { return *profile_; }
   int size() const { return n_; }
@@ -140,8 +144,12 @@ class CostModel {
   void index_crossings(const CrossingDiffs& diffs);
   void index_aliases();
   void index_gradients();
+  void index_split_conflicts();
 
   const Profile* profile_;
+  // Per node: the latest earlier reader of its weight that feeds it under a split backward, -1
+  // none (split_refused).
+  std::vector<int> split_conflict_;
   int n_ = 0;
   int stages_ = 0;
   ScheduleChoice schedule_ = ScheduleChoice::named("async");

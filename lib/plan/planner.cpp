@@ -521,8 +521,14 @@ std::string split_backward_refusal(const Profile& profile, const Plan& plan) {
   for (const StagePlan& s : plan.stages)
     for (int n = s.begin; n < s.end; ++n) {
       const int owner = nodes[static_cast<size_t>(n)].tied_owner;
-      if (owner < s.begin || owner >= s.end || owner == n) continue;
-      const int first = std::min(owner, n), second = std::max(owner, n);
+      if (owner < 0 || owner == n) continue;
+      // The weight's reader before n on this stage: its owner, or another user of it (T5's
+      // decoder embedding before the head, both using the encoder's).
+      int earlier = owner >= s.begin && owner < s.end ? owner : -1;
+      for (int k = s.begin; k < n && earlier < 0; ++k)
+        if (nodes[static_cast<size_t>(k)].tied_owner == owner) earlier = k;
+      if (earlier < 0) continue;
+      const int first = std::min(earlier, n), second = std::max(earlier, n);
       std::vector<char> reached(static_cast<size_t>(second - first + 1), 0);  // fed by `first`
       reached[0] = 1;
       for (int k = first; k < second; ++k) {

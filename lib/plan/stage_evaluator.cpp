@@ -39,7 +39,7 @@ const StageEval& StageEvaluator::evaluate(int b, int e, int x) {
 
 StageEval StageEvaluator::stage_eval(int b, int e, const StageMemopt& m, int64_t peak) const {
   StageEval ev;
-  ev.feasible = m.feasible;
+  ev.feasible = m.feasible && !model_.split_refused(b, e);
   ev.uses_memopt = m.swapped + m.recomputed > 0;
   ev.compute_ms = model_.compute_ms(b, e);
   ev.memopt_ms = m.overhead_ms;

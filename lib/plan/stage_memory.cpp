@@ -546,9 +546,12 @@ void StageReplay::measure_messages() {
   for (const TensorBytes& s : sent_) {
     if (permuted(s.tensor)) {
       permuted_sent_bytes_ += s.bytes;
-      if (requires_grad_[at(s.tensor)])
+      // Its gradient arrives contiguous; the runtime gives it the tensor's layout where that is a
+      // permutation of all of its storage (not of a slice: a fused projection's query).
+      if (requires_grad_[at(s.tensor)] && s.bytes == bytes(key_[at(s.tensor)])) {
         relaid_grads_.insert(std::upper_bound(relaid_grads_.begin(), relaid_grads_.end(), s.tensor), s.tensor);
-      if (requires_grad_[at(s.tensor)]) largest_permuted_grad_ = std::max(largest_permuted_grad_, s.bytes);
+        largest_permuted_grad_ = std::max(largest_permuted_grad_, s.bytes);
+      }
     } else if (std::find(sent_originals_.begin(), sent_originals_.end(), key_[at(s.tensor)]) == sent_originals_.end()) {
       sent_originals_.push_back(key_[at(s.tensor)]);
     }
@@ -851,6 +854,13 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
     if (!input_only || !weight_only_[at(i - b_)]) restore_for(m, mb, i, next_due);
     backward_node(m, i, input_only);
   }
+  // A received tensor relayed as it is, read by nothing here: its gradient is the one received,
+  // held until sent back.
+  for (const TensorBytes& s : sent_)
+    if (is_received_[at(s.tensor)] && m.has_grad[loc(s.tensor)] == 2) {
+      m.received_grads -= s.bytes;
+      m.input_grads += s.bytes;
+    }
   live_ -= m.received_grads;
   m.received_grads = 0;
   if (!input_only) {
@@ -947,6 +957,9 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
       g = 1, r.grads += bytes(t), r.copied_view = true;  // a permuted gradient is not viewable
     } else {                                             // a view of the output's gradient, with its owner
       g = out_grad ? out_grad : 1;
+      // A received tensor relayed as a view: its gradient is a view of the received one, which is
+      // then held until sent back (input_grads), not freed when the backward ends.
+      if (out_grad == 2 && is_received_[at(t)]) m.received_grads -= bytes(t);
       // In I, a received gradient in its tensor's own (permuted) layout, permuted back, is dense
       // in the order the view's input has: the view before it hands it on (measured; a whole
       // backward copies it, as counted).

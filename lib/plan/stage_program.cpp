@@ -131,6 +131,10 @@ std::optional<Eviction> EvictionPlacer::place(const TensorDecision& d, int mark)
   // A data tensor this stage does not load, read here only through views an earlier stage
   // made and sent (an imported model's reshaped input ids): nothing here holds its storage.
   if (last_local < 0 && t.is_data) return std::nullopt;
+  // Received and only relayed on (GPT-NeoX's rotary cosines, read here through views an
+  // earlier stage made): the stage holds it until the send, as the replay counts; nothing to
+  // evict. (The memory optimizer took it for a saved tensor of the stage's.)
+  if (last_local < 0 && received_[static_cast<size_t>(d.tensor)]) return std::nullopt;
   if (last_local < 0)
     throw ConfigError("plan evicts " + name(d.tensor) + ", which stage nodes [" + std::to_string(b_) + ", " +
                       std::to_string(e_) + ") neither produce nor read");

@@ -246,6 +246,14 @@ void PipelineStage::backward(int64_t mb) {
   {
     std::vector<at::Tensor> outputs, grads;
     backward_roots(f, outputs, grads);
+    // A received tensor relayed as it is gets the received gradient itself: its accumulator
+    // would copy it (the pending gradients hold it too), one copy the replay does not count.
+    for (size_t k = outputs.size(); k-- > 0;) {
+      if (outputs[k].grad_fn() || outputs[k].grad().defined()) continue;
+      outputs[k].mutable_grad() = std::move(grads[k]);
+      outputs.erase(outputs.begin() + static_cast<std::ptrdiff_t>(k));
+      grads.erase(grads.begin() + static_cast<std::ptrdiff_t>(k));
+    }
     if (evictor_) evictor_->before_backward(mb, outputs);
     if (!outputs.empty()) torch::autograd::backward(outputs, grads);
   }
