@@ -5,6 +5,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -50,6 +51,9 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
     recv_ids_.push_back(c.tensor);
     recv_specs_.push_back(&graph.tensor(c.tensor));
     recv_requires_grad_.push_back(rg[c.tensor]);
+    const std::vector<int>& readers = graph.tensor(c.tensor).consumers;
+    recv_relayed_only_.push_back(
+        std::none_of(readers.begin(), readers.end(), [&](int n) { return n >= config.begin && n < config.end; }));
   }
   // Gradients travel back only for tensors autograd tracks (not for masks, positions, ids).
   for (const CrossingTensor& c : graph.crossing(config.end)) {
@@ -246,10 +250,15 @@ void PipelineStage::backward(int64_t mb) {
   {
     std::vector<at::Tensor> outputs, grads;
     backward_roots(f, outputs, grads);
-    // A received tensor relayed as it is gets the received gradient itself: its accumulator
+    // A received tensor only relayed on gets the received gradient itself: its accumulator
     // would copy it (the pending gradients hold it too), one copy the replay does not count.
+    auto relayed_only = [&](const at::Tensor& t) {
+      for (size_t j = 0; j < f.inputs.size(); ++j)
+        if (recv_relayed_only_[j] && f.inputs[j].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return true;
+      return false;
+    };
     for (size_t k = outputs.size(); k-- > 0;) {
-      if (outputs[k].grad_fn() || outputs[k].grad().defined()) continue;
+      if (outputs[k].grad_fn() || outputs[k].grad().defined() || !relayed_only(outputs[k])) continue;
       outputs[k].mutable_grad() = std::move(grads[k]);
       outputs.erase(outputs.begin() + static_cast<std::ptrdiff_t>(k));
       grads.erase(grads.begin() + static_cast<std::ptrdiff_t>(k));

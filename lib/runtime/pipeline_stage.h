@@ -145,6 +145,7 @@ class PipelineStage : private ActionHooks {
   std::vector<int> recv_ids_, send_ids_, data_ids_;
   std::vector<const TensorInfo*> recv_specs_, grad_specs_;
   std::vector<bool> recv_requires_grad_, send_requires_grad_;
+  std::vector<bool> recv_relayed_only_;  // received tensors no node of the stage reads
   std::map<int64_t, InFlight> in_flight_;
   // Async weight stashing: the master weights are the optimizer's; a forward uses a snapshot
   // of the current version, kept until the last micro-batch that used it has run backward.
