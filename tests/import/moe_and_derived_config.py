@@ -16,7 +16,6 @@
 
 usage: moe_and_derived_config.py path/to/dawnpiper WORKDIR   (run with scripts/python; exit 0 = pass)
 """
-import json
 import os
 import re
 import subprocess
@@ -26,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "..", "..", "scripts")
 sys.path.insert(0, SCRIPTS)
 import export_model  # noqa: E402
+from script_checks import ENV, check, close, failures, graph_of  # noqa: E402
 import prepare_data  # noqa: E402
 
 SEQ, BATCH, MICRO_BATCHES, LR, VOCAB = 16, 2, 2, 0.05, 512
@@ -40,29 +40,6 @@ MOE = {
 # Only the heads among the attention's settings: the others follow (export_model.hf_config).
 DERIVED = "num_hidden_layers=1,hidden_size=64,num_attention_heads=4,intermediate_size=128,vocab_size=256," \
           "max_position_embeddings=64"
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
-           DAWNPIPER_CACHE="off")
-failures = []
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what)
-    if not ok:
-        failures.append(what)
-    return ok
-
-
-def close(a, b, rel=1e-5):
-    return abs(a - b) <= rel * abs(b)
-
-
-def graph_of(path):
-    from safetensors import safe_open
-
-    with safe_open(path, "pt") as f:
-        return json.loads(f.metadata()["dawnpiper_model"])
-
-
 def train(binary, model_file, ranks, *extra):
     """Losses per step of `dawnpiper train` (on `ranks` MPI ranks; 1: no mpirun)."""
     cmd = [binary, "train", "--model-file", model_file, "--steps", "2", *extra]

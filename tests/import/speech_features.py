@@ -26,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "..", "..", "scripts")
 sys.path.insert(0, SCRIPTS)
 import export_model  # noqa: E402
+from script_checks import ENV, check, close, failures, graph_of  # noqa: E402
 
 SEQ, BATCH, MICRO_BATCHES, LR, VOCAB, SAMPLES = 12, 2, 2, 0.05, 128, 24
 WHISPER = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
@@ -33,31 +34,8 @@ WHISPER = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention
                max_target_positions=32, vocab_size=VOCAB, decoder_start_token_id=1, pad_token_id=0, bos_token_id=1,
                eos_token_id=2)
 FRAMES = 2 * WHISPER["max_source_positions"]  # Whisper's two convolutions: stride 1, then 2
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
-           DAWNPIPER_CACHE="off")
-failures = []
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what)
-    if not ok:
-        failures.append(what)
-    return ok
-
-
-def close(a, b, rel=1e-5):
-    return abs(a - b) <= rel * abs(b)
-
-
 def overrides(values):
     return ",".join(f"{k}={v}" for k, v in values.items())
-
-
-def graph_of(path):
-    from safetensors import safe_open
-
-    with safe_open(path, "pt") as f:
-        return json.loads(f.metadata()["dawnpiper_model"])
 
 
 def dawnpiper(binary, *args, ranks=1):
