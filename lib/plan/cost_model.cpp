@@ -57,6 +57,19 @@ CostModel::CostModel(const Profile& profile, const PlanOptions& options)
   index_split_conflicts();
 }
 
+bool feeds(const Profile& profile, int from, int to) {
+  if (to < from) return false;
+  std::vector<char> reached(static_cast<size_t>(to - from + 1), 0);  // fed by `from`
+  reached[0] = 1;
+  for (int k = from; k < to; ++k) {
+    if (!reached[static_cast<size_t>(k - from)]) continue;
+    for (int t : profile.nodes[static_cast<size_t>(k)].outputs)
+      for (int c : profile.tensors[static_cast<size_t>(t)].consumers)
+        if (c > k && c <= to) reached[static_cast<size_t>(c - from)] = 1;
+  }
+  return reached.back() != 0;
+}
+
 void CostModel::index_split_conflicts() {
   const Profile& p = *profile_;
   split_conflict_.assign(static_cast<size_t>(n_), -1);
@@ -67,24 +80,13 @@ void CostModel::index_split_conflicts() {
     const int weight = node.tied_owner >= 0 ? node.tied_owner : node.param_bytes > 0 ? node.id : -1;
     if (weight >= 0) readers[weight].push_back(node.id);
   }
-  std::vector<char> reached;
   for (auto& [weight, nodes] : readers) {
     std::sort(nodes.begin(), nodes.end());
-    for (size_t i = 0; i + 1 < nodes.size(); ++i) {
-      const int from = nodes[i];
-      reached.assign(static_cast<size_t>(n_ - from), 0);  // fed by `from`
-      reached[0] = 1;
-      for (int k = from; k < nodes.back(); ++k) {
-        if (!reached[static_cast<size_t>(k - from)]) continue;
-        for (int t : p.nodes[static_cast<size_t>(k)].outputs)
-          for (int c : p.tensors[static_cast<size_t>(t)].consumers)
-            if (c > k && c <= nodes.back()) reached[static_cast<size_t>(c - from)] = 1;
-      }
+    for (size_t i = 0; i + 1 < nodes.size(); ++i)
       for (size_t j = i + 1; j < nodes.size(); ++j)
-        if (reached[static_cast<size_t>(nodes[j] - from)])
+        if (feeds(p, nodes[i], nodes[j]))
           split_conflict_[static_cast<size_t>(nodes[j])] =
-              std::max(split_conflict_[static_cast<size_t>(nodes[j])], from);
-    }
+              std::max(split_conflict_[static_cast<size_t>(nodes[j])], nodes[i]);
   }
 }
 

@@ -23,6 +23,9 @@
 
 namespace dawnpiper {
 
+// Whether node `to` reads what node `from` made, directly or through the nodes between them.
+bool feeds(const Profile& profile, int from, int to);
+
 class CostModel {
  public:
   // Throws ConfigError on stages < 1, non-positive

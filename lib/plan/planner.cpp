@@ -529,15 +529,7 @@ std::string split_backward_refusal(const Profile& profile, const Plan& plan) {
         if (nodes[static_cast<size_t>(k)].tied_owner == owner) earlier = k;
       if (earlier < 0) continue;
       const int first = std::min(earlier, n), second = std::max(earlier, n);
-      std::vector<char> reached(static_cast<size_t>(second - first + 1), 0);  // fed by `first`
-      reached[0] = 1;
-      for (int k = first; k < second; ++k) {
-        if (!reached[static_cast<size_t>(k - first)]) continue;
-        for (int t : nodes[static_cast<size_t>(k)].outputs)
-          for (int c : profile.tensors[static_cast<size_t>(t)].consumers)
-            if (c > k && c <= second) reached[static_cast<size_t>(c - first)] = 1;
-      }
-      if (reached.back())
+      if (feeds(profile, first, second))
         return "stage " + std::to_string(s.index) + " cannot split its backward (" + name_of(plan.options.schedule) +
                "): " + nodes[static_cast<size_t>(first)].name + " and " + nodes[static_cast<size_t>(second)].name +
                " read one weight and the first feeds the second (its weight gradient would count the first's "
