@@ -170,7 +170,7 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
     }
     double square_sum = 0;
     for (int s : pending_updates) square_sum += stage[s]->grad_square_sum();
-    for (int s : pending_updates) stage[s]->set_norm_reducer([square_sum](double) { return square_sum; });
+    for (int s : pending_updates) stage[s]->set_norm_reducer([square_sum] { return square_sum; });
     for (int s : pending_updates) stage[s]->execute(Action{ActionKind::OptimizerStep, s, -1, -1});
     if (!result.losses.empty()) result.losses.back().grad_norm = std::sqrt(square_sum);
     pending_updates.clear();
@@ -460,7 +460,7 @@ void attach_reducers(RankStages& stages, const std::vector<TieComm>& tie_comms, 
     if (c.schedule.traits().updates_once_per_step && !tie_comms.empty())
       stage->set_tied_reducer(
           [&tie_comms, &stages, x](std::vector<StageParameter>&) { reduce_tied(tie_comms, x, stages); });
-    stage->set_norm_reducer([&stages, norm, comm](double) {
+    stage->set_norm_reducer([&stages, norm, comm] {
       auto& [updates, square_sum] = *norm;
       if (updates++ % static_cast<int>(stages.size()) == 0) {
         square_sum = 0;

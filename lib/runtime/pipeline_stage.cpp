@@ -361,8 +361,8 @@ void PipelineStage::average_replicas() {
 void PipelineStage::optimizer_step() {
   average_replicas();
   if (config_.schedule.traits().updates_once_per_step) {
-    const double local = grad_square_sum();
-    last_grad_norm_ = std::sqrt(reduce_norm_ ? reduce_norm_(local) : local);
+    // The reducer sums every stage's squares (it computes this stage's too).
+    last_grad_norm_ = std::sqrt(reduce_norm_ ? reduce_norm_() : grad_square_sum());
     if (config_.optimizer.grad_clip > 0) clip_grads(masters_, last_grad_norm_, config_.optimizer.grad_clip);
   }
   optimizer_->set_lr(scheduled_lr(config_.optimizer.lr, config_.optimizer.schedule, latest_step_));

@@ -62,10 +62,10 @@ class PipelineStage : private ActionHooks {
   void execute(const Action& action);
   void set_loss_callback(std::function<void(int64_t step, double loss)> on_loss) { on_loss_ = std::move(on_loss); }
   void set_tied_reducer(TiedGradReducer reducer) { reduce_tied_ = std::move(reducer); }
-  // Sums a stage's squared gradient norm over the pipeline's stages before every update of a
-  // synchronous schedule (the global norm clipping and the report use); the default: this stage
-  // alone.
-  void set_norm_reducer(std::function<double(double)> reducer) { reduce_norm_ = std::move(reducer); }
+  // The squared gradient norm summed over the pipeline's stages (computing this stage's too),
+  // before every update of a synchronous schedule (the global norm clipping and the report use);
+  // the default: this stage alone.
+  void set_norm_reducer(std::function<double()> reducer) { reduce_norm_ = std::move(reducer); }
   // Averages the stage's gradients over the data-parallel replicas before every optimizer step
   // (every schedule; under async, each replica's k-th update averages their k-th gradients).
   void set_replica_reducer(TiedGradReducer reducer) { reduce_replicas_ = std::move(reducer); }
@@ -161,7 +161,7 @@ class PipelineStage : private ActionHooks {
   std::function<void(int64_t, double)> on_loss_;
   TiedGradReducer reduce_tied_, reduce_replicas_;
   bool replicas_averaged_ = false;  // since the last update
-  std::function<double(double)> reduce_norm_;
+  std::function<double()> reduce_norm_;
 };
 
 }  // namespace dawnpiper

@@ -10,7 +10,7 @@
 namespace dawnpiper {
 
 // Sum of the squared 2-norms of the gradients of params[i] where counted[i] (empty: all);
-// undefined gradients count 0. One device synchronization.
+// undefined gradients count 0. One device synchronization per device and dtype.
 double grad_square_sum(const std::vector<at::Tensor>& params, const std::vector<bool>& counted = {});
 
 // Scales every defined gradient by min(1, max_norm / (norm + 1e-6)); returns that factor.

@@ -48,8 +48,6 @@ class Optimizer {
  protected:
   Optimizer(std::vector<at::Tensor> params, const OptimizerConfig& config)
       : params_(std::move(params)), config_(config), lr_(config.lr) {}
-  // The decay to apply to parameter i (0 for biases and norms).
-  double weight_decay(size_t i) const { return decays(params_[i].dim()) ? config_.weight_decay : 0.0; }
   std::vector<at::Tensor> params_;
   OptimizerConfig config_;
   double lr_;
