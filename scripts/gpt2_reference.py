@@ -81,6 +81,7 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--steps", type=int, default=10, help="timed steps, after two warm-up steps")
+    parser.add_argument("--torch-trace", help="also write torch.profiler's Chrome trace of two steps here")
     args = parser.parse_args()
     torch.manual_seed(0)
     device = torch.device(args.device)
@@ -109,6 +110,15 @@ def main():
     ms = 1e3 * (time.perf_counter() - start) / args.steps
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     print(f"eager {args.precision} {ms:.2f} ms/step peak {peak / 2**20:.1f} MiB")
+    if args.torch_trace:  # after the timed steps: the profiler's overhead does not touch them
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities, record_shapes=True) as profiler:
+            for _ in range(2):
+                step()
+            sync()
+        profiler.export_chrome_trace(args.torch_trace)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,13 @@
 #   scripts/gpu-check.sh pack DIR                     here: the built binary (stripped), the Debian
 #                                                     runtime packages it loads (Open MPI, HDF5,
 #                                                     Boost), the inputs and the Python helpers
-#   DIR/gpu-check.sh run OUTDIR [--device cuda|cpu] [--size full|small]
-#                                                     there: every check, each under its own time
-#                                                     limit, within $DP_CHECK_BUDGET seconds (330);
-#                                                     writes OUTDIR/gpu-report.md, OUTDIR/gpu-check.log
-#                                                     (every command and its output) and
-#                                                     OUTDIR/artifacts.tar.gz (profiles, plans)
+#   DIR/gpu-check.sh run OUTDIR [--device cuda|cpu] [--size full|small] [--only REGEX]
+#                                                     there: every check (or those whose names match
+#                                                     REGEX), each under its own time limit, within
+#                                                     $DP_CHECK_BUDGET seconds (330); writes
+#                                                     OUTDIR/gpu-report.md, OUTDIR/gpu-check.log (every
+#                                                     command and its output), OUTDIR/artifacts.tar.gz
+#                                                     (profiles, plans) and OUTDIR/traces.tar.gz
 #
 # `run` finds LibTorch through $DP_TORCH_DIR or the Python that $DP_PYTHON names (python3), and
 # unpacks the Debian packages into $DP_DEPS_PREFIX (/tmp/dawnpiper-deps). --size small (the
@@ -18,7 +19,7 @@
 set -u
 
 usage() {
-  sed -n '4,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '4,13p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 }
 die() { echo "gpu-check: $*" >&2; exit 2; }
@@ -41,7 +42,8 @@ pack() {
   strip -o "$dir/dawnpiper" "$bin" 2>/dev/null || cp "$bin" "$dir/dawnpiper"
   cp "$root/scripts/gpu-check.sh" "$dir/"
   cp "$root"/inputs/*.ini "$dir/inputs/"
-  cp "$root/scripts/export_model.py" "$root/scripts/atomic_file.py" "$root/scripts/dawnpiper_ops.py" "$root/scripts/gpt2_reference.py" "$dir/python/"
+  cp "$root/scripts/export_model.py" "$root/scripts/atomic_file.py" "$root/scripts/dawnpiper_ops.py" "$root/scripts/gpt2_reference.py" \
+    "$root/scripts/link_bandwidth.py" "$root/scripts/trace_summary.py" "$dir/python/"
   (cd "$root" && echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes')") \
     >"$dir/VERSION"
   # The packages, once per list (a second pack into the same DIR only checks).
@@ -86,6 +88,11 @@ step() {
   shift 2
   local left=$((BUDGET - (SECONDS - START) - 8))
   ORDER+=("$name")
+  if [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]]; then
+    STATUS[$name]="not selected"; SECS[$name]=0
+    : >"$work/$name.out"
+    return 125
+  fi
   if [ "$left" -lt 5 ]; then
     STATUS[$name]="skipped: no time left"; SECS[$name]=0
     echo "### $name: skipped (budget spent)" >>"$LOG"
@@ -140,10 +147,12 @@ run() {
   [ -n "$outdir" ] || usage
   shift
   local device=cuda size=""
+  ONLY=""
   while [ $# -gt 0 ]; do
     case $1 in
       --device) device=${2:-}; shift 2 ;;
       --size) size=${2:-}; shift 2 ;;
+      --only) ONLY=${2:-}; shift 2 ;;
       *) usage ;;
     esac
   done
@@ -154,6 +163,8 @@ run() {
   mkdir -p "$outdir" || die "cannot create $outdir"
   out=$(cd "$outdir" && pwd)
   work=$(mktemp -d)
+  traces=$work/traces
+  mkdir -p "$traces"
   LOG=$out/gpu-check.log
   REPORT=$out/gpu-report.md
   : >"$LOG"
@@ -215,6 +226,8 @@ run() {
   ) &
   local exporter=$!
 
+  # 0. The host link a swapping stage copies over: pinned copies each way and both at once.
+  [ "$device" = cuda ] && step "link" 60 "$PY" "$here/python/link_bandwidth.py"
   # 1. Pipelines on one device, all three schedules, against the CPU in-process run of the same
   #    stages and schedule (dropout 0: the two devices draw different masks).
   for n in 2 4; do
@@ -267,6 +280,12 @@ run() {
       step "replay-$name-$x" 30 "$DP" replay-stage $spec --plan "$work/$name-sr.json" --stage $x --steps 3 --device $device
     done
   done
+  # Ranks sharing the device against the same stages in one process, at training size.
+  for n in 2 4; do
+    step "share-$n" 90 $MPI $n "$DP" train $big1 --micro-batch-size $mb --micro-batches 4 --steps 4 --device $device
+    step "share-inproc-$n" 60 "$DP" train $big1 --micro-batch-size $mb --micro-batches 4 --steps 4 --stages $n \
+      --in-process --device $device
+  done
   # 4. The imported GPT-2 against eager PyTorch on the same device.
   wait $exporter
   for p in fp32 bf16; do
@@ -278,7 +297,16 @@ run() {
       cat "$work/export-$p.out" >>"$LOG"
     fi
     step "eager-$p" 60 "$PY" "$here/python/gpt2_reference.py" --device $device --precision $p --layers $eager_layers \
-      --hidden $eager_hidden --heads $eager_heads --vocab $eager_vocab --batch $mb --seq $seq --steps 8
+      --hidden $eager_hidden --heads $eager_heads --vocab $eager_vocab --batch $mb --seq $seq --steps 8 \
+      --torch-trace "$traces/eager-$p.json"
+    # Where each step's time goes (PyTorch's profiler over two steps), DawnPiper beside eager.
+    if [ -s "$work/gpt2-$p.dpm" ]; then
+      step "trace-$p" 90 "$DP" train --model-file "$work/gpt2-$p.dpm" --micro-batch-size $mb --micro-batches 1 \
+        --steps 4 --device $device --torch-trace "$traces/dawnpiper-$p.json"
+    fi
+    for who in dawnpiper eager; do
+      [ -s "$traces/$who-$p.json" ] && step "summary-$who-$p" 60 "$PY" "$here/python/trace_summary.py" "$traces/$who-$p.json"
+    done
   done
   # 5. The reference trainer (CPU) against one process on the device.
   for m in gpt2-tiny bert-tiny; do
@@ -289,6 +317,7 @@ run() {
   [ "$device" = cuda ] && step "nccl" 45 $MPI 2 "$DP" train $tiny --transport nccl --device cuda
   write_report "$device" "$size"
   tar -czf "$out/artifacts.tar.gz" -C "$work" $(cd "$work" && ls *.h5 *.json 2>/dev/null) 2>/dev/null
+  [ -n "$(ls "$traces")" ] && tar -czf "$out/traces.tar.gz" -C "$traces" .
   rm -rf "$work"
   echo "gpu-check: report in $REPORT ($((SECONDS - START)) s)"
 }
@@ -410,6 +439,41 @@ write_report() {
       echo "| preset ${big1#--model } (dropout 0.1, batch $mb) | $p | $(ms_per_step "preset-$p" "$mb") | | |"
     done
     echo
+    echo "## Ranks sharing the $device against one process"
+    echo
+    echo "\`mpirun -np N dawnpiper train $big1 --micro-batch-size $mb --micro-batches 4 --steps 4 --device $device\` against"
+    echo "\`train ... --stages N --in-process\` (the same stages in one process)."
+    echo
+    echo "| ranks | transport | ms/step, N ranks | ms/step, one process | N ranks / one process |"
+    echo "| --- | --- | --- | --- | --- |"
+    local samples=$((mb * 4))
+    for n in 2 4; do
+      local a b
+      a=$(ms_per_step "share-$n" $samples)
+      b=$(ms_per_step "share-inproc-$n" $samples)
+      echo "| $n | $(grep -o 'transport: .*' "$work/share-$n.out" 2>/dev/null | cut -d' ' -f2- | cut -c1-60) | $a | $b | $(awk -v a="$a" -v b="$b" 'BEGIN {if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-"}') |"
+    done
+    echo
+    if [ -s "$work/link.out" ]; then
+      echo "## The host link (\`link_bandwidth.py\`: pinned copies on side streams, best of 5)"
+      echo
+      echo "| size | device to host | host to device | both at once (sum) |"
+      echo "| --- | --- | --- | --- |"
+      awk '$1 == "link" {v[$3 " " $2] = $5; m[$3] = 1} END {for (s in m) print s, v[s " d2h"], v[s " h2d"], v[s " both"]}' "$work/link.out" |
+        sort -n | while read -r m d h b; do echo "| $m MiB | $d GB/s | $h GB/s | $b GB/s |"; done
+      echo
+    fi
+    for p in fp32 bf16; do
+      for who in dawnpiper eager; do
+        [ -s "$work/summary-$who-$p.out" ] || continue
+        echo "### Where a $p step goes: $who (PyTorch's profiler, two steps)"
+        echo
+        echo '```'
+        head -n 40 "$work/summary-$who-$p.out"
+        echo '```'
+        echo
+      done
+    done
     if [ "$device" = cuda ]; then
       echo "## NCCL between two ranks on one GPU"
       echo

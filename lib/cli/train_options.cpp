@@ -104,6 +104,7 @@ void read_files(const po::variables_map& vm, TrainOptions& o) {
     o.save_path = file ? given : given + "/model.safetensors";
   }
   if (vm.count("metrics-out")) o.metrics_path = vm["metrics-out"].as<std::string>();
+  if (vm.count("torch-trace")) o.torch_trace_path = vm["torch-trace"].as<std::string>();
   for (const char* input : {"init-from", "profile-in", "plan-in"})
     if (vm.count(input)) check_readable(vm[input].as<std::string>(), std::string("--") + input);
   if (vm.count("calibrate-trace"))
@@ -117,7 +118,7 @@ void read_files(const po::variables_map& vm, TrainOptions& o) {
     throw ConfigError("--eval-every and --eval-only apply to MPI runs and one-stage runs, not --in-process");
   // Outputs: their directories are made now, and each must be writable before any work.
   if (vm.count("plan-out")) o.plan_out = vm["plan-out"].as<std::string>();
-  for (const std::string& path : {o.trace_path, o.save_path, o.metrics_path, o.plan_out})
+  for (const std::string& path : {o.trace_path, o.save_path, o.metrics_path, o.plan_out, o.torch_trace_path})
     if (!path.empty()) {
       if (const std::string dir = parent_directory(path); !dir.empty()) make_directories(dir);
       check_writable(path);
@@ -130,6 +131,9 @@ void read_placement(const po::variables_map& vm, TrainOptions& o) {
   if (vm.count("stages") && o.stages < 1) throw ConfigError("--stages must be at least 1");
   o.data_parallel = vm.count("data-parallel") ? vm["data-parallel"].as<int>() : 0;
   if (vm.count("data-parallel") && o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
+  const ZeroOptions zero = zero_options_from(vm);
+  o.zero_stage = zero.stage;
+  o.bucket_bytes = zero.bucket_bytes;
   o.schedule = vm["schedule"].as<ScheduleChoice>().with_virtual_stages(vm["virtual-stages"].as<int>());
   // A schedule file is written for its sizes: other ones are refused before anything runs.
   if (o.schedule.is_file())
@@ -210,7 +214,9 @@ po::options_description train_options() {
       ("grad-clip", po::value<double>()->default_value(0.0), "clip the global gradient norm (over every stage) to this before each "
                                                             "update, as clip_grad_norm_; 0: never (the norm is reported either way)")
       ("metrics-out", po::value<std::string>(), "append one JSON line per step and validation to this file (step, loss, lr, "
-                                                "grad norm, samples/s and tokens/s, peak memory per stage); scripts/plot_metrics.py draws it");
+                                                "grad norm, samples/s and tokens/s, peak memory per stage); scripts/plot_metrics.py draws it")
+      ("torch-trace", po::value<std::string>(), "write PyTorch's profiler trace of rank 0 (operators and, on CUDA, kernels and "
+                                                "copies) over steps 2-3 to this Chrome trace file (Perfetto reads it)");
   // clang-format on
   po::options_description options;
   options.add(own)
@@ -272,6 +278,17 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
   adopt("precision", plan.precision);
   adopt("stages", static_cast<int>(plan.stages.size()) / virtual_stages);
   adopt("data-parallel", plan.options.data_parallel);
+  adopt("zero-stage", plan.options.zero_stage);
+  // A size is text on the command line: compared by its bytes.
+  if (auto found = vm.find("bucket-size"); found != vm.end()) {
+    const int64_t given = parse_bytes(found->second.as<std::string>(), "--bucket-size");
+    if (!found->second.defaulted() && given != plan.options.bucket_bytes)
+      throw ConfigError("--bucket-size " + found->second.as<std::string>() +
+                        " contradicts the plan (--plan-in), made for " + std::to_string(plan.options.bucket_bytes) +
+                        " bytes; leave the option out or plan again");
+    vm.erase(found);
+    vm.insert({"bucket-size", po::variable_value(boost::any(std::to_string(plan.options.bucket_bytes)), false)});
+  }
 }
 
 }  // namespace dawnpiper

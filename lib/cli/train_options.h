@@ -18,6 +18,10 @@ struct TrainOptions {
   TrainConfig config;
   int64_t micro_batch_size = 0;
   int stages = 0, data_parallel = 0;  // 0: not given (the MPI ranks decide)
+  // --zero-stage, --bucket-size (cli/options.h); run_training sets zero_stage to 0 where the
+  // run has one replica (it then changes nothing).
+  int zero_stage = 0;
+  int64_t bucket_bytes = int64_t{25} << 20;
   ScheduleChoice schedule = ScheduleChoice::named("1f1b");
   PlannerKind planner = PlannerKind::DawnPiper;
   MemoptKind memopt = MemoptKind::None;
@@ -31,7 +35,8 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;
   bool resume = false, resume_override = false, quiet = false, in_process = false, eval_only = false;
   std::string checkpoint_dir, trace_path, save_path, metrics_path;
-  std::string save_directory;  // --save-weights DIR: model.safetensors and (Hugging Face models) config.json
+  std::string torch_trace_path;  // --torch-trace: PyTorch's profiler on rank 0 over steps 2-3
+  std::string save_directory;    // --save-weights DIR: model.safetensors and (Hugging Face models) config.json
   std::string plan_in, plan_out, profile_in, profile_cache;
   std::vector<std::string> calibrate_traces;
   ProgressKind progress = ProgressKind::Auto;

@@ -12,6 +12,7 @@
 #include "memory/counting_allocator.h"
 #include "memory/device_memory.h"
 #include "models/hf_config.h"
+#include "profile/torch_trace.h"
 #include "run/resume.h"
 #include "run/run_report.h"
 #include "runtime/checkpoint.h"
@@ -93,9 +94,11 @@ int train_one_stage(const OpGraph& graph, const TrainOptions& o) {
   Progress progress(0, o.config.steps, o.samples_per_step, o.quiet, o.progress);
   const int64_t tokens = tokens_per_sample(graph);
   install_stop_handlers();
+  TorchTrace torch_trace(o.torch_trace_path);
   int stopped_by = 0;
   for (int64_t step = 0; step < o.config.steps && !stopped_by; ++step) {
     const StepResult r = trainer.step();
+    torch_trace.step_finished(step);
     peak = std::max(peak, r.peak_bytes);
     progress.step(r.step, r.loss, r.lr, r.grad_norm);
     metrics.step(step_metrics(r.step, r.loss, r.lr, r.grad_norm, {r.peak_bytes}, progress, o, tokens));
@@ -216,7 +219,9 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
   Progress progress(pc.first_step, pc.steps, o.samples_per_step, o.quiet || rank != 0, o.progress);
   MetricsLog metrics(rank == 0 ? o.metrics_path : "", o.resume);
   const int64_t tokens = tokens_per_sample(graph);
+  TorchTrace torch_trace(rank == 0 ? o.torch_trace_path : "");
   run.on_loss = [&](const StepReport& r) {
+    torch_trace.step_finished(r.step);
     progress.step(r.step, r.loss, r.lr, r.grad_norm);
     if (rank == 0) metrics.step(step_metrics(r.step, r.loss, r.lr, r.grad_norm, r.peak_bytes, progress, o, tokens));
   };
@@ -227,6 +232,7 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
   const auto start = std::chrono::steady_clock::now();
   const StageRun mine = run_this_rank(graph, pc, layout, run, o.in_process);
   synchronize(device);  // the clock stops when the device has finished this rank's work
+  torch_trace.finish();
   progress.finish();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (run.trace) write_pipeline_trace(graph, plan, pc, layout, mine, MPI_COMM_WORLD, o.trace_path);
@@ -248,6 +254,14 @@ int run_training(TrainOptions o, const ModelSource& source, const std::optional<
                  int world_size) {
   const Plan* plan = given ? &given->plan : nullptr;
   const RankLayout layout = layout_from(o, world_size);
+  o.data_parallel = layout.replicas;
+  if (o.zero_stage > 0 && layout.replicas == 1) {  // nothing to shard over: trains as level 0
+    if (rank == 0 && !o.quiet)
+      std::printf("note: --zero-stage %d shards over each stage's replicas, and this run has one: it changes "
+                  "nothing\n",
+                  o.zero_stage);
+    o.zero_stage = 0;
+  }
   o.samples_per_step = static_cast<double>(o.config.micro_batches * o.micro_batch_size * layout.replicas);
   // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
   const c10::Device device = rank_device(parse_device(o.device, /*require_gpu=*/false), MPI_COMM_WORLD);

@@ -37,6 +37,12 @@ grep -q 'masks drawn on the cpu.*' "$report" && grep -A1 'masks drawn on the cpu
 [ "$(grep -cE '^\| imported GPT-2 .* \| (fp32|bf16) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$' "$report")" -eq 2 ] ||
   fail "imported GPT-2 rows"
 [ "$(grep -cE '^\| preset .* \| (fp32|bf16) \| [0-9.]+ \|' "$report")" -eq 2 ] || fail "preset rows"
+# Ranks sharing the device against one process: 2 and 4 ranks, both timed.
+[ "$(grep -cE '^\| [24] \| .* \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$' "$report")" -eq 2 ] || fail "sharing rows"
+# Where a step goes: PyTorch's profiler over DawnPiper's and eager steps, both precisions.
+[ "$(grep -cE '^### Where a (fp32|bf16) step goes: (dawnpiper|eager)' "$report")" -eq 4 ] || fail "trace summaries"
+[ "$(grep -cE '^per step: wall [0-9.]+ ms' "$report")" -eq 4 ] || fail "trace summary lines"
+[ -s "$out/run/traces.tar.gz" ] || fail "no traces"
 grep -q 'Whole step of .*predicted peak [0-9.]* [KMG]iB.*measured peak' "$report" || fail "whole-step line"
 # Every check ran and passed.
 if grep -E '^\| [a-z0-9-]+ \| (failed|timed out|skipped|export failed)' "$report"; then fail "a check did not pass"; fi
