@@ -125,7 +125,7 @@ Profile profile_and_options(const po::variables_map& vm, int world_size, PlanOpt
                     vm.count("allocator-headroom")
                         ? parse_allocator_headroom(vm["allocator-headroom"].as<std::string>())
                         : default_allocator_headroom(profile.source == "measured" ? profile.device : ""));
-  if (vm.count("host-bandwidth"))
+  if (vm.count("host-bandwidth")) {  // a constant, instead of the link the profile measured
     o.host_bandwidth = static_cast<double>(parse_bytes(vm["host-bandwidth"].as<std::string>(), "--host-bandwidth"));
   if (vm.count("link-bandwidth"))
     o.link_bandwidth = static_cast<double>(parse_bytes(vm["link-bandwidth"].as<std::string>(), "--link-bandwidth"));
@@ -137,6 +137,8 @@ void refuse_model_options(const po::variables_map& vm) {
   std::vector<std::string> names = {"model", "model-file", "init-from", "seed", "device"};
   const po::options_description overrides = model_override_options();
   for (const auto& opt : overrides.options()) names.push_back(opt->long_name());
+    o.host_bandwidth_given = true;
+  }
   for (const std::string& name : names)
     if (vm.count(name) && !vm[name].defaulted())
       throw ConfigError("--" + name +

@@ -103,6 +103,8 @@ void CostModel::take_options(const PlanOptions& options) {
     throw ConfigError("host and link bandwidths must be positive");
   schedule_ = options.schedule;
   host_bw_ = options.host_bandwidth;
+  if (!options.host_bandwidth_given)
+    host_link_ = options.host_link.measured() ? options.host_link : profile_->host_link;
   link_bw_ = options.link_bandwidth;
   if (options.data_parallel < 1) throw ConfigError("data parallelism must be at least 1");
   data_parallel_ = options.data_parallel;

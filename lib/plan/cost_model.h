@@ -58,7 +58,11 @@ class CostModel {
   // bwd_ms's part a split backward's W takes (NodeProfile::weight_share).
   double weight_ms(int b, int e) const { return weight_[e] - weight_[b]; }
   double compute_ms(int b, int e) const { return fwd_ms(b, e) + bwd_ms(b, e); }
-  double host_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / host_bw_; }
+  // One swap copy of `bytes`: at the measured link's speed for that size where there is one.
+  double host_ms(int64_t bytes) const {
+    return host_link_.measured() ? 1e3 * host_link_.copy_seconds(bytes) : 1e3 * static_cast<double>(bytes) / host_bw_;
+  }
+  const HostLink& host_link() const { return host_link_; }
   double link_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / link_bw_; }
   // Data parallelism: a ring allreduce of the stage's gradients, 2 (D - 1) / D of them over the
   // link, once per update; and its share per micro-batch.
@@ -172,6 +176,7 @@ class CostModel {
   std::vector<int64_t> saved_sum_;          // prefix sums of each node's distinct saved bytes
   DominanceSum saved_repeats_;              // consecutive savers of one tensor, to count it once
   RangeMax transient_;
+  HostLink host_link_;  // empty: host_bw_
   RangeMax forward_need_;
   std::vector<int64_t> cross_count_, cross_bytes_;  // per cut 0..n
   std::vector<int64_t> cross_begin_;                // per cut 0..n+1: its slice of cross_tensors_

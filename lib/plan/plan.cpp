@@ -225,6 +225,7 @@ std::string Plan::to_json(int indent) const {
   schedule_to_json(options.schedule, in);
   j["inputs"] = in;
   j["planning_ms"] = planning_ms;
+  if (options.host_link.measured()) in["host_link"] = Json::parse(options.host_link.to_json());
   j["bottleneck_ms"] = bottleneck_ms();
   j["max_peak_bytes"] = max_peak_bytes();
   j["max_predicted_peak_bytes"] = max_predicted_peak_bytes();
@@ -296,6 +297,7 @@ Plan plan_fields(const Json& j) {
   p.options.schedule = schedule_from_json(j.at("inputs"));
   p.planning_ms = j.at("planning_ms").get<double>();
   for (const Json& st : j.at("stages")) p.stages.push_back(stage_from_json(st));
+  if (j.at("inputs").contains("host_link")) p.options.host_link = HostLink::from_json(j.at("inputs").at("host_link").dump());
   if (j.contains("rank_replayed_peaks"))
     p.rank_replayed_peaks = j.at("rank_replayed_peaks").get<std::vector<int64_t>>();
   // The runtime relies on these: contiguous stages covering every node, in order.
@@ -341,6 +343,13 @@ void Plan::print_table(std::ostream& out) const {
       << ", capacity " << capacity << "\n";
   std::snprintf(line, sizeof line, "%5s %13s %10s %10s %10s %11s %11s %11s %11s %4s %4s %11s %7s\n", "stage", "nodes",
                 "compute", "memopt", "time", "peak", "weights*v", "grad+opt", "act/mb", "in", "ver", "sent/mb",
+  if (options.memopt != MemoptKind::None)
+    out << "host link for swaps: "
+        << (options.host_link.measured()
+                ? "measured, " + options.host_link.summary()
+                : format_bytes(options.host_bandwidth) + "/s (" +
+                      (options.host_bandwidth_given ? "--host-bandwidth" : "not measured: the default") + ")")
+        << "\n";
                 "sw/rc");
   out << line;
   for (const StagePlan& s : stages) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "profile/host_link.h"
 #include "schedule/schedule.h"
 #include "train/optimizer_kind.h"
 #include "util/units.h"
@@ -45,7 +46,12 @@ struct PlanOptions {
   // What the device memory held beyond capacity_bytes, left to the allocator's fragmentation (the
   // CUDA caching allocator reserves more than it allocates; a cap limits what it reserves).
   int64_t allocator_headroom_bytes = 0;
-  double host_bandwidth = 16e9;  // bytes/s, device <-> host (swap)
+  double host_bandwidth = 16e9;  // bytes/s, device <-> host (swap), where the link is not measured
+  // The host link the profile measured (CUDA), which a swap's copy time follows unless
+  // host_bandwidth_given (--host-bandwidth) says to take that constant; the plan records the one
+  // it used.
+  HostLink host_link;
+  bool host_bandwidth_given = false;
   double link_bandwidth = 10e9;  // bytes/s, stage <-> stage
   PlannerKind planner = PlannerKind::DawnPiper;
   MemoptKind memopt = MemoptKind::SwapRecompute;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "profile/host_link.h"
 #include "util/dtype.h"
 
 namespace dawnpiper {
@@ -167,6 +168,9 @@ struct Profile {
   // measured before the model exists (memory/runtime_bytes.h); 0 on the CPU and in analytic
   // profiles. Every stage on such a device holds it: the planner adds it to each stage's peak.
   int64_t runtime_bytes = 0;
+  // Pinned copies to and from the host, measured where the profile ran (CUDA); swaps cross it.
+  // Empty on the CPU and in analytic profiles: the planner then takes --host-bandwidth.
+  HostLink host_link;
 
   int size() const { return static_cast<int>(nodes.size()); }
   // Why this profile cannot stand for a run on `run_device` (c10::Device::str(): "cpu",

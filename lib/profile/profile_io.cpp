@@ -146,6 +146,7 @@ void write_profile(const Profile& p, const std::string& path) {
     write_attr<int64_t>(file, "schema_version", Profile::kSchemaVersion);
     profile_attributes(p, AttributeWriter{file});
     write_attr(file, "created", p.created.empty() ? now_iso8601() : p.created);
+    if (p.host_link.measured()) write_attr(file, "host_link", p.host_link.to_json());
     write_column(file, "profiled_batch_sizes", p.profiled_batch_sizes);
     write_strings(file, "blocks", p.blocks);
 
@@ -172,6 +173,7 @@ Profile read_profile(const std::string& path) {
                         "; this build reads version " + std::to_string(Profile::kSchemaVersion) + " (re-profile)");
     profile_attributes(p, AttributeReader{file});
     p.created = read_attr_string(file, "created");
+    if (has_attr(file, "host_link")) p.host_link = HostLink::from_json(read_attr_string(file, "host_link"));
     p.profiled_batch_sizes = read_column<int64_t>(file, "profiled_batch_sizes");
     p.blocks = read_strings(file, "blocks");
 

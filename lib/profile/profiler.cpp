@@ -19,6 +19,7 @@
 #include "memory/torch_compat.h"
 #include "memory/device_memory.h"
 #include "memory/runtime_bytes.h"
+#include "profile/measure_host_link.h"
 #include "profile/device_timer.h"
 #include "profile/in_step_timing.h"
 #include "profile/profile_builder.h"
@@ -381,6 +382,7 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
     return n.kind == OpKind::Conv2d || n.call.op.find("conv") != std::string::npos;
   });
   p.runtime_bytes = measure_runtime_bytes(opt.device, g.precision, convolutions);
+  p.host_link = measure_host_link(opt.device);
   const std::vector<NodeMeasurement> measured = measure_nodes(g, opt);
   // Assemble: node rows, aliases, saved_by (on storage owners), internal buffers.
   const auto depth = g.depths();

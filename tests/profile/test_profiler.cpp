@@ -159,6 +159,8 @@ TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]
   p.runtime_bytes = 65 << 20;                                            // as an H200's cuBLAS workspaces
   p.measured_step_ms = 12.5;
   p.measured_peak_bytes = 123456;
+  CHECK_FALSE(p.host_link.measured());  // the CPU has no link to measure
+  p.host_link.samples = {{1 << 20, 17.2e9, 17.3e9, 23.9e9}, {64 << 20, 52.9e9, 51.8e9, 94.5e9}};  // an H100's
   const std::string path = "test_profile_roundtrip.h5";
   int constants = 0;  // T5's relative-position buckets: one per attention
   for (const NodeProfile& n : p.nodes) constants += n.constant_bytes > 0;
@@ -182,6 +184,7 @@ TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]
   CHECK(q.measured_step_ms == p.measured_step_ms);
   CHECK(q.measured_peak_bytes == p.measured_peak_bytes);
   CHECK(q.runtime_bytes == p.runtime_bytes);
+  CHECK(q.host_link.to_json() == p.host_link.to_json());
   CHECK(q.largest_param_bytes == p.largest_param_bytes);
   CHECK(q.blocks == p.blocks);
   REQUIRE(q.nodes.size() == p.nodes.size());
