@@ -9,12 +9,14 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "app/plan_zero_baseline.h"
 #include "cli/options.h"
 #include "memory/counting_allocator.h"
 #include "memory/device_memory.h"  // parse_device
 #include "plan/calibrate.h"
 #include "plan/planner.h"
 #include "plan/schedule_search.h"
+#include "plan/zero_baseline.h"
 #include "profile/analytic.h"
 #include "profile/profile_io.h"
 #include "profile/profiler.h"
@@ -63,6 +65,7 @@ po::options_description plan_options() {
 // --stages, or what `train` takes without it: the MPI ranks (of `mpirun -np N dawnpiper plan`)
 // over the replicas. One process has no ranks to count.
 int stages_from(const po::variables_map& vm, int world_size, int data_parallel) {
+  if (!vm.count("stages") && is_zero_baseline(vm["planner"].as<PlannerKind>())) return 1;  // ZeRO: one stage
   if (vm.count("stages")) {
     const int stages = vm["stages"].as<int>();
     if (stages < 1) throw ConfigError("--stages must be at least 1");
@@ -181,9 +184,12 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
                      plan_options(), vm))
     return 0;
   if (world.rank != 0) return 0;
+  const bool zero = is_zero_baseline(vm["planner"].as<PlannerKind>());
+  if (zero) refuse_for_zero_baseline(vm);
   if (vm.count("out")) check_writable(vm["out"].as<std::string>());
   PlanOptions o;
   Profile profile = profile_and_options(vm, world.size, o);
+  if (zero) return plan_zero_baseline(vm, profile, o);
   if (vm.count("calibrate-trace")) {
     if (!vm.count("profile-in"))  // an analytic profile is another device's times
       throw ConfigError("--calibrate-trace needs --profile-in (the profile the traced run was planned from)");

@@ -66,7 +66,8 @@ po::options_description planning_options() {
       ("virtual-stages", po::value<int>()->default_value(0), "stages per rank under --schedule interleaved (default 2): "
                                                              "--stages x V stages, stage s on rank s mod --stages")
       ("schedule", po::value<ScheduleChoice>()->default_value(ScheduleChoice::named("1f1b"), "1f1b"), schedule_help().c_str())
-      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact")
+      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact; `plan` also: zero2 | zero3 "
+                                                                                                   "(ZeRO's data-parallel baseline)")
       ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"), "memory optimization the plan may use: none | r (recompute) | "
                                                                                  "sr (swap + recompute); the runtime carries out its per-tensor decisions");
   // clang-format on

@@ -5,6 +5,7 @@
 
 #include "data/token_file.h"
 #include "memory/device_memory.h"
+#include "plan/zero_baseline.h"
 #include "runtime/pipeline_stage.h"
 #include "train/optimizer.h"
 #include "util/atomic_file.h"
@@ -139,6 +140,9 @@ void read_placement(const po::variables_map& vm, TrainOptions& o) {
   if (o.schedule.is_file())
     o.schedule.make(o.stages > 0 ? o.stages : o.schedule.file_stages(), vm["micro-batches"].as<int64_t>());
   o.planner = vm["planner"].as<PlannerKind>();
+  if (is_zero_baseline(o.planner))
+    throw ConfigError(std::string("--planner ") + name_of(o.planner) +
+                      " is ZeRO's data-parallel baseline that `dawnpiper plan` computes, no pipeline plan to train");
   o.memopt = vm["memopt"].as<MemoptKind>();
   o.device = vm["device"].as<DeviceKind>();
   o.transport = vm["transport"].as<TransportKind>();

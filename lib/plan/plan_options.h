@@ -15,16 +15,20 @@
 
 namespace dawnpiper {
 
-enum class PlannerKind { DawnPiper, GPipe, PipeDream, VPipe, Even, Exact };
+// Zero2 and Zero3 are no pipeline planners: ZeRO's data-parallel baseline, which `plan` computes
+// (plan/zero_baseline.h) and make_plan refuses.
+enum class PlannerKind { DawnPiper, GPipe, PipeDream, VPipe, Even, Exact, Zero2, Zero3 };
 template <>
 struct EnumNames<PlannerKind> {
   static constexpr const char* what = "planner";
-  static constexpr std::array<std::pair<PlannerKind, const char*>, 6> table{{{PlannerKind::DawnPiper, "dawnpiper"},
+  static constexpr std::array<std::pair<PlannerKind, const char*>, 8> table{{{PlannerKind::DawnPiper, "dawnpiper"},
                                                                              {PlannerKind::GPipe, "gpipe"},
                                                                              {PlannerKind::PipeDream, "pipedream"},
                                                                              {PlannerKind::VPipe, "vpipe"},
                                                                              {PlannerKind::Even, "even"},
-                                                                             {PlannerKind::Exact, "exact"}}};
+                                                                             {PlannerKind::Exact, "exact"},
+                                                                             {PlannerKind::Zero2, "zero2"},
+                                                                             {PlannerKind::Zero3, "zero3"}}};
 };
 
 enum class MemoptKind { None, Recompute, SwapRecompute };

@@ -20,6 +20,7 @@
 #include "plan/stage_evaluator.h"
 #include "plan/stage_memory.h"
 #include "plan/stage_program.h"
+#include "plan/zero_baseline.h"
 #include "util/error.h"
 #include "util/units.h"
 
@@ -28,6 +29,10 @@ namespace dawnpiper {
 namespace {
 
 void validate(const Profile& profile, const PlanOptions& options) {
+  if (is_zero_baseline(options.planner))
+    throw ConfigError(std::string("--planner ") + name_of(options.planner) +
+                      " is ZeRO's data-parallel baseline, no pipeline plan: `dawnpiper plan` computes it "
+                      "(plan/zero_baseline.h); train pipelines with dawnpiper, gpipe, pipedream, vpipe, even or exact");
   if (options.stages < 1) throw ConfigError("the number of stages must be at least 1");
   const int v = options.schedule.virtual_stages();
   if (options.stages > profile.size())

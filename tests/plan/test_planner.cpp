@@ -18,6 +18,7 @@
 #include "plan/planner.h"
 #include "plan/stage_evaluator.h"
 #include "plan/stage_memory.h"
+#include "plan/zero_baseline.h"
 #include "profile/analytic.h"
 #include "synthetic_profile.h"
 #include "util/error.h"
@@ -98,7 +99,7 @@ TEST_CASE("option names are parsed once into enums and printed back by name", "[
   CHECK_THROWS_AS(from_name<ScheduleChoice>("zb"), ConfigError);
   CHECK_THROWS_AS(from_name<MemoptKind>("s"), ConfigError);
   CHECK_THROWS_AS(from_name<OptimizerKind>("lion"), ConfigError);
-  CHECK(all_values<PlannerKind>().size() == 6);
+  CHECK(all_values<PlannerKind>().size() == 8);
   for (PlannerKind k : all_values<PlannerKind>()) CHECK(from_name<PlannerKind>(name_of(k)) == k);
   for (MemoptKind m : {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute})
     CHECK(from_name<MemoptKind>(name_of(m)) == m);
@@ -138,6 +139,7 @@ TEST_CASE("every planner's plan respects the capacity and its memopt mode", "[pl
       int64_t peak = make_plan(p, opt).max_peak_bytes();
       opt.capacity_bytes = static_cast<int64_t>(peak * std::uniform_real_distribution<double>(0.5, 1.0)(rng));
       for (PlannerKind planner : all_values<PlannerKind>()) {
+        if (is_zero_baseline(planner)) continue;  // no pipeline planner (test_zero_baseline.cpp)
         for (MemoptKind memopt : {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute}) {
           PlanOptions o = opt;
           o.planner = planner;
@@ -160,6 +162,7 @@ TEST_CASE("every planner's plan respects the capacity and its memopt mode", "[pl
 TEST_CASE("one stage holds the whole graph for every planner", "[plan][planner]") {
   Profile p = small_profile(5, 20);
   for (PlannerKind planner : all_values<PlannerKind>()) {
+    if (is_zero_baseline(planner)) continue;  // no pipeline planner (test_zero_baseline.cpp)
     PlanOptions opt;
     opt.stages = 1;
     opt.planner = planner;
