@@ -78,14 +78,14 @@ ZeroMemory memory_of(const Profile& profile, const ZeroBaselineOptions& o) {
   const int multiplier = optimizer_state_multiplier(o.optimizer);
 
   ZeroMemory m;
-  m.activations = replay_whole_step(without_parameter_state(profile), o.optimizer).peak;
-  if (o.level == 0) {
+  if (o.level == 0) {  // the one-stage replay itself, its gradients appearing as the backward makes them
     m.parameters = weights;
     m.gradients = weights;
-    m.master = profile.precision == Precision::Bf16 ? 4 * elements : 0;
-    m.optimizer = multiplier * 4 * elements;
+    m.optimizer = multiplier * weights;
+    m.activations = std::max<int64_t>(0, replay_whole_step(profile, o.optimizer).peak - m.state());
     return m;
   }
+  m.activations = replay_whole_step(without_parameter_state(profile), o.optimizer).peak;
   if (o.level == 3) {
     const int64_t partitioned = weights - persistent;
     m.parameters = ceil_div(partitioned, D) + persistent;

@@ -20,10 +20,8 @@
 //   gradients    levels 0-1: all of them; 2-3: the GPU's 1/D partition, one flat buffer
 //                (stage 2's grads_in_partition, stage 3's grad_partitions_flat_buffer).
 //   master       levels 1-3: the fp32 master copy of the GPU's partition, 4 N / D bytes for N
-//                parameters (DeepSpeed clones the partition to fp32 in fp32 runs too); level 0
-//                in bf16: 4 N (fp32 runs train their parameters themselves).
-//   optimizer    its state on the fp32 masters (SGD's momentum 4 N, Adam's moments 8 N), / D
-//                at levels 1-3.
+//                parameters (DeepSpeed clones the partition to fp32 in fp32 runs too).
+//   optimizer    its state on the fp32 masters (SGD's momentum 4 N, Adam's moments 8 N), / D.
 //   buckets      contiguous_gradients (default on): levels 1-2 allocate a reduce bucket of
 //                reduce_bucket_size elements at each backward (two with overlap_comm, whose
 //                default is off below stage 3); level 3 one such buffer for the whole run.
@@ -37,7 +35,9 @@
 // contiguous_gradients = true, overlap_comm = (stage == 3). The allgather bucket takes no memory
 // of its own: stages 1-2 gather the updated partitions into the flat parameter buffer in place.
 // Level 0 is plain data parallelism as DawnPiper's runtime runs it (gradients averaged tensor by
-// tensor after the backward, no buckets).
+// tensor after the backward, no buckets): its peak is the one-stage replay's own, with every
+// parameter, its gradient as the backward makes it and the optimizer state (`plan --stages 1`'s
+// prediction); `activations` is that peak less the full state.
 //
 // Time (rough): the whole graph's forward and backward at b (the profile's node times) plus
 // the collectives over the link, not overlapped: a ring moves (D - 1) / D of the bytes it
