@@ -5,10 +5,13 @@
 # pipeline planners' (schedule gpipe, as many stages and micro-batches as GPUs; global = micro-batch
 # x micro-batches), each cell "ours (paper)". Then ZeRO's per-GPU breakdown at its largest batch.
 #   usage: scripts/bench_zero_baseline.sh [build/dawnpiper] > table.md
+#   OPTIMIZER=adam plans every row with that optimizer (default sgd, `plan`'s);
+#   ROWS="zero2 none,dawnpiper none" restricts the first table's rows (default: all eight).
 set -euo pipefail
 bin="${1:-build/dawnpiper}"
 models=(bert-large gpt2-large t5-large amoebanet-d)
-common=(--device-spec a100-40gb --max-batch)
+common=(--device-spec a100-40gb --max-batch --optimizer "${OPTIMIZER:-sgd}")
+IFS=, read -r -a rows <<<"${ROWS:-zero2 none,zero3 none,gpipe none,vpipe none,dawnpiper none,gpipe r,vpipe sr,dawnpiper sr}"
 # The paper's Table 2, BERT / GPT-2 / T5 / AmoebaNet, keyed "GPUs method memopt".
 declare -A paper=(
   ["4 zero2 none"]="64 8 140 412" ["4 zero3 none"]="64 8 132 404" ["4 gpipe none"]="52 8 144 280"
@@ -31,7 +34,7 @@ global_batch() {  # gpus planner memopt model
 echo "| GPUs | memopt | method | bert-large | gpt2-large | t5-large | amoebanet-d |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
 for gpus in 4 8; do
-  for row in "zero2 none" "zero3 none" "gpipe none" "vpipe none" "dawnpiper none" "gpipe r" "vpipe sr" "dawnpiper sr"; do
+  for row in "${rows[@]}"; do
     read -r planner memopt <<<"$row"
     read -r -a theirs <<<"${paper["$gpus $planner $memopt"]}"
     line="| $gpus | $memopt | $planner |"
