@@ -84,6 +84,14 @@ int stages_from(const po::variables_map& vm, int world_size, int data_parallel) 
 Profile profile_and_options(const po::variables_map& vm, int world_size, PlanOptions& o) {
   o.data_parallel = vm["data-parallel"].as<int>();
   if (o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
+  const ZeroOptions zero = zero_options_from(vm);
+  o.zero_stage = zero.stage;
+  o.bucket_bytes = zero.bucket_bytes;
+  if (o.zero_stage > 0 && o.data_parallel == 1 && !vm["quiet"].as<bool>())
+    std::printf(
+        "note: --zero-stage %d shards over each stage's replicas, and --data-parallel is 1: it changes "
+        "nothing\n",
+        o.zero_stage);
   const int stages = stages_from(vm, world_size, o.data_parallel);
   const int64_t B = vm["micro-batch-size"].as<int64_t>();
   if (B < 1) throw ConfigError("micro-batch size must be at least 1");
@@ -130,6 +138,8 @@ Profile profile_and_options(const po::variables_map& vm, int world_size, PlanOpt
                         : default_allocator_headroom(profile.source == "measured" ? profile.device : ""));
   if (vm.count("host-bandwidth")) {  // a constant, instead of the link the profile measured
     o.host_bandwidth = static_cast<double>(parse_bytes(vm["host-bandwidth"].as<std::string>(), "--host-bandwidth"));
+    o.host_bandwidth_given = true;
+  }
   if (vm.count("link-bandwidth"))
     o.link_bandwidth = static_cast<double>(parse_bytes(vm["link-bandwidth"].as<std::string>(), "--link-bandwidth"));
   return profile;
@@ -140,8 +150,6 @@ void refuse_model_options(const po::variables_map& vm) {
   std::vector<std::string> names = {"model", "model-file", "init-from", "seed", "device"};
   const po::options_description overrides = model_override_options();
   for (const auto& opt : overrides.options()) names.push_back(opt->long_name());
-    o.host_bandwidth_given = true;
-  }
   for (const std::string& name : names)
     if (vm.count(name) && !vm[name].defaulted())
       throw ConfigError("--" + name +

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "util/error.h"
+#include "util/units.h"
 
 namespace dawnpiper {
 
@@ -69,9 +70,38 @@ po::options_description planning_options() {
       ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact; `plan` also: zero2 | zero3 "
                                                                                                    "(ZeRO's data-parallel baseline)")
       ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"), "memory optimization the plan may use: none | r (recompute) | "
-                                                                                 "sr (swap + recompute); the runtime carries out its per-tensor decisions");
+                                                                                 "sr (swap + recompute); the runtime carries out its per-tensor decisions")
+      ("zero-stage", po::value<int>()->default_value(0), "sharded data parallelism within each stage's replicas (DeepSpeed's "
+                                                         "levels): 0 none; 1 optimizer state and fp32 masters split D ways, "
+                                                         "gradients reduce-scattered, parameters all-gathered (2 and 3: not yet)")
+      ("bucket-size", po::value<std::string>()->default_value("25MiB"), "gradients travel between replicas in flat buckets "
+                                                                         "of about this size (--zero-stage 1)");
   // clang-format on
   return d;
+}
+
+ZeroOptions zero_options_from(const po::variables_map& vm) {
+  ZeroOptions z;
+  z.stage = vm["zero-stage"].as<int>();
+  if (z.stage < 0 || z.stage > 3)
+    throw ConfigError("--zero-stage " + std::to_string(z.stage) +
+                      " is no level of sharded data parallelism: 0 (none), 1, 2 or 3 (DeepSpeed's)");
+  if (z.stage >= 2)
+    throw ConfigError("--zero-stage " + std::to_string(z.stage) +
+                      " is not implemented yet (level 1 shards the optimizer state; 2 and 3 will shard the "
+                      "gradients and the parameters too)");
+  z.bucket_bytes = parse_bytes(vm["bucket-size"].as<std::string>(), "--bucket-size");
+  if (z.bucket_bytes < 4) throw ConfigError("--bucket-size must hold at least one fp32 element (4 bytes)");
+  if (z.stage == 0) return z;
+  const ScheduleChoice& schedule = vm["schedule"].as<ScheduleChoice>();
+  if (!schedule.is_auto() && !schedule.traits().updates_once_per_step)
+    throw ConfigError("--zero-stage " + std::to_string(z.stage) + " under --schedule " + name_of(schedule) +
+                      " is not implemented yet: its stages update after every backward, with stashed weight "
+                      "versions (use gpipe, 1f1b, zb-h1, zb-h2 or interleaved)");
+  if (vm.count("device") && vm["device"].as<DeviceKind>() != DeviceKind::Cpu)
+    throw ConfigError("--zero-stage " + std::to_string(z.stage) +
+                      " runs on the CPU (MPI) so far, not with --device cuda");
+  return z;
 }
 
 po::options_description model_override_options() {

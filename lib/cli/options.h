@@ -39,6 +39,14 @@ po::options_description allocator_headroom_option();
 // optimization, a stage per MPI rank), so that `plan` then `train --plan-in` trains what `train`
 // alone would.
 po::options_description planning_options();
+// --zero-stage and --bucket-size of planning_options(), checked before any work: a level outside
+// 0-3, levels 2 and 3 (not implemented yet), level 1 under a schedule or device it cannot run
+// on, and a bucket below one element are ConfigErrors.
+struct ZeroOptions {
+  int stage = 0;
+  int64_t bucket_bytes = int64_t{25} << 20;
+};
+ZeroOptions zero_options_from(const po::variables_map& vm);
 // --layers --decoder-layers --hidden --heads --ffn --vocab --seq-len --image-size --classes
 // --in-features --output-chunks --loss-chunk-tokens --attention --dropout
 po::options_description model_override_options();

@@ -108,6 +108,9 @@ void CostModel::take_options(const PlanOptions& options) {
   link_bw_ = options.link_bandwidth;
   if (options.data_parallel < 1) throw ConfigError("data parallelism must be at least 1");
   data_parallel_ = options.data_parallel;
+  zero_stage_ = options.sharding();
+  bucket_bytes_ = options.bucket_bytes;
+  if (zero_stage_ > 0 && bucket_bytes_ < 4) throw ConfigError("the bucket size must hold one fp32 element");
   micro_batches_ = options.micro_batches;
   optimizer_ = options.optimizer;
   const Schedule simulated =
@@ -336,7 +339,7 @@ MemoryBreakdown CostModel::memory(int b, int e, int x, int64_t activation_per_mi
   m.weight_versions = std::max(1, weight_versions(x));
   m.stashed_weights = static_cast<int64_t>(m.weight_versions - 1) * m.weights;
   m.gradients = m.weights;
-  m.optimizer = optimizer_multiplier() * m.weights;
+  m.optimizer = optimizer_state_bytes(m.weights);
   m.activation_per_micro_batch = activation_per_micro_batch;
   m.in_flight = in_flight(x);
   m.activations = m.in_flight * activation_per_micro_batch;
@@ -358,7 +361,8 @@ double CostModel::balanced_group_peak(int b, int e, int x0, int x1) const {
   // peaks P across the group give sum_x (P - T) / (a_x W + c_x A) = 1.
   double inverse_sum = 0;
   for (int x = x0; x <= x1; ++x) {
-    double per_stage = (std::max(1, weight_versions(x)) + 1 + optimizer_multiplier()) * weights + in_flight(x) * acts;
+    double per_stage = (std::max(1, weight_versions(x)) + 1) * weights +
+                       static_cast<double>(optimizer_state_bytes(param_bytes(b, e))) + in_flight(x) * acts;
     if (per_stage <= 0) return static_cast<double>(transient_bytes(b, e));
     inverse_sum += 1.0 / per_stage;
   }

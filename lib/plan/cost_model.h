@@ -50,6 +50,15 @@ class CostModel {
   int ranks() const { return static_cast<int>(rank_actions_.size()); }
   OptimizerKind optimizer() const { return optimizer_; }
   int optimizer_multiplier() const { return optimizer_state_multiplier(optimizer_); }
+  // Sharded data parallelism (PlanOptions::sharding()): the level in effect, the replicas and the
+  // bucket size; the optimizer state a replica holds for `weights` bytes of parameters (a 1/D
+  // shard of it at level 1; the replay counts the shard's padding too).
+  int zero_stage() const { return zero_stage_; }
+  int data_parallel() const { return data_parallel_; }
+  int64_t bucket_bytes() const { return bucket_bytes_; }
+  int64_t optimizer_state_bytes(int64_t weights) const {
+    return optimizer_multiplier() * (zero_stage_ > 0 ? (weights + data_parallel_ - 1) / data_parallel_ : weights);
+  }
   int weight_versions(int x) const { return stage_stats(x).max_weight_versions; }
 
   // --- time (ms, per micro-batch) ---
@@ -169,6 +178,8 @@ class CostModel {
   double host_bw_ = 0, link_bw_ = 0;
   int data_parallel_ = 1;
   int64_t micro_batches_ = 1;
+  int zero_stage_ = 0;
+  int64_t bucket_bytes_ = 0;
 
   std::vector<double> fwd_, bwd_, weight_;  // prefix sums, size n+1
   std::vector<int64_t> params_;             // prefix sums

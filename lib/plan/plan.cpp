@@ -187,6 +187,8 @@ void input_fields(P& p, Field&& field) {
   field("link_bandwidth", p.options.link_bandwidth);
   field("memopt", p.options.memopt);
   field("data_parallel", p.options.data_parallel, kOptionalField);
+  field("zero_stage", p.options.zero_stage, kOptionalField);
+  field("bucket_bytes", p.options.bucket_bytes, kOptionalField);
   field("nodes", p.nodes);
 }
 
@@ -223,9 +225,9 @@ std::string Plan::to_json(int indent) const {
   Json in = Json::object();
   input_fields(*this, JsonWriter{in});
   schedule_to_json(options.schedule, in);
+  if (options.host_link.measured()) in["host_link"] = Json::parse(options.host_link.to_json());
   j["inputs"] = in;
   j["planning_ms"] = planning_ms;
-  if (options.host_link.measured()) in["host_link"] = Json::parse(options.host_link.to_json());
   j["bottleneck_ms"] = bottleneck_ms();
   j["max_peak_bytes"] = max_peak_bytes();
   j["max_predicted_peak_bytes"] = max_predicted_peak_bytes();
@@ -295,9 +297,9 @@ Plan plan_fields(const Json& j) {
   header_fields(p, JsonReader{j});
   input_fields(p, JsonReader{j.at("inputs")});
   p.options.schedule = schedule_from_json(j.at("inputs"));
+  if (j.at("inputs").contains("host_link")) p.options.host_link = HostLink::from_json(j.at("inputs").at("host_link").dump());
   p.planning_ms = j.at("planning_ms").get<double>();
   for (const Json& st : j.at("stages")) p.stages.push_back(stage_from_json(st));
-  if (j.at("inputs").contains("host_link")) p.options.host_link = HostLink::from_json(j.at("inputs").at("host_link").dump());
   if (j.contains("rank_replayed_peaks"))
     p.rank_replayed_peaks = j.at("rank_replayed_peaks").get<std::vector<int64_t>>();
   // The runtime relies on these: contiguous stages covering every node, in order.
@@ -341,8 +343,6 @@ void Plan::print_table(std::ostream& out) const {
       << ", schedule " << name_of(options.schedule) << ", " << options.micro_batches << " micro-batches of "
       << micro_batch_size << ", optimizer " << name_of(options.optimizer) << ", memopt " << name_of(options.memopt)
       << ", capacity " << capacity << "\n";
-  std::snprintf(line, sizeof line, "%5s %13s %10s %10s %10s %11s %11s %11s %11s %4s %4s %11s %7s\n", "stage", "nodes",
-                "compute", "memopt", "time", "peak", "weights*v", "grad+opt", "act/mb", "in", "ver", "sent/mb",
   if (options.memopt != MemoptKind::None)
     out << "host link for swaps: "
         << (options.host_link.measured()
@@ -350,6 +350,8 @@ void Plan::print_table(std::ostream& out) const {
                 : format_bytes(options.host_bandwidth) + "/s (" +
                       (options.host_bandwidth_given ? "--host-bandwidth" : "not measured: the default") + ")")
         << "\n";
+  std::snprintf(line, sizeof line, "%5s %13s %10s %10s %10s %11s %11s %11s %11s %4s %4s %11s %7s\n", "stage", "nodes",
+                "compute", "memopt", "time", "peak", "weights*v", "grad+opt", "act/mb", "in", "ver", "sent/mb",
                 "sw/rc");
   out << line;
   for (const StagePlan& s : stages) {
@@ -377,6 +379,15 @@ void Plan::print_table(std::ostream& out) const {
                 bottleneck_ms(), step_ms(), 100 * bubble_fraction(),
                 format_bytes(static_cast<double>(max_predicted_peak_bytes())).c_str(), planning_ms);
   out << line;
+  if (options.sharding() > 0) {  // the grad+opt column holds a replica's shard of the optimizer state
+    out << "zero-stage " << options.sharding() << " over " << options.data_parallel << " replicas (buckets of "
+        << format_bytes(static_cast<double>(options.bucket_bytes)) << "): optimizer state per replica";
+    for (const StagePlan& s : stages)
+      out << (s.index ? ", " : " ") << s.index << ": " << format_bytes(static_cast<double>(s.memory.optimizer))
+          << " of "
+          << format_bytes(static_cast<double>(optimizer_state_multiplier(options.optimizer) * s.memory.weights));
+    out << "\n";
+  }
   if (v > 1) {  // a rank holds its stages at once
     out << "per rank (its stages replayed together):";
     const std::vector<int64_t> peaks = rank_peak_bytes(true);

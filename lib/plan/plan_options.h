@@ -67,6 +67,13 @@ struct PlanOptions {
   // Pipelines training in parallel on their shares of the data: each stage averages its
   // gradients with its replicas (a ring allreduce over link_bandwidth) before every update.
   int data_parallel = 1;
+  // Sharded data parallelism within each stage's replicas (DeepSpeed's levels; 0 and 1 so far):
+  // at 1 a replica holds the optimizer state of 1/D of the stage's parameters, and gradients
+  // and updated parameters travel in flat buckets of about bucket_bytes. No effect with D = 1.
+  int zero_stage = 0;
+  int64_t bucket_bytes = int64_t{25} << 20;
+  // The level that takes effect: zero_stage with replicas to shard over, else 0.
+  int sharding() const { return data_parallel > 1 ? zero_stage : 0; }
 };
 
 // Splits `device_memory` (bytes per stage; kUnlimitedBytes: no limit) into what the plan may fill and

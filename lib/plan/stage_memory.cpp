@@ -256,6 +256,15 @@ class StageReplay final : public ActionHooks {
   int64_t param_grads_ = 0;
   std::vector<char> grad_done_;
   bool optimizer_state_ = false;
+  // ZeRO level 1 (runtime/zero_shard.h): the buckets' bytes with their padding, in order (of
+  // whole nodes' parameters: the runtime closes a bucket at a parameter), and the replica's shard.
+  std::vector<int64_t> zero_buckets_;
+  int64_t zero_shard_ = 0;
+  int64_t optimizer_state_bytes() const {
+    return model_.zero_stage() > 0 ? model_.optimizer_multiplier() * zero_shard_
+                                   : model_.optimizer_state_bytes(weights_);
+  }
+  void place_zero_buckets(std::vector<int64_t> param_bytes);
   int64_t version_ = 0;
   std::map<int64_t, int> version_users_;
   int64_t* rank_peak_ = nullptr;     // a rank's stages replayed together: their peak
@@ -448,8 +457,10 @@ void StageReplay::place_weights() {
   }
   std::set<int> tied_outside;
   std::map<int, std::vector<int>> tied_users;  // owner -> users in the stage, last first
+  std::vector<int64_t> held_bytes;             // per node, last first: what it adds to the weights
   for (int n = e_ - 1; n >= b_; --n) {
     const NodeProfile& node = p_.nodes[at(n)];
+    held_bytes.push_back(node.param_bytes);
     weights_ += node.param_bytes;
     grad_at_[at(n - b_)] += node.param_bytes;
     if (node.tied_owner < 0) continue;
@@ -464,9 +475,12 @@ void StageReplay::place_weights() {
       grad_at_[at(node.tied_owner - b_)] -= node.tied_bytes;
     } else if (tied_outside.insert(node.tied_owner).second) {  // a copy held here
       weights_ += node.tied_bytes;
+      held_bytes.back() += node.tied_bytes;
       grad_at_[at(n - b_)] += node.tied_bytes;
     }
   }
+  std::reverse(held_bytes.begin(), held_bytes.end());
+  place_zero_buckets(std::move(held_bytes));
   // Once the gradient exists (later micro-batches of a step), autograd sums the contributions
   // of a weight used by several nodes in a buffer before accumulating it: the buffer is filled
   // by the first of them in the backward and held until the last.
@@ -1077,14 +1091,52 @@ void StageReplay::param_gradient(int i, int64_t& grads, int64_t& transient) {
   }
 }
 
+void StageReplay::place_zero_buckets(std::vector<int64_t> param_bytes) {
+  zero_buckets_.clear();
+  zero_shard_ = 0;
+  if (model_.zero_stage() == 0) return;
+  const int64_t d = model_.data_parallel(), unit = 4 * d;  // each replica's chunk: whole fp32 elements
+  int64_t open = 0;
+  auto close = [&] {
+    if (open > 0) zero_buckets_.push_back((open + unit - 1) / unit * unit), zero_shard_ += zero_buckets_.back() / d;
+    open = 0;
+  };
+  for (int64_t bytes : param_bytes)
+    if ((open += bytes) >= model_.bucket_bytes()) close();
+  close();
+}
+
 void StageReplay::optimizer_step() {
   if (segment_ >= 0) segment_ = 2;
-  const int64_t state_bytes = model_.optimizer_multiplier() * weights_;
+  const bool zero = model_.zero_stage() > 0;
+  if (zero) {
+    // The gradients reduce-scattered into the shard a bucket at a time: bucket k's buffer with
+    // k - 1's still travelling, whose gradients (about its size) are released by then.
+    // From the second step on the optimizer state is there already (this pass is walked once).
+    int64_t largest = 0;
+    for (int64_t bucket : zero_buckets_) largest = std::max(largest, bucket);
+    note(live_ + zero_shard_ + largest + (optimizer_state_ ? 0 : optimizer_state_bytes()), -1);
+    live_ += zero_shard_ - param_grads_;
+    param_grads_ = 0;
+  }
+  const int64_t state_bytes = optimizer_state_bytes();
   if (!optimizer_state_) live_ += state_bytes, optimizer_state_ = true;
-  if (optimizer_has_moments(model_.optimizer())) note(live_ + std::min(p_.largest_param_bytes, weights_), -1);
+  if (optimizer_has_moments(model_.optimizer()))
+    note(live_ + std::min(p_.largest_param_bytes, zero ? zero_shard_ : weights_), -1);
   note(live_, -1);
   live_ -= param_grads_;
   param_grads_ = 0;
+  if (zero) {
+    // The shard's gradients go; the parameters are all-gathered a bucket at a time, each
+    // bucket's chunk and gathered buffer with the previous bucket's still travelling.
+    live_ -= zero_shard_;
+    const int64_t d = model_.data_parallel();
+    for (size_t k = 0; k < zero_buckets_.size(); ++k) {
+      int64_t held = zero_buckets_[k] + zero_buckets_[k] / d;
+      if (k > 0) held += zero_buckets_[k - 1] + zero_buckets_[k - 1] / d;
+      note(live_ + held, -1);
+    }
+  }
   std::fill(grad_done_.begin(), grad_done_.end(), 0);
   backward_in_step_ = false;
   ++version_;
@@ -1132,7 +1184,7 @@ StageMemoryReplay StageReplay::run(const std::vector<Eviction>& evictions) {
     note(live_, -1);
   }
   if (derive_second) {
-    const int64_t state_bytes = model_.optimizer_multiplier() * weights_;
+    const int64_t state_bytes = optimizer_state_bytes();
     for (const auto& [mark, extra] :
          {std::pair{before_send_, state_bytes + pending_send_bytes()}, {before_step_, state_bytes}})
       if (mark.action >= 0 && mark.value + extra > r_.peak)

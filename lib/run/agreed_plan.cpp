@@ -83,6 +83,8 @@ std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const Ran
   p.memopt = o.memopt;
   p.fit_replayed = true;
   p.data_parallel = layout.replicas;
+  p.zero_stage = o.zero_stage;
+  p.bucket_bytes = o.bucket_bytes;
   Plan plan = plan_and_compare_schedules(profile, p, o.quiet ? nullptr : &std::cout);
   return plan.to_json();
 }
@@ -146,6 +148,11 @@ PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const Ran
   pc.replica = layout.replica;
   pc.replicas = layout.replicas;
   pc.first_step = first_step;
+  pc.zero_stage = layout.replicas > 1 ? o.zero_stage : 0;
+  pc.bucket_bytes = o.bucket_bytes;
+  if (pc.zero_stage > 0 && !pc.schedule.traits().updates_once_per_step)  // --schedule auto's choice
+    throw ConfigError("--zero-stage " + std::to_string(pc.zero_stage) + " under --schedule " + name_of(pc.schedule) +
+                      " is not implemented yet (use gpipe, 1f1b, zb-h1, zb-h2 or interleaved)");
   // A pipeline that does not drain every step drains where it writes a checkpoint and where it
   // evaluates (PipelineConfig::drain_every).
   if (!pc.schedule.traits().drains_every_step) {

@@ -28,8 +28,33 @@ Json run_identity(const OpGraph& graph, const TrainOptions& o, bool with_trainin
   j["min-lr"] = opt.schedule.min_lr;
   j["grad-clip"] = opt.grad_clip;
   if (opt.schedule.kind != LrScheduleKind::Constant) j["steps"] = o.config.steps;
+  // The checkpoint's layout (check_layout): how the stages' optimizer state is sharded.
+  j["zero-stage"] = o.zero_stage;
+  j["data-parallel"] = o.data_parallel;
   return j;
 }
+
+namespace {
+
+// A sharded checkpoint (--zero-stage above 0) holds each replica's shard of the optimizer
+// state: it resumes only at its own level and replica count, --resume-override or not (until
+// checkpoints can move between layouts). At level 0 the replica count may change as before.
+void check_layout(const Json& saved, const Json& now, const std::string& dir) {
+  const auto value = [](const Json& j, const char* key, int otherwise) {
+    return j.contains(key) ? j[key].get<int>() : otherwise;
+  };
+  const int saved_level = value(saved, "zero-stage", 0), level = value(now, "zero-stage", 0);
+  const int saved_replicas = value(saved, "data-parallel", 1), replicas = value(now, "data-parallel", 1);
+  if ((saved_level == 0 && level == 0) || (saved_level == level && saved_replicas == replicas)) return;
+  throw ConfigError("the checkpoint in " + dir + " was written at --zero-stage " + std::to_string(saved_level) +
+                    " with --data-parallel " + std::to_string(saved_replicas) + ", and this run has --zero-stage " +
+                    std::to_string(level) + " with --data-parallel " + std::to_string(replicas) +
+                    ": a sharded checkpoint resumes only in the layout it was written in");
+}
+
+bool is_layout(const std::string& key) { return key == "zero-stage" || key == "data-parallel"; }
+
+}  // namespace
 
 std::optional<Json> saved_run(const TrainOptions& o) {
   const std::string path = o.checkpoint_dir + "/run.json";
@@ -42,9 +67,10 @@ void check_resumed_run(const OpGraph& graph, const TrainOptions& o) {
   if (!found) return;
   const Json& saved = *found;
   const Json now = run_identity(graph, o, !o.eval_only);
+  if (now.contains("zero-stage")) check_layout(saved, now, o.checkpoint_dir);
   std::string changes;
   for (const auto& [key, value] : now.items())
-    if (saved.contains(key) && saved[key] != value)
+    if (saved.contains(key) && saved[key] != value && !is_layout(key))
       changes += (changes.empty() ? "--" : ", --") + key + " " + saved[key].dump() + " -> " + value.dump();
   if (changes.empty()) return;
   if (!o.resume_override)

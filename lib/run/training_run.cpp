@@ -257,9 +257,10 @@ int run_training(TrainOptions o, const ModelSource& source, const std::optional<
   o.data_parallel = layout.replicas;
   if (o.zero_stage > 0 && layout.replicas == 1) {  // nothing to shard over: trains as level 0
     if (rank == 0 && !o.quiet)
-      std::printf("note: --zero-stage %d shards over each stage's replicas, and this run has one: it changes "
-                  "nothing\n",
-                  o.zero_stage);
+      std::printf(
+          "note: --zero-stage %d shards over each stage's replicas, and this run has one: it changes "
+          "nothing\n",
+          o.zero_stage);
     o.zero_stage = 0;
   }
   o.samples_per_step = static_cast<double>(o.config.micro_batches * o.micro_batch_size * layout.replicas);

@@ -409,14 +409,17 @@ int after_step(RankStages& stages, Transport& transport, const PipelineConfig& c
   const int64_t done = step + 1;
   const bool can_stop = c.schedule.traits().drains_every_step || (c.drain_every > 0 && done % c.drain_every == 0);
   const int stop = options.stop_on_signal && can_stop && done < c.steps ? agreed_stop_signal(options, comm) : 0;
-  if (c.replica == 0 && !options.checkpoint_dir.empty()) {  // once per stage: the replicas hold the same weights
+  // Once per stage (the replicas hold the same weights), and under ZeRO each replica its shard.
+  const bool sharded = c.zero_stage > 0 && c.replicas > 1;
+  if ((c.replica == 0 || sharded) && !options.checkpoint_dir.empty()) {
     // The last step always: a directory given for checkpoints gets one, --checkpoint-every or not.
     const bool due = done == c.steps || (options.checkpoint_every > 0 && done % options.checkpoint_every == 0);
     if (due || stop) {
       transport.flush();
       std::vector<PipelineStage*> mine;
       for (auto& stage : stages) mine.push_back(stage.get());
-      write_checkpoint(options.checkpoint_dir, done, mine, identity, comm);
+      write_checkpoint(options.checkpoint_dir, done, mine, identity, comm,
+                       sharded ? options.replica_comm : MPI_COMM_NULL);
     }
   }
   return stop;
@@ -438,6 +441,15 @@ std::unique_ptr<PipelineStage> build_stage(const OpGraph& g, const PipelineConfi
 // averaging traced (through `tracing`, once the tracer exists) as an AllReduce.
 std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, const PipelineConfig& c,
                                                          const RunConfig& options, StageTracer* const& tracing) {
+  if (ZeroShard* zero = stage.zero_shard()) {  // ZeRO: reduce-scattered into the replica's shard
+    const int x = stage.config().stage;
+    stage.set_replica_reducer([zero, x, &tracing](std::vector<StageParameter>&) {
+      const auto start = StageTracer::Clock::now();
+      const int64_t bytes = zero->reduce_scatter();
+      if (tracing) tracing->record_nested(x, ActionKind::AllReduce, -1, -1, bytes, start, StageTracer::Clock::now());
+    });
+    return nullptr;
+  }
   std::unique_ptr<ReplicaAverager> averager = make_replica_averager(options.replica_comm, c.device);
   ReplicaAverager* a = averager.get();
   const int x = stage.config().stage;
@@ -488,6 +500,8 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   result.transport = link.description;
   RankStages stages;
   for (int v = 0; v < virtual_stages; ++v) stages.push_back(build_stage(g, c, transport, v * ranks + rank));
+  if (c.zero_stage > 0 && c.replicas > 1)
+    for (auto& stage : stages) stage->shard_optimizer(options.replica_comm, c.bucket_bytes);
   if (options.resume)
     for (auto& stage : stages) read_checkpoint(options.checkpoint_dir, c.first_step, *stage, identity);
   std::vector<TieComm> tie_comms = tie_communicators(g, c, comm, rank);
@@ -495,7 +509,10 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   std::vector<std::unique_ptr<ReplicaAverager>> averagers;
   for (auto& stage : stages)
     if (c.replicas > 1) averagers.push_back(attach_replica_averager(*stage, c, options, tracing));
-  if (!averagers.empty())
+  if (c.replicas > 1 && c.zero_stage > 0)
+    result.transport += ", ZeRO level " + std::to_string(c.zero_stage) + " over " + std::to_string(c.replicas) +
+                        " replicas (gradients reduce-scattered, parameters all-gathered by mpi)";
+  else if (!averagers.empty())
     result.transport +=
         ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averagers.front()->description();
   attach_reducers(stages, tie_comms, c, comm, std::make_shared<std::pair<int, double>>(0, 0.0));
@@ -543,6 +560,9 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   for (TieComm& tie : tie_comms) MPI_Comm_free(&tie.comm);
   for (auto& stage : stages)
     for (const StageParameter& p : stage->module().parameters()) result.parameters.push_back(p);
+  for (auto& stage : stages)
+    for (const at::Tensor& t : stage->optimizer().state())
+      if (t.defined()) result.optimizer_state_bytes += static_cast<int64_t>(t.nbytes());
   result.actions = tracer.records();
   for (ActionRecord& r : result.actions) r.replica = c.replica;
   result.peak_bytes = tracer.peak_bytes();

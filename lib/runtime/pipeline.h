@@ -36,6 +36,10 @@ struct PipelineConfig {
   std::vector<std::vector<Eviction>> evictions;  // per stage (the plan's); empty: keep all
   DataConfig data;
   int replica = 0, replicas = 1;  // data parallelism (StageConfig)
+  // Sharded data parallelism over each stage's replicas (runtime/zero_shard.h): 0 or 1 so far,
+  // and 0 with one replica; buckets of about bucket_bytes.
+  int zero_stage = 0;
+  int64_t bucket_bytes = int64_t{25} << 20;
 };
 
 // The configuration of one stage of `config`.
@@ -119,6 +123,7 @@ struct StageRun {
   std::vector<ActionRecord> actions;       // this stage's, when traced
   int64_t peak_bytes = 0;                  // measured over the run's actions
   int64_t reserved_peak_bytes = 0;         // the device allocator's most held (DeviceMemory::reserved_peak_bytes)
+  int64_t optimizer_state_bytes = 0;       // the rank's optimizer state after the run (a shard of it under ZeRO)
   double wall_s = 0;                       // common start to this stage's last action's end
   std::string transport;                   // what carried the tensors (PipelineTransport::description)
   int stop_signal = 0;                     // the signal that stopped the run early, or 0

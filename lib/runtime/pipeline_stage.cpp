@@ -350,7 +350,17 @@ double PipelineStage::evaluate(int64_t id, int64_t index) {
   return 0;
 }
 
-double PipelineStage::grad_square_sum() const { return dawnpiper::grad_square_sum(masters_, counted_in_norm_); }
+double PipelineStage::grad_square_sum() const {
+  if (zero_) return zero_->grad_square_sum();  // collective over the replicas
+  return dawnpiper::grad_square_sum(masters_, counted_in_norm_);
+}
+
+void PipelineStage::shard_optimizer(MPI_Comm replicas, int64_t bucket_bytes) {
+  if (!config_.schedule.traits().updates_once_per_step)
+    throw std::logic_error("ZeRO shards the updates of a synchronous schedule");
+  zero_ = std::make_unique<ZeroShard>(masters_, counted_in_norm_, replicas, bucket_bytes);
+  optimizer_ = make_optimizer(config_.optimizer, zero_->pieces());
+}
 
 void PipelineStage::average_replicas() {
   if (replicas_averaged_ || !reduce_replicas_) return;
@@ -363,10 +373,12 @@ void PipelineStage::optimizer_step() {
   if (config_.schedule.traits().updates_once_per_step) {
     // The reducer sums every stage's squares (it computes this stage's too).
     last_grad_norm_ = std::sqrt(reduce_norm_ ? reduce_norm_() : grad_square_sum());
-    if (config_.optimizer.grad_clip > 0) clip_grads(masters_, last_grad_norm_, config_.optimizer.grad_clip);
+    if (config_.optimizer.grad_clip > 0)
+      clip_grads(zero_ ? zero_->pieces() : masters_, last_grad_norm_, config_.optimizer.grad_clip);
   }
   optimizer_->set_lr(scheduled_lr(config_.optimizer.lr, config_.optimizer.schedule, latest_step_));
   optimizer_->step();
+  if (zero_) zero_->all_gather();
   ++version_;
   replicas_averaged_ = false;
 }

@@ -1,0 +1,82 @@
+#pragma once
+// ZeRO level 1 (DeepSpeed's numbering) within one stage's group of data-parallel replicas: the
+// stage's parameters, flattened in order, are cut into buckets of whole parameters (at least
+// one, about `bucket_bytes` each), and every bucket into D equal chunks (zero-padded); replica r
+// owns chunk r of every bucket. Before an update the gradients are reduce-scattered bucket by
+// bucket (each replica receives the sum of its chunks, then divides by D: the mean level 0's
+// allreduce gives), each replica's optimizer updates only its chunks (it holds their state
+// alone: 1/D of level 0's), and the updated chunks are all-gathered back into every replica's
+// parameters, bucket by bucket.
+//
+// The fp32 master weights are the parameters themselves (the runtime keeps them in fp32 and
+// casts at each use, bf16 included), so a replica's master shard is a set of views of its
+// parameters ("pieces": the part of one parameter inside the replica's chunk of one bucket).
+// The optimizer runs on the pieces; a piece of a parameter that decays (two or more dimensions)
+// is viewed as [1, n] so that the optimizer's weight-decay grouping (train/optimizer.h:
+// decays()) applies to it element for element as to its parameter.
+//
+// MPI on host memory (the CPU path). Every call is collective over the replicas, in the same
+// order on every replica.
+#include <mpi.h>
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace dawnpiper {
+
+// Where each replica's elements lie: pure arithmetic over the parameters' sizes.
+struct ShardLayout {
+  struct Bucket {
+    int64_t begin = 0, numel = 0;           // in the flat parameter space
+    int64_t chunk = 0;                      // ceil(numel / replicas): each replica's share, padded
+    int64_t shard_offset = 0;               // where this bucket's chunk starts in a replica's shard
+    size_t first_param = 0, end_param = 0;  // the parameters inside it, [first, end)
+  };
+  struct Piece {
+    size_t param = 0;    // index into the parameters
+    int64_t offset = 0;  // first element within the parameter (flattened)
+    int64_t numel = 0;
+    int64_t shard_offset = 0;  // where it lies in the replica's shard
+  };
+  std::vector<int64_t> param_offset;  // per parameter, in the flat space
+  std::vector<Bucket> buckets;
+  std::vector<Piece> pieces;  // of `replica`, in flat order
+  int64_t shard_numel = 0;    // the replica's shard with its padding: the sum of the chunks
+  int replicas = 1, replica = 0;
+};
+// Buckets hold whole parameters, closed once they reach `bucket_numel` elements (a larger
+// parameter is a bucket alone).
+ShardLayout shard_layout(const std::vector<int64_t>& param_numels, int64_t bucket_numel, int replicas, int replica);
+
+class ZeroShard {
+ public:
+  // `params`: the stage's fp32 master parameters (contiguous), `counted`: which count in the
+  // global gradient norm (each tied parameter on its owner's stage only).
+  ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes);
+
+  // The views the replica's optimizer updates (make_optimizer over them).
+  const std::vector<at::Tensor>& pieces() const { return pieces_; }
+  const ShardLayout& layout() const { return layout_; }
+
+  // Collective: the parameters' gradients (zeros where undefined) reduce-scattered into the
+  // pieces' gradients as the mean over the replicas; the parameters' own gradients are released
+  // bucket by bucket. Returns the bytes this replica sent.
+  int64_t reduce_scatter();
+  // Collective: the squared gradient norm of the counted parameters over every replica's shard
+  // (the pieces' gradients), summed in double, as level 0 computes it on whole gradients.
+  double grad_square_sum() const;
+  // Collective: every replica's updated pieces into every replica's parameters. Returns the
+  // bytes this replica received.
+  int64_t all_gather();
+
+ private:
+  std::vector<at::Tensor> params_, pieces_;
+  std::vector<bool> piece_counted_;
+  MPI_Comm comm_;
+  ShardLayout layout_;
+  at::Tensor shard_grad_;  // from reduce_scatter until the update: the pieces' gradients view it
+};
+
+}  // namespace dawnpiper

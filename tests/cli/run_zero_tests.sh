@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Sharded data parallelism (--zero-stage, issue 54): level 1 trains level 0's losses (AdamW with
+# weight decay and clipping, 10 steps, within 1e-6) on 2 stages x 2 replicas (1f1b, tied
+# embedding across the cut) and 1 stage x 4 replicas, while each replica holds 1/D of level 0's
+# optimizer state; every rank's measured peak is at most its predicted one and within 5% of it;
+# a level-1 checkpoint resumes bitwise and refuses another layout; bad levels are one line, exit 2.
+# usage: run_zero_tests.sh path/to/dawnpiper
+set -u
+bin="$1"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$root/tests/cli/cli_lib.sh"
+mpi="mpirun --oversubscribe -np"
+
+# within A B TOL: as many losses, each pair within TOL (absolute).
+within() {
+  [ -n "$1" ] && [ "$(echo "$1" | wc -l)" -eq "$(echo "$2" | wc -l)" ] &&
+    paste <(echo "$1") <(echo "$2") | awk -v tol="$3" '{ d = $1 - $2; if (d < 0) d = -d; if (d > tol) bad = 1 } END { exit bad }'
+}
+# state_bytes OUT: each rank's optimizer state, one line per rank.
+state_bytes() { grep -o 'optimizer state [0-9]* bytes' "$1" | awk '{print $3}'; }
+# shard_of L0 L1 D: every rank's level-1 state within 1% of its level-0 state / D.
+shard_of() {
+  paste <(echo "$1") <(echo "$2") | awk -v d="$3" 'NF != 2 || $1 <= 0 { bad = 1 }
+    { r = $2 * d / $1; if (r < 0.99 || r > 1.01) bad = 1 } END { exit bad || NR == 0 }'
+}
+# peaks_fit METRICS PLAN: every stage's measured peak (replica 0, over the steps) <= its
+# predicted peak (+ 64 bytes: level 0's last stage measures 8 bytes above its replay, apart from
+# sharding) and >= 95% of it.
+peaks_fit() {
+  python3 - "$1" "$2" <<'EOF'
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l]
+plan = json.load(open(sys.argv[2]))
+bad = False
+for x, stage in enumerate(plan["stages"]):
+    m = stage["memory"]
+    predicted = m.get("replayed_peak") or m["peak"]
+    measured = max(s["peak_bytes"][x] for s in steps)
+    print(f"  stage {x}: measured {measured} predicted {predicted} ({measured / predicted:.4f})")
+    bad = bad or measured > predicted + 64 or measured < 0.95 * predicted
+sys.exit(bad)
+EOF
+}
+
+common=(train --model gpt2-tiny --steps 10 --micro-batches 2 --optimizer adamw --lr 0.003 --weight-decay 0.1
+  --grad-clip 0.5 --bucket-size 64KiB --planner even)
+# (--planner even: the same cuts at both levels, whose memory differs, so the states compare)
+for layout in "--stages 2 --data-parallel 2 --schedule 1f1b" "--stages 1 --data-parallel 4"; do
+  d=$(echo "$layout" | grep -o 'data-parallel [0-9]' | awk '{print $2}')
+  # shellcheck disable=SC2086
+  $mpi 4 "$bin" "${common[@]}" $layout --zero-stage 0 --metrics-out "$work/m0.jsonl" --plan-out "$work/p0.json" \
+    >"$work/l0.out" 2>&1
+  # shellcheck disable=SC2086
+  $mpi 4 "$bin" "${common[@]}" $layout --zero-stage 1 --metrics-out "$work/m1.jsonl" --plan-out "$work/p1.json" \
+    >"$work/l1.out" 2>&1
+  l0=$(losses <"$work/l0.out")
+  l1=$(losses <"$work/l1.out")
+  if [ "$(echo "$l1" | wc -l)" -eq 10 ] && within "$l0" "$l1" 1e-6; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: level 1 losses ($layout)"; paste <(echo "$l0") <(echo "$l1"); tail -3 "$work/l1.out"; fi
+  if grep -q "ZeRO level 1 over $d replicas" "$work/l1.out" && shard_of "$(state_bytes "$work/l0.out")" "$(state_bytes "$work/l1.out")" "$d"; then
+    passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: level 1 state is 1/$d of level 0's ($layout)"
+    paste <(state_bytes "$work/l0.out") <(state_bytes "$work/l1.out"); fi
+  for level in 0 1; do
+    if peaks_fit "$work/m$level.jsonl" "$work/p$level.json" >"$work/fit" 2>&1; then passed=$((passed + 1)); else
+      failed=$((failed + 1)); echo "FAIL: level $level measured peaks against the plan ($layout)"; cat "$work/fit"; fi
+  done
+done
+
+# Bad input: one line, exit 2, before any profiling.
+one_error() {
+  local name="$1" pattern="$2"
+  shift 2
+  "$@" >"$work/out" 2>"$work/err"
+  local code=$?
+  if [ $code -eq 2 ] && grep -q -- "$pattern" "$work/err" && [ "$(grep -c 'dawnpiper: error' "$work/err")" -eq 1 ] &&
+     ! grep -q "^training " "$work/out"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1)); echo "FAIL: $name (exit $code)"; sed 's/^/  err: /' "$work/err"; tail -3 "$work/out"
+  fi
+}
+one_error "level outside 0-3" "--zero-stage 4 is no level of sharded data parallelism" \
+  $mpi 2 "$bin" train --model gpt2-tiny --data-parallel 2 --zero-stage 4
+one_error "level 2 not yet" "--zero-stage 2 is not implemented yet" \
+  $mpi 2 "$bin" train --model gpt2-tiny --data-parallel 2 --zero-stage 2
+one_error "level 3 in plan" "--zero-stage 3 is not implemented yet" \
+  "$bin" plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --data-parallel 2 --zero-stage 3
+one_error "level 1 under async" "under --schedule async is not implemented yet" \
+  $mpi 4 "$bin" train --model gpt2-tiny --data-parallel 2 --schedule async --zero-stage 1
+one_error "negative level" "--zero-stage -1 is no level" "$bin" plan --model gpt2-tiny --device-spec a100-40gb \
+  --stages 2 --zero-stage -1
+# One replica: a note, and level 0's training.
+$mpi 2 "$bin" train --model gpt2-tiny --steps 3 --zero-stage 1 >"$work/one.out" 2>&1
+$mpi 2 "$bin" train --model gpt2-tiny --steps 3 >"$work/zero.out" 2>&1
+if grep -q "note: --zero-stage 1 shards over each stage's replicas, and this run has one: it changes nothing" "$work/one.out" &&
+   [ "$(losses <"$work/one.out")" = "$(losses <"$work/zero.out")" ]; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: level 1 with one replica"; tail -3 "$work/one.out"; fi
+# The plan prints each replica's share of the optimizer state.
+expect_ok "plan at level 1" "zero-stage 1 over 2 replicas (buckets of 25.00 MiB): optimizer state per replica 0: " \
+  plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --data-parallel 2 --zero-stage 1 --optimizer adam
+
+# Checkpoints at level 1: each replica writes its shard; 6 steps in one go equal 3 + 3 resumed,
+# bitwise; another level or replica count is refused naming both.
+base=(train --model gpt2-tiny --micro-batches 2 --stages 2 --data-parallel 2 --optimizer adamw --lr 0.003
+  --weight-decay 0.1 --grad-clip 0.5 --bucket-size 64KiB --planner even)
+ck=("${base[@]}" --zero-stage 1)
+full=$($mpi 4 "$bin" "${ck[@]}" --steps 6 2>&1 | losses)
+$mpi 4 "$bin" "${ck[@]}" --steps 3 --checkpoint-dir "$work/ck" >/dev/null 2>&1
+resumed=$($mpi 4 "$bin" "${ck[@]}" --steps 6 --checkpoint-dir "$work/ck" --resume 2>&1 | losses)
+if [ -n "$resumed" ] && [ "$(echo "$full" | tail -3)" = "$resumed" ] && ls "$work/ck/step-6" | grep -q 'replica-1'; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: level 1 resume"; paste <(echo "$full") <(echo "$resumed")
+  ls "$work/ck/step-6"; fi
+one_error "resume at level 0" "written at --zero-stage 1 with --data-parallel 2, and this run has --zero-stage 0 with --data-parallel 2" \
+  $mpi 4 "$bin" "${base[@]}" --steps 8 --checkpoint-dir "$work/ck" --resume --resume-override
+one_error "resume on 4 replicas" "written at --zero-stage 1 with --data-parallel 2, and this run has --zero-stage 1 with --data-parallel 4" \
+  $mpi 4 "$bin" train --model gpt2-tiny --micro-batches 2 --stages 1 --data-parallel 4 --optimizer adamw --lr 0.003 \
+  --weight-decay 0.1 --grad-clip 0.5 --bucket-size 64KiB --zero-stage 1 --steps 8 --checkpoint-dir "$work/ck" --resume
+
+echo "zero tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
