@@ -421,12 +421,12 @@ Plan plan_of(const Profile& profile, const PlanOptions& options, StageEvaluator&
   plan.precision = profile.precision;
   plan.graph_hash = profile.graph_hash;
   plan.options = options;
+  plan.options.host_link = evaluator.model().host_link();  // what the swaps were timed with
   plan.micro_batch_size = profile.micro_batch_size;
   plan.nodes = profile.size();
   for (int x = 0; x < options.stages; ++x)
     plan.stages.push_back(evaluator.stage_plan(bounds[static_cast<size_t>(x)], bounds[static_cast<size_t>(x) + 1], x));
   const CostModel& model = evaluator.model();
-  plan.options.host_link = evaluator.model().host_link();  // what the swaps were timed with
   if (model.ranks() < options.stages)  // several stages per rank: what each rank holds at once
     for (int r = 0; r < model.ranks(); ++r) {
       std::vector<StageProgram> programs;
@@ -517,14 +517,14 @@ std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options)
     plan = std::move(best);
   }
   if (!plan) return std::nullopt;
+  const HostLink link = plan->options.host_link;  // what the search timed swaps with
   plan->options = options;
+  plan->options.host_link = link;
   plan->planning_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return plan;
 }
 
-  const HostLink link = plan->options.host_link;  // what the search timed swaps with
 std::string split_backward_refusal(const Profile& profile, const Plan& plan) {
-  plan->options.host_link = link;
   const auto& nodes = profile.nodes;
   for (const StagePlan& s : plan.stages)
     for (int n = s.begin; n < s.end; ++n) {
