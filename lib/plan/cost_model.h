@@ -176,10 +176,11 @@ class CostModel {
   std::vector<char> requires_grad_;
   std::vector<NodeClass> node_classes_;
   double host_bw_ = 0, link_bw_ = 0;
+  HostLink host_link_;  // empty: host_bw_
   int data_parallel_ = 1;
-  int64_t micro_batches_ = 1;
   int zero_stage_ = 0;
   int64_t bucket_bytes_ = 0;
+  int64_t micro_batches_ = 1;
 
   std::vector<double> fwd_, bwd_, weight_;  // prefix sums, size n+1
   std::vector<int64_t> params_;             // prefix sums
@@ -187,7 +188,6 @@ class CostModel {
   std::vector<int64_t> saved_sum_;          // prefix sums of each node's distinct saved bytes
   DominanceSum saved_repeats_;              // consecutive savers of one tensor, to count it once
   RangeMax transient_;
-  HostLink host_link_;  // empty: host_bw_
   RangeMax forward_need_;
   std::vector<int64_t> cross_count_, cross_bytes_;  // per cut 0..n
   std::vector<int64_t> cross_begin_;                // per cut 0..n+1: its slice of cross_tensors_
