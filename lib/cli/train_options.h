@@ -44,6 +44,10 @@ struct TrainOptions {
   std::string hf_config;  // config.json's text for --save-weights DIR; empty: not a Hugging Face export
   ThreadCount threads;    // each rank's intra-op threads
   double samples_per_step = 0;
+  // Model FLOPs of one sample's forward and backward, and the dense peak FLOP/s of every GPU the
+  // run uses (0: not known) with what it is: for the model FLOP/s and MFU the run reports.
+  double flops_per_sample = 0, peak_flops = 0;
+  std::string peak_what;
 };
 TrainOptions read_train_options(const po::variables_map& vm);
 

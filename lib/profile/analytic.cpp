@@ -477,6 +477,17 @@ OpFacts facts(const OpGraph& g, const std::vector<Strides>& st, const Node& n, c
 
 }  // namespace
 
+double model_flops_per_micro_batch(const OpGraph& g) {
+  const std::vector<Strides> strides = tensor_strides(g);
+  const std::vector<bool> rg = g.requires_grad();
+  double flops = 0;
+  for (const Node& n : g.nodes) {
+    const OpFacts f = facts(g, strides, n, rg);
+    flops += f.flops + (n.kind == OpKind::Input ? 0 : f.bwd_flops);
+  }
+  return flops;
+}
+
 Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec, const MeasureNode& measure) {
   Profile p = profile_skeleton(g, "analytic", spec.name);
   p.timing = "roofline";

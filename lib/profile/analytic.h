@@ -33,6 +33,9 @@ DeviceSpec device_spec(const std::string& name_or_file);
 // memory-bound. Without `measure` every floating-point input is assumed kept. Profile::notes
 // names those operators.
 Profile analytic_profile(const OpGraph& graph, const DeviceSpec& spec, const MeasureNode& measure = {});
+// Model FLOPs of one micro-batch's forward and backward (the formulas above; no recomputation,
+// no optimizer): what a run's model FLOP/s and MFU count.
+double model_flops_per_micro_batch(const OpGraph& graph);
 // At each batch size, with exact linear fits (bytes) and fitted times; result at sizes.front().
 Profile analytic_profile_model(const ModelSource& model, const std::vector<int64_t>& batch_sizes,
                                const DeviceSpec& spec, const MeasureNode& measure = {});

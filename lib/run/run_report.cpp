@@ -134,12 +134,24 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayo
   std::printf("%s: %" PRId64 " steps, final loss %.9g, %.1f samples/s after the first step (%.1f with it)\n",
               mine.stop_signal ? "stopped" : "done", mine.next_step, progress.last_loss(),
               progress.steady_samples_per_second(), seconds > 0 ? o.samples_per_step * trained / seconds : 0.0);
+  print_model_flops(o, progress.steady_samples_per_second());
   if (!o.save_path.empty()) report_saved_weights(o);
   if (!mine.stop_signal && !o.checkpoint_dir.empty())  // a stopped run says so in print_stop
     std::printf("wrote checkpoint %s/step-%" PRId64 " (--resume with a larger --steps trains on)\n",
                 o.checkpoint_dir.c_str(), mine.next_step);
   if (!o.trace_path.empty())
     std::printf("wrote trace %s (dawnpiper inspect %s)\n", o.trace_path.c_str(), o.trace_path.c_str());
+}
+
+void print_model_flops(const TrainOptions& o, double samples_per_s) {
+  const double flops = samples_per_s * o.flops_per_sample;
+  if (!(flops > 0)) return;
+  if (o.peak_flops > 0)
+    std::printf("model FLOPs: %.2f TFLOP/s after the first step, MFU %.1f%% of %s\n", flops / 1e12,
+                100 * flops / o.peak_flops, o.peak_what.c_str());
+  else
+    std::printf("model FLOPs: %.3g TFLOP/s after the first step (%s)\n", flops / 1e12,
+                o.peak_what.empty() ? "no peak known for this device" : o.peak_what.c_str());
 }
 
 StepMetrics step_metrics(int64_t step, double loss, double lr, double grad_norm, std::vector<int64_t> peaks,
@@ -152,6 +164,8 @@ StepMetrics step_metrics(int64_t step, double loss, double lr, double grad_norm,
   m.step_s = progress.last_step_seconds();
   m.samples_per_s = m.step_s > 0 ? o.samples_per_step / m.step_s : 0;
   m.tokens_per_s = m.samples_per_s * static_cast<double>(tokens_per_sample);
+  m.model_flops_per_s = m.samples_per_s * o.flops_per_sample;
+  if (o.peak_flops > 0) m.mfu = m.model_flops_per_s / o.peak_flops;
   m.peak_bytes = std::move(peaks);
   return m;
 }

@@ -27,6 +27,9 @@ void print_run_header(const OpGraph& graph, const Plan& plan, const PipelineConf
 void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayout& layout, const TrainOptions& o,
                       const StageRun& mine, int rank, const Progress& progress, double seconds);
 // A step's line of --metrics-out: what was reported, with the rates Progress measured.
+// "model FLOPs: 12.34 TFLOP/s after the first step, MFU 5.6% of NVIDIA H100 ..., bf16 dense 989
+// TFLOP/s": the graph's FLOPs per sample times the steady samples/s, over the GPUs' peak.
+void print_model_flops(const TrainOptions& o, double samples_per_s);
 StepMetrics step_metrics(int64_t step, double loss, double lr, double grad_norm, std::vector<int64_t> peaks,
                          const Progress& progress, const TrainOptions& o, int64_t tokens_per_sample);
 // The line a run stopped by a signal ends with: where its work is.

@@ -6,12 +6,15 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <set>
 
 #include "data/token_file.h"
 #include "exec/weights.h"
 #include "memory/counting_allocator.h"
 #include "memory/device_memory.h"
 #include "models/hf_config.h"
+#include "profile/analytic.h"
+#include "profile/device_peak.h"
 #include "profile/torch_trace.h"
 #include "run/resume.h"
 #include "run/run_report.h"
@@ -115,6 +118,7 @@ int train_one_stage(const OpGraph& graph, const TrainOptions& o) {
               stopped_by ? "stopped" : "done", progress.steps_reported(), progress.last_loss(),
               progress.steady_samples_per_second(), progress.samples_per_second(),
               format_bytes(static_cast<double>(peak)).c_str());
+  print_model_flops(o, progress.steady_samples_per_second());
   if (!o.save_path.empty()) {
     save_weights(trainer.module().parameters(), o.save_path, MPI_COMM_SELF);
     report_saved_weights(o);
@@ -203,6 +207,10 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
     // The checkpoint holds its optimizer's state: the stages are built with that optimizer.
     if (const std::optional<Json> saved = o.resume ? saved_run(o) : std::nullopt; saved && saved->contains("optimizer"))
       evaluation.config.optimizer.kind = from_name<OptimizerKind>((*saved)["optimizer"].get<std::string>());
+    // ... and its sharding, where the replicas are as many (each reads its shard of the state).
+    if (const std::optional<Json> saved = o.resume ? saved_run(o) : std::nullopt;
+        saved && saved->contains("zero-stage") && saved->value("data-parallel", 1) == layout.replicas)
+      evaluation.zero_stage = (*saved)["zero-stage"].get<int>();
     return evaluate_pipeline(given, graph, layout, evaluation, rank, device, first_step);
   }
   const Plan plan = agreed_plan(given, graph, layout, o, device, rank);
@@ -276,6 +284,16 @@ int run_training(TrainOptions o, const ModelSource& source, const std::optional<
   CountingAllocator::install();
   const OpGraph graph = source.graph(o.micro_batch_size);
   o.hf_config = hf_config_json(source);
+  // Model FLOP/s and MFU: the graph's FLOPs per sample, the peak of the GPUs the run uses (ranks
+  // that share one count it once).
+  o.flops_per_sample = model_flops_per_micro_batch(graph) / static_cast<double>(o.micro_batch_size);
+  if (device.is_cuda()) {
+    const std::vector<std::string> ids = device_identities(device, MPI_COMM_WORLD);
+    const size_t gpus = std::set<std::string>(ids.begin(), ids.end()).size();
+    const PeakFlops peak = device_peak_flops(device, graph.precision);
+    o.peak_flops = peak.flops * static_cast<double>(gpus);
+    o.peak_what = (gpus > 1 ? std::to_string(gpus) + " x " : "") + peak.what;
+  }
   if (plan && !plan->graph_hash.empty() && plan->graph_hash != graph.fingerprint())
     throw ConfigError("the plan (--plan-in) was made for another graph: " + plan->preset + " with " +
                       std::to_string(plan->nodes) + " nodes, fingerprint " + plan->graph_hash + "; this run's " +

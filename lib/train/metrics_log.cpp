@@ -34,6 +34,8 @@ void MetricsLog::step(const StepMetrics& m) {
   j["step_s"] = m.step_s;
   j["samples_per_s"] = m.samples_per_s;
   if (m.tokens_per_s > 0) j["tokens_per_s"] = m.tokens_per_s;
+  if (m.model_flops_per_s > 0) j["model_flops_per_s"] = m.model_flops_per_s;
+  if (m.mfu > 0) j["mfu"] = m.mfu;
   if (!m.peak_bytes.empty()) j["peak_bytes"] = m.peak_bytes;
   write(j.dump());
 }

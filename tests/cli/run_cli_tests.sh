@@ -544,13 +544,17 @@ expect_ok "adamw, cosine, clipping" "adamw lr 0.002 (cosine after 2 warmup steps
   train --model gpt2-tiny --steps 4 --optimizer adamw --lr 0.002 --weight-decay 0.1 --lr-schedule cosine --warmup-steps 2 \
   --min-lr 0.0002 --grad-clip 1 --metrics-out "$work/metrics.jsonl" --eval-every 2
 if [ "$(grep -c '"kind":"train"' "$work/metrics.jsonl")" = 4 ] && [ "$(grep -c '"kind":"validation"' "$work/metrics.jsonl")" = 2 ] &&
-   grep -q '"step":1,"loss":[0-9.]*,"lr":0.001,"grad_norm":[0-9.]*,"step_s"' "$work/metrics.jsonl"; then
+   grep -q '"step":1,"loss":[0-9.]*,"lr":0.001,"grad_norm":[0-9.]*,"step_s"' "$work/metrics.jsonl" &&
+   grep -q '"model_flops_per_s":[0-9.e+]*[,}]' "$work/metrics.jsonl"; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --metrics-out"; cat "$work/metrics.jsonl"; fi
 if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   /usr/bin/python3 "$root/scripts/plot_metrics.py" "$work/metrics.jsonl" --out "$work/metrics.png" >/dev/null && [ -s "$work/metrics.png" ] &&
     passed=$((passed + 1)) || { echo "FAIL: plot_metrics.py"; failed=$((failed + 1)); }
 fi
 # Threads: OMP_NUM_THREADS (the tests' 1), else --threads, said once; checks come before any work.
+# Model FLOP/s after the first step; the CPU has no peak to give an MFU against.
+expect_ok "model FLOPs reported" "model FLOPs: [0-9.e+-]* TFLOP/s after the first step (no peak known for this device)" \
+  train --model gpt2-tiny --steps 3
 expect_ok "threads from OMP_NUM_THREADS" "threads: 1 per rank (OMP_NUM_THREADS)" train --model mlp-tiny --steps 1
 expect_ok "threads from --threads" "threads: 2 per rank (--threads)" train --model mlp-tiny --steps 1 --threads 2
 if env -u OMP_NUM_THREADS $mpi 2 "$bin" train --model mlp-tiny --steps 1 2>&1 |

@@ -34,9 +34,9 @@ grep -q 'masks drawn on the cpu.*' "$report" && grep -A1 'masks drawn on the cpu
 [ "$(grep -cE '^\| (gpt2|bert)-tiny \| [0-3] \| [0-9.]+ [KMG]iB \| [0-9.]+ [KMG]iB \(.*\) \| +\| [0-9.]+ \| [0-9.]+ \(.*\) \| [0-9.]+ \|' "$report")" -eq 8 ] ||
   fail "replay-stage rows"
 # Step times: DawnPiper and eager for both precisions, the preset for both.
-[ "$(grep -cE '^\| imported GPT-2 .* \| (fp32|bf16) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$' "$report")" -eq 2 ] ||
+[ "$(grep -cE '^\| imported GPT-2 .* \| (fp32|bf16) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.e+-]+ TFLOP/s .*\|$' "$report")" -eq 2 ] ||
   fail "imported GPT-2 rows"
-[ "$(grep -cE '^\| preset .* \| (fp32|bf16) \| [0-9.]+ \|' "$report")" -eq 2 ] || fail "preset rows"
+[ "$(grep -cE '^\| preset .* \| (fp32|bf16) \| [0-9.]+ \| \| \| [0-9.e+-]+ TFLOP/s .*\|$' "$report")" -eq 2 ] || fail "preset rows"
 # Ranks sharing the device against one process: 2 and 4 ranks, both timed.
 [ "$(grep -cE '^\| [24] \| .* \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$' "$report")" -eq 2 ] || fail "sharing rows"
 # Where a step goes: PyTorch's profiler over DawnPiper's and eager steps, both precisions.

@@ -7,6 +7,7 @@
 #include "memory/counting_allocator.h"
 #include "models/model_config.h"
 #include "profile/analytic.h"
+#include "profile/device_peak.h"
 #include "plan/stage_memory.h"
 #include "profile/profiler.h"
 #include "util/error.h"
@@ -111,4 +112,36 @@ TEST_CASE("device specs: presets, files and bad input", "[profile][analytic]") {
   CHECK(device_spec("a100-40gb").memory_bytes == 40LL << 30);
   CHECK(device_spec("h100-80gb").flops > device_spec("a100-40gb").flops);
   CHECK_THROWS_AS(device_spec("tpu-v9"), ConfigError);
+}
+
+TEST_CASE("model FLOPs of a GPT-2 step follow 6 N T plus attention", "[profile][analytic]") {
+  // PaLM's count (appendix B): 6 N per token for the matrix products of the N non-embedding
+  // parameters and the output projection, plus 12 L d T per token for attention's two products,
+  // forward and backward; layer norms, softmax and elementwise ops add little.
+  ModelConfig c = preset_config("gpt2-small");
+  c.seq_len = 512;
+  const OpGraph g = build_model(c, 2);
+  const double tokens = 2.0 * static_cast<double>(c.seq_len);
+  const double d = static_cast<double>(c.hidden), layers = static_cast<double>(c.layers);
+  const double per_layer = 12 * d * d;  // QKV, output and the 4x MLP: 4 d^2 + 8 d^2 weights
+  const double expected = 6 * (layers * per_layer + d * static_cast<double>(c.vocab)) * tokens +
+                          12 * layers * d * static_cast<double>(c.seq_len) * tokens;
+  const double flops = model_flops_per_micro_batch(g);
+  INFO("counted " << flops << ", PaLM's formula " << expected);
+  CHECK(flops == Approx(expected).epsilon(0.05));
+  // Twice the micro-batch, twice the FLOPs.
+  CHECK(model_flops_per_micro_batch(build_model(c, 4)) == Approx(2 * flops).epsilon(1e-9));
+}
+
+TEST_CASE("MFU's peaks: the data sheets' dense rates by the GPU's name", "[profile][analytic]") {
+  CHECK(peak_flops_of("NVIDIA H100 80GB HBM3", Precision::Bf16).flops == Approx(989.4e12));
+  CHECK(peak_flops_of("NVIDIA H100 80GB HBM3", Precision::Fp32).flops == Approx(66.9e12));
+  CHECK(peak_flops_of("NVIDIA H100 PCIe", Precision::Bf16).flops == Approx(756e12));
+  CHECK(peak_flops_of("NVIDIA H200", Precision::Bf16).flops == Approx(989.4e12));
+  CHECK(peak_flops_of("NVIDIA A100-SXM4-40GB", Precision::Bf16).flops == Approx(312e12));
+  CHECK(peak_flops_of("NVIDIA H100 80GB HBM3", Precision::Bf16).what.find("bf16 dense 989") != std::string::npos);
+  const PeakFlops unknown = peak_flops_of("Some Future GPU", Precision::Bf16);
+  CHECK(unknown.flops == 0);
+  CHECK(unknown.what.find("not in DawnPiper's table") != std::string::npos);
+  CHECK(device_peak_flops(c10::Device(c10::kCPU), Precision::Fp32).flops == 0);
 }
