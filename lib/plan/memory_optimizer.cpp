@@ -126,6 +126,29 @@ void MemoryOptimizer::time_candidates(int b, int e, int x) {
   });
 }
 
+void place_prefetches(const CostModel& model, int e, std::vector<TensorDecision>& decisions) {
+  // Times from the start of the stage's backward: node n's backward starts at bwd_ms(n + 1, e).
+  auto starts_at = [&](int n) { return model.bwd_ms(n + 1, e); };
+  std::vector<TensorDecision*> swaps;
+  for (TensorDecision& d : decisions)
+    if (d.action == TensorAction::Swap) swaps.push_back(&d);
+  // Needed first (the backward runs from the last node down), first on the stream.
+  std::stable_sort(swaps.begin(), swaps.end(),
+                   [](const TensorDecision* a, const TensorDecision* c) { return a->restore_before > c->restore_before; });
+  // Latest starts, from the copy needed last back: each ends by its read and before the next
+  // copy on the stream starts.
+  double next_start = std::numeric_limits<double>::infinity();
+  for (auto it = swaps.rbegin(); it != swaps.rend(); ++it) {
+    TensorDecision& d = **it;
+    const double start = std::min(starts_at(d.restore_before), next_start) - model.host_ms(d.bytes);
+    next_start = start;
+    // The latest node whose backward starts by then; the stage's first (e - 1) where none does
+    // (the copy then delays the backward: the planner charges it as the swap's overhead).
+    d.prefetch_at = d.restore_before;
+    while (d.prefetch_at + 1 < e && starts_at(d.prefetch_at) > start) ++d.prefetch_at;
+  }
+}
+
 bool MemoryOptimizer::available_in_backward(int t, int b, int e) const {
   if (model_.is_data(t)) return true;  // every stage loads its data itself
   if (tensor_epoch_[static_cast<size_t>(t)] == epoch_) {
@@ -191,7 +214,7 @@ void MemoryOptimizer::take_swap(Selection& s, size_t i, double overhead) {
   s.decided[i] = 1;
   s.paid[i] = overhead;
   s.need -= s.k * candidates_[i].bytes;
-  s.link_left -= candidates_[i].swap_ms;
+  s.link_left -= 2 * candidates_[i].swap_ms;
   s.swap_overhead += overhead;
 }
 
@@ -205,14 +228,14 @@ void MemoryOptimizer::take_recompute(Selection& s, size_t i, double cost, int b,
 // The stall a swap adds: its own (negative FreeTime) plus what overflows the host link.
 double MemoryOptimizer::swap_overhead_of(const Selection& s, size_t i) const {
   const Candidate& c = candidates_[i];
-  return std::max(0.0, -c.free_ms) + std::max(0.0, c.swap_ms - std::max(0.0, s.link_left));
+  return std::max(0.0, -c.free_ms) + std::max(0.0, 2 * c.swap_ms - std::max(0.0, s.link_left));
 }
 
 // Phase 1: swaps that hide behind compute, largest FreeTime first, while the link has room.
 void MemoryOptimizer::take_free_swaps(Selection& s) {
   for (size_t i : free_order_) {
     if (s.need <= 0) break;
-    if (candidates_[i].swap_ms <= s.link_left) take_swap(s, i, 0);
+    if (2 * candidates_[i].swap_ms <= s.link_left) take_swap(s, i, 0);
   }
 }
 
@@ -305,7 +328,7 @@ void MemoryOptimizer::trim(Selection& s, int b, int e) {
     s.need += saving;
     if (s.decided[i] == 1) {
       s.swap_overhead -= s.paid[i];
-      s.link_left += candidates_[i].swap_ms;
+      s.link_left += 2 * candidates_[i].swap_ms;
     } else {
       if (granularity_ == MemoptGranularity::Tensor) tensor_state_[static_cast<size_t>(candidates_[i].tensor)] = kKeep;
       recompute_changed = true;
@@ -376,16 +399,9 @@ StageMemopt MemoryOptimizer::optimize(int b, int e, int x, bool with_decisions) 
                                                   : TensorAction::Keep;
       const std::vector<int>& savers = model_.saved_by(t);
       const int restore_before = *(std::lower_bound(savers.begin(), savers.end(), e) - 1);
-      TensorDecision d{t, model_.tensor_bytes(t), action, restore_before};
-      if (action == TensorAction::Swap) {
-        // Early enough that the backward of the nodes in (restore_before, prefetch_at] covers
-        // the copy back (or as early as the stage's backward start allows).
-        const double copy_ms = model_.host_ms(d.bytes);
-        d.prefetch_at = restore_before;
-        while (d.prefetch_at + 1 < e && model_.bwd_ms(restore_before + 1, d.prefetch_at + 1) < copy_ms) ++d.prefetch_at;
-      }
-      out.decisions.push_back(d);
+      out.decisions.push_back(TensorDecision{t, model_.tensor_bytes(t), action, restore_before});
     }
+    place_prefetches(model_, e, out.decisions);
   }
   return out;
 }

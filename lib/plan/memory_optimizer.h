@@ -47,6 +47,12 @@ struct StageMemopt {
   std::vector<TensorDecision> decisions;  // every saved tensor (when asked for), by tensor id
 };
 
+// Where each swapped tensor's copy back starts (TensorDecision::prefetch_at) in a stage ending
+// before node e: the copies back run one after another on one side stream, so each starts early
+// enough to end before the backward that reads it and before the copy queued after it, at the
+// host link's speed for its size (CostModel::host_ms).
+void place_prefetches(const CostModel& model, int e, std::vector<TensorDecision>& decisions);
+
 class MemoryOptimizer {
  public:
   MemoryOptimizer(const CostModel& model, MemoptKind mode, int64_t capacity,
@@ -78,7 +84,8 @@ class MemoryOptimizer {
     int64_t need = 0;           // bytes still to save
     std::vector<char> decided;  // per candidate: 0 keep, 1 swap, 2 recompute
     std::vector<double> paid;   // cost when taken
-    double link_left = 0;       // host-link time left (one F+B period per micro-batch each way)
+    double link_left = 0;       // host-link time left: one F+B period per micro-batch for the copies out
+                                // and back together (one side stream carries both)
     double swap_overhead = 0;   // stalls of the swaps taken
   };
   void gather(int b, int e, int x);

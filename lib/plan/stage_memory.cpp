@@ -112,6 +112,9 @@ class StageReplay final : public ActionHooks {
   void restore_for(MicroBatch& m, int64_t mb, int node, size_t& next_due);
   bool collect_due(const MicroBatch& m, int node, size_t& next_due);
   void swap_in_due(MicroBatch& m, int64_t mb, int node, size_t first_due, size_t next_due);
+  // Copies back in the order the evictor starts them: those read first first, ties in program
+  // order (runtime/evictor.cpp, plan/memory_optimizer.h's place_prefetches).
+  void sort_copies_back(std::vector<int>& evictions) const;
   void restore_with_rerun(MicroBatch& m, int64_t mb, int node);
   void note_rerun(int node);
   void send(int64_t held_by_send, int64_t originals_of);
@@ -684,8 +687,16 @@ bool StageReplay::collect_due(const MicroBatch& m, int i, size_t& next_due) {
   return any;
 }
 
-// Only swaps are due: they come back in program order, nothing else moves. (Their entries stay
-// in m.out; a storage back on the device is skipped there.)
+// Only swaps are due: they come back in the order the evictor starts them (read first first,
+// ties in program order), nothing else moves. (Their entries stay in m.out; a storage back on
+// the device is skipped there.)
+void StageReplay::sort_copies_back(std::vector<int>& evictions) const {
+  std::sort(evictions.begin(), evictions.end(), [&](int a, int c) {
+    const int ra = (*evictions_)[at(a)].restore_before, rc = (*evictions_)[at(c)].restore_before;
+    return ra != rc ? ra > rc : a < c;
+  });
+}
+
 void StageReplay::swap_in_due(MicroBatch& m, int64_t mb, int i, size_t first_due, size_t next_due) {
   std::vector<int>& due = due_scratch_;
   due.clear();
@@ -693,7 +704,7 @@ void StageReplay::swap_in_due(MicroBatch& m, int64_t mb, int i, size_t first_due
     const Placed& pl = placed_[at(by_restore_[d])];
     if (m.evicted[loc(pl.key)] && m.alive[loc(pl.key)]) due.push_back(by_restore_[d]);
   }
-  std::sort(due.begin(), due.end());
+  sort_copies_back(due);
   for (int j : due) {
     m.evicted[loc(placed_[at(j)].key)] = 0;
     live_ += bytes(placed_[at(j)].key);
@@ -717,7 +728,7 @@ void StageReplay::restore_with_rerun(MicroBatch& m, int64_t mb, int i) {
   std::sort(chain_reads.begin(), chain_reads.end());
   chain_reads.erase(std::unique(chain_reads.begin(), chain_reads.end()), chain_reads.end());
   int64_t swapped_back = 0, rebuilt_back = 0;
-  std::vector<int> still_out, early, done;
+  std::vector<int> still_out, early, done, due;
   auto swap_in = [&](int j) {
     m.evicted[loc(placed_[at(j)].key)] = 0;
     swapped_back += bytes(placed_[at(j)].key);
@@ -735,13 +746,15 @@ void StageReplay::restore_with_rerun(MicroBatch& m, int64_t mb, int i) {
         still_out.push_back(j);
       }
     } else if (pl.due >= i) {
-      swap_in(j);
+      due.push_back(j);
     } else if (std::binary_search(chain_reads.begin(), chain_reads.end(), pl.key)) {
       early.push_back(j);
     } else {
       still_out.push_back(j);
     }
   }
+  sort_copies_back(due);
+  for (int j : due) swap_in(j);
   for (int j : early) swap_in(j);
   m.out = std::move(still_out);
   live_ += swapped_back;

@@ -229,18 +229,24 @@ void Evictor::restore_for(int64_t mb, int node) {
   auto found = mbs_.find(mb);
   if (found == mbs_.end()) return;
   MicroBatch& m = found->second;
-  std::vector<int> recomputes;
+  std::vector<int> recomputes, copies_back;
   for (auto& [i, h] : m.held) {
     if (!h.evicted) continue;
     const Eviction& entry = entries_[static_cast<size_t>(i)];
     if (entry.action == TensorAction::Swap) {
-      // The copy back starts at its prefetch node; the storage gets it where it is read.
-      if (entry.prefetch_at >= node) start_swap_in(mb, m, i);
-      if (entry.restore_before >= node) finish_swap_in(m, i);
+      if (entry.prefetch_at >= node) copies_back.push_back(i);
     } else if (entry.restore_before >= node) {
       recomputes.push_back(i);
     }
   }
+  // The copies back start at their prefetch nodes, on one stream in the order they are read
+  // (the planner's place_prefetches queues them so); the storage gets each where it is read.
+  std::stable_sort(copies_back.begin(), copies_back.end(), [&](int a, int c) {
+    return entries_[static_cast<size_t>(a)].restore_before > entries_[static_cast<size_t>(c)].restore_before;
+  });
+  for (int i : copies_back) start_swap_in(mb, m, i);
+  for (int i : copies_back)
+    if (entries_[static_cast<size_t>(i)].restore_before >= node) finish_swap_in(m, i);
   if (!recomputes.empty()) recompute(mb, m, recomputes);
   // Forget what is back on the device; drop the inputs no pending recomputation reads (each
   // is held only until the last re-run that reads it, as the planner's memory replay assumes).

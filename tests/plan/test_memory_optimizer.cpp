@@ -275,3 +275,48 @@ TEST_CASE("internal buffers count but are never evicted; views count nothing", "
   CostModel after(v, opt);
   CHECK(after.activation_bytes(0, 20) == before.activation_bytes(0, 20) - v.tensors[static_cast<size_t>(view)].bytes);
 }
+
+TEST_CASE("copies back queue on one stream: each starts where it and those before it end in time",
+          "[plan][memopt]") {
+  SyntheticOptions o;
+  o.nodes = 20;
+  o.fwd_min_ms = 5;
+  o.fwd_max_ms = 10;
+  Profile p = random_profile(5, o);
+  for (double bandwidth : {16e9, 1e9, 1e8}) {
+    PlanOptions opt;
+    opt.stages = 1;
+    opt.schedule = ScheduleChoice::named("gpipe");
+    opt.micro_batches = 8;
+    opt.host_bandwidth = bandwidth;
+    CostModel m(p, opt);
+    MemoryOptimizer sr(m, MemoptKind::SwapRecompute, m.peak_without_memopt(0, 20, 0) * 5 / 10);
+    StageMemopt r = sr.optimize(0, 20, 0, true);
+    // The side stream as the runtime fills it (runtime/evictor.cpp): copies back issued as the
+    // backward (from node 19 down) reaches each one's prefetch node, at one node those read
+    // first first. Each ends before the backward of the node that reads it, unless the copies
+    // before it started with the stage's backward.
+    std::vector<TensorDecision> swaps;
+    for (const TensorDecision& d : r.decisions)
+      if (d.action == TensorAction::Swap) swaps.push_back(d);
+    std::stable_sort(swaps.begin(), swaps.end(), [](const TensorDecision& a, const TensorDecision& c) {
+      return a.prefetch_at != c.prefetch_at ? a.prefetch_at > c.prefetch_at : a.restore_before > c.restore_before;
+    });
+    INFO("bandwidth " << bandwidth << ", " << swaps.size() << " swaps");
+    REQUIRE(swaps.size() > 1);
+    double stream_free = 0;
+    bool all_from_the_start = true;  // every copy so far issued with the stage's backward
+    int late = 0;
+    for (const TensorDecision& d : swaps) {
+      all_from_the_start = all_from_the_start && d.prefetch_at == 19;
+      const double issued = m.bwd_ms(d.prefetch_at + 1, 20), needed = m.bwd_ms(d.restore_before + 1, 20);
+      stream_free = std::max(issued, stream_free) + m.host_ms(d.bytes);
+      if (stream_free > needed + 1e-9) {
+        ++late;
+        CHECK(all_from_the_start);  // only copies that could start no earlier may be late
+      }
+    }
+    if (bandwidth == 16e9) CHECK(late == 0);
+    // (Placed one by one, each as if alone on the stream, two copies back end late at 1e8 B/s.)
+  }
+}
