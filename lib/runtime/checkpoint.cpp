@@ -25,7 +25,7 @@ std::string stage_file(const std::string& dir, int64_t step, int stage, int repl
 
 // The sharding a stage's optimizer state has: ZeRO's level and replica count, or 0 and 1.
 std::pair<int64_t, int64_t> sharding_of(PipelineStage& stage) {
-  if (!stage.zero_shard()) return {0, 1};
+  if (!stage.zero_shard()) return {0, stage.config().replicas};
   return {1, stage.config().replicas};
 }
 

@@ -124,6 +124,10 @@ resumed=$($mpi 4 "$bin" "${ck[@]}" --steps 6 --checkpoint-dir "$work/ck" --resum
 if [ -n "$resumed" ] && [ "$(echo "$full" | tail -3)" = "$resumed" ] && ls "$work/ck/step-6" | grep -q 'replica-1'; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: level 1 resume"; paste <(echo "$full") <(echo "$resumed")
   ls "$work/ck/step-6"; fi
+# --eval-only reads a sharded checkpoint's parameters without being told its level.
+if $mpi 4 "$bin" "${base[@]}" --steps 6 --checkpoint-dir "$work/ck" --resume --eval-only >"$work/eval.out" 2>&1 &&
+   grep -q "^validation loss [0-9.]*: .* checkpoint at step 6" "$work/eval.out"; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: --eval-only of a level-1 checkpoint"; tail -3 "$work/eval.out"; fi
 one_error "resume at level 0" "written at --zero-stage 1 with --data-parallel 2, and this run has --zero-stage 0 with --data-parallel 2" \
   $mpi 4 "$bin" "${base[@]}" --steps 8 --checkpoint-dir "$work/ck" --resume --resume-override
 one_error "resume on 4 replicas" "written at --zero-stage 1 with --data-parallel 2, and this run has --zero-stage 1 with --data-parallel 4" \
