@@ -126,27 +126,67 @@ void MemoryOptimizer::time_candidates(int b, int e, int x) {
   });
 }
 
+namespace {
+// Latest starts of copies back (ms from the start of the stage's backward; node n's backward
+// starts at bwd_ms(n + 1, e)), given read first first: each ends before the backward of the node
+// that reads it and before the copy queued after it starts.
+template <class Copy>
+std::vector<double> latest_starts(const CostModel& model, int e, const std::vector<Copy>& copies) {
+  std::vector<double> start(copies.size());
+  double next = std::numeric_limits<double>::infinity();
+  for (size_t k = copies.size(); k-- > 0;) {
+    start[k] = std::min(model.bwd_ms(copies[k].restore_before + 1, e), next) - model.host_ms(copies[k].bytes);
+    next = start[k];
+  }
+  return start;
+}
+
+struct CopyBack {
+  int restore_before;
+  int64_t bytes;
+};
+}  // namespace
+
 void place_prefetches(const CostModel& model, int e, std::vector<TensorDecision>& decisions) {
-  // Times from the start of the stage's backward: node n's backward starts at bwd_ms(n + 1, e).
-  auto starts_at = [&](int n) { return model.bwd_ms(n + 1, e); };
   std::vector<TensorDecision*> swaps;
   for (TensorDecision& d : decisions)
     if (d.action == TensorAction::Swap) swaps.push_back(&d);
   // Needed first (the backward runs from the last node down), first on the stream.
   std::stable_sort(swaps.begin(), swaps.end(),
                    [](const TensorDecision* a, const TensorDecision* c) { return a->restore_before > c->restore_before; });
-  // Latest starts, from the copy needed last back: each ends by its read and before the next
-  // copy on the stream starts.
-  double next_start = std::numeric_limits<double>::infinity();
-  for (auto it = swaps.rbegin(); it != swaps.rend(); ++it) {
-    TensorDecision& d = **it;
-    const double start = std::min(starts_at(d.restore_before), next_start) - model.host_ms(d.bytes);
-    next_start = start;
+  std::vector<CopyBack> copies;
+  for (const TensorDecision* d : swaps) copies.push_back({d->restore_before, d->bytes});
+  const std::vector<double> start = latest_starts(model, e, copies);
+  for (size_t k = 0; k < swaps.size(); ++k) {
     // The latest node whose backward starts by then; the stage's first (e - 1) where none does
-    // (the copy then delays the backward: the planner charges it as the swap's overhead).
+    // (the copy then delays the backward: queued_copy_stall).
+    TensorDecision& d = *swaps[k];
     d.prefetch_at = d.restore_before;
-    while (d.prefetch_at + 1 < e && starts_at(d.prefetch_at) > start) ++d.prefetch_at;
+    while (d.prefetch_at + 1 < e && model.bwd_ms(d.prefetch_at + 1, e) > start[k]) ++d.prefetch_at;
   }
+}
+
+double queued_copy_stall(const CostModel& model, int e, const std::vector<TensorDecision>& decisions) {
+  std::vector<CopyBack> copies;
+  for (const TensorDecision& d : decisions)
+    if (d.action == TensorAction::Swap) copies.push_back({d.restore_before, d.bytes});
+  if (copies.empty()) return 0;
+  std::stable_sort(copies.begin(), copies.end(),
+                   [](const CopyBack& a, const CopyBack& c) { return a.restore_before > c.restore_before; });
+  // The first copy back can start no earlier than the stage's backward: what the queue needs
+  // before that, the backward waits.
+  return std::max(0.0, -latest_starts(model, e, copies).front());
+}
+
+double MemoryOptimizer::queued_copy_stall(int e) const {
+  std::vector<TensorDecision> swaps;
+  for (int t : saved_) {
+    if (tensor_state_[static_cast<size_t>(t)] != kSwap) continue;
+    const std::vector<int>& savers = model_.saved_by(t);
+    const int restore_before = *(std::lower_bound(savers.begin(), savers.end(), e) - 1);
+    swaps.push_back(TensorDecision{t, model_.tensor_bytes(t), TensorAction::Swap, restore_before});
+  }
+  return dawnpiper::queued_copy_stall(model_, e, swaps);
 }
 
 bool MemoryOptimizer::available_in_backward(int t, int b, int e) const {
@@ -390,6 +430,9 @@ StageMemopt MemoryOptimizer::optimize(int b, int e, int x, bool with_decisions) 
     out.feasible = false;
   } else {
     greedy(b, e, x, need, out);
+    // Copies back queue on one stream in the backward; where they cannot all end in time, the
+    // backward waits (the swaps' own FreeTime covers each copy alone).
+    if (out.swapped > 0) out.overhead_ms += queued_copy_stall(e);
   }
   if (with_decisions) {
     for (int t : saved_) {

@@ -52,6 +52,9 @@ struct StageMemopt {
 // enough to end before the backward that reads it and before the copy queued after it, at the
 // host link's speed for its size (CostModel::host_ms).
 void place_prefetches(const CostModel& model, int e, std::vector<TensorDecision>& decisions);
+// What the backward of that stage waits for the swaps' copies back so queued: the time the first
+// of them would have to start before the backward does (it cannot start earlier).
+double queued_copy_stall(const CostModel& model, int e, const std::vector<TensorDecision>& decisions);
 
 class MemoryOptimizer {
  public:
@@ -91,6 +94,9 @@ class MemoryOptimizer {
   void gather(int b, int e, int x);
   void add_to_block_unit(std::map<int, int>& unit_of_block, const Candidate& c, int b, int e);
   void time_candidates(int b, int e, int x);
+  // What the backward of a stage ending before node e waits for its copies back, queued on one
+  // stream in the order they are read (the swaps tensor_state_ holds now).
+  double queued_copy_stall(int e) const;
   void greedy(int b, int e, int x, int64_t need, StageMemopt& out);
   // The greedy pass's phases (see the file comment): free swaps, cheapest saving per ms, trim.
   void take_free_swaps(Selection& s);

@@ -283,7 +283,7 @@ TEST_CASE("copies back queue on one stream: each starts where it and those befor
   o.fwd_min_ms = 5;
   o.fwd_max_ms = 10;
   Profile p = random_profile(5, o);
-  for (double bandwidth : {16e9, 1e9, 1e8}) {
+  for (double bandwidth : {16e9, 1e9, 1e8, 1e7}) {
     PlanOptions opt;
     opt.stages = 1;
     opt.schedule = ScheduleChoice::named("gpipe");
@@ -304,7 +304,7 @@ TEST_CASE("copies back queue on one stream: each starts where it and those befor
     });
     INFO("bandwidth " << bandwidth << ", " << swaps.size() << " swaps");
     REQUIRE(swaps.size() > 1);
-    double stream_free = 0;
+    double stream_free = 0, wait = 0;
     bool all_from_the_start = true;  // every copy so far issued with the stage's backward
     int late = 0;
     for (const TensorDecision& d : swaps) {
@@ -314,9 +314,15 @@ TEST_CASE("copies back queue on one stream: each starts where it and those befor
       if (stream_free > needed + 1e-9) {
         ++late;
         CHECK(all_from_the_start);  // only copies that could start no earlier may be late
+        wait = std::max(wait, stream_free - needed);
       }
     }
     if (bandwidth == 16e9) CHECK(late == 0);
+    // What the backward waits for is charged: the swaps' overhead holds at least the longest wait.
+    CHECK(r.overhead_ms >= wait - 1e-9);
+    // The stall the planner computes for the queue is the wait of the copies as the runtime issues them.
+    CHECK(queued_copy_stall(m, 20, r.decisions) == Approx(wait).margin(1e-9));
+    if (bandwidth == 1e7) CHECK(wait > 0);
     // (Placed one by one, each as if alone on the stream, two copies back end late at 1e8 B/s.)
   }
 }
