@@ -19,6 +19,13 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
   const std::optional<GivenPlan> given =
       read_given_plan(vm.count("plan-in") ? vm["plan-in"].as<std::string>() : "", world.rank);
   if (given) adopt_plan_settings(given->plan, vm);
+  // A resumed run trains with its checkpoint's plan: a flag that asks for another schedule,
+  // planner, memory optimization or split is refused, not ignored.
+  if (!given && vm["resume"].as<bool>() && vm.count("checkpoint-dir")) {
+    const std::string dir = vm["checkpoint-dir"].as<std::string>();
+    if (const std::optional<GivenPlan> saved = read_checkpoint_plan(dir, world.rank))
+      adopt_plan_settings(saved->plan, vm, /*resumed=*/true);
+  }
   TrainOptions options = read_train_options(vm);  // checks its inputs before the model reads any
   return run_training(std::move(options), model_source_from(vm), given, world.rank, world.size);
 }

@@ -257,7 +257,12 @@ bool agrees(const T& given, const T& planned) {
 }
 }  // namespace
 
-void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
+void adopt_plan_settings(const Plan& plan, po::variables_map& vm, bool resumed) {
+  const std::string source = resumed ? "the plan of the checkpoint in " + vm["checkpoint-dir"].as<std::string>()
+                                     : "the plan (--plan-in)";
+  const std::string remedy = resumed ? "a resumed run keeps its plan: leave the option out, or train anew in another "
+                                       "--checkpoint-dir"
+                                     : "leave the option out or plan again";
   auto adopt = [&](const char* key, const auto& planned) {
     using T = std::decay_t<decltype(planned)>;
     auto found = vm.find(key);
@@ -265,8 +270,8 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
       std::ostringstream given, wanted;
       given << found->second.template as<T>();
       wanted << planned;
-      throw ConfigError("--" + std::string(key) + " " + given.str() + " contradicts the plan (--plan-in), made for " +
-                        wanted.str() + "; leave the option out or plan again");
+      throw ConfigError("--" + std::string(key) + " " + given.str() + " contradicts " + source + ", made for " +
+                        wanted.str() + "; " + remedy);
     }
     vm.erase(key);
     vm.insert({key, po::variable_value(boost::any(planned), false)});
@@ -274,22 +279,24 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm) {
   const int virtual_stages = plan.options.schedule.virtual_stages();
   adopt("schedule", plan.options.schedule);
   adopt("virtual-stages", virtual_stages);
+  adopt("planner", plan.options.planner);
+  adopt("memopt", plan.options.memopt);
+  adopt("stages", static_cast<int>(plan.stages.size()) / virtual_stages);
+  // A resumed run compares the rest with the checkpoint's run (run/resume.h), where
+  // --resume-override may change them and the replica count may change at --zero-stage 0.
+  if (resumed) return;
   adopt("micro-batch-size", plan.micro_batch_size);
   adopt("micro-batches", plan.options.micro_batches);
   adopt("optimizer", plan.options.optimizer);
-  adopt("planner", plan.options.planner);
-  adopt("memopt", plan.options.memopt);
   adopt("precision", plan.precision);
-  adopt("stages", static_cast<int>(plan.stages.size()) / virtual_stages);
   adopt("data-parallel", plan.options.data_parallel);
   adopt("zero-stage", plan.options.zero_stage);
   // A size is text on the command line: compared by its bytes.
   if (auto found = vm.find("bucket-size"); found != vm.end()) {
     const int64_t given = parse_bytes(found->second.as<std::string>(), "--bucket-size");
     if (!found->second.defaulted() && given != plan.options.bucket_bytes)
-      throw ConfigError("--bucket-size " + found->second.as<std::string>() +
-                        " contradicts the plan (--plan-in), made for " + std::to_string(plan.options.bucket_bytes) +
-                        " bytes; leave the option out or plan again");
+      throw ConfigError("--bucket-size " + found->second.as<std::string>() + " contradicts " + source +
+                        ", made for " + std::to_string(plan.options.bucket_bytes) + " bytes; " + remedy);
     vm.erase(found);
     vm.insert({"bucket-size", po::variable_value(boost::any(std::to_string(plan.options.bucket_bytes)), false)});
   }

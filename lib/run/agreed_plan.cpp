@@ -100,6 +100,14 @@ std::optional<GivenPlan> read_given_plan(const std::string& path, int rank) {
   return given;
 }
 
+std::optional<GivenPlan> read_checkpoint_plan(const std::string& dir, int rank) {
+  const std::string path = dir + "/plan.json";
+  std::string found = rank == 0 && std::ifstream(path).good() ? "yes" : "";
+  broadcast_string_quietly(found, 0, MPI_COMM_WORLD);
+  if (found.empty()) return std::nullopt;
+  return read_given_plan(path, rank);
+}
+
 Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, const RankLayout& layout,
                  const TrainOptions& o, c10::Device device, int rank) {
   const std::string saved_plan = o.checkpoint_dir.empty() ? "" : o.checkpoint_dir + "/plan.json";

@@ -21,6 +21,9 @@ struct GivenPlan {
 };
 // Read on rank 0 and broadcast; nothing without a path.
 std::optional<GivenPlan> read_given_plan(const std::string& path, int rank);
+// The plan a checkpoint directory keeps (DIR/plan.json), which a resumed run trains with;
+// nothing where there is none.
+std::optional<GivenPlan> read_checkpoint_plan(const std::string& dir, int rank);
 
 // The given plan, or rank 0's; written to --plan-out and, with --checkpoint-dir, beside the
 // checkpoints with the run's identity (run/resume.h).

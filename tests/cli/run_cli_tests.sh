@@ -245,6 +245,16 @@ $mpi 3 "$bin" train --model gpt2-tiny --steps 7 --schedule gpipe --optimizer sgd
 code=$?
 if [ $code -eq 2 ] && grep -q 'this one changes --optimizer "adam" -> "sgd", --lr 0.001 -> 0.01: repeat its values, or give --resume-override' "$work/err"; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: resume with another optimizer (exit $code)"; cat "$work/err"; fi
+# A resumed run keeps its checkpoint's plan: another schedule, memopt or planner is refused, on
+# every rank, not ignored.
+expect_fail "resume with another schedule" \
+  "--schedule 1f1b contradicts the plan of the checkpoint in $work/ck, made for gpipe; a resumed run keeps its plan" \
+  train --model gpt2-tiny --steps 7 --schedule 1f1b --optimizer adam --lr 0.001 --checkpoint-dir "$work/ck" --resume
+timeout 120 $mpi 3 "$bin" train --model gpt2-tiny --steps 7 --memopt sr --optimizer adam --lr 0.001 \
+  --checkpoint-dir "$work/ck" --resume >/dev/null 2>"$work/err"
+code=$?
+if [ $code -eq 2 ] && grep -q -- '--memopt sr contradicts the plan of the checkpoint' "$work/err"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: resume with another memopt on 3 ranks (exit $code)"; cat "$work/err"; fi
 # --resume-override changes the run and says so; the optimizer state must still fit.
 $mpi 3 "$bin" train --model gpt2-tiny --steps 6 --schedule gpipe --optimizer adam --lr 0.002 --checkpoint-dir "$work/ck" --resume \
   --resume-override --checkpoint-every 6 >"$work/out" 2>"$work/err"
