@@ -31,7 +31,7 @@ double clip_grads(const std::vector<at::Tensor>& params, double norm, double max
   std::vector<at::Tensor> grads;
   for (const at::Tensor& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
-  at::_foreach_mul_(grads, factor);
+  if (!grads.empty()) at::_foreach_mul_(grads, factor);  // (a stage may hold no parameter: ATen refuses none)
   return factor;
 }
 
