@@ -355,6 +355,11 @@ void reduce_tied(const std::vector<TieComm>& tie_comms, int stage, RankStages& s
   const int ranks = stages.front()->config().stages / static_cast<int>(stages.size());
   for (const TieComm& tie : tie_comms) {
     if (tie.stages.front() != stage) continue;
+    // Level 0 averages the copies over the replicas first (their averaging started when the
+    // backwards ended; the sum of means is the mean of sums). ZeRO reduce-scatters the sums.
+    for (int s : tie.stages)
+      if (PipelineStage& holder = *stages[static_cast<size_t>(s / ranks)]; !holder.zero_shard())
+        holder.average_replicas();
     std::vector<at::Tensor*> copies;
     for (int s : tie.stages)
       for (auto& p : stages[static_cast<size_t>(s / ranks)]->module().parameters())
@@ -453,6 +458,8 @@ std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, c
   std::unique_ptr<ReplicaAverager> averager = make_replica_averager(options.replica_comm, c.device);
   ReplicaAverager* a = averager.get();
   const int x = stage.config().stage;
+  stage.set_replica_starter([a](std::vector<StageParameter>& params) { a->start(params); });
+  // Traced: what the update waits for (the averaging started after the step's last backward).
   stage.set_replica_reducer([a, x, &tracing](std::vector<StageParameter>& params) {
     const auto start = StageTracer::Clock::now();
     const int64_t bytes = a->average(params);

@@ -285,7 +285,14 @@ void PipelineStage::backward(int64_t mb) {
     }
   }
   if (config_.stage == 0) in_flight_.erase(mb);  // no gradient to send upstream
+  weight_pass_done();
   count_loss(mb);
+}
+
+void PipelineStage::weight_pass_done() {
+  if (!config_.schedule.traits().updates_once_per_step || ++weight_passes_ < config_.micro_batches) return;
+  weight_passes_ = 0;
+  if (start_replicas_ && !replicas_averaged_) start_replicas_(module_.parameters());
 }
 
 void PipelineStage::backward_input(int64_t mb) {
@@ -313,6 +320,7 @@ void PipelineStage::backward_weight(int64_t mb) {
   InFlight& f = in_flight_.at(mb);
   split_->weight_pass(f.weight_roots);
   if (evictor_) evictor_->after_backward(mb);
+  weight_pass_done();
   if (config_.stage == 0 || f.inputs_sent) {
     in_flight_.erase(mb);  // the graph goes with the outputs
     return;

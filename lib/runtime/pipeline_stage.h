@@ -70,6 +70,10 @@ class PipelineStage : private ActionHooks {
   // Averages the stage's gradients over the data-parallel replicas before every optimizer step
   // (every schedule; under async, each replica's k-th update averages their k-th gradients).
   void set_replica_reducer(TiedGradReducer reducer) { reduce_replicas_ = std::move(reducer); }
+  // Synchronous schedules: called where the stage's last backward of a step has produced its
+  // weight gradients, to start their averaging (ReplicaAverager::start); the replica reducer
+  // then completes it.
+  void set_replica_starter(TiedGradReducer starter) { start_replicas_ = std::move(starter); }
   // Averages the gradients over the replicas now, once per update (which then does not): a rank
   // of several stages needs all of them averaged before its first update takes the norm.
   void average_replicas();
@@ -137,6 +141,7 @@ class PipelineStage : private ActionHooks {
   void backward_roots(InFlight& f, std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& grads);
   void count_loss(int64_t mb);  // the last stage: reports the step's loss after its last backward
   void optimizer_step();
+  void weight_pass_done();  // after a micro-batch's weight gradients (B, or W of a split backward)
   int64_t step_of(int64_t mb) const { return mb / config_.micro_batches; }
   int64_t job_micro_batch(int64_t mb) const { return mb * config_.replicas + config_.replica; }
   std::vector<at::Tensor>& version_tensors(int64_t version);
@@ -167,7 +172,8 @@ class PipelineStage : private ActionHooks {
   double step_loss_ = 0;
   int64_t step_losses_ = 0;
   std::function<void(int64_t, double)> on_loss_;
-  TiedGradReducer reduce_tied_, reduce_replicas_;
+  TiedGradReducer reduce_tied_, reduce_replicas_, start_replicas_;
+  int64_t weight_passes_ = 0;       // of the step so far
   bool replicas_averaged_ = false;  // since the last update
   std::function<double()> reduce_norm_;
 };

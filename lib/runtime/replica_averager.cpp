@@ -2,6 +2,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <set>
 
 #include "runtime/device_placement.h"
@@ -22,10 +23,32 @@ namespace {
 class MpiAverager final : public ReplicaAverager {
  public:
   explicit MpiAverager(MPI_Comm comm) : comm_(comm) { MPI_Comm_size(comm, &size_); }
+  // Host fp32 gradients are reduced in place by non-blocking allreduces, one per parameter, in
+  // the parameters' order on every replica (MPI matches collectives by order).
+  void start(std::vector<StageParameter>& params) override {
+    at::NoGradGuard no_grad;
+    for (StageParameter& p : params) {
+      at::Tensor& grad = p.tensor.mutable_grad();
+      if (!grad.defined()) grad = at::zeros_like(p.tensor);
+      if (!grad.device().is_cpu() || grad.scalar_type() != at::kFloat || !grad.is_contiguous()) continue;
+      started_.push_back(grad);
+      requests_.push_back(MPI_REQUEST_NULL);
+      MPI_Iallreduce(MPI_IN_PLACE, grad.data_ptr(), static_cast<int>(grad.numel()), MPI_FLOAT, MPI_SUM, comm_,
+                     &requests_.back());
+    }
+  }
   int64_t average(std::vector<StageParameter>& params) override {
     at::NoGradGuard no_grad;
     int64_t bytes = 0;
+    if (!started_.empty()) {
+      wait_all_quietly(requests_);
+      for (at::Tensor& grad : started_) grad.div_(static_cast<double>(size_));
+      for (const at::Tensor& grad : started_) bytes += grad.numel() * grad.element_size();
+    }
     for (StageParameter& p : params) {
+      if (std::any_of(started_.begin(), started_.end(),
+                      [&](const at::Tensor& g) { return g.is_same(p.tensor.grad()); }))
+        continue;
       if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
       // In host memory (MPI is not assumed CUDA-aware); a no-op copy on the CPU.
       at::Tensor grad = p.tensor.mutable_grad().to(at::kCPU, at::kFloat).contiguous();
@@ -34,6 +57,8 @@ class MpiAverager final : public ReplicaAverager {
       p.tensor.mutable_grad() = grad.to(p.tensor.device(), p.tensor.scalar_type());
       bytes += grad.numel() * grad.element_size();
     }
+    started_.clear();
+    requests_.clear();
     return bytes;
   }
   std::string description() const override { return "mpi"; }
@@ -41,6 +66,8 @@ class MpiAverager final : public ReplicaAverager {
  private:
   MPI_Comm comm_;
   int size_ = 1;
+  std::vector<at::Tensor> started_;  // the gradients being reduced since start()
+  std::vector<MPI_Request> requests_;
 };
 
 #ifdef DAWNPIPER_NCCL

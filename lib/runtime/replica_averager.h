@@ -21,6 +21,11 @@ class ReplicaAverager {
   // Every parameter's gradient (zeros where undefined) becomes the mean over the replicas.
   // Collective. Returns the bytes averaged.
   virtual int64_t average(std::vector<StageParameter>& parameters) = 0;
+  // Starts averaging every parameter's gradient (zeros where undefined) without waiting for it:
+  // called where the stage's last backward of the step has produced them, so that the
+  // reductions travel while the pipeline drains; average() then completes them (and averages
+  // what was not started). The default starts nothing.
+  virtual void start(std::vector<StageParameter>& /*parameters*/) {}
   virtual std::string description() const = 0;  // "mpi" | "nccl"
 };
 
