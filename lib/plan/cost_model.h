@@ -168,7 +168,7 @@ class CostModel {
   std::vector<int> split_conflict_;
   int n_ = 0;
   int stages_ = 0;
-  ScheduleChoice schedule_ = ScheduleChoice::named("async");
+  ScheduleChoice schedule_ = ScheduleChoice::named("1f1b");
   std::vector<StageStats> stats_;
   std::vector<std::vector<Action>> stage_actions_;  // per stage, in its rank's order
   std::vector<std::vector<Action>> rank_actions_;

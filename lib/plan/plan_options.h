@@ -41,7 +41,7 @@ struct EnumNames<MemoptKind> {
 
 struct PlanOptions {
   int stages = 1;  // to cut: ranks x the schedule's virtual stages
-  ScheduleChoice schedule = ScheduleChoice::named("async");
+  ScheduleChoice schedule = ScheduleChoice::named("1f1b");
   int64_t micro_batches = 4;  // per mini-batch (per optimizer step for gpipe / 1f1b)
   OptimizerKind optimizer = OptimizerKind::Sgd;
   // Device memory per rank the plan may fill; under an interleaved schedule each of a rank's V
@@ -58,7 +58,7 @@ struct PlanOptions {
   bool host_bandwidth_given = false;
   double link_bandwidth = 10e9;  // bytes/s, stage <-> stage
   PlannerKind planner = PlannerKind::DawnPiper;
-  MemoptKind memopt = MemoptKind::SwapRecompute;
+  MemoptKind memopt = MemoptKind::None;
   // The search decides with the cost model's memory formula; the replay of each stage's action
   // list (plan/stage_memory) is what the runtime measures. When set (the command line does), a
   // plan whose replayed peak exceeds the capacity is searched again with the capacity lowered

@@ -194,6 +194,7 @@ TEST_CASE("plans round-trip through JSON", "[plan][planner]") {
   opt.stages = 3;
   opt.schedule = ScheduleChoice::named("1f1b");
   opt.optimizer = OptimizerKind::Adam;
+  opt.memopt = MemoptKind::SwapRecompute;
   opt.host_bandwidth = 12.5e9;
   opt.link_bandwidth = 3.3e9;
   opt.planner = PlannerKind::Exact;
