@@ -250,6 +250,10 @@ if [ $code -eq 2 ] && grep -q 'this one changes --optimizer "adam" -> "sgd", --l
 expect_fail "resume with another schedule" \
   "--schedule 1f1b contradicts the plan of the checkpoint in $work/ck, made for gpipe; a resumed run keeps its plan" \
   train --model gpt2-tiny --steps 7 --schedule 1f1b --optimizer adam --lr 0.001 --checkpoint-dir "$work/ck" --resume
+expect_fail "resume with another micro-batch size, even overridden" \
+  "--micro-batch-size 8 contradicts the plan of the checkpoint in $work/ck, made for 4" \
+  train --model gpt2-tiny --steps 7 --micro-batch-size 8 --optimizer adam --lr 0.001 --checkpoint-dir "$work/ck" \
+  --resume --resume-override
 timeout 120 $mpi 3 "$bin" train --model gpt2-tiny --steps 7 --memopt sr --optimizer adam --lr 0.001 \
   --checkpoint-dir "$work/ck" --resume >/dev/null 2>"$work/err"
 code=$?
