@@ -19,6 +19,25 @@ int64_t evicted_bytes(const StageMemopt& r) {
     if (d.action != TensorAction::Keep) bytes += d.bytes;
   return bytes;
 }
+
+// Twenty slow nodes (5-10 ms each): on one gpipe stage of 8 micro-batches every saved tensor
+// idles for 7 other passes.
+Profile twenty_slow_nodes() {
+  SyntheticOptions o;
+  o.nodes = 20;
+  o.fwd_min_ms = 5;
+  o.fwd_max_ms = 10;
+  return random_profile(5, o);
+}
+
+PlanOptions one_gpipe_stage(double host_bandwidth) {
+  PlanOptions opt;
+  opt.stages = 1;
+  opt.schedule = ScheduleChoice::named("gpipe");
+  opt.micro_batches = 8;
+  opt.host_bandwidth = host_bandwidth;
+  return opt;
+}
 }  // namespace
 
 TEST_CASE("memory optimization fits the capacity and never raises the peak", "[plan][memopt]") {
@@ -81,17 +100,8 @@ TEST_CASE("memory optimization fits the capacity and never raises the peak", "[p
 TEST_CASE("overlapped swaps come first and cost nothing", "[plan][memopt]") {
   // GPipe with 8 micro-batches: every saved tensor idles for 7 other passes of slow nodes, far
   // longer than its transfer, so swaps hide completely.
-  SyntheticOptions o;
-  o.nodes = 20;
-  o.fwd_min_ms = 5;
-  o.fwd_max_ms = 10;
-  Profile p = random_profile(5, o);
-  PlanOptions opt;
-  opt.stages = 1;
-  opt.schedule = ScheduleChoice::named("gpipe");
-  opt.micro_batches = 8;
-  opt.host_bandwidth = 16e9;
-  CostModel m(p, opt);
+  const Profile p = twenty_slow_nodes();
+  CostModel m(p, one_gpipe_stage(16e9));
   int64_t before = m.peak_without_memopt(0, 20, 0);
   MemoryOptimizer sr(m, MemoptKind::SwapRecompute, before * 7 / 10);
   StageMemopt r = sr.optimize(0, 20, 0, true);
@@ -107,18 +117,9 @@ TEST_CASE("overlapped swaps come first and cost nothing", "[plan][memopt]") {
 }
 
 TEST_CASE("a swap's copy back starts early enough to hide behind the backward", "[plan][memopt]") {
-  SyntheticOptions o;
-  o.nodes = 20;
-  o.fwd_min_ms = 5;
-  o.fwd_max_ms = 10;
-  Profile p = random_profile(5, o);
+  const Profile p = twenty_slow_nodes();
   for (double bandwidth : {16e9, 1e8, 1e6}) {
-    PlanOptions opt;
-    opt.stages = 1;
-    opt.schedule = ScheduleChoice::named("gpipe");
-    opt.micro_batches = 8;
-    opt.host_bandwidth = bandwidth;
-    CostModel m(p, opt);
+    CostModel m(p, one_gpipe_stage(bandwidth));
     MemoryOptimizer sr(m, MemoptKind::SwapRecompute, m.peak_without_memopt(0, 20, 0) * 7 / 10);
     StageMemopt r = sr.optimize(0, 20, 0, true);
     int swaps = 0, early = 0;
@@ -278,18 +279,9 @@ TEST_CASE("internal buffers count but are never evicted; views count nothing", "
 
 TEST_CASE("copies back queue on one stream: each starts where it and those before it end in time",
           "[plan][memopt]") {
-  SyntheticOptions o;
-  o.nodes = 20;
-  o.fwd_min_ms = 5;
-  o.fwd_max_ms = 10;
-  Profile p = random_profile(5, o);
+  const Profile p = twenty_slow_nodes();
   for (double bandwidth : {16e9, 1e9, 1e8, 1e7}) {
-    PlanOptions opt;
-    opt.stages = 1;
-    opt.schedule = ScheduleChoice::named("gpipe");
-    opt.micro_batches = 8;
-    opt.host_bandwidth = bandwidth;
-    CostModel m(p, opt);
+    CostModel m(p, one_gpipe_stage(bandwidth));
     MemoryOptimizer sr(m, MemoptKind::SwapRecompute, m.peak_without_memopt(0, 20, 0) * 5 / 10);
     StageMemopt r = sr.optimize(0, 20, 0, true);
     // The side stream as the runtime fills it (runtime/evictor.cpp): copies back issued as the
