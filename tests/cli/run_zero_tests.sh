@@ -130,9 +130,10 @@ if $mpi 4 "$bin" "${base[@]}" --steps 6 --checkpoint-dir "$work/ck" --resume --e
   failed=$((failed + 1)); echo "FAIL: --eval-only of a level-1 checkpoint"; tail -3 "$work/eval.out"; fi
 one_error "resume at level 0" "written at --zero-stage 1 with --data-parallel 2, and this run has --zero-stage 0 with --data-parallel 2" \
   $mpi 4 "$bin" "${base[@]}" --steps 8 --checkpoint-dir "$work/ck" --resume --resume-override
+# (the same 2 stages, the checkpoint's plan, on 8 ranks: 4 replicas)
 one_error "resume on 4 replicas" "written at --zero-stage 1 with --data-parallel 2, and this run has --zero-stage 1 with --data-parallel 4" \
-  $mpi 4 "$bin" train --model gpt2-tiny --micro-batches 2 --stages 1 --data-parallel 4 --optimizer adamw --lr 0.003 \
-  --weight-decay 0.1 --grad-clip 0.5 --bucket-size 64KiB --zero-stage 1 --steps 8 --checkpoint-dir "$work/ck" --resume
+  $mpi 8 "$bin" train --model gpt2-tiny --micro-batches 2 --stages 2 --optimizer adamw --lr 0.003 \
+  --weight-decay 0.1 --grad-clip 0.5 --bucket-size 64KiB --planner even --zero-stage 1 --steps 8 --checkpoint-dir "$work/ck" --resume
 
 echo "zero tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
