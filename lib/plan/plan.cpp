@@ -297,7 +297,8 @@ Plan plan_fields(const Json& j) {
   header_fields(p, JsonReader{j});
   input_fields(p, JsonReader{j.at("inputs")});
   p.options.schedule = schedule_from_json(j.at("inputs"));
-  if (j.at("inputs").contains("host_link")) p.options.host_link = HostLink::from_json(j.at("inputs").at("host_link").dump());
+  if (j.at("inputs").contains("host_link"))
+    p.options.host_link = HostLink::from_json(j.at("inputs").at("host_link").dump());
   p.planning_ms = j.at("planning_ms").get<double>();
   for (const Json& st : j.at("stages")) p.stages.push_back(stage_from_json(st));
   if (j.contains("rank_replayed_peaks"))
