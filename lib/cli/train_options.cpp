@@ -258,8 +258,8 @@ bool agrees(const T& given, const T& planned) {
 }  // namespace
 
 void adopt_plan_settings(const Plan& plan, po::variables_map& vm, bool resumed) {
-  const std::string source = resumed ? "the plan of the checkpoint in " + vm["checkpoint-dir"].as<std::string>()
-                                     : "the plan (--plan-in)";
+  const std::string source =
+      resumed ? "the plan of the checkpoint in " + vm["checkpoint-dir"].as<std::string>() : "the plan (--plan-in)";
   const std::string remedy = resumed ? "a resumed run keeps its plan: leave the option out, or train anew in another "
                                        "--checkpoint-dir"
                                      : "leave the option out or plan again";
@@ -296,8 +296,8 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm, bool resumed) 
   if (auto found = vm.find("bucket-size"); found != vm.end()) {
     const int64_t given = parse_bytes(found->second.as<std::string>(), "--bucket-size");
     if (!found->second.defaulted() && given != plan.options.bucket_bytes)
-      throw ConfigError("--bucket-size " + found->second.as<std::string>() + " contradicts " + source +
-                        ", made for " + std::to_string(plan.options.bucket_bytes) + " bytes; " + remedy);
+      throw ConfigError("--bucket-size " + found->second.as<std::string>() + " contradicts " + source + ", made for " +
+                        std::to_string(plan.options.bucket_bytes) + " bytes; " + remedy);
     vm.erase(found);
     vm.insert({"bucket-size", po::variable_value(boost::any(std::to_string(plan.options.bucket_bytes)), false)});
   }

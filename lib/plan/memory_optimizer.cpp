@@ -152,8 +152,9 @@ void place_prefetches(const CostModel& model, int e, std::vector<TensorDecision>
   for (TensorDecision& d : decisions)
     if (d.action == TensorAction::Swap) swaps.push_back(&d);
   // Needed first (the backward runs from the last node down), first on the stream.
-  std::stable_sort(swaps.begin(), swaps.end(),
-                   [](const TensorDecision* a, const TensorDecision* c) { return a->restore_before > c->restore_before; });
+  std::stable_sort(swaps.begin(), swaps.end(), [](const TensorDecision* a, const TensorDecision* c) {
+    return a->restore_before > c->restore_before;
+  });
   std::vector<CopyBack> copies;
   for (const TensorDecision* d : swaps) copies.push_back({d->restore_before, d->bytes});
   const std::vector<double> start = latest_starts(model, e, copies);

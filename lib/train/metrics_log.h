@@ -18,8 +18,8 @@ struct StepMetrics {
   double grad_norm = 0;  // NaN: not computed (async), written as null
   double step_s = 0;     // wall time since the previous report
   double samples_per_s = 0, tokens_per_s = 0;
-  double model_flops_per_s = 0;  // the graph's forward and backward FLOPs per second
-  double mfu = 0;                // model_flops_per_s over the peak of the GPUs the run uses; 0: unknown
+  double model_flops_per_s = 0;     // the graph's forward and backward FLOPs per second
+  double mfu = 0;                   // model_flops_per_s over the peak of the GPUs the run uses; 0: unknown
   std::vector<int64_t> peak_bytes;  // per stage during the step (empty: not measured)
 };
 

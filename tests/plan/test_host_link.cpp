@@ -33,7 +33,8 @@ TEST_CASE("a swap's copy time follows the measured link at its size", "[plan][ho
   CHECK(link.copy_seconds(int64_t{1} << 10) == Approx(1024.0 / 17.2e9));
   // Between two sizes: the bandwidth interpolated in log size (2 MiB: halfway from 1 to 4 MiB).
   const double two = static_cast<double>(int64_t{2} << 20);
-  CHECK(link.copy_seconds(int64_t{2} << 20) == Approx(two / std::min(17.2e9 + 0.5 * (35.7e9 - 17.2e9), 17.3e9 + 0.5 * (33.5e9 - 17.3e9))));
+  CHECK(link.copy_seconds(int64_t{2} << 20) ==
+        Approx(two / std::min(17.2e9 + 0.5 * (35.7e9 - 17.2e9), 17.3e9 + 0.5 * (33.5e9 - 17.3e9))));
   // Larger copies never take less time.
   double last = 0;
   for (int64_t b = 1000; b < (int64_t{1} << 31); b = b * 3 / 2) {

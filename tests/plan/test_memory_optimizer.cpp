@@ -277,8 +277,7 @@ TEST_CASE("internal buffers count but are never evicted; views count nothing", "
   CHECK(after.activation_bytes(0, 20) == before.activation_bytes(0, 20) - v.tensors[static_cast<size_t>(view)].bytes);
 }
 
-TEST_CASE("copies back queue on one stream: each starts where it and those before it end in time",
-          "[plan][memopt]") {
+TEST_CASE("copies back queue on one stream: each starts where it and those before it end in time", "[plan][memopt]") {
   const Profile p = twenty_slow_nodes();
   for (double bandwidth : {16e9, 1e9, 1e8, 1e7}) {
     CostModel m(p, one_gpipe_stage(bandwidth));
