@@ -104,6 +104,7 @@ Profile Profile::at_batch(int64_t batch) const {
     };
     n.fwd_workspace = workspace(n.fwd_workspace_fit);
     n.bwd_workspace = workspace(n.bwd_workspace_fit);
+    if (n.bwd_input_workspace >= 0) n.bwd_input_workspace = workspace(n.bwd_input_workspace_fit);
   }
   p.measured_step_ms = 0;
   p.measured_fwd_bwd_ms = 0;

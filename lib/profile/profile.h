@@ -126,6 +126,15 @@ struct NodeProfile {
   // inputs and parameters).
   int64_t fwd_workspace = 0;
   int64_t bwd_workspace = 0;
+  // The transient bytes of the node's part of a split backward's I (zero-bubble schedules): its
+  // backward run as I runs it, the graph kept and only its tracked inputs' gradients made
+  // (none for a node reading no tracked input), minus those. Differs from bwd_workspace where
+  // the node is several autograd functions (CPU attention with dropout: its math path), whose
+  // saved tensors a whole backward frees as it goes and I keeps until its end. -1: not measured
+  // (analytic profiles, older files, nodes without a backward). The stage replay charges a
+  // backward, whole or I, the larger of the two (plan/stage_memory.cpp).
+  int64_t bwd_input_workspace = -1;
+  LinearFit bwd_input_workspace_fit{-1, 0};
   // The micro-batch size (maybe fractional) from which the workspace stops growing: a fused LM
   // loss (OpGraph's LinearCrossEntropy) holds one chunk of positions at a time. at_batch
   // evaluates the workspace fits at no larger a size. 0: it grows with the batch.
@@ -138,6 +147,10 @@ struct NodeProfile {
   // schedules), measured in the profiled step; -1: not measured (weight_share() estimates it).
   double weight_share = -1;
 };
+// NodeProfile::bwd_input_workspace where measured, else bwd_workspace.
+inline int64_t input_workspace(const NodeProfile& node) {
+  return node.bwd_input_workspace >= 0 ? node.bwd_input_workspace : node.bwd_workspace;
+}
 // NodeProfile::weight_share where measured; else half for a node reading parameters (a
 // product's weight gradient is half its backward's FLOPs), 0 for one reading none.
 double weight_share(const NodeProfile& node);

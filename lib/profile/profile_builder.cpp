@@ -182,6 +182,7 @@ void finish_profile(Profile& p, const OpGraph& g) {
     n.bwd_ms_fit = {n.bwd_ms, 0};
     n.fwd_workspace_fit = {static_cast<double>(n.fwd_workspace), 0};
     n.bwd_workspace_fit = {static_cast<double>(n.bwd_workspace), 0};
+    n.bwd_input_workspace_fit = {static_cast<double>(n.bwd_input_workspace), 0};
   }
 }
 

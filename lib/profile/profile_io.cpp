@@ -22,12 +22,13 @@ namespace {
 
 // A batch-size fit as two columns, <prefix>_base and <prefix>_per_sample.
 template <typename Row>
-void add_fit(std::vector<Column<Row>>& columns, const std::string& prefix, LinearFit Row::*fit) {
+void add_fit(std::vector<Column<Row>>& columns, const std::string& prefix, LinearFit Row::*fit, bool optional = false) {
   columns.push_back(column_of<Row>(
-      prefix + "_base", [fit](const Row& r) { return (r.*fit).base; }, [fit](Row& r, double v) { (r.*fit).base = v; }));
+      prefix + "_base", [fit](const Row& r) { return (r.*fit).base; }, [fit](Row& r, double v) { (r.*fit).base = v; },
+      optional));
   columns.push_back(column_of<Row>(
       prefix + "_per_sample", [fit](const Row& r) { return (r.*fit).per_sample; },
-      [fit](Row& r, double v) { (r.*fit).per_sample = v; }));
+      [fit](Row& r, double v) { (r.*fit).per_sample = v; }, optional));
 }
 
 // Columns marked optional were added within schema 2: older files lack them and rows keep the
@@ -52,12 +53,14 @@ const std::vector<Column<NodeProfile>>& node_columns() {
                              member("constant_bytes", &N::constant_bytes, true),
                              member("fwd_workspace", &N::fwd_workspace),
                              member("bwd_workspace", &N::bwd_workspace),
+                             member("bwd_input_workspace", &N::bwd_input_workspace, true),
                              member("workspace_full_at", &N::workspace_full_at, true),
                              member("weight_share", &N::weight_share, true)};
     add_fit(c, "fwd_ms", &N::fwd_ms_fit);
     add_fit(c, "bwd_ms", &N::bwd_ms_fit);
     add_fit(c, "fwd_workspace", &N::fwd_workspace_fit);
     add_fit(c, "bwd_workspace", &N::bwd_workspace_fit);
+    add_fit(c, "bwd_input_workspace", &N::bwd_input_workspace_fit, true);
     return c;
   }();
   return columns;

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <chrono>
@@ -95,6 +97,7 @@ class NodeMeasurer {
     m_.kept.output_contiguous.assign(outs_n, 1);
     const int total = opt_.warmup + opt_.iterations;
     for (int it = 0; it < total; ++it) iteration(it, it >= opt_.warmup, it == total - 1);
+    iteration(total, /*measured=*/false, /*last=*/false, /*input_only=*/true);
     return m_;
   }
 
@@ -142,10 +145,12 @@ class NodeMeasurer {
     return contiguous || permuted ? leaf.view(info.shape) : leaf.as_strided(info.shape, layout);
   }
 
-  void iteration(int it, bool measured, bool last);
+  // input_only: a forward and the node's part of I (input_pass) instead of its backward.
+  void iteration(int it, bool measured, bool last, bool input_only = false);
   Outputs outputs() const;
   void record_kept(const Outputs& o, int64_t held, const std::vector<size_t>& storage_uses);
-  void backward(const Outputs& o, bool measured);
+  void backward(const Outputs& o, bool measured, bool input_only);
+  void input_pass(const std::vector<at::Tensor>& with_grad, const std::vector<at::Tensor>& grads);
 
   const OpGraph& g_;
   const int n_;
@@ -161,7 +166,7 @@ class NodeMeasurer {
   NodeMeasurement m_;
 };
 
-void NodeMeasurer::iteration(int it, bool measured, bool last) {
+void NodeMeasurer::iteration(int it, bool measured, bool last, bool input_only) {
   for (size_t i = 0; i < ins_.size(); ++i) env_[ins_[i]] = inputs_[i];
   // References to each input's storage before the node runs (its leaf, the view we pass): any
   // reference autograd adds, to the input or to a view of it, means it was saved.
@@ -180,7 +185,7 @@ void NodeMeasurer::iteration(int it, bool measured, bool last) {
     m_.kept.fwd_workspace = std::max(m_.kept.fwd_workspace, fwd_peak - held);
   }
   if (last) record_kept(o, held, storage_uses);
-  backward(o, measured);
+  backward(o, measured, input_only);
   for (int id : node_.outputs) env_[id] = at::Tensor();
 }
 
@@ -241,7 +246,38 @@ void NodeMeasurer::record_kept(const Outputs& o, int64_t held, const std::vector
   }
 }
 
-void NodeMeasurer::backward(const Outputs& o, bool measured) {
+// The node's part of a split backward's I (exec/split_backward.h), on an iteration of its own
+// (a backward may write over what it saved, as the loss over its log-probabilities): the
+// graph kept, only the gradients of the tracked inputs made (captured, as I hands them to the
+// nodes before; not accumulated into the profiler's leaves, whose as_strided views would add
+// storage-sized buffers). What it peaks at above those is the node's I workspace; a node made
+// of several autograd functions keeps what each saved until the end, where a whole backward
+// frees it function by function.
+void NodeMeasurer::input_pass(const std::vector<at::Tensor>& with_grad, const std::vector<at::Tensor>& grads) {
+  using torch::autograd::impl::gradient_edge;
+  torch::autograd::edge_list roots, to;
+  for (const at::Tensor& y : with_grad) roots.push_back(gradient_edge(y));
+  for (const at::Tensor& x : inputs_)
+    if (x.requires_grad()) to.push_back(gradient_edge(x));
+  if (to.empty()) {  // I runs nothing of a node reading no tracked input
+    m_.kept.bwd_input_workspace = 0;
+    return;
+  }
+  synchronize(dev_);
+  const int64_t lb0 = DeviceMemory::live_bytes(dev_);
+  DeviceMemory::reset_peak(dev_);
+  int64_t peak = 0, held = 0;
+  {
+    const std::vector<at::Tensor> got = torch::autograd::Engine::get_default_engine().execute(
+        roots, grads, /*keep_graph=*/true, /*create_graph=*/false, /*accumulate_grad=*/false, to);
+    synchronize(dev_);
+    peak = DeviceMemory::peak_bytes(dev_) - lb0;
+    held = DeviceMemory::live_bytes(dev_) - lb0;  // the inputs' gradients
+  }
+  m_.kept.bwd_input_workspace = std::max<int64_t>(0, peak - held);
+}
+
+void NodeMeasurer::backward(const Outputs& o, bool measured, bool input_only) {
   std::vector<at::Tensor> with_grad, grads;
   for (const at::Tensor& out : o.tensors)
     if (out.requires_grad()) {
@@ -249,6 +285,10 @@ void NodeMeasurer::backward(const Outputs& o, bool measured) {
       grads.push_back(out.dim() == 0 ? at::ones_like(out) : at::rand_like(out));
     }
   if (with_grad.empty()) return;
+  if (input_only) {
+    input_pass(with_grad, grads);
+    return;
+  }
   synchronize(dev_);
   const int64_t lb0 = DeviceMemory::live_bytes(dev_);
   DeviceMemory::reset_peak(dev_);
@@ -397,6 +437,7 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
     np.recompute_ms = f.mean;
     np.fwd_workspace = std::max<int64_t>(0, m.kept.fwd_workspace);
     np.bwd_workspace = std::max<int64_t>(0, m.kept.bwd_workspace);
+    np.bwd_input_workspace = m.kept.bwd_input_workspace;
     p.nodes.push_back(np);
     for (size_t k = 0; k < m.kept.output_alias_of.size(); ++k) {
       if (m.kept.output_alias_of[k] >= 0) p.tensors[n.outputs[k]].alias_of = m.kept.output_alias_of[k];
@@ -457,10 +498,15 @@ Profile profile_model(const ModelSource& model, std::vector<int64_t> batch_sizes
     auto b = column([&](const Profile& q) { return q.nodes[n].bwd_ms; });
     auto fw = column([&](const Profile& q) { return static_cast<double>(q.nodes[n].fwd_workspace); });
     auto bw = column([&](const Profile& q) { return static_cast<double>(q.nodes[n].bwd_workspace); });
+    auto iw = column([&](const Profile& q) { return static_cast<double>(q.nodes[n].bwd_input_workspace); });
     np.fwd_ms_fit = fit_line(x, f);
     np.bwd_ms_fit = fit_line(x, b);
     np.fwd_workspace_fit = fit_workspace(x, fw, np.workspace_full_at);
     np.bwd_workspace_fit = fit_workspace(x, bw, np.workspace_full_at);
+    if (std::all_of(iw.begin(), iw.end(), [](double v) { return v >= 0; }))
+      np.bwd_input_workspace_fit = fit_workspace(x, iw, np.workspace_full_at);
+    else  // not measured at some size: I is taken to need bwd_workspace
+      np.bwd_input_workspace = -1, np.bwd_input_workspace_fit = {-1, 0};
   }
   // Times: single small nodes are dominated by timer noise, so the error that matters to the
   // planner is that of summed times (a stage is a sum of nodes): the whole model's here.

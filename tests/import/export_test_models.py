@@ -55,6 +55,12 @@ def main():
     gpt2 = MODELS["gpt2"][1]
     export_model.main(["--hf", "gpt2", "--config", gpt2, "--seq-len", "16", "--batch-size", "3", "--precision", "bf16",
                        "--out", os.path.join(out, "gpt2_bf16.dpm"), "--reference", os.path.join(out, "gpt2_bf16.ref")])
+    # GPT-2 with attention dropout: on CPU its attention takes the math path, several autograd
+    # functions in one node, whose saved tensors a split backward's I keeps to its end
+    # (docs/benchmarks.md, "Split backward and interleaved"). Sequence 64, so that the attention
+    # scores I keeps outweigh what else the node's backward allocates. No reference: it draws masks.
+    export_model.main(["--hf", "gpt2", "--config", gpt2.replace("attn_pdrop=0", "attn_pdrop=0.1"), "--seq-len", "64",
+                       "--batch-size", "3", "--out", os.path.join(out, "gpt2_dropout.dpm")])
     export_model.main(["--module", "odd_model:build", "--path", os.path.dirname(os.path.abspath(__file__)),
                        "--out", os.path.join(out, "odd.dpm"), "--reference", os.path.join(out, "odd.ref")])
 

@@ -159,11 +159,15 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
 // backward or several stages a rank, keeping everything and then (memopt sr) under the largest
 // budget below that plan's largest stage (times the stages a rank) at which the plan swaps or
 // recomputes; every rank, run alone through two steps, measures at most its predicted peak and
-// at least 90% of it. DEBUG_MEMORY=1 prints them (docs/benchmarks.md).
+// at least 90% of it. DEBUG_MEMORY=1 prints them (docs/benchmarks.md). And GPT-2 with attention
+// dropout, whose attention a split backward's I runs as several autograd functions.
 TEST_CASE("planned imported pipelines measure at most their predicted rank peaks", "[import]") {
   at::set_num_threads(1);
   CountingAllocator& counter = CountingAllocator::install();
-  for (const char* name : {"gpt2", "gpt_neox", "t5"}) {
+  // GPT-2 with attention dropout: on CPU its attention is several autograd functions, whose
+  // saved tensors I keeps to its end (the node's I workspace, measured apart from its whole
+  // backward's): the issue's model measured 2-3% above its zb-h1 and zb-h2 predictions before.
+  for (const char* name : {"gpt2", "gpt_neox", "t5", "gpt2_dropout"}) {
     const OpGraph g = build_imported(*read_model_file(test_model(name)), 4);
     const Profile profile = quick_profile(g);
     for (const char* schedule : {"zb-h1", "zb-h2", "interleaved"})
@@ -215,9 +219,10 @@ TEST_CASE("planned imported pipelines measure at most their predicted rank peaks
                            static_cast<long long>(measured), 100.0 * (double(measured) / double(expected) - 1));
             INFO(name << " " << schedule << " " << ranks << " ranks memopt " << name_of(memopt) << " (" << evictions
                       << " evictions) rank " << r << ": measured " << measured << " predicted " << expected);
-            // Plus 16 bytes: a rank of several stages with the loss's measures 8 bytes above its
-            // replay (not explained).
-            CHECK(measured <= expected + (po.schedule.virtual_stages() > 1 ? 16 : 0));
+            // (Ranks with the loss's stage measured 4 to 8 bytes above before the replay counted
+            // the scaled loss, its seed gradient and the loss's gradient, which the backward
+            // starts from: the test allowed interleaved ranks 16.)
+            CHECK(measured <= expected);
             // GPT-NeoX's ranks measure up to 7% below (backward workspaces measured node by node,
             // as in the test above), the others within 3%.
             CHECK(double(measured) >= 0.90 * double(expected));

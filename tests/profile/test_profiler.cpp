@@ -200,6 +200,8 @@ TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]
     CHECK(a.constant_key == b.constant_key);
     CHECK(a.constant_bytes == b.constant_bytes);
     CHECK(a.bwd_workspace == b.bwd_workspace);
+    CHECK(a.bwd_input_workspace == b.bwd_input_workspace);
+    CHECK(a.bwd_input_workspace_fit.base == b.bwd_input_workspace_fit.base);
     CHECK(a.outputs == b.outputs);
     CHECK(a.saved == b.saved);
   }
