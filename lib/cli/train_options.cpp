@@ -281,13 +281,15 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm, bool resumed) 
   adopt("virtual-stages", virtual_stages);
   adopt("planner", plan.options.planner);
   adopt("memopt", plan.options.memopt);
-  adopt("stages", static_cast<int>(plan.stages.size()) / virtual_stages);
   // The plan's memory holds for its micro-batching alone: not even --resume-override changes it.
   adopt("micro-batch-size", plan.micro_batch_size);
   adopt("micro-batches", plan.options.micro_batches);
   // A resumed run compares the rest with the checkpoint's run (run/resume.h), where
-  // --resume-override may change them and the replica count may change at --zero-stage 0.
+  // --resume-override may change them and the replica count may change at --zero-stage 0; its
+  // ranks are checked against the plan's stages where the plan is agreed (a finished run says
+  // so on any rank count).
   if (resumed) return;
+  adopt("stages", static_cast<int>(plan.stages.size()) / virtual_stages);
   adopt("optimizer", plan.options.optimizer);
   adopt("precision", plan.precision);
   adopt("data-parallel", plan.options.data_parallel);
