@@ -19,7 +19,7 @@ inline int64_t measured_rank_peak(CountingAllocator& counter, const OpGraph& g, 
   StandInTransport transport(at::Device(at::kCPU), 7, pc.schedule.traits().sends_in_flight);
   std::map<int, at::Tensor> exact;
   for (int x = r; x < static_cast<int>(pc.ranges.size()); x += ranks_of(pc))
-    if (x > 0) exact.merge(exact_integer_inputs(g, pc.ranges[static_cast<size_t>(x)].first, pc.seed));
+    if (x > 0) exact.merge(exact_constant_inputs(g, pc.ranges[static_cast<size_t>(x)].first, pc.seed));
   transport.set_exact(std::move(exact));
   const int64_t base = counter.live_bytes();  // not the stand-in's own copies of the inputs
   std::map<int, std::unique_ptr<PipelineStage>> stages;

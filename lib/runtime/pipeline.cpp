@@ -205,11 +205,12 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   return result;
 }
 
-std::map<int, at::Tensor> exact_integer_inputs(const OpGraph& g, int begin, uint64_t seed) {
+std::map<int, at::Tensor> exact_constant_inputs(const OpGraph& g, int begin, uint64_t seed) {
   at::NoGradGuard no_grad;
   std::set<int> wanted, nodes;
+  const std::vector<bool> tracked = g.requires_grad();  // what a parameter or input feeds
   for (const CrossingTensor& c : g.crossing(begin))
-    if (!is_floating(g.tensor(c.tensor).dtype)) wanted.insert(c.tensor);
+    if (!is_floating(g.tensor(c.tensor).dtype) || !tracked[static_cast<size_t>(c.tensor)]) wanted.insert(c.tensor);
   std::vector<int> stack(wanted.begin(), wanted.end());
   while (!stack.empty()) {  // the nodes they depend on
     const int n = g.tensor(stack.back()).producer;

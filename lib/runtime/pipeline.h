@@ -130,10 +130,12 @@ struct StageRun {
   int64_t next_step = 0;                   // the first step not trained (config.steps unless stopped)
 };
 
-// The integer and boolean tensors a stage starting at node `begin` receives (positions, masks,
-// ids), computed for real on the first micro-batch's synthetic data by running only the nodes
-// they depend on: what a stage run alone (replay-stage) needs besides stand-ins.
-std::map<int, at::Tensor> exact_integer_inputs(const OpGraph& graph, int begin, uint64_t seed);
+// The tensors no parameter feeds that a stage starting at node `begin` receives (integer and
+// boolean ones: positions, masks, ids; floating ones: relative-position buckets on their way to
+// an index, rotary tables, additive masks), computed for real on the first micro-batch's
+// synthetic data by running only the nodes they depend on: what a stage run alone (replay-stage)
+// needs besides stand-ins, whose random values would index out of range.
+std::map<int, at::Tensor> exact_constant_inputs(const OpGraph& graph, int begin, uint64_t seed);
 
 // This rank's stages (rank == stage in `comm`, size == stages; or the stages s with s mod size ==
 // rank under an interleaved schedule).

@@ -87,9 +87,9 @@ class StandInTransport final : public Transport {
   std::vector<at::Tensor> recv(int from_stage, MessageKind kind, int64_t micro_batch,
                                const std::vector<const TensorInfo*>& specs) override;
   void flush() override { in_flight_.clear(); }
-  // Received tensors to give exactly (by graph tensor id) instead of stand-ins: integer and
-  // boolean ones, whose values index or mask (a zero relative position would become an index
-  // out of range). See exact_integer_inputs (runtime/pipeline.h).
+  // Received tensors to give exactly (by graph tensor id) instead of stand-ins: those no
+  // parameter feeds, whose values index or mask (a random relative position would become an
+  // index out of range). See exact_constant_inputs (runtime/pipeline.h).
   void set_exact(std::map<int, at::Tensor> exact) { exact_ = std::move(exact); }
 
  private:
