@@ -8,7 +8,7 @@
 #   DIR/gpu-check.sh run OUTDIR [--device cuda|cpu] [--size full|small] [--only REGEX]
 #                                                     there: every check (or those whose names match
 #                                                     REGEX), each under its own time limit, within
-#                                                     $DP_CHECK_BUDGET seconds (330); writes
+#                                                     $DP_CHECK_BUDGET seconds (430); writes
 #                                                     OUTDIR/gpu-report.md, OUTDIR/gpu-check.log (every
 #                                                     command and its output), OUTDIR/artifacts.tar.gz
 #                                                     (profiles, plans) and OUTDIR/traces.tar.gz
@@ -168,7 +168,7 @@ run() {
   LOG=$out/gpu-check.log
   REPORT=$out/gpu-report.md
   : >"$LOG"
-  BUDGET=${DP_CHECK_BUDGET:-330}
+  BUDGET=${DP_CHECK_BUDGET:-430}
   START=$SECONDS
 
   # Dependencies: the packed Debian packages, LibTorch from the machine's PyTorch.
