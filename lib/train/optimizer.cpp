@@ -37,7 +37,7 @@ StepLists step_lists(const std::vector<at::Tensor>& params, double weight_decay)
 }
 
 void zero_grads(const StepLists& l) {
-  for (const at::Tensor& p : l.params) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+  for (const at::Tensor& p : l.params) p.mutable_grad() = at::Tensor();  // the handle is const, the gradient not
 }
 
 class Sgd final : public Optimizer {
