@@ -1,6 +1,8 @@
 #include "runtime/zero_shard.h"
 
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <climits>
 #include <deque>
@@ -53,10 +55,23 @@ int mpi_count(int64_t n) {
 // At most two buckets in flight: one is filled (or emptied) while the one before travels.
 constexpr size_t kInFlight = 2;
 
+// Level 2: tells the shard that autograd accumulated its parameter's gradient.
+class AccumulatedHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  AccumulatedHook(ZeroShard* shard, size_t param) : shard_(shard), param_(param) {}
+  void operator()(const torch::autograd::Variable&) override { shard_->accumulated(param_); }
+
+ private:
+  ZeroShard* shard_;
+  size_t param_;
+};
+
 }  // namespace
 
-ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes)
-    : params_(std::move(params)), comm_(replicas) {
+ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes,
+                     int level, std::vector<bool> deferred)
+    : params_(std::move(params)), comm_(replicas), level_(level) {
+  if (level_ < 1 || level_ > 2) throw std::logic_error("ZeroShard: level 1 or 2");
   int rank = 0, size = 1;
   MPI_Comm_rank(comm_, &rank);
   MPI_Comm_size(comm_, &size);
@@ -75,42 +90,114 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
     pieces_.push_back(decays(p.dim()) ? view.view({1, piece.numel}) : view);
     piece_counted_.push_back(counted.empty() || counted[piece.param]);
   }
+  if (level_ < 2) return;
+  const size_t buckets = layout_.buckets.size();
+  bucket_of_.assign(params_.size(), -1);
+  deferred_.assign(buckets, 0);
+  waiting_.assign(buckets, 0);
+  started_.assign(buckets, 0);
+  again_.assign(buckets, 0);
+  ready_.assign(params_.size(), 0);
+  for (size_t b = 0; b < buckets; ++b)
+    for (size_t p = layout_.buckets[b].first_param; p < layout_.buckets[b].end_param; ++p)
+      if (params_[p].numel() > 0) {
+        bucket_of_[p] = static_cast<int>(b);
+        if (!deferred.empty() && deferred[p]) deferred_[b] = 1;
+      }
+  for (size_t b = buckets; b-- > 0;)
+    if (!deferred_[b]) order_.push_back(b);
+  end_micro_batch();  // (nothing has started: sets the counts)
+  for (size_t p = 0; p < params_.size(); ++p)
+    if (bucket_of_[p] >= 0 && !deferred_[static_cast<size_t>(bucket_of_[p])])
+      torch::autograd::impl::set_post_acc_grad_hooks(params_[p], std::make_unique<AccumulatedHook>(this, p));
+}
+
+ZeroShard::~ZeroShard() {
+  for (size_t p = 0; p < bucket_of_.size(); ++p)
+    if (bucket_of_[p] >= 0 && !deferred_[static_cast<size_t>(bucket_of_[p])])
+      torch::autograd::impl::set_post_acc_grad_hooks(params_[p], nullptr);
+}
+
+void ZeroShard::start(size_t bucket, bool accumulate) {
+  at::NoGradGuard no_grad;
+  const ShardLayout::Bucket& b = layout_.buckets[bucket];
+  at::Tensor buffer = at::empty({b.chunk * layout_.replicas}, at::kFloat);
+  for (size_t p = b.first_param; p < b.end_param; ++p) {
+    at::Tensor part = buffer.narrow(0, layout_.param_offset[p] - b.begin, params_[p].numel());
+    const at::Tensor& g = params_[p].grad();
+    if (g.defined())
+      part.copy_(g.reshape({-1}));
+    else
+      part.zero_();
+    params_[p].mutable_grad() = at::Tensor();  // the bucket holds it now
+  }
+  buffer.narrow(0, b.numel, buffer.numel() - b.numel).zero_();
+  // The reduction overwrites this replica's chunk of the shard: its sum so far travels along.
+  if (accumulate)
+    buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(shard_grad_.narrow(0, b.shard_offset, b.chunk));
+  travelling_.push_back({buffer, MPI_REQUEST_NULL});
+  MPI_Ireduce_scatter_block(buffer.data_ptr<float>(), shard_grad_.data_ptr<float>() + b.shard_offset,
+                            mpi_count(b.chunk), MPI_FLOAT, MPI_SUM, comm_, &travelling_.back().request);
+  sent_bytes_ += buffer.nbytes();
+  if (travelling_.size() >= kInFlight) finish_oldest();
+}
+
+void ZeroShard::finish_oldest() {
+  wait_quietly(travelling_.front().request);
+  travelling_.pop_front();
+}
+
+void ZeroShard::accumulated(size_t param) {
+  const int b = bucket_of_.at(param);
+  if (b < 0) return;
+  const size_t bucket = static_cast<size_t>(b);
+  if (started_[bucket]) {  // accumulated again (a parameter two weight passes reach): goes again
+    again_[bucket] = 1;
+    return;
+  }
+  if (!ready_[param]) ready_[param] = 1, --waiting_[bucket];
+  while (next_ < order_.size() && waiting_[order_[next_]] == 0) {
+    if (!shard_grad_.defined()) shard_grad_ = at::zeros({layout_.shard_numel}, at::kFloat);
+    started_[order_[next_]] = 1;
+    start(order_[next_++], true);
+  }
+}
+
+void ZeroShard::end_micro_batch() {
+  if (level_ < 2) return;
+  if (next_ < order_.size() && !shard_grad_.defined()) shard_grad_ = at::zeros({layout_.shard_numel}, at::kFloat);
+  for (; next_ < order_.size(); ++next_) started_[order_[next_]] = 1, start(order_[next_], true);
+  for (size_t b : order_)
+    if (again_[b]) start(b, true);
+  while (!travelling_.empty()) finish_oldest();
+  next_ = 0;
+  std::fill(started_.begin(), started_.end(), 0);
+  std::fill(again_.begin(), again_.end(), 0);
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(waiting_.begin(), waiting_.end(), 0);
+  for (size_t p = 0; p < params_.size(); ++p)
+    if (bucket_of_[p] >= 0) ++waiting_[static_cast<size_t>(bucket_of_[p])];
 }
 
 int64_t ZeroShard::reduce_scatter() {
   at::NoGradGuard no_grad;
-  shard_grad_ = at::empty({layout_.shard_numel}, at::kFloat);  // every element is received
-  struct Sending {
-    at::Tensor buffer;
-    MPI_Request request;
-  };
-  std::deque<Sending> sending;
-  int64_t bytes = 0;
-  for (const ShardLayout::Bucket& b : layout_.buckets) {
-    at::Tensor buffer = at::empty({b.chunk * layout_.replicas}, at::kFloat);
-    for (size_t p = b.first_param; p < b.end_param; ++p) {
-      at::Tensor part = buffer.narrow(0, layout_.param_offset[p] - b.begin, params_[p].numel());
-      const at::Tensor& g = params_[p].grad();
-      if (g.defined())
-        part.copy_(g.reshape({-1}));
-      else
-        part.zero_();
-      params_[p].mutable_grad() = at::Tensor();  // the bucket holds it now
-    }
-    buffer.narrow(0, b.numel, buffer.numel() - b.numel).zero_();
-    sending.push_back({buffer, MPI_REQUEST_NULL});
-    MPI_Ireduce_scatter_block(buffer.data_ptr<float>(), shard_grad_.data_ptr<float>() + b.shard_offset,
-                              mpi_count(b.chunk), MPI_FLOAT, MPI_SUM, comm_, &sending.back().request);
-    bytes += buffer.nbytes();
-    if (sending.size() >= kInFlight) wait_quietly(sending.front().request), sending.pop_front();
+  if (level_ >= 2) {
+    // The streamed buckets are in the shard already; the deferred ones join it.
+    if (!shard_grad_.defined()) shard_grad_ = at::zeros({layout_.shard_numel}, at::kFloat);
+    for (size_t b = 0; b < layout_.buckets.size(); ++b)
+      if (deferred_[b]) start(b, true);
+  } else {
+    shard_grad_ = at::empty({layout_.shard_numel}, at::kFloat);  // every element is received
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) start(b, false);
   }
-  for (Sending& s : sending) wait_quietly(s.request);
-  sending.clear();
+  while (!travelling_.empty()) finish_oldest();
   shard_grad_.div_(static_cast<double>(layout_.replicas));
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const ShardLayout::Piece& piece = layout_.pieces[k];
     pieces_[k].mutable_grad() = shard_grad_.narrow(0, piece.shard_offset, piece.numel).view(pieces_[k].sizes());
   }
+  const int64_t bytes = sent_bytes_;
+  sent_bytes_ = 0;
   return bytes;
 }
 

@@ -15,11 +15,23 @@
 // is viewed as [1, n] so that the optimizer's weight-decay grouping (train/optimizer.h:
 // decays()) applies to it element for element as to its parameter.
 //
+// Level 2 shards the gradients too: each micro-batch's gradients are reduce-scattered bucket by
+// bucket as its backward (or the weight pass W of a split backward) produces them, and each
+// replica adds its own chunk of the running sum into what it sends, so that its shard of the
+// gradient receives the sum over the replicas and the micro-batches so far. A bucket starts
+// once autograd has accumulated every parameter in it (post-accumulate hooks) and every bucket
+// before it in a fixed order (the last bucket first, as a backward produces them) has started:
+// the replicas start their collectives in the same order. At most two buckets travel at once;
+// a parameter's gradient lives from its accumulation until its bucket is packed. The buckets
+// of `deferred` parameters (weights tied across stages, whose gradients are summed over the
+// stages before the update) are reduce-scattered once per step, as at level 1.
+//
 // MPI on host memory (the CPU path). Every call is collective over the replicas, in the same
 // order on every replica.
 #include <mpi.h>
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -54,7 +66,14 @@ class ZeroShard {
  public:
   // `params`: the stage's fp32 master parameters (contiguous), `counted`: which count in the
   // global gradient norm (each tied parameter on its owner's stage only).
-  ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes);
+  // `level`: 1 or 2; `deferred` (level 2, per parameter, empty: none): whose buckets are
+  // reduce-scattered once per step.
+  ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes,
+            int level = 1, std::vector<bool> deferred = {});
+  ~ZeroShard();
+  ZeroShard(const ZeroShard&) = delete;
+  ZeroShard& operator=(const ZeroShard&) = delete;
+  int level() const { return level_; }
 
   // The views the replica's optimizer updates (make_optimizer over them).
   const std::vector<at::Tensor>& pieces() const { return pieces_; }
@@ -62,8 +81,16 @@ class ZeroShard {
 
   // Collective: the parameters' gradients (zeros where undefined) reduce-scattered into the
   // pieces' gradients as the mean over the replicas; the parameters' own gradients are released
-  // bucket by bucket. Returns the bytes this replica sent.
+  // bucket by bucket. Level 2: only the deferred buckets, whose sums join the shard's. Returns the
+  // bytes this replica sent since the last update.
   int64_t reduce_scatter();
+  // Level 2, collective: after each micro-batch's weight gradients (B, or W of a split
+  // backward): the streamed buckets not yet started start now (zeros for parameters without a
+  // gradient), a bucket a parameter of which accumulated again after its start goes again, and
+  // every one completes.
+  void end_micro_batch();
+  // Level 2: autograd accumulated parameter `param`'s gradient (its hook).
+  void accumulated(size_t param);
   // Collective: the squared gradient norm of the counted parameters over every replica's shard
   // (the pieces' gradients), summed in double, as level 0 computes it on whole gradients.
   double grad_square_sum() const;
@@ -77,6 +104,25 @@ class ZeroShard {
   MPI_Comm comm_;
   ShardLayout layout_;
   at::Tensor shard_grad_;  // from reduce_scatter until the update: the pieces' gradients view it
+  int level_ = 1;
+  int64_t sent_bytes_ = 0;  // since the last update
+
+  // Level 2: one micro-batch's streaming.
+  struct Travelling {
+    at::Tensor buffer;
+    MPI_Request request;
+  };
+  // Packs bucket b's gradients (releasing them) and starts its reduce-scatter into the shard:
+  // adding this replica's running sum into its own chunk first where `accumulate`.
+  void start(size_t bucket, bool accumulate);
+  void finish_oldest();
+  std::vector<int> bucket_of_;                 // per parameter: its bucket, -1: none (no elements)
+  std::vector<char> deferred_;                 // per bucket
+  std::vector<size_t> order_;                  // the streamed buckets, in the order they start
+  std::vector<int> waiting_;                   // per bucket: its parameters with elements not yet accumulated
+  std::vector<char> ready_, started_, again_;  // per parameter / bucket / bucket
+  size_t next_ = 0;                            // into order_: the next bucket to start
+  std::deque<Travelling> travelling_;
 };
 
 }  // namespace dawnpiper
