@@ -14,6 +14,7 @@
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -134,6 +135,13 @@ void DeviceMemory::release_cached(c10::Device device) {
 void synchronize(c10::Device device) {
 #ifdef DAWNPIPER_CUDA
   if (device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+  (void)device;
+}
+
+void synchronize_current_stream(c10::Device device) {
+#ifdef DAWNPIPER_CUDA
+  if (device.is_cuda()) c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
 #endif
   (void)device;
 }

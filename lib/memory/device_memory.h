@@ -52,6 +52,9 @@ double parse_allocator_headroom(const std::string& text);
 
 // Waits for the device's queued work (no-op on the CPU).
 void synchronize(c10::Device device);
+// Waits for the work queued on the device's current stream only: copies on side streams (swaps)
+// go on (no-op on the CPU).
+void synchronize_current_stream(c10::Device device);
 // True if this build has the CUDA paths and a GPU is visible.
 bool cuda_available();
 // --device: what a run trains on (the option is read as this enum).

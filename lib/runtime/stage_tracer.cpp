@@ -19,7 +19,7 @@ StageTracer::StageTracer(c10::Device device, const Transport& transport, Clock::
 
 void StageTracer::begin(int64_t step) {
   step_ = step;
-  if (keep_) synchronize(device_);
+  if (keep_) synchronize_current_stream(device_);
   DeviceMemory::reset_peak(device_);
   sent0_ = transport_.bytes_sent();
   received0_ = transport_.bytes_received();
@@ -30,7 +30,9 @@ void StageTracer::begin(int64_t step) {
 void StageTracer::end(const Action& action, int64_t step) {
   // On a GPU an action's kernels finish after it returns: a trace times the finished work
   // (which keeps the next action's kernels from overlapping this one's; untraced runs don't wait).
-  if (keep_) synchronize(device_);
+  // Only the compute stream's: swap copies on the side stream overlap the next actions as in an
+  // untraced run, and a read that needs one waits inside the action that makes it.
+  if (keep_) synchronize_current_stream(device_);
   ActionRecord r;
   r.end_s = std::chrono::duration<double>(Clock::now() - origin_).count();
   r.start_s = start_s_;
