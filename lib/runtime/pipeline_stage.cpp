@@ -213,12 +213,9 @@ void PipelineStage::forward(int64_t mb) {
   for (int t : send_ids_) f.outputs.push_back(env[t]);
   if (is_last()) {
     f.loss = env[graph_.nodes[graph_.loss_node()].outputs[0]];
-    const double value = f.loss.item<double>();
-    if (!std::isfinite(value))
-      throw Error("loss is " + std::to_string(value) + " at step " + std::to_string(step_of(mb)) + ", micro-batch " +
-                  std::to_string(mb) + "; lower --lr");
-    step_loss_ += value;
-    ++step_losses_;
+    // Read with the step's other losses after its last backward: reading it here would make the
+    // host wait for the device between every forward and its backward.
+    step_losses_.push_back({mb, f.loss.detach()});
   }
 }
 
@@ -331,11 +328,21 @@ void PipelineStage::backward_weight(int64_t mb) {
 }
 
 void PipelineStage::count_loss(int64_t mb) {
-  if (is_last() && step_losses_ == config_.micro_batches) {
-    if (on_loss_) on_loss_(step_of(mb), step_loss_ / static_cast<double>(step_losses_));
-    step_loss_ = 0;
-    step_losses_ = 0;
+  if (!is_last() || static_cast<int64_t>(step_losses_.size()) != config_.micro_batches) return;
+  std::vector<at::Tensor> losses;
+  for (const auto& [id, loss] : step_losses_) losses.push_back(loss);
+  const at::Tensor values = at::stack(losses).to(at::kCPU, at::kDouble);  // one wait for the device
+  const double* value = values.const_data_ptr<double>();
+  double sum = 0;
+  for (size_t i = 0; i < step_losses_.size(); ++i) {
+    const int64_t id = step_losses_[i].first;
+    if (!std::isfinite(value[i]))
+      throw Error("loss is " + std::to_string(value[i]) + " at step " + std::to_string(step_of(id)) + ", micro-batch " +
+                  std::to_string(id) + "; lower --lr");
+    sum += value[i];
   }
+  step_losses_.clear();
+  if (on_loss_) on_loss_(step_of(mb), sum / static_cast<double>(config_.micro_batches));
 }
 
 double PipelineStage::evaluate(int64_t id, int64_t index) {

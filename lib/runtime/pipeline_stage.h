@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "data/synthetic.h"
@@ -169,8 +170,8 @@ class PipelineStage : private ActionHooks {
   std::vector<bool> counted_in_norm_;  // per master
   double last_grad_norm_;
   int64_t latest_step_ = 0;  // of the latest backward: the step an update belongs to
-  double step_loss_ = 0;
-  int64_t step_losses_ = 0;
+  // The step's (micro-batch, loss) so far, read together after its last backward.
+  std::vector<std::pair<int64_t, at::Tensor>> step_losses_;
   std::function<void(int64_t, double)> on_loss_;
   TiedGradReducer reduce_tied_, reduce_replicas_, start_replicas_;
   int64_t weight_passes_ = 0;       // of the step so far
