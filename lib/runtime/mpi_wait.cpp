@@ -52,6 +52,20 @@ void allreduce_quietly(void* buffer, int count, MPI_Datatype type, MPI_Op op, MP
   wait_quietly(request);
 }
 
+void allreduce_chunked_quietly(void* buffer, int64_t count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                               int64_t chunk_bytes) {
+  int size = 0;
+  MPI_Type_size(type, &size);
+  const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes / std::max(size, 1));
+  std::vector<MPI_Request> requests;
+  for (int64_t offset = 0; offset < count; offset += per_chunk) {
+    requests.emplace_back();
+    MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buffer) + offset * size,
+                   static_cast<int>(std::min(per_chunk, count - offset)), type, op, comm, &requests.back());
+  }
+  wait_all_quietly(requests);
+}
+
 void broadcast_quietly(void* buffer, int count, MPI_Datatype type, int root, MPI_Comm comm) {
   MPI_Request request;
   MPI_Ibcast(buffer, count, type, root, comm, &request);

@@ -13,6 +13,7 @@
 
 #include "memory/device_memory.h"
 #include "runtime/checkpoint.h"
+#include "runtime/mpi_transport.h"
 #include "runtime/mpi_wait.h"
 #include "runtime/pipeline_stage.h"
 #include "runtime/replica_averager.h"
@@ -372,7 +373,7 @@ void reduce_tied(const std::vector<TieComm>& tie_comms, int stage, RankStages& s
     at::Tensor sum = copies.front()->to(at::kCPU).contiguous();
     if (copies.size() > 1) sum = sum.clone();
     for (size_t k = 1; k < copies.size(); ++k) sum += copies[k]->to(at::kCPU);
-    allreduce_quietly(sum.data_ptr(), static_cast<int>(sum.numel()), MPI_FLOAT, MPI_SUM, tie.comm);
+    allreduce_chunked_quietly(sum.data_ptr(), sum.numel(), MPI_FLOAT, MPI_SUM, tie.comm, kMessageChunkBytes);
     for (size_t k = 0; k < copies.size(); ++k)  // each copy its own tensor: backwards accumulate into it
       *copies[k] = (k == 0 ? sum : sum.clone()).to(copies[k]->device());
   }
