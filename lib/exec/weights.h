@@ -1,7 +1,9 @@
 #pragma once
 // Loading an imported model's weights: each parameter or buffer by its PyTorch name (or a name
 // a tied copy goes by) from the graph's weight files, first file first (--init-from before the
-// model file). Only the tensors asked for are read, so each rank loads only its own stage.
+// model file). Only the tensors asked for are read, so each rank loads only its own stage. A
+// mixture of experts saved by transformers (each expert's weights apart, Mixtral's and Qwen-MoE's
+// checkpoint names) is read into the module's fused experts.gate_up_proj and experts.down_proj.
 #include <map>
 #include <memory>
 #include <string>
