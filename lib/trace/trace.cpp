@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <cstdio>
 #include <ostream>
 
@@ -298,9 +299,10 @@ double spread(const std::vector<StageSummary>& stages, double StageSummary::*fig
   for (const StageSummary& s : stages) most = std::max(most, s.*figure), least = std::min(least, s.*figure);
   return least > 0 ? most / least - 1 : 0;
 }
-}  // namespace
 
-void print_summary(const Trace& t, std::ostream& out) {
+// The run, its throughput and the schedule's bound (the recorded lists at the measured pass
+// times); returns the bound's mean efficiency (0 without one).
+double print_run(const Trace& t, const std::optional<TimedRun>& bound, std::ostream& out) {
   char line[256];
   std::snprintf(
       line, sizeof line, "%s, %s schedule, %lld stages, %lld x %lld samples per step, steps %lld..%lld, %s, %s\n",
@@ -310,19 +312,22 @@ void print_summary(const Trace& t, std::ostream& out) {
   out << line;
   std::snprintf(line, sizeof line, "wall %.3f s, throughput %.1f samples/s\n", t.wall_s, throughput(t));
   out << line;
-  const std::optional<TimedRun> bound = schedule_bound(t);
-  double bound_efficiency = 0;
-  if (bound && bound->step_ms > 0) {
-    for (double idle : bound->idle_ms) bound_efficiency += 1 - idle / bound->step_ms;
-    bound_efficiency /= static_cast<double>(bound->idle_ms.size());
-    std::snprintf(line, sizeof line,
-                  "schedule bound: these lists with each stage's mean pass times and free messages take %.3f s "
-                  "(mean efficiency %.1f%%); the rest of the wall is communication and variance\n",
-                  bound->step_ms / 1e3, 100 * bound_efficiency);
-    out << line;
-  }
+  if (!bound || bound->step_ms <= 0) return 0;
+  double efficiency = 0;
+  for (double idle : bound->idle_ms) efficiency += 1 - idle / bound->step_ms;
+  efficiency /= static_cast<double>(bound->idle_ms.size());
+  std::snprintf(line, sizeof line,
+                "schedule bound: these lists with each stage's mean pass times and free messages take %.3f s "
+                "(mean efficiency %.1f%%); the rest of the wall is communication and variance\n",
+                bound->step_ms / 1e3, 100 * efficiency);
+  out << line;
+  return efficiency;
+}
+
+void print_stage_table(const Trace& t, const std::vector<StageSummary>& stages, std::ostream& out) {
+  char line[256];
   out << "stage  busy s  comm s  idle  efficiency  F ms   B ms   peak memory  predicted    sent\n";
-  for (const StageSummary& s : summarize(t)) {
+  for (const StageSummary& s : stages) {
     const StageRecord* rec = nullptr;
     for (const StageRecord& r : t.stage_records)
       if (r.stage == s.stage) rec = &r;
@@ -335,52 +340,94 @@ void print_summary(const Trace& t, std::ostream& out) {
                   format_bytes(static_cast<double>(s.bytes_sent)).c_str());
     out << line;
   }
-  const std::vector<StageSummary> stages = summarize(t);
-  if (stages.size() > 1) {  // how balanced the plan came out, measured (the paper reports 7.7%)
-    double mean_efficiency = 0;
-    for (const StageSummary& s : stages) mean_efficiency += 1 - s.idle_fraction;
-    mean_efficiency /= static_cast<double>(stages.size());
-    std::snprintf(
-        line, sizeof line, "busy time spread (max/min - 1) %.1f%%; mean efficiency %.1f%%%s\n",
-        100 * spread(stages, &StageSummary::busy_s), 100 * mean_efficiency,
-        !bound ? ""
-               : (", bound " + std::to_string(static_cast<int>(std::lround(100 * bound_efficiency))) + "%").c_str());
+}
+
+// How balanced the plan came out, measured (the paper reports 7.7%), and on a CPU whose ranks
+// share cores, the CPU time beside the wall time.
+void print_balance(const Trace& t, const std::vector<StageSummary>& stages, const std::optional<TimedRun>& bound,
+                   double bound_efficiency, std::ostream& out) {
+  char line[256];
+  double mean_efficiency = 0;
+  for (const StageSummary& s : stages) mean_efficiency += 1 - s.idle_fraction;
+  mean_efficiency /= static_cast<double>(stages.size());
+  std::snprintf(
+      line, sizeof line, "busy time spread (max/min - 1) %.1f%%; mean efficiency %.1f%%%s\n",
+      100 * spread(stages, &StageSummary::busy_s), 100 * mean_efficiency,
+      !bound ? "" : (", bound " + std::to_string(static_cast<int>(std::lround(100 * bound_efficiency))) + "%").c_str());
+  out << line;
+  if (spread(stages, &StageSummary::busy_s) > 0.10)
+    out << "the stages' busy times differ by more than 10%: `train --calibrate-trace` with this trace plans "
+           "again from what this run measured\n";
+  // On a CPU whose ranks share cores, busy wall time includes the others' turns on a core.
+  const bool cpu_times =
+      std::all_of(stages.begin(), stages.end(), [](const StageSummary& s) { return s.busy_cpu_s > 0; });
+  if (t.device != "cpu" || !cpu_times) return;
+  out << "busy CPU time per stage:";
+  for (const StageSummary& s : stages) {
+    std::snprintf(line, sizeof line, " %.3f s", s.busy_cpu_s);
     out << line;
-    if (spread(stages, &StageSummary::busy_s) > 0.10)
-      out << "the stages' busy times differ by more than 10%: `train --calibrate-trace` with this trace plans "
-             "again from what this run measured\n";
-    // On a CPU whose ranks share cores, busy wall time includes the others' turns on a core.
-    const bool cpu_times =
-        std::all_of(stages.begin(), stages.end(), [](const StageSummary& s) { return s.busy_cpu_s > 0; });
-    if (t.device == "cpu" && cpu_times) {
-      std::snprintf(line, sizeof line, "busy CPU time per stage:");
-      out << line;
-      for (const StageSummary& s : stages) {
-        std::snprintf(line, sizeof line, " %.3f s", s.busy_cpu_s);
-        out << line;
-      }
-      std::snprintf(line, sizeof line, "; spread %.1f%%\n", 100 * spread(stages, &StageSummary::busy_cpu_s));
-      out << line;
-      // What waiting for messages cost the cores (a rank that spins takes its core-mate's time).
-      double comm = 0, comm_cpu = 0;
-      for (const StageSummary& s : stages) comm += s.comm_s, comm_cpu += s.comm_cpu_s;
-      std::snprintf(line, sizeof line, "communication CPU time %.3f s of %.3f s spent sending and receiving (%.1f%%)\n",
-                    comm_cpu, comm, comm > 0 ? 100 * comm_cpu / comm : 0.0);
-      out << line;
-    }
   }
+  std::snprintf(line, sizeof line, "; spread %.1f%%\n", 100 * spread(stages, &StageSummary::busy_cpu_s));
+  out << line;
+  // What waiting for messages cost the cores (a rank that spins takes its core-mate's time).
+  double comm = 0, comm_cpu = 0;
+  for (const StageSummary& s : stages) comm += s.comm_s, comm_cpu += s.comm_cpu_s;
+  std::snprintf(line, sizeof line, "communication CPU time %.3f s of %.3f s spent sending and receiving (%.1f%%)\n",
+                comm_cpu, comm, comm > 0 ? 100 * comm_cpu / comm : 0.0);
+  out << line;
+}
+
+// Where each stage's time goes: every kind of action's time per step, largest first (replica 0;
+// the evictor's records happen inside forwards and backwards and are left out). A wait shows up
+// as the action that waited (a receive, or REDUCE_TIED waiting for the other stages).
+void print_action_kinds(const Trace& t, const std::vector<StageSummary>& stages, std::ostream& out) {
+  const double steps = static_cast<double>(std::max<int64_t>(1, t.steps - t.first_step));
+  out << "time per step by action (replica 0):\n";
+  for (const StageSummary& s : stages) {
+    std::map<ActionKind, std::pair<int64_t, double>> kinds;  // count, seconds
+    for (const ActionRecord& r : t.actions)
+      if (r.stage == s.stage && r.replica == 0 && !is_evictor(r.action_kind())) {
+        auto& [count, seconds] = kinds[r.action_kind()];
+        ++count, seconds += r.end_s - r.start_s;
+      }
+    std::vector<std::pair<ActionKind, std::pair<int64_t, double>>> sorted(kinds.begin(), kinds.end());
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+    out << "  stage " << s.stage << ":";
+    char item[96];
+    for (const auto& [kind, figures] : sorted) {
+      std::snprintf(item, sizeof item, " %s %.1f ms (%.3g x %.2f ms)", name_of(kind), 1e3 * figures.second / steps,
+                    static_cast<double>(figures.first) / steps,
+                    1e3 * figures.second / static_cast<double>(figures.first));
+      out << item;
+    }
+    out << "\n";
+  }
+}
+
+}  // namespace
+
+void print_summary(const Trace& t, std::ostream& out) {
+  const std::optional<TimedRun> bound = schedule_bound(t);
+  const double bound_efficiency = print_run(t, bound, out);
+  const std::vector<StageSummary> stages = summarize(t);
+  print_stage_table(t, stages, out);
+  if (stages.size() > 1) print_balance(t, stages, bound, bound_efficiency, out);
   if (t.replicas > 1) {
+    char line[128];
     out << t.replicas
         << " data-parallel replicas (the table shows replica 0); gradient allreduce per stage, mean over replicas:";
-    for (const StageSummary& s : summarize(t)) {
+    for (const StageSummary& s : stages) {
       std::snprintf(line, sizeof line, " %lld: %.3f s (%.1f%% of busy)", static_cast<long long>(s.stage), s.allreduce_s,
                     s.busy_s > 0 ? 100 * s.allreduce_s / s.busy_s : 0.0);
       out << line;
     }
     out << "\n";
   }
-  for (const StageSummary& s : summarize(t)) {
+  print_action_kinds(t, stages, out);
+  for (const StageSummary& s : stages) {
     if (s.memopt_s == 0 && s.swapped_bytes == 0 && s.recomputed_bytes == 0) continue;
+    char line[256];
     std::snprintf(
         line, sizeof line, "stage %lld memory optimization: %.3f s inside F/B, swapped out %s, recomputed %s\n",
         static_cast<long long>(s.stage), s.memopt_s, format_bytes(static_cast<double>(s.swapped_bytes)).c_str(),

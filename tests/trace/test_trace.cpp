@@ -111,6 +111,11 @@ TEST_CASE("the summary separates compute from communication and waiting", "[trac
   CHECK_FALSE(schedule_bound(cut));
   CHECK(out.str().find("busy CPU time per stage: 1.500 s 1.875 s; spread 25.0%") != std::string::npos);
   CHECK(out.str().find("--calibrate-trace") != std::string::npos);  // busy 2.0 s and 2.5 s: 25% apart
+  // Where each stage's time goes, largest first: stage 0's receive waited 2 s.
+  CHECK(out.str().find("  stage 0: RECV_B 2000.0 ms (1 x 2000.00 ms) F 1000.0 ms (1 x 1000.00 ms) B 1000.0 ms") !=
+        std::string::npos);
+  CHECK(out.str().find("  stage 1: F 1000.0 ms (1 x 1000.00 ms) B 1000.0 ms (1 x 1000.00 ms) RECV_F 1000.0 ms (1 x "
+                       "1000.00 ms) U 500.0 ms (1 x 500.00 ms) SEND_B 0.0 ms") != std::string::npos);
   Trace gpu = t;  // a GPU's actions return before their kernels finish: no CPU time line
   gpu.device = "cuda:0";
   std::ostringstream gpu_out;
