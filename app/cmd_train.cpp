@@ -5,6 +5,7 @@
 
 #include "app/commands.h"
 #include "cli/train_options.h"
+#include "run/resume.h"
 #include "run/training_run.h"
 
 namespace dawnpiper {
@@ -15,18 +16,26 @@ int cmd_train(int argc, char** argv, const MpiWorld& world) {
                      "Trains a model: one stage with the reference trainer, several as a pipeline.", train_options(),
                      vm))
     return 0;
+  // A resumed run's checkpoint is checked first: a missing or damaged one is named before
+  // anything is printed or profiled.
+  const bool resumed = vm["resume"].as<bool>() || vm.count("resume-from");
+  int64_t resume_step = -1;
+  if (resumed && vm.count("checkpoint-dir"))
+    resume_step = agreed_resume_step(vm["checkpoint-dir"].as<std::string>(),
+                                     vm.count("resume-from") ? vm["resume-from"].as<int64_t>() : -1, world.rank);
   // A given plan decides how the run trains; flags and config values may only repeat it.
   const std::optional<GivenPlan> given =
       read_given_plan(vm.count("plan-in") ? vm["plan-in"].as<std::string>() : "", world.rank);
   if (given) adopt_plan_settings(given->plan, vm);
   // A resumed run trains with its checkpoint's plan: a flag that asks for another schedule,
   // planner, memory optimization or split is refused, not ignored.
-  if (!given && vm["resume"].as<bool>() && vm.count("checkpoint-dir")) {
+  if (!given && resumed && vm.count("checkpoint-dir")) {
     const std::string dir = vm["checkpoint-dir"].as<std::string>();
     if (const std::optional<GivenPlan> saved = read_checkpoint_plan(dir, world.rank))
       adopt_plan_settings(saved->plan, vm, /*resumed=*/true);
   }
   TrainOptions options = read_train_options(vm);  // checks its inputs before the model reads any
+  if (resumed) options.resume_step = resume_step;
   return run_training(std::move(options), model_source_from(vm), given, world.rank, world.size);
 }
 

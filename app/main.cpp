@@ -34,6 +34,7 @@ const std::map<std::string, std::pair<Command, const char*>>& commands() {
       {"plan", {dawnpiper::cmd_plan, "partition a profiled model into pipeline stages"}},
       {"inspect", {dawnpiper::cmd_inspect, "summarize a training trace per stage"}},
       {"replay-stage", {dawnpiper::cmd_replay_stage, "run one stage of a plan alone and measure it"}},
+      {"export-weights", {dawnpiper::cmd_export_weights, "write a checkpoint's weights as safetensors (CKPT DIR)"}},
   };
   return table;
 }

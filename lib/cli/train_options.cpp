@@ -84,7 +84,11 @@ void read_evaluation(const po::variables_map& vm, TrainOptions& o) {
 
 void read_checkpointing(const po::variables_map& vm, TrainOptions& o) {
   o.checkpoint_every = vm["checkpoint-every"].as<int64_t>();
-  o.resume = vm["resume"].as<bool>();
+  o.resume = vm["resume"].as<bool>() || vm.count("resume-from");
+  if (vm.count("resume-from")) o.resume_step = vm["resume-from"].as<int64_t>();
+  if (vm.count("resume-from") && o.resume_step < 0) throw ConfigError("--resume-from must be a step (0 or more)");
+  o.keep_checkpoints = vm["keep-checkpoints"].as<int>();
+  if (o.keep_checkpoints < 1) throw ConfigError("--keep-checkpoints must be at least 1");
   o.resume_override = vm["resume-override"].as<bool>();
   if (o.resume_override && !o.resume) throw ConfigError("--resume-override applies to --resume");
   if (vm.count("checkpoint-dir")) o.checkpoint_dir = vm["checkpoint-dir"].as<std::string>();
@@ -196,6 +200,10 @@ po::options_description train_options() {
        "auto (a bar on a terminal, lines in logs and under mpirun) | bar | lines")
       ("resume", po::bool_switch(), "continue from the latest checkpoint in --checkpoint-dir (with the model, data and "
                                     "optimizer settings of the run that wrote it)")
+      ("resume-from", po::value<int64_t>(), "continue from the checkpoint of this step in --checkpoint-dir (one of the "
+                                            "kept ones; --resume takes the latest)")
+      ("keep-checkpoints", po::value<int>()->default_value(2), "complete checkpoints kept in --checkpoint-dir (older ones "
+                                                               "are removed once a newer one is complete)")
       ("resume-override", po::bool_switch(), "with --resume: accept settings that differ from the checkpoint's run")
       ("steps", po::value<int64_t>()->default_value(10), "training steps")
       ("data", po::value<std::string>(), "train on this token file (scripts/prepare_data.py) or sample file (*.safetensors: an array per input) instead of synthetic data")

@@ -33,6 +33,9 @@ struct TrainOptions {
   double allocator_headroom = -1;  // share of `capacity` a plan made here leaves free; < 0: the device's default
   int64_t eval_every = 0, eval_batches = 1;
   int64_t checkpoint_every = 0;
+  int keep_checkpoints = 2;  // complete checkpoints kept in checkpoint_dir
+  // --resume-from STEP (-1: the one `latest` names); app/cmd_train sets it to the step checked.
+  int64_t resume_step = -1;
   bool resume = false, resume_override = false, quiet = false, in_process = false, eval_only = false;
   std::string checkpoint_dir, trace_path, save_path, metrics_path;
   std::string torch_trace_path;  // --torch-trace: PyTorch's profiler on rank 0 over steps 2-3

@@ -129,6 +129,8 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
     make_directories(o.checkpoint_dir);
     write_text_atomically(saved_plan, plan_json);
     write_text_atomically(o.checkpoint_dir + "/run.json", run_identity(graph, o, true).dump(2) + "\n");
+    // A Hugging Face model's config.json, for export-weights.
+    if (!o.hf_config.empty()) write_text_atomically(o.checkpoint_dir + "/hf_config.json", o.hf_config);
   }
   Plan plan = plan_from_json(plan_json);
   if (plan.precision != graph.precision)

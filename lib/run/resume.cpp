@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "runtime/checkpoint.h"
+#include "runtime/mpi_wait.h"
 #include "util/error.h"
 #include "util/files.h"
 
@@ -55,6 +57,18 @@ void check_layout(const Json& saved, const Json& now, const std::string& dir) {
 bool is_layout(const std::string& key) { return key == "zero-stage" || key == "data-parallel"; }
 
 }  // namespace
+
+int64_t agreed_resume_step(const std::string& dir, int64_t requested, int rank) {
+  std::string answer;  // the step, or "!" and what is wrong
+  if (rank == 0) try {
+      answer = std::to_string(checked_resume_step(dir, requested));
+    } catch (const ConfigError& e) {
+      answer = "!" + e.reason();
+    }
+  broadcast_string_quietly(answer, 0, MPI_COMM_WORLD);
+  if (!answer.empty() && answer[0] == '!') throw ConfigError(answer.substr(1));
+  return std::stoll(answer);
+}
 
 std::optional<Json> saved_run(const TrainOptions& o) {
   const std::string path = o.checkpoint_dir + "/run.json";

@@ -185,8 +185,9 @@ int evaluate_pipeline(const std::optional<GivenPlan>& given, const OpGraph& grap
 int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, const RankLayout& layout,
                    const TrainOptions& o, int rank, c10::Device device) {
   int64_t first_step = 0;
+  set_checkpoints_kept(o.keep_checkpoints);
   if (o.resume) {
-    first_step = latest_checkpoint(o.checkpoint_dir);
+    first_step = o.resume_step >= 0 ? o.resume_step : checked_resume_step(o.checkpoint_dir, -1);
     if (first_step > o.config.steps)
       throw ConfigError("the checkpoint is at step " + std::to_string(first_step) + ", beyond --steps " +
                         std::to_string(o.config.steps));

@@ -2,14 +2,21 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <fstream>
+#include <map>
 #include <optional>
+#include <set>
+#include <sstream>
 
 #include "runtime/mpi_wait.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/hdf5_io.h"
+#include "util/json.h"
 
 namespace dawnpiper {
 
@@ -18,6 +25,7 @@ using namespace h5;
 namespace {
 
 std::string step_dir(const std::string& dir, int64_t step) { return dir + "/step-" + std::to_string(step); }
+std::string manifest_path(const std::string& dir, int64_t step) { return step_dir(dir, step) + "/manifest.json"; }
 std::string stage_file(const std::string& dir, int64_t step, int stage, int replica = 0) {
   return step_dir(dir, step) + "/stage-" + std::to_string(stage) +
          (replica > 0 ? "-replica-" + std::to_string(replica) : std::string()) + ".h5";
@@ -26,7 +34,7 @@ std::string stage_file(const std::string& dir, int64_t step, int stage, int repl
 // The sharding a stage's optimizer state has: ZeRO's level and replica count, or 0 and 1.
 std::pair<int64_t, int64_t> sharding_of(PipelineStage& stage) {
   if (!stage.zero_shard()) return {0, stage.config().replicas};
-  return {1, stage.config().replicas};
+  return {stage.zero_shard()->level(), stage.config().replicas};
 }
 
 void write_tensor(hid_t group, const std::string& name, const at::Tensor& t) {
@@ -35,11 +43,94 @@ void write_tensor(hid_t group, const std::string& name, const at::Tensor& t) {
   write_floats(group, name, c.data_ptr<float>(), static_cast<size_t>(c.numel()));
 }
 
+// A file's size and a 64-bit checksum of its bytes (words multiplied and mixed: several GB/s,
+// enough to tell a damaged file from the one written). Size -1: it cannot be read.
+struct FileSum {
+  int64_t bytes = -1;
+  uint64_t sum = 0;
+};
+FileSum file_sum(const std::string& path) {
+  FileSum r;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return r;
+  std::vector<uint64_t> words(size_t{1} << 17);  // 1 MiB
+  uint64_t h = 0x243F6A8885A308D3ull;
+  int64_t bytes = 0;
+  for (;;) {
+    const size_t n = std::fread(words.data(), 1, words.size() * 8, f);
+    if (n == 0) break;
+    if (n % 8)
+      std::fill(reinterpret_cast<char*>(words.data()) + n, reinterpret_cast<char*>(words.data()) + (n + 7) / 8 * 8, 0);
+    for (size_t i = 0; i < (n + 7) / 8; ++i) {
+      h = (h ^ words[i]) * 0x9E3779B97F4A7C15ull;
+      h ^= h >> 29;
+    }
+    bytes += static_cast<int64_t>(n);
+  }
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) return r;
+  r.bytes = bytes;
+  r.sum = (h ^ static_cast<uint64_t>(bytes)) * 0xBF58476D1CE4E5B9ull;
+  return r;
+}
+std::string hex(uint64_t v) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016" PRIx64, v);
+  return text;
+}
+
+// Every rank's text at `root` of `comm`, in rank order (others get "").
+std::string gather_text(const std::string& mine, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int n = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
+  MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm);
+  std::string all;
+  if (rank == 0) {
+    int total = 0;
+    for (int r = 0; r < size; ++r) offsets[static_cast<size_t>(r)] = total, total += counts[static_cast<size_t>(r)];
+    all.resize(static_cast<size_t>(total));
+  }
+  MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), counts.data(), offsets.data(), MPI_CHAR, 0, comm);
+  return all;
+}
+
+// The step numbers of DIR's step-<k> directories.
+std::vector<int64_t> step_directories(const std::string& dir) {
+  std::vector<int64_t> steps;
+  for (const std::string& name : list_directory(dir)) {
+    if (name.rfind("step-", 0) != 0 || name.size() == 5) continue;
+    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    steps.push_back(std::stoll(name.substr(5)));
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+// Keeps the `keep` newest complete checkpoints up to `written` (the one just completed among
+// them); removes older step directories, complete or not, and those past `written`.
+void prune(const std::string& dir, int64_t written, int keep) {
+  int kept = 0;
+  for (int64_t step : step_directories(dir)) {
+    const bool complete = std::ifstream(manifest_path(dir, step)).good();
+    if (step <= written && complete && kept < keep) {
+      ++kept;
+      continue;
+    }
+    if (step != written) remove_tree(step_dir(dir, step));
+  }
+}
+
 }  // namespace
 
 namespace {
 
-void write_stage_file(const std::string& dir, int64_t next_step, PipelineStage& stage, const CheckpointIdentity& id) {
+// Returns the file's path.
+std::string write_stage_file(const std::string& dir, int64_t next_step, PipelineStage& stage,
+                             const CheckpointIdentity& id) {
   const auto [zero_stage, replicas] = sharding_of(stage);
   const int replica = zero_stage > 0 ? stage.config().replica : 0;
   const std::string path = stage_file(dir, next_step, stage.config().stage, replica);
@@ -64,46 +155,137 @@ void write_stage_file(const std::string& dir, int64_t next_step, PipelineStage& 
       Handle params(H5Gcreate2(file, "parameters", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group");
       // Datasets by index (names may hold '/'); the names column lets a reader check the match.
       std::vector<std::string> names;
+      std::vector<std::vector<int>> shapes;
       for (size_t i = 0; i < stage.module().parameters().size(); ++i) {
         const StageParameter& p = stage.module().parameters()[i];
         write_tensor(params, std::to_string(i), p.tensor);
         names.push_back(p.name);
+        shapes.emplace_back(p.tensor.sizes().begin(), p.tensor.sizes().end());
       }
       write_strings(params, "names", names);
+      write_lists(params, "shapes", shapes);  // export-weights writes them without the model
     }
     Handle state(H5Gcreate2(file, "optimizer_state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, "create group");
     const std::vector<at::Tensor> s = stage.optimizer().state();
     for (size_t i = 0; i < s.size(); ++i)
       if (s[i].defined()) write_tensor(state, std::to_string(i), s[i]);
   });
+  return path;
 }
 
 }  // namespace
 
+namespace {
+int checkpoints_kept = 2;
+}  // namespace
+
+void set_checkpoints_kept(int keep) { checkpoints_kept = std::max(keep, 1); }
+
 void write_checkpoint(const std::string& dir, int64_t next_step, const std::vector<PipelineStage*>& stages,
-                      const CheckpointIdentity& id, MPI_Comm comm, MPI_Comm replicas) {
+                      const CheckpointIdentity& id, MPI_Comm comm, MPI_Comm replicas, int keep) {
   int rank = 0, replica = 0;
   MPI_Comm_rank(comm, &rank);
   if (replicas != MPI_COMM_NULL) MPI_Comm_rank(replicas, &replica);
+  const bool root = rank == 0 && replica == 0;
   make_directories(step_dir(dir, next_step));
-  for (PipelineStage* stage : stages) write_stage_file(dir, next_step, *stage, id);
-  // Every stage has its file once all reach the barrier (of every replica's pipeline, then of
-  // each stage's replicas); then `latest` may move.
-  barrier_quietly(comm);
-  if (replicas != MPI_COMM_NULL) barrier_quietly(replicas);
-  if (rank == 0 && replica == 0) {
-    write_text_atomically(dir + "/latest", std::to_string(next_step) + "\n");
-    for (const std::string& name : list_directory(dir))
-      if (name.rfind("step-", 0) == 0 && name != "step-" + std::to_string(next_step)) remove_tree(dir + "/" + name);
+  // A manifest of this step left by an abandoned run no longer describes its files.
+  if (root) std::remove(manifest_path(dir, next_step).c_str());
+  std::string sums;  // a line per file: name, bytes, checksum
+  for (PipelineStage* stage : stages) {
+    const std::string path = write_stage_file(dir, next_step, *stage, id);
+    const FileSum sum = file_sum(path);
+    if (sum.bytes < 0) throw ConfigError("cannot read back the checkpoint file '" + path + "' just written");
+    sums += path.substr(path.rfind('/') + 1) + " " + std::to_string(sum.bytes) + " " + hex(sum.sum) + "\n";
   }
+  // Every stage has its file once rank 0 has every rank's lines (each stage's replicas to
+  // replica 0, then the pipeline of replica 0 to its rank 0); then the manifest and `latest`.
+  if (replicas != MPI_COMM_NULL) sums = gather_text(sums, replicas);
+  sums = gather_text(sums, comm);
+  if (!root) return;
+  Json files = Json::object();
+  std::istringstream lines(sums);
+  std::string name, checksum;
+  int64_t bytes = 0;
+  while (lines >> name >> bytes >> checksum) files[name] = {{"bytes", bytes}, {"checksum", checksum}};
+  Json manifest;
+  manifest["format"] = "dawnpiper-checkpoint-manifest";
+  manifest["step"] = next_step;
+  manifest["files"] = files;
+  write_text_atomically(manifest_path(dir, next_step), manifest.dump(2) + "\n");
+  write_text_atomically(dir + "/latest", std::to_string(next_step) + "\n");
+  prune(dir, next_step, keep < 0 ? checkpoints_kept : std::max(keep, 1));
 }
 
-int64_t latest_checkpoint(const std::string& dir) {
+std::string checkpoint_step_dir(const std::string& dir, int64_t step) { return step_dir(dir, step); }
+
+std::vector<int64_t> complete_checkpoints(const std::string& dir) {
+  std::vector<int64_t> steps;
+  for (int64_t step : step_directories(dir))
+    if (std::ifstream(manifest_path(dir, step)).good()) steps.push_back(step);
+  return steps;
+}
+
+std::string checkpoint_damage(const std::string& dir, int64_t step, bool unchecked_ok) {
+  const std::string where = step_dir(dir, step), manifest = manifest_path(dir, step);
+  if (list_directory(where).empty()) return "there is no checkpoint " + where;
+  if (!std::ifstream(manifest).good())
+    return unchecked_ok ? "" : "checkpoint " + where + " is incomplete (no manifest.json: its writing did not finish)";
+  Json m;
+  try {
+    m = Json::parse(read_text_file(manifest));
+    if (!m.contains("files") || !m["files"].is_object()) throw std::runtime_error("no files");
+  } catch (const std::exception&) {
+    return "checkpoint file '" + manifest + "' is damaged (not the manifest it was written as)";
+  }
+  for (const auto& [name, want] : m["files"].items()) {
+    const std::string path = where + "/" + name;
+    const FileSum have = file_sum(path);
+    const int64_t bytes = want.value("bytes", int64_t{-1});
+    if (have.bytes < 0) return "checkpoint file '" + path + "' is missing or unreadable";
+    if (have.bytes != bytes)
+      return "checkpoint file '" + path + "' is truncated or corrupt (" + std::to_string(have.bytes) + " bytes, " +
+             std::to_string(bytes) + " were written)";
+    if (hex(have.sum) != want.value("checksum", std::string()))
+      return "checkpoint file '" + path + "' is corrupt (its bytes do not match the checksum they were written with)";
+  }
+  return "";
+}
+
+int64_t checked_resume_step(const std::string& dir, int64_t requested) {
+  // The newest complete, undamaged checkpoint before `before` (any: -1), or -1.
+  auto newest_sound = [&](int64_t before, int64_t skip) -> int64_t {
+    for (int64_t step : complete_checkpoints(dir))
+      if ((before < 0 || step < before) && step != skip && checkpoint_damage(dir, step).empty()) return step;
+    return -1;
+  };
+  auto way_on = [&](int64_t found, const char* which) {
+    if (found < 0)
+      return "; no " + std::string(which) + "complete checkpoint is kept in " + dir + ": train anew without --resume";
+    return "; the newest complete " + std::string(which) + "checkpoint is step " + std::to_string(found) + " (" +
+           step_dir(dir, found) + "): resume from it with --resume-from " + std::to_string(found);
+  };
+  if (requested >= 0) {
+    int64_t latest = -1;
+    if (std::ifstream in(dir + "/latest"); !(in >> latest)) latest = -1;
+    const std::string problem = checkpoint_damage(dir, requested, requested == latest);
+    if (problem.empty()) return requested;
+    throw ConfigError("--resume-from " + std::to_string(requested) + ": " + problem +
+                      way_on(newest_sound(-1, requested), ""));
+  }
   std::ifstream in(dir + "/latest");
   int64_t step = -1;
-  if (!(in >> step) || step < 0)
-    throw ConfigError("--resume: no complete checkpoint in '" + dir + "' (no readable '" + dir + "/latest')");
-  return step;
+  if (!in.good()) {
+    if (complete_checkpoints(dir).empty() && step_directories(dir).empty())
+      throw ConfigError("--resume: no complete checkpoint in '" + dir + "' (no readable '" + dir + "/latest')");
+    throw ConfigError("--resume: '" + dir + "/latest' is missing" + way_on(newest_sound(-1, -1), ""));
+  }
+  std::string rest;
+  if (!(in >> step) || step < 0 || (in >> rest))
+    throw ConfigError("--resume: '" + dir + "/latest' is damaged (it names no step)" +
+                      way_on(newest_sound(-1, -1), ""));
+  const std::string problem = checkpoint_damage(dir, step, /*unchecked_ok=*/true);
+  if (problem.empty()) return step;
+  throw ConfigError("--resume: " + problem + way_on(newest_sound(step, step), "earlier "));
 }
 
 namespace {
@@ -191,9 +373,63 @@ void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage,
     throw;
   } catch (const std::runtime_error& e) {  // HDF5 or a dataset of the wrong size: a damaged file
     throw ConfigError("checkpoint file '" + path + "' is truncated or corrupt (" + e.what() +
-                      "); to resume from an earlier step, write its number into " + dir +
-                      "/latest, or start without --resume");
+                      "); resume from an earlier checkpoint with --resume-from STEP (kept: --keep-checkpoints), "
+                      "or start without --resume");
   }
+}
+
+std::vector<CheckpointTensor> checkpoint_parameters(const std::string& dir, int64_t step) {
+  if (const std::string problem = checkpoint_damage(dir, step, /*unchecked_ok=*/true); !problem.empty())
+    throw ConfigError(problem);
+  // stage-<x>.h5 (replica 0's: the parameters) by stage.
+  std::map<int64_t, std::string> files;
+  for (const std::string& name : list_directory(step_dir(dir, step))) {
+    const size_t end = name.size() - 3;
+    if (name.rfind("stage-", 0) != 0 || name.size() <= 9 || name.compare(end, 3, ".h5") != 0) continue;
+    const std::string number = name.substr(6, end - 6);
+    if (number.empty() || number.find_first_not_of("0123456789") != std::string::npos) continue;
+    files[std::stoll(number)] = step_dir(dir, step) + "/" + name;
+  }
+  if (files.empty()) throw ConfigError("there is no checkpoint " + step_dir(dir, step) + " (no stage-<x>.h5 in it)");
+  std::vector<CheckpointTensor> out;
+  std::set<std::string> seen;
+  int64_t expected = 0;
+  quiet_errors();
+  for (const auto& [x, path] : files) {
+    if (x != expected++)
+      throw ConfigError("checkpoint file '" + step_dir(dir, step) + "/stage-" + std::to_string(x - 1) +
+                        ".h5' is missing");
+    try {
+      Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
+      if (!has_attr(file, "format") || read_attr_string(file, "format") != "dawnpiper-checkpoint")
+        throw ConfigError("'" + path + "' is not a DawnPiper checkpoint");
+      if (x == 0 && read_attr<int64_t>(file, "stages") != static_cast<int64_t>(files.size()))
+        throw ConfigError("checkpoint " + step_dir(dir, step) + " holds " + std::to_string(files.size()) +
+                          " stage files of its " + std::to_string(read_attr<int64_t>(file, "stages")) + " stages");
+      Handle params(H5Gopen2(file, "parameters", H5P_DEFAULT), H5Gclose, "open group parameters");
+      if (H5Lexists(params, "shapes", H5P_DEFAULT) <= 0)
+        throw ConfigError("checkpoint file '" + path +
+                          "' was written before checkpoints kept their parameters' shapes: resume it for a step "
+                          "with this version to write one that exports");
+      const std::vector<std::string> names = read_strings(params, "names");
+      const std::vector<std::vector<int>> shapes = read_lists(params, "shapes");
+      for (size_t i = 0; i < names.size() && i < shapes.size(); ++i) {
+        if (!seen.insert(names[i]).second) continue;  // a tied weight: the lowest stage's
+        CheckpointTensor t;
+        t.name = names[i];
+        int64_t count = 1;
+        for (int d : shapes[i]) t.shape.push_back(d), count *= d;
+        t.values.resize(static_cast<size_t>(count));
+        read_floats(params, std::to_string(i), t.values.data(), t.values.size());
+        out.push_back(std::move(t));
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      throw ConfigError("checkpoint file '" + path + "' is truncated or corrupt (" + e.what() + ")");
+    }
+  }
+  return out;
 }
 
 }  // namespace dawnpiper

@@ -1,8 +1,11 @@
 #pragma once
-// Checkpoints of a pipeline run: every stage writes its parameters, optimizer state and the next
-// step to DIR/step-<k>/stage-<x>.h5 (temporary name, then rename); when all stages have written,
-// rank 0 points DIR/latest at step k (again atomically) and removes older steps. A crash at any
-// moment leaves `latest` naming a complete checkpoint. Resuming reads `latest`.
+// Checkpoints of a pipeline run: every stage writes its parameters (with their names and shapes),
+// optimizer state and the next step to DIR/step-<k>/stage-<x>.h5 (temporary name, then rename);
+// when all stages have written, rank 0 writes DIR/step-<k>/manifest.json (every file's size and
+// checksum: the mark of a complete checkpoint), points DIR/latest at step k (each atomically)
+// and removes what is older than the last K complete checkpoints. A crash at any moment leaves
+// `latest` naming a complete checkpoint. Resuming reads `latest`, or the step asked for, after
+// checking every file against the manifest.
 #include <mpi.h>
 
 #include <cstdint>
@@ -25,11 +28,45 @@ struct CheckpointIdentity {
 // zero_shard()) every replica calls it, collective over `replicas` too (this stage's replicas,
 // rank = replica): replica 0 writes stage-<x>.h5 with the parameters and its shard of the
 // optimizer state, replica r > 0 stage-<x>-replica-<r>.h5 with its shard alone.
+// `keep`: how many complete checkpoints stay (this one among them; < 0: set_checkpoints_kept's
+// count); older step directories, and any past this step (left by a run abandoned at
+// --resume-from), are removed once it is complete.
 void write_checkpoint(const std::string& dir, int64_t next_step, const std::vector<PipelineStage*>& stages,
-                      const CheckpointIdentity& id, MPI_Comm comm, MPI_Comm replicas = MPI_COMM_NULL);
+                      const CheckpointIdentity& id, MPI_Comm comm, MPI_Comm replicas = MPI_COMM_NULL, int keep = -1);
+// The count write_checkpoint keeps when its caller gives none: --keep-checkpoints (2 unless set),
+// set by the run before it trains.
+void set_checkpoints_kept(int keep);
 
-// The step `latest` names (the first step to train); throws ConfigError if there is none.
-int64_t latest_checkpoint(const std::string& dir);
+// The step a resumed run starts from: `requested` (--resume-from; < 0: the one `latest` names),
+// once every file of that checkpoint is present with the size and checksum its manifest gives
+// (a checkpoint from before manifests, which `latest` names, passes unchecked). Otherwise a
+// ConfigError of one line that names the missing or damaged file (or `latest` itself) and the
+// newest complete earlier checkpoint with the option that resumes from it. Reads files only:
+// rank 0 calls it before anything else.
+int64_t checked_resume_step(const std::string& dir, int64_t requested);
+
+// The steps of DIR's complete checkpoints (a step directory with its manifest), newest first.
+std::vector<int64_t> complete_checkpoints(const std::string& dir);
+
+// DIR/step-<k>: where checkpoint k's files are.
+std::string checkpoint_step_dir(const std::string& dir, int64_t step);
+
+// What is wrong with checkpoint `step` in `dir` ("" when nothing): its directory, manifest, or a
+// file missing, of another size or checksum than written. `unchecked_ok`: a step directory without
+// a manifest passes (a checkpoint written before manifests).
+std::string checkpoint_damage(const std::string& dir, int64_t step, bool unchecked_ok = false);
+
+// One parameter of a checkpoint: its model name, shape and float32 values.
+struct CheckpointTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+// The parameters of checkpoint `step` in `dir`, every stage's in stage order, each name once (a
+// tied weight from the lowest stage holding it): what --save-weights writes at that step.
+// Throws ConfigError naming the file when one is missing, damaged or from before checkpoints kept
+// shapes.
+std::vector<CheckpointTensor> checkpoint_parameters(const std::string& dir, int64_t step);
 
 // Loads this stage's parameters and optimizer state of checkpoint `step` (under ZeRO its
 // replica's shard of the state); throws ConfigError when the checkpoint belongs to another model,

@@ -488,7 +488,7 @@ dp=(train --model gpt2-tiny --micro-batches 4 --data-parallel 2 --planner even -
 dfull=$($mpi 4 "$bin" "${dp[@]}" --steps 5 2>/dev/null | grep '^step' | cut -d' ' -f1-4)
 $mpi 4 "$bin" "${dp[@]}" --steps 3 --checkpoint-dir "$work/dck" --checkpoint-every 2 --quiet >/dev/null 2>&1
 dres=$($mpi 4 "$bin" "${dp[@]}" --steps 5 --checkpoint-dir "$work/dck" --resume --trace "$work/dp.h5" 2>&1 | grep '^step' | cut -d' ' -f1-4)
-if [ -n "$dres" ] && [ "$dres" = "$(echo "$dfull" | tail -2)" ] && [ "$(ls "$work/dck/step-5")" = "$(printf 'stage-0.h5\nstage-1.h5')" ]; then
+if [ -n "$dres" ] && [ "$dres" = "$(echo "$dfull" | tail -2)" ] && [ "$(ls "$work/dck/step-5")" = "$(printf 'manifest.json\nstage-0.h5\nstage-1.h5')" ]; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: data-parallel checkpoint"; echo "$dfull"; echo "$dres"; ls "$work/dck/step-5"; fi
 expect_ok "inspect a data-parallel trace" "2 data-parallel replicas .* gradient allreduce per stage" inspect "$work/dp.h5"
 $mpi 4 "$bin" train --model gpt2-tiny --stages 3 >/dev/null 2>"$work/err"

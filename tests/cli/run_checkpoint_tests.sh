@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Checkpoints kept and checked (issue 55, items 4 and 5): --keep-checkpoints K keeps the last K
+# complete checkpoints (each with its manifest of file sizes and checksums); a truncated,
+# altered or missing file, or a damaged `latest`, is named in one line (exit 2, no rank left
+# waiting) before anything is printed, with the newest complete earlier checkpoint and
+# --resume-from STEP, which resumes to the uninterrupted run's losses bitwise; export-weights
+# writes any kept checkpoint's weights as --save-weights writes them, byte for byte.
+# usage: run_checkpoint_tests.sh path/to/dawnpiper
+set -u
+bin="$1"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$root/tests/cli/cli_lib.sh"
+# Two ranks, and a limit: a rank left waiting fails the test instead of hanging it.
+mpi2() { timeout 120 mpirun --oversubscribe -np 2 "$bin" "$@"; }
+run=(train --model gpt2-tiny --optimizer adam --lr 0.001 --checkpoint-every 1)
+steps_of() { grep '^step' | cut -d' ' -f1-4; }
+dirs() { (cd "$1" && ls -d step-* | sort -t- -k2 -n | tr '\n' ' '); }
+
+# The uninterrupted run: 8 steps, the default 2 checkpoints kept.
+full=$(mpi2 "${run[@]}" --steps 8 --checkpoint-dir "$work/full" --save-weights "$work/w8.safetensors" 2>"$work/err" | steps_of)
+if [ "$(echo "$full" | wc -l)" = 8 ] && [ "$(dirs "$work/full")" = "step-7 step-8 " ] && [ "$(cat "$work/full/latest")" = 8 ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: default --keep-checkpoints (2)"; dirs "$work/full"; cat "$work/err"; fi
+# Stopped at step 6, 3 kept: steps 4, 5 and 6, each with its manifest.
+mpi2 "${run[@]}" --steps 6 --keep-checkpoints 3 --checkpoint-dir "$work/ck" --save-weights "$work/w6.safetensors" \
+  --quiet >/dev/null 2>"$work/err"
+if [ "$(dirs "$work/ck")" = "step-4 step-5 step-6 " ] && [ -s "$work/ck/step-4/manifest.json" ] &&
+   grep -q '"stage-1.h5"' "$work/ck/step-6/manifest.json" && [ "$(cat "$work/ck/latest")" = 6 ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --keep-checkpoints 3"; ls -R "$work/ck"; cat "$work/err"; fi
+
+# damaged NAME PATTERN DIR ARGS...: exit 2, stderr has PATTERN (and no internal error), stdout
+# is empty (nothing printed before the check: no header, no profile).
+damaged() {
+  local name="$1" pattern="$2" dir="$3"
+  shift 3
+  mpi2 "${run[@]}" --steps 8 --checkpoint-dir "$dir" "$@" >"$work/out" 2>"$work/err"
+  local code=$?
+  if [ $code -eq 2 ] && grep -qF -- "$pattern" "$work/err" && [ ! -s "$work/out" ] && ! grep -q "internal error" "$work/err"; then
+    passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $name (exit $code)"; cat "$work/out" "$work/err"; fi
+}
+cp -r "$work/ck" "$work/cut" && truncate -s 3000 "$work/cut/step-6/stage-1.h5"
+damaged "truncated file" "configuration error: --resume: checkpoint file '$work/cut/step-6/stage-1.h5' is truncated or corrupt (3000 bytes, \
+$(stat -c %s "$work/ck/step-6/stage-1.h5") were written); the newest complete earlier checkpoint is step 5 ($work/cut/step-5): \
+resume from it with --resume-from 5" "$work/cut" --resume
+cp -r "$work/ck" "$work/flip" && printf 'xxxx' | dd of="$work/flip/step-6/stage-0.h5" bs=1 seek=40000 conv=notrunc 2>/dev/null
+damaged "altered bytes" "checkpoint file '$work/flip/step-6/stage-0.h5' is corrupt (its bytes do not match the checksum" \
+  "$work/flip" --resume
+cp -r "$work/ck" "$work/gone" && rm "$work/gone/step-6/stage-0.h5" && truncate -s 10 "$work/gone/step-5/stage-1.h5"
+damaged "missing file, the earlier one damaged too" "checkpoint file '$work/gone/step-6/stage-0.h5' is missing or unreadable; \
+the newest complete earlier checkpoint is step 4" "$work/gone" --resume
+cp -r "$work/ck" "$work/junk" && echo junk >"$work/junk/latest"
+damaged "damaged latest" "'$work/junk/latest' is damaged (it names no step); the newest complete checkpoint is step 6 \
+($work/junk/step-6): resume from it with --resume-from 6" "$work/junk" --resume
+rm "$work/junk/latest"
+damaged "missing latest" "'$work/junk/latest' is missing; the newest complete checkpoint is step 6" "$work/junk" --resume
+damaged "a step not kept" "--resume-from 2: there is no checkpoint $work/ck/step-2; the newest complete checkpoint is step 6" \
+  "$work/ck" --resume-from 2
+cp -r "$work/ck" "$work/none" && rm -r "$work/none/step-4" "$work/none/step-5" && truncate -s 10 "$work/none/step-6/stage-0.h5"
+damaged "nothing earlier" "no earlier complete checkpoint is kept in $work/none: train anew without --resume" \
+  "$work/none" --resume
+rm -r "$work/none"
+expect_fail "no checkpoint to keep" "--keep-checkpoints must be at least 1" train --model gpt2-tiny --keep-checkpoints 0
+expect_fail "a negative step" "--resume-from must be a step" train --model gpt2-tiny --checkpoint-dir "$work/ck" --resume-from -3
+
+# --resume-from 5 past the damaged step 6: the uninterrupted run's steps 5-7 bitwise; the new
+# step 6 replaces the damaged one, and 2 are kept (the resumed run's default).
+resumed=$(mpi2 "${run[@]}" --steps 8 --checkpoint-dir "$work/cut" --resume-from 5 2>"$work/err" | steps_of)
+if [ -n "$resumed" ] && [ "$resumed" = "$(echo "$full" | tail -3)" ] && [ "$(dirs "$work/cut")" = "step-7 step-8 " ] &&
+   [ "$(cat "$work/cut/latest")" = 8 ]; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: --resume-from 5"; echo "$full"; echo "--"; echo "$resumed"; dirs "$work/cut"; cat "$work/err"; fi
+# --eval-only of a kept, not latest, checkpoint.
+if mpi2 train --model gpt2-tiny --eval-only --eval-batches 1 --checkpoint-dir "$work/ck" --resume-from 4 >"$work/out" 2>"$work/err" &&
+   grep -q "weights of the checkpoint at step 4 in $work/ck" "$work/out"; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: --eval-only --resume-from 4"; cat "$work/out" "$work/err"; fi
+
+# export-weights: the latest (a directory: model.safetensors, no config.json for a preset) and a
+# kept step (a file) equal --save-weights after those steps, byte for byte.
+mpi2 "${run[@]}" --steps 4 --checkpoint-dir "$work/four" --save-weights "$work/w4.safetensors" --quiet >/dev/null 2>&1
+expect_ok "export the latest" "wrote weights $work/e6/model.safetensors: 36 tensors, 0.14M parameters, of the checkpoint at \
+step 6 in $work/ck" export-weights "$work/ck" "$work/e6"
+check "export of step 6 = --save-weights" cmp -s "$work/e6/model.safetensors" "$work/w6.safetensors"
+[ ! -e "$work/e6/config.json" ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: config.json for a preset"; }
+expect_ok "export a kept step" "of the checkpoint at step 4" export-weights "$work/ck/step-4" "$work/e4.safetensors"
+check "export of step 4 = --save-weights" cmp -s "$work/e4.safetensors" "$work/w4.safetensors"
+expect_ok "export --step" "step 8" export-weights "$work/full" "$work/e8.safetensors" --step 8
+check "export of step 8 = --save-weights" cmp -s "$work/e8.safetensors" "$work/w8.safetensors"
+expect_fail "export a damaged checkpoint" "export-weights: checkpoint file '$work/flip/step-6/stage-0.h5' is corrupt (its bytes do \
+not match the checksum they were written with); --step 5 exports the newest complete one" export-weights "$work/flip" "$work/x"
+expect_fail "export nothing" "export-weights: there is no checkpoint directory '$work/nothing'" export-weights "$work/nothing" "$work/x"
+expect_fail "export a step not kept" "there is no checkpoint $work/ck/step-1" export-weights "$work/ck" "$work/x" --step 1
+expect_fail "export without a destination" "dawnpiper export-weights CKPT DIR" export-weights "$work/ck"
+[ ! -e "$work/x" ] && passed=$((passed + 1)) || { failed=$((failed + 1)); echo "FAIL: a failed export left $work/x"; }
+
+echo "checkpoint tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
