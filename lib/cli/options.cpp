@@ -73,9 +73,11 @@ po::options_description planning_options() {
                                                                                  "sr (swap + recompute); the runtime carries out its per-tensor decisions")
       ("zero-stage", po::value<int>()->default_value(0), "sharded data parallelism within each stage's replicas (DeepSpeed's "
                                                          "levels): 0 none; 1 optimizer state and fp32 masters split D ways, "
-                                                         "gradients reduce-scattered, parameters all-gathered (2 and 3: not yet)")
+                                                         "gradients reduce-scattered, parameters all-gathered; 2 gradients "
+                                                         "split too, reduce-scattered as each micro-batch's backward "
+                                                         "produces them (3: not yet)")
       ("bucket-size", po::value<std::string>()->default_value("25MiB"), "gradients travel between replicas in flat buckets "
-                                                                         "of about this size (--zero-stage 1)");
+                                                                         "of about this size (--zero-stage 1 and 2)");
   // clang-format on
   return d;
 }
@@ -86,10 +88,10 @@ ZeroOptions zero_options_from(const po::variables_map& vm) {
   if (z.stage < 0 || z.stage > 3)
     throw ConfigError("--zero-stage " + std::to_string(z.stage) +
                       " is no level of sharded data parallelism: 0 (none), 1, 2 or 3 (DeepSpeed's)");
-  if (z.stage >= 2)
+  if (z.stage >= 3)
     throw ConfigError("--zero-stage " + std::to_string(z.stage) +
-                      " is not implemented yet (level 1 shards the optimizer state; 2 and 3 will shard the "
-                      "gradients and the parameters too)");
+                      " is not implemented yet (levels 1 and 2 shard the optimizer state and the gradients; 3 "
+                      "will shard the parameters too)");
   z.bucket_bytes = parse_bytes(vm["bucket-size"].as<std::string>(), "--bucket-size");
   if (z.bucket_bytes < 4) throw ConfigError("--bucket-size must hold at least one fp32 element (4 bytes)");
   if (z.stage == 0) return z;

@@ -509,8 +509,15 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   result.transport = link.description;
   RankStages stages;
   for (int v = 0; v < virtual_stages; ++v) stages.push_back(build_stage(g, c, transport, v * ranks + rank));
-  if (c.zero_stage > 0 && c.replicas > 1)
-    for (auto& stage : stages) stage->shard_optimizer(options.replica_comm, c.bucket_bytes);
+  if (c.zero_stage > 0 && c.replicas > 1) {
+    const auto tied = tied_groups(g, c);  // level 2 reduce-scatters them once their sum is there
+    for (auto& stage : stages) {
+      std::vector<bool> deferred;
+      for (const StageParameter& p : stage->module().parameters())
+        deferred.push_back(tied.count({p.node, p.index}) > 0);
+      stage->shard_optimizer(options.replica_comm, c.bucket_bytes, c.zero_stage, std::move(deferred));
+    }
+  }
   if (options.resume)
     for (auto& stage : stages) read_checkpoint(options.checkpoint_dir, c.first_step, *stage, identity);
   std::vector<TieComm> tie_comms = tie_communicators(g, c, comm, rank);
@@ -519,8 +526,11 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   for (auto& stage : stages)
     if (c.replicas > 1) averagers.push_back(attach_replica_averager(*stage, c, options, tracing));
   if (c.replicas > 1 && c.zero_stage > 0)
-    result.transport += ", ZeRO level " + std::to_string(c.zero_stage) + " over " + std::to_string(c.replicas) +
-                        " replicas (gradients reduce-scattered, parameters all-gathered by mpi)";
+    result.transport +=
+        ", ZeRO level " + std::to_string(c.zero_stage) + " over " + std::to_string(c.replicas) +
+        " replicas (gradients reduce-scattered" +
+        (c.zero_stage >= 2 ? std::string(" as each micro-batch's backward produces them") : std::string()) +
+        ", parameters all-gathered by mpi)";
   else if (!averagers.empty())
     result.transport +=
         ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averagers.front()->description();

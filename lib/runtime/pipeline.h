@@ -36,7 +36,7 @@ struct PipelineConfig {
   std::vector<std::vector<Eviction>> evictions;  // per stage (the plan's); empty: keep all
   DataConfig data;
   int replica = 0, replicas = 1;  // data parallelism (StageConfig)
-  // Sharded data parallelism over each stage's replicas (runtime/zero_shard.h): 0 or 1 so far,
+  // Sharded data parallelism over each stage's replicas (runtime/zero_shard.h): 0, 1 or 2,
   // and 0 with one replica; buckets of about bucket_bytes.
   int zero_stage = 0;
   int64_t bucket_bytes = int64_t{25} << 20;

@@ -287,6 +287,7 @@ void PipelineStage::backward(int64_t mb) {
 }
 
 void PipelineStage::weight_pass_done() {
+  if (zero_) zero_->end_micro_batch();  // level 2: this micro-batch's gradients are in the shard
   if (!config_.schedule.traits().updates_once_per_step || ++weight_passes_ < config_.micro_batches) return;
   weight_passes_ = 0;
   if (start_replicas_ && !replicas_averaged_) start_replicas_(module_.parameters());
@@ -370,10 +371,14 @@ double PipelineStage::grad_square_sum() const {
   return dawnpiper::grad_square_sum(masters_, counted_in_norm_);
 }
 
-void PipelineStage::shard_optimizer(MPI_Comm replicas, int64_t bucket_bytes) {
+void PipelineStage::shard_optimizer(MPI_Comm replicas, int64_t bucket_bytes, int level, std::vector<bool> deferred) {
   if (!config_.schedule.traits().updates_once_per_step)
     throw std::logic_error("ZeRO shards the updates of a synchronous schedule");
-  zero_ = std::make_unique<ZeroShard>(masters_, counted_in_norm_, replicas, bucket_bytes);
+  zero_.reset();  // (its hooks go first)
+  std::vector<int> nodes;
+  for (const StageParameter& p : module_.parameters()) nodes.push_back(p.node);
+  zero_ = std::make_unique<ZeroShard>(masters_, counted_in_norm_, replicas, bucket_bytes, level, std::move(deferred),
+                                      nodes);
   optimizer_ = make_optimizer(config_.optimizer, zero_->pieces());
 }
 

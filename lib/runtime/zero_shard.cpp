@@ -15,7 +15,8 @@
 
 namespace dawnpiper {
 
-ShardLayout shard_layout(const std::vector<int64_t>& numels, int64_t bucket_numel, int replicas, int replica) {
+ShardLayout shard_layout(const std::vector<int64_t>& numels, int64_t bucket_numel, int replicas, int replica,
+                         const std::vector<int>& groups) {
   if (replicas < 1 || replica < 0 || replica >= replicas) throw std::logic_error("shard_layout: bad replica");
   ShardLayout l;
   l.replicas = replicas;
@@ -27,7 +28,7 @@ ShardLayout shard_layout(const std::vector<int64_t>& numels, int64_t bucket_nume
     b.begin = l.param_offset[i];
     b.first_param = i;
     do b.numel += numels[i++];
-    while (i < numels.size() && b.numel < bucket_numel);
+    while (i < numels.size() && (b.numel < bucket_numel || (!groups.empty() && groups[i] == groups[i - 1])));
     b.end_param = i;
     if (b.numel == 0) continue;  // parameters without elements
     b.chunk = (b.numel + replicas - 1) / replicas;
@@ -69,7 +70,7 @@ class AccumulatedHook final : public torch::autograd::PostAccumulateGradHook {
 }  // namespace
 
 ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes,
-                     int level, std::vector<bool> deferred)
+                     int level, std::vector<bool> deferred, const std::vector<int>& nodes)
     : params_(std::move(params)), comm_(replicas), level_(level) {
   if (level_ < 1 || level_ > 2) throw std::logic_error("ZeroShard: level 1 or 2");
   int rank = 0, size = 1;
@@ -81,7 +82,8 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
       throw std::logic_error("ZeRO shards contiguous fp32 parameters in host memory");
     numels.push_back(p.numel());
   }
-  layout_ = shard_layout(numels, std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float))), size, rank);
+  layout_ = shard_layout(numels, std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float))), size, rank,
+                         level_ >= 2 ? nodes : std::vector<int>{});
   at::NoGradGuard no_grad;
   for (const ShardLayout::Piece& piece : layout_.pieces) {
     const at::Tensor& p = params_[piece.param];

@@ -59,17 +59,20 @@ struct ShardLayout {
   int replicas = 1, replica = 0;
 };
 // Buckets hold whole parameters, closed once they reach `bucket_numel` elements (a larger
-// parameter is a bucket alone).
-ShardLayout shard_layout(const std::vector<int64_t>& param_numels, int64_t bucket_numel, int replicas, int replica);
+// parameter is a bucket alone); with `groups` (per parameter, e.g. its node), only between two
+// groups, so that a group's parameters share a bucket.
+ShardLayout shard_layout(const std::vector<int64_t>& param_numels, int64_t bucket_numel, int replicas, int replica,
+                         const std::vector<int>& groups = {});
 
 class ZeroShard {
  public:
   // `params`: the stage's fp32 master parameters (contiguous), `counted`: which count in the
   // global gradient norm (each tied parameter on its owner's stage only).
   // `level`: 1 or 2; `deferred` (level 2, per parameter, empty: none): whose buckets are
-  // reduce-scattered once per step.
+  // reduce-scattered once per step; `nodes` (level 2, per parameter): buckets close only between
+  // two nodes' parameters (a node's gradients come together; the planner's replay counts so).
   ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes,
-            int level = 1, std::vector<bool> deferred = {});
+            int level = 1, std::vector<bool> deferred = {}, const std::vector<int>& nodes = {});
   ~ZeroShard();
   ZeroShard(const ZeroShard&) = delete;
   ZeroShard& operator=(const ZeroShard&) = delete;

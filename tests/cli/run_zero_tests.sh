@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Sharded data parallelism (--zero-stage, issue 54): level 1 trains level 0's losses (AdamW with
-# weight decay and clipping, 10 steps, within 1e-6) on 2 stages x 2 replicas (1f1b, zb-h1,
-# interleaved; gpt2's embedding tied across the cut) and 1 stage x 4 replicas, bf16 within 1e-3,
-# while each replica holds 1/D of level 0's optimizer state; every stage's measured peak is
-# within 5% below its predicted one (at most 64 bytes above); a level-1 checkpoint resumes
-# bitwise and refuses another layout; bad levels are one line, exit 2.
+# Sharded data parallelism (--zero-stage, issue 54): levels 1 and 2 train level 0's losses (AdamW
+# with weight decay and clipping, 10 steps, within 1e-6) on 2 stages x 2 replicas (1f1b, zb-h1,
+# interleaved, gpipe, zb-h2; gpt2's embedding tied across the cut) and 1 stage x 4 replicas, bf16
+# within 1e-3, while each replica holds 1/D of level 0's optimizer state; every stage's measured
+# peak is within 5% below its predicted one (at most 64 bytes above); level-1 and level-2
+# checkpoints resume bitwise and refuse another layout; bad levels are one line, exit 2.
 # usage: run_zero_tests.sh path/to/dawnpiper
 set -u
 bin="$1"
@@ -51,34 +51,40 @@ common=(train --model gpt2-tiny --steps 10 --optimizer adamw --lr 0.003 --weight
 for layout in "--stages 2 --data-parallel 2 --schedule 1f1b --micro-batches 2" \
   "--stages 2 --data-parallel 2 --schedule zb-h1 --micro-batches 4" \
   "--stages 2 --data-parallel 2 --schedule interleaved --micro-batches 4" \
-  "--stages 1 --data-parallel 4 --micro-batches 2"; do
+  "--stages 1 --data-parallel 4 --micro-batches 2" \
+  "--stages 2 --data-parallel 2 --schedule gpipe --micro-batches 2" \
+  "--stages 2 --data-parallel 2 --schedule zb-h2 --micro-batches 4"; do
   d=$(echo "$layout" | grep -o 'data-parallel [0-9]' | awk '{print $2}')
-  # shellcheck disable=SC2086
-  $mpi 4 "$bin" "${common[@]}" $layout --zero-stage 0 --metrics-out "$work/m0.jsonl" --plan-out "$work/p0.json" \
-    >"$work/l0.out" 2>&1
-  # shellcheck disable=SC2086
-  $mpi 4 "$bin" "${common[@]}" $layout --zero-stage 1 --metrics-out "$work/m1.jsonl" --plan-out "$work/p1.json" \
-    >"$work/l1.out" 2>&1
+  for level in 0 1 2; do
+    # shellcheck disable=SC2086
+    $mpi 4 "$bin" "${common[@]}" $layout --zero-stage $level --metrics-out "$work/m$level.jsonl" \
+      --plan-out "$work/p$level.json" >"$work/l$level.out" 2>&1
+  done
   l0=$(losses <"$work/l0.out")
-  l1=$(losses <"$work/l1.out")
-  if [ "$(echo "$l1" | wc -l)" -eq 10 ] && within "$l0" "$l1" 1e-6; then passed=$((passed + 1)); else
-    failed=$((failed + 1)); echo "FAIL: level 1 losses ($layout)"; paste <(echo "$l0") <(echo "$l1"); tail -3 "$work/l1.out"; fi
-  if grep -q "ZeRO level 1 over $d replicas" "$work/l1.out" && shard_of "$(state_bytes "$work/l0.out")" "$(state_bytes "$work/l1.out")" "$d"; then
-    passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: level 1 state is 1/$d of level 0's ($layout)"
-    paste <(state_bytes "$work/l0.out") <(state_bytes "$work/l1.out"); fi
+  for level in 1 2; do
+    l=$(losses <"$work/l$level.out")
+    if [ "$(echo "$l" | wc -l)" -eq 10 ] && within "$l0" "$l" 1e-6; then passed=$((passed + 1)); else
+      failed=$((failed + 1)); echo "FAIL: level $level losses ($layout)"; paste <(echo "$l0") <(echo "$l"); tail -3 "$work/l$level.out"; fi
+    if grep -q "ZeRO level $level over $d replicas" "$work/l$level.out" &&
+       shard_of "$(state_bytes "$work/l0.out")" "$(state_bytes "$work/l$level.out")" "$d"; then
+      passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: level $level state is 1/$d of level 0's ($layout)"
+      paste <(state_bytes "$work/l0.out") <(state_bytes "$work/l$level.out"); fi
+  done
   case "$layout" in *interleaved*) continue ;; esac  # (a rank's stages peak together: per-stage plan rows)
   for level in 0 1; do
     if peaks_fit "$work/m$level.jsonl" "$work/p$level.json" >"$work/fit" 2>&1; then passed=$((passed + 1)); else
       failed=$((failed + 1)); echo "FAIL: level $level measured peaks against the plan ($layout)"; cat "$work/fit"; fi
   done
 done
-# bf16 (fp32 masters and state, bf16 compute): level 1 perturbs the parameters by fp32 rounding,
+# bf16 (fp32 masters and state, bf16 compute): levels 1 and 2 perturb the parameters by fp32 rounding,
 # which bf16 activations round on; within 1e-3 (bf16 resolves about 3 digits of a loss near 6).
 bf=("${common[@]}" --precision bf16 --stages 2 --data-parallel 2 --micro-batches 2)
 l0=$($mpi 4 "$bin" "${bf[@]}" --zero-stage 0 2>&1 | losses)
-l1=$($mpi 4 "$bin" "${bf[@]}" --zero-stage 1 2>&1 | losses)
-if [ "$(echo "$l1" | wc -l)" -eq 10 ] && within "$l0" "$l1" 1e-3; then passed=$((passed + 1)); else
-  failed=$((failed + 1)); echo "FAIL: level 1 losses in bf16"; paste <(echo "$l0") <(echo "$l1"); fi
+for level in 1 2; do
+  l=$($mpi 4 "$bin" "${bf[@]}" --zero-stage $level 2>&1 | losses)
+  if [ "$(echo "$l" | wc -l)" -eq 10 ] && within "$l0" "$l" 1e-3; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: level $level losses in bf16"; paste <(echo "$l0") <(echo "$l"); fi
+done
 
 # Bad input: one line, exit 2, before any profiling.
 one_error() {
@@ -95,12 +101,14 @@ one_error() {
 }
 one_error "level outside 0-3" "--zero-stage 4 is no level of sharded data parallelism" \
   $mpi 2 "$bin" train --model gpt2-tiny --data-parallel 2 --zero-stage 4
-one_error "level 2 not yet" "--zero-stage 2 is not implemented yet" \
-  $mpi 2 "$bin" train --model gpt2-tiny --data-parallel 2 --zero-stage 2
+one_error "level 3 not yet" "--zero-stage 3 is not implemented yet" \
+  $mpi 2 "$bin" train --model gpt2-tiny --data-parallel 2 --zero-stage 3
 one_error "level 3 in plan" "--zero-stage 3 is not implemented yet" \
   "$bin" plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --data-parallel 2 --zero-stage 3
 one_error "level 1 under async" "under --schedule async is not implemented yet" \
   $mpi 4 "$bin" train --model gpt2-tiny --data-parallel 2 --schedule async --zero-stage 1
+one_error "level 2 under async" "under --schedule async is not implemented yet" \
+  $mpi 4 "$bin" train --model gpt2-tiny --data-parallel 2 --schedule async --zero-stage 2
 one_error "negative level" "--zero-stage -1 is no level" "$bin" plan --model gpt2-tiny --device-spec a100-40gb \
   --stages 2 --zero-stage -1
 # One replica: a note, and level 0's training.
@@ -124,6 +132,16 @@ resumed=$($mpi 4 "$bin" "${ck[@]}" --steps 6 --checkpoint-dir "$work/ck" --resum
 if [ -n "$resumed" ] && [ "$(echo "$full" | tail -3)" = "$resumed" ] && ls "$work/ck/step-6" | grep -q 'replica-1'; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: level 1 resume"; paste <(echo "$full") <(echo "$resumed")
   ls "$work/ck/step-6"; fi
+# Level 2's checkpoints hold what level 1's do (each replica's shard of the optimizer state):
+# 3 + 3 resumed equal 6 bitwise.
+ck2=("${base[@]}" --zero-stage 2)
+full=$($mpi 4 "$bin" "${ck2[@]}" --steps 6 2>&1 | losses)
+$mpi 4 "$bin" "${ck2[@]}" --steps 3 --checkpoint-dir "$work/ck2" >/dev/null 2>&1
+resumed=$($mpi 4 "$bin" "${ck2[@]}" --steps 6 --checkpoint-dir "$work/ck2" --resume 2>&1 | losses)
+if [ -n "$resumed" ] && [ "$(echo "$full" | tail -3)" = "$resumed" ]; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: level 2 resume"; paste <(echo "$full") <(echo "$resumed"); fi
+one_error "resume level 2 at level 1" "written at --zero-stage 2 with --data-parallel 2, and this run has --zero-stage 1 with --data-parallel 2" \
+  $mpi 4 "$bin" "${ck[@]}" --steps 8 --checkpoint-dir "$work/ck2" --resume --resume-override
 # --eval-only reads a sharded checkpoint's parameters without being told its level.
 if $mpi 4 "$bin" "${base[@]}" --steps 6 --checkpoint-dir "$work/ck" --resume --eval-only >"$work/eval.out" 2>&1 &&
    grep -q "^validation loss [0-9.]*: .* checkpoint at step 6" "$work/eval.out"; then passed=$((passed + 1)); else
