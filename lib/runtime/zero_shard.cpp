@@ -38,7 +38,8 @@ ShardLayout shard_layout(const std::vector<int64_t>& numels, int64_t bucket_nume
     const int64_t lo = b.begin + replica * b.chunk, hi = std::min(b.begin + b.numel, lo + b.chunk);
     for (size_t p = b.first_param; p < b.end_param; ++p) {
       const int64_t from = std::max(lo, l.param_offset[p]), to = std::min(hi, l.param_offset[p] + numels[p]);
-      if (from < to) l.pieces.push_back({p, from - l.param_offset[p], to - from, b.shard_offset + (from - lo)});
+      if (from < to)
+        l.pieces.push_back({p, from - l.param_offset[p], to - from, b.shard_offset + (from - lo), l.buckets.size()});
     }
     l.buckets.push_back(b);
   }
@@ -92,6 +93,7 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
     pieces_.push_back(decays(p.dim()) ? view.view({1, piece.numel}) : view);
     piece_counted_.push_back(counted.empty() || counted[piece.param]);
   }
+  chunk_grad_.resize(layout_.buckets.size());
   if (level_ < 2) return;
   const size_t buckets = layout_.buckets.size();
   bucket_of_.assign(params_.size(), -1);
@@ -135,11 +137,12 @@ void ZeroShard::start(size_t bucket, bool accumulate) {
   }
   buffer.narrow(0, b.numel, buffer.numel() - b.numel).zero_();
   // The reduction overwrites this replica's chunk of the shard: its sum so far travels along.
-  if (accumulate)
-    buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(shard_grad_.narrow(0, b.shard_offset, b.chunk));
+  at::Tensor& chunk = chunk_grad_[bucket];
+  if (accumulate && !chunk.defined()) chunk = at::zeros({b.chunk}, at::kFloat);
+  if (accumulate) buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(chunk);
   travelling_.push_back({buffer, MPI_REQUEST_NULL});
-  MPI_Ireduce_scatter_block(buffer.data_ptr<float>(), shard_grad_.data_ptr<float>() + b.shard_offset,
-                            mpi_count(b.chunk), MPI_FLOAT, MPI_SUM, comm_, &travelling_.back().request);
+  MPI_Ireduce_scatter_block(buffer.data_ptr<float>(), chunk.data_ptr<float>(), mpi_count(b.chunk), MPI_FLOAT, MPI_SUM,
+                            comm_, &travelling_.back().request);
   sent_bytes_ += buffer.nbytes();
   if (travelling_.size() >= kInFlight) finish_oldest();
 }
@@ -159,7 +162,6 @@ void ZeroShard::accumulated(size_t param) {
   }
   if (!ready_[param]) ready_[param] = 1, --waiting_[bucket];
   while (next_ < order_.size() && waiting_[order_[next_]] == 0) {
-    if (!shard_grad_.defined()) shard_grad_ = at::zeros({layout_.shard_numel}, at::kFloat);
     started_[order_[next_]] = 1;
     start(order_[next_++], true);
   }
@@ -167,7 +169,6 @@ void ZeroShard::accumulated(size_t param) {
 
 void ZeroShard::end_micro_batch() {
   if (level_ < 2) return;
-  if (next_ < order_.size() && !shard_grad_.defined()) shard_grad_ = at::zeros({layout_.shard_numel}, at::kFloat);
   for (; next_ < order_.size(); ++next_) started_[order_[next_]] = 1, start(order_[next_], true);
   for (size_t b : order_)
     if (again_[b]) start(b, true);
@@ -183,20 +184,24 @@ void ZeroShard::end_micro_batch() {
 
 int64_t ZeroShard::reduce_scatter() {
   at::NoGradGuard no_grad;
+  const size_t buckets = layout_.buckets.size();
   if (level_ >= 2) {
     // The streamed buckets are in the shard already; the deferred ones join it.
-    if (!shard_grad_.defined()) shard_grad_ = at::zeros({layout_.shard_numel}, at::kFloat);
-    for (size_t b = 0; b < layout_.buckets.size(); ++b)
-      if (deferred_[b]) start(b, true);
+    for (size_t b = 0; b < buckets; ++b)
+      if (deferred_[b] || !chunk_grad_[b].defined()) start(b, true);
   } else {
-    shard_grad_ = at::empty({layout_.shard_numel}, at::kFloat);  // every element is received
-    for (size_t b = 0; b < layout_.buckets.size(); ++b) start(b, false);
+    // Every element is received: the chunks view one flat shard.
+    const at::Tensor shard = at::empty({layout_.shard_numel}, at::kFloat);
+    for (size_t b = 0; b < buckets; ++b)
+      chunk_grad_[b] = shard.narrow(0, layout_.buckets[b].shard_offset, layout_.buckets[b].chunk);
+    for (size_t b = 0; b < buckets; ++b) start(b, false);
   }
   while (!travelling_.empty()) finish_oldest();
-  shard_grad_.div_(static_cast<double>(layout_.replicas));
+  for (at::Tensor& chunk : chunk_grad_) chunk.div_(static_cast<double>(layout_.replicas));
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const ShardLayout::Piece& piece = layout_.pieces[k];
-    pieces_[k].mutable_grad() = shard_grad_.narrow(0, piece.shard_offset, piece.numel).view(pieces_[k].sizes());
+    const int64_t offset = piece.shard_offset - layout_.buckets[piece.bucket].shard_offset;
+    pieces_[k].mutable_grad() = chunk_grad_[piece.bucket].narrow(0, offset, piece.numel).view(pieces_[k].sizes());
   }
   const int64_t bytes = sent_bytes_;
   sent_bytes_ = 0;
@@ -213,7 +218,7 @@ int64_t ZeroShard::all_gather() {
   at::NoGradGuard no_grad;
   // The optimizer has let go of the pieces' gradients; the shard's buffer goes with them.
   for (at::Tensor& piece : pieces_) piece.mutable_grad() = at::Tensor();
-  shard_grad_ = at::Tensor();
+  for (at::Tensor& chunk : chunk_grad_) chunk = at::Tensor();
   struct Gathering {
     const ShardLayout::Bucket* bucket;
     at::Tensor send, receive;

@@ -21,7 +21,9 @@
 // gradient receives the sum over the replicas and the micro-batches so far. A bucket starts
 // once autograd has accumulated every parameter in it (post-accumulate hooks) and every bucket
 // before it in a fixed order (the last bucket first, as a backward produces them) has started:
-// the replicas start their collectives in the same order. At most two buckets travel at once;
+// the replicas start their collectives in the same order; a bucket's chunk of the shard is
+// allocated at its first start in a step, so the shard grows as the backward goes (and as it lets
+// go of the activations). At most two buckets travel at once;
 // a parameter's gradient lives from its accumulation until its bucket is packed. The buckets
 // of `deferred` parameters (weights tied across stages, whose gradients are summed over the
 // stages before the update) are reduce-scattered once per step, as at level 1.
@@ -51,6 +53,7 @@ struct ShardLayout {
     int64_t offset = 0;  // first element within the parameter (flattened)
     int64_t numel = 0;
     int64_t shard_offset = 0;  // where it lies in the replica's shard
+    size_t bucket = 0;         // the bucket it lies in
   };
   std::vector<int64_t> param_offset;  // per parameter, in the flat space
   std::vector<Bucket> buckets;
@@ -106,7 +109,10 @@ class ZeroShard {
   std::vector<bool> piece_counted_;
   MPI_Comm comm_;
   ShardLayout layout_;
-  at::Tensor shard_grad_;  // from reduce_scatter until the update: the pieces' gradients view it
+  // Per bucket, this replica's chunk of the summed gradient: from the bucket's first reduction
+  // in a step (level 1: the update's) until the update; the pieces' gradients view them. Level 2
+  // allocates each as its bucket first starts, so the shard grows as the backward goes.
+  std::vector<at::Tensor> chunk_grad_;
   int level_ = 1;
   int64_t sent_bytes_ = 0;  // since the last update
 
