@@ -1,4 +1,4 @@
-// ZeRO level 1's layout (runtime/zero_shard.h): the replicas' pieces tile every parameter once,
+// ZeRO levels 1 and 2's layout (runtime/zero_shard.h): the replicas' pieces tile every parameter once,
 // buckets hold whole parameters, and each replica's shard is about 1/D of the stage.
 #include "torch_test.h"
 
@@ -56,4 +56,30 @@ TEST_CASE("ZeRO shards: one replica owns everything, in one piece per parameter"
   REQUIRE(l.shard_numel == 18);
   REQUIRE(l.pieces[1].offset == 0);
   REQUIRE(l.pieces[1].shard_offset == 4);
+}
+
+TEST_CASE("ZeRO shards: with groups (level 2's nodes) a bucket closes only between two groups", "[runtime][zero]") {
+  const std::vector<int64_t> numels = {64, 1, 64, 1, 300, 2, 5};
+  const std::vector<int> groups = {0, 0, 1, 1, 2, 2, 3};
+  for (int replicas : {1, 2, 3}) {
+    for (int r = 0; r < replicas; ++r) {
+      const ShardLayout l = shard_layout(numels, 50, replicas, r, groups);
+      REQUIRE(l.buckets.size() == 4);  // {64, 1}, {64, 1}, {300, 2}, {5}
+      for (const ShardLayout::Bucket& b : l.buckets) {
+        if (b.first_param > 0) REQUIRE(groups[b.first_param] != groups[b.first_param - 1]);
+        if (b.end_param < numels.size()) REQUIRE(groups[b.end_param] != groups[b.end_param - 1]);
+      }
+      // Each piece names the bucket whose chunk it lies in.
+      for (const ShardLayout::Piece& piece : l.pieces) {
+        const ShardLayout::Bucket& b = l.buckets.at(piece.bucket);
+        REQUIRE(piece.param >= b.first_param);
+        REQUIRE(piece.param < b.end_param);
+        REQUIRE(piece.shard_offset >= b.shard_offset);
+        REQUIRE(piece.shard_offset + piece.numel <= b.shard_offset + b.chunk);
+      }
+    }
+  }
+  // Without groups the same sizes close after a parameter: {64}, {1, 64}, {1, 300}, {2, 5}.
+  REQUIRE(shard_layout(numels, 50, 2, 0).buckets.size() == 4);
+  REQUIRE(shard_layout(numels, 50, 2, 0).buckets[0].end_param == 1);
 }
