@@ -286,6 +286,10 @@ run() {
     step "share-inproc-$n" 60 "$DP" train $big1 --micro-batch-size $mb --micro-batches 4 --steps 4 --stages $n \
       --in-process --device $device
   done
+  # Where the 2 shared ranks' time goes: each stage's time per action kind (inspect).
+  step "share-trace-2" 90 $MPI 2 "$DP" train $big1 --micro-batch-size $mb --micro-batches 4 --steps 3 \
+    --device $device --trace "$work/share-2.h5" &&
+    step "share-inspect-2" 30 "$DP" inspect "$work/share-2.h5"
   # 4. The imported GPT-2 against eager PyTorch on the same device.
   wait $exporter
   for p in fp32 bf16; do
@@ -456,6 +460,14 @@ write_report() {
       echo "| $n | $(grep -o 'transport: .*' "$work/share-$n.out" 2>/dev/null | cut -d' ' -f2- | cut -c1-60) | $a | $b | $(awk -v a="$a" -v b="$b" 'BEGIN {if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-"}') |"
     done
     echo
+    if grep -q "time per step by action" "$work/share-inspect-2.out" 2>/dev/null; then
+      echo "2 ranks traced (\`train ... --steps 3 --trace T\`, then \`dawnpiper inspect T\`): each stage's time per step by action"
+      echo
+      echo '```'
+      sed -n '/time per step by action/,$p' "$work/share-inspect-2.out"
+      echo '```'
+      echo
+    fi
     if [ -s "$work/link.out" ]; then
       echo "## The host link (\`link_bandwidth.py\`: pinned copies on side streams, best of 5)"
       echo

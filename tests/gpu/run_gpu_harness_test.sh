@@ -39,6 +39,8 @@ grep -q 'masks drawn on the cpu.*' "$report" && grep -A1 'masks drawn on the cpu
 [ "$(grep -cE '^\| preset .* \| (fp32|bf16) \| [0-9.]+ \| \| \| [0-9.e+-]+ TFLOP/s .*\|$' "$report")" -eq 2 ] || fail "preset rows"
 # Ranks sharing the device against one process: 2 and 4 ranks, both timed.
 [ "$(grep -cE '^\| [24] \| .* \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$' "$report")" -eq 2 ] || fail "sharing rows"
+# ... and where the 2 shared ranks' time goes, per action kind (inspect of a traced run).
+[ "$(grep -cE '^  stage [01]: [A-Z_]+ [0-9.]+ ms \(' "$report")" -eq 2 ] || fail "shared ranks' action times"
 # Where a step goes: PyTorch's profiler over DawnPiper's and eager steps, both precisions.
 [ "$(grep -cE '^### Where a (fp32|bf16) step goes: (dawnpiper|eager)' "$report")" -eq 4 ] || fail "trace summaries"
 [ "$(grep -cE '^per step: wall [0-9.]+ ms' "$report")" -eq 4 ] || fail "trace summary lines"
