@@ -115,9 +115,20 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
   if (given) {
     plan_json = given->json;
   } else {
-    // A resumed run keeps the split its checkpoint was written with.
+    // A resumed run keeps the split its checkpoint was written with, where it runs as many
+    // stages; on another count it plans anew, and each stage reads its tensors by name.
     if (rank == 0) {
-      const bool keep_saved = o.resume && std::ifstream(saved_plan).good();
+      bool keep_saved = o.resume && std::ifstream(saved_plan).good();
+      if (keep_saved) {
+        const Plan saved = plan_from_json(read_text_file(saved_plan));
+        const size_t launched = static_cast<size_t>(layout.stages * saved.options.schedule.virtual_stages());
+        keep_saved = saved.stages.size() == launched;
+        if (!keep_saved && !o.quiet)
+          std::printf(
+              "note: the checkpoint's plan (%s) has %zu stages, and this run %zu: planning anew; each stage reads "
+              "its parameters and optimizer state by name\n",
+              saved_plan.c_str(), saved.stages.size(), launched);
+      }
       if (keep_saved && !o.calibrate_traces.empty())
         throw ConfigError("--calibrate-trace plans anew, and a resumed run keeps its checkpoint's plan (" + saved_plan +
                           ")");

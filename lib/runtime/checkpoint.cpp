@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -361,13 +362,101 @@ void read_stage_file(const std::string& path, PipelineStage& stage, const Checkp
 
 }  // namespace
 
+namespace {
+
+// Whether `path` holds this stage as the run's plan cuts it (same stage count and node range).
+bool same_split(const std::string& path, PipelineStage& stage, const CheckpointIdentity& id) {
+  if (H5Fis_hdf5(path.c_str()) <= 0) return false;
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
+  return has_attr(file, "stages") && read_attr<int64_t>(file, "stages") == id.stages &&
+         read_attr<int64_t>(file, "node_begin") == stage.config().begin &&
+         read_attr<int64_t>(file, "node_end") == stage.config().end;
+}
+
+// A checkpoint of another split (level 0: each file holds its stage's whole optimizer state):
+// every parameter of this stage and its optimizer state found by model name in whichever stage
+// file holds it (the lowest stage's, for a tied weight).
+void read_by_name(const std::string& dir, int64_t step, PipelineStage& stage, const CheckpointIdentity& id) {
+  struct Source {
+    std::string path;
+    size_t index = 0, count = 0;
+  };
+  std::map<std::string, Source> sources;
+  std::map<int64_t, std::string> files;
+  for (const std::string& name : list_directory(step_dir(dir, step))) {
+    if (name.rfind("stage-", 0) != 0 || name.size() <= 9 || name.compare(name.size() - 3, 3, ".h5") != 0) continue;
+    const std::string number = name.substr(6, name.size() - 9);
+    if (number.empty() || number.find_first_not_of("0123456789") != std::string::npos) continue;
+    files[std::stoll(number)] = step_dir(dir, step) + "/" + name;
+  }
+  if (files.empty()) throw ConfigError("there is no checkpoint " + step_dir(dir, step) + " (no stage-<x>.h5 in it)");
+  std::map<std::string, std::unique_ptr<Handle>> open;
+  for (const auto& [x, path] : files) {
+    auto file = std::make_unique<Handle>(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
+    if (!has_attr(*file, "format") || read_attr_string(*file, "format") != "dawnpiper-checkpoint")
+      throw ConfigError("'" + path + "' is not a DawnPiper checkpoint");
+    if (read_attr_string(*file, "preset") != id.preset || read_attr<int64_t>(*file, "nodes") != id.nodes)
+      throw ConfigError("checkpoint '" + path + "' is for model " + read_attr_string(*file, "preset") +
+                        ", this run has " + id.preset);
+    if (read_attr_string(*file, "optimizer") != id.optimizer)
+      throw ConfigError("checkpoint '" + path + "' is for optimizer " + read_attr_string(*file, "optimizer") +
+                        ", this run has " + id.optimizer);
+    if (has_attr(*file, "zero_stage") && read_attr<int64_t>(*file, "zero_stage") > 0)
+      throw ConfigError("checkpoint '" + path +
+                        "' holds a sharded optimizer state: it resumes only in the layout it was written in");
+    Handle params(H5Gopen2(*file, "parameters", H5P_DEFAULT), H5Gclose, "open group parameters");
+    const std::vector<std::string> names = read_strings(params, "names");
+    for (size_t i = 0; i < names.size(); ++i) sources.emplace(names[i], Source{path, i, names.size()});
+    open[path] = std::move(file);
+  }
+  at::NoGradGuard no_grad;
+  auto& ps = stage.module().parameters();
+  std::vector<const Source*> from(ps.size());
+  for (size_t j = 0; j < ps.size(); ++j) {
+    auto it = sources.find(ps[j].name);
+    if (it == sources.end())
+      throw ConfigError("checkpoint " + step_dir(dir, step) + " holds no parameter " + ps[j].name +
+                        " (a checkpoint of another model?)");
+    from[j] = &it->second;
+    Handle params(H5Gopen2(*open[it->second.path], "parameters", H5P_DEFAULT), H5Gclose, "open group parameters");
+    at::Tensor host = at::empty(ps[j].tensor.sizes(), at::kFloat);
+    try {
+      read_floats(params, std::to_string(it->second.index), host.data_ptr<float>(), static_cast<size_t>(host.numel()));
+    } catch (const std::runtime_error&) {
+      throw ConfigError("checkpoint file '" + it->second.path + "' holds " + ps[j].name +
+                        " with another shape than this model's");
+    }
+    ps[j].tensor.copy_(host);
+  }
+  std::vector<at::Tensor> s = stage.optimizer().state();
+  const auto& owners = stage.optimizer().params();
+  for (size_t i = 0; i < s.size(); ++i) {
+    const size_t j = i % owners.size(), moment = i / owners.size();  // state i: parameter i mod count
+    const Source& src = *from[j];
+    Handle state(H5Gopen2(*open[src.path], "optimizer_state", H5P_DEFAULT), H5Gclose, "open group optimizer_state");
+    const std::string name = std::to_string(moment * src.count + src.index);
+    if (H5Lexists(state, name.c_str(), H5P_DEFAULT) <= 0) {
+      s[i] = at::Tensor();
+      continue;
+    }
+    at::Tensor host = at::empty(owners[j].sizes(), at::kFloat);
+    read_floats(state, name, host.data_ptr<float>(), static_cast<size_t>(host.numel()));
+    s[i] = host.to(owners[j].device());
+  }
+  const std::string& first = from.empty() ? files.begin()->second : from.front()->path;
+  stage.optimizer().restore(s, read_attr<int64_t>(*open[first], "optimizer_steps"));
+}
+
+}  // namespace
+
 void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage, const CheckpointIdentity& id) {
   const std::string path = stage_file(dir, step, stage.config().stage);
   const int replica = stage.zero_shard() ? stage.config().replica : 0;
   const std::string state_path = replica > 0 ? stage_file(dir, step, stage.config().stage, replica) : "";
   quiet_errors();
-  if (H5Fis_hdf5(path.c_str()) <= 0) throw ConfigError("checkpoint file '" + path + "' is missing or unreadable");
   try {
+    if (!stage.zero_shard() && !same_split(path, stage, id)) return read_by_name(dir, step, stage, id);
+    if (H5Fis_hdf5(path.c_str()) <= 0) throw ConfigError("checkpoint file '" + path + "' is missing or unreadable");
     read_stage_file(path, stage, id, state_path);
   } catch (const Error&) {
     throw;

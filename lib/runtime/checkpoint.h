@@ -69,8 +69,10 @@ struct CheckpointTensor {
 std::vector<CheckpointTensor> checkpoint_parameters(const std::string& dir, int64_t step);
 
 // Loads this stage's parameters and optimizer state of checkpoint `step` (under ZeRO its
-// replica's shard of the state); throws ConfigError when the checkpoint belongs to another model,
-// split, optimizer, or sharding level and replica count.
+// replica's shard of the state). A checkpoint of another split (another stage count or plan)
+// without sharding is read by name: each parameter, and its optimizer state, from whichever
+// stage file holds it. Throws ConfigError when the checkpoint belongs to another model or
+// optimizer, or, sharded, to another split, sharding level or replica count.
 void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage, const CheckpointIdentity& id);
 
 }  // namespace dawnpiper

@@ -3,8 +3,10 @@
 # complete checkpoints (each with its manifest of file sizes and checksums); a truncated,
 # altered or missing file, or a damaged `latest`, is named in one line (exit 2, no rank left
 # waiting) before anything is printed, with the newest complete earlier checkpoint and
-# --resume-from STEP, which resumes to the uninterrupted run's losses bitwise; export-weights
-# writes any kept checkpoint's weights as --save-weights writes them, byte for byte.
+# --resume-from STEP, which resumes to the uninterrupted run's losses bitwise; a 2-rank
+# checkpoint resumed on 1 and 3 ranks (a new plan, tensors read by name) trains the uninterrupted
+# run's losses within 1e-6; export-weights writes any kept checkpoint's weights as --save-weights
+# writes them, byte for byte.
 # usage: run_checkpoint_tests.sh path/to/dawnpiper
 set -u
 bin="$1"
@@ -69,6 +71,17 @@ resumed=$(mpi2 "${run[@]}" --steps 8 --checkpoint-dir "$work/cut" --resume-from 
 if [ -n "$resumed" ] && [ "$resumed" = "$(echo "$full" | tail -3)" ] && [ "$(dirs "$work/cut")" = "step-7 step-8 " ] &&
    [ "$(cat "$work/cut/latest")" = 8 ]; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: --resume-from 5"; echo "$full"; echo "--"; echo "$resumed"; dirs "$work/cut"; cat "$work/err"; fi
+# Another stage count: a new plan, each stage's parameters and Adam state read by name; steps
+# 6-7 within 1e-6 of the uninterrupted 2-rank run's.
+within_1e6() { [ -n "$1" ] && paste <(echo "$1") <(echo "$2") | awk 'NF != 2 { bad = 1 } { d = ($1 - $2) / $2; if (d < 0) d = -d;
+  if (d > 1e-6) bad = 1 } END { exit bad }'; }
+for n in 1 3; do
+  cp -r "$work/ck" "$work/moved$n"
+  timeout 120 mpirun --oversubscribe -np $n "$bin" "${run[@]}" --steps 8 --checkpoint-dir "$work/moved$n" --resume >"$work/out" 2>"$work/err"
+  if grep -q "note: the checkpoint's plan ($work/moved$n/plan.json) has 2 stages, and this run $n: planning anew" "$work/out" &&
+     within_1e6 "$(losses <"$work/out")" "$(echo "$full" | tail -2 | losses)"; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: resume on $n ranks"; echo "$full"; cat "$work/out" "$work/err"; fi
+done
 # --eval-only of a kept, not latest, checkpoint.
 if mpi2 train --model gpt2-tiny --eval-only --eval-batches 1 --checkpoint-dir "$work/ck" --resume-from 4 >"$work/out" 2>"$work/err" &&
    grep -q "weights of the checkpoint at step 4 in $work/ck" "$work/out"; then passed=$((passed + 1)); else
