@@ -157,6 +157,7 @@ RunConfig run_config_from(const TrainOptions& o, const OpGraph& graph) {
   run.transport = o.transport;
   run.trace = !o.trace_path.empty();
   run.checkpoint_every = o.checkpoint_every;
+  run.keep_checkpoints = o.keep_checkpoints;
   run.resume = o.resume;
   run.checkpoint_dir = o.checkpoint_dir;
   run.preset = graph.preset;
@@ -185,7 +186,6 @@ int evaluate_pipeline(const std::optional<GivenPlan>& given, const OpGraph& grap
 int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, const RankLayout& layout,
                    const TrainOptions& o, int rank, c10::Device device) {
   int64_t first_step = 0;
-  set_checkpoints_kept(o.keep_checkpoints);
   if (o.resume) {
     first_step = o.resume_step >= 0 ? o.resume_step : checked_resume_step(o.checkpoint_dir, -1);
     if (first_step > o.config.steps)

@@ -176,12 +176,6 @@ std::string write_stage_file(const std::string& dir, int64_t next_step, Pipeline
 
 }  // namespace
 
-namespace {
-int checkpoints_kept = 2;
-}  // namespace
-
-void set_checkpoints_kept(int keep) { checkpoints_kept = std::max(keep, 1); }
-
 void write_checkpoint(const std::string& dir, int64_t next_step, const std::vector<PipelineStage*>& stages,
                       const CheckpointIdentity& id, MPI_Comm comm, MPI_Comm replicas, int keep) {
   int rank = 0, replica = 0;
@@ -214,7 +208,7 @@ void write_checkpoint(const std::string& dir, int64_t next_step, const std::vect
   manifest["files"] = files;
   write_text_atomically(manifest_path(dir, next_step), manifest.dump(2) + "\n");
   write_text_atomically(dir + "/latest", std::to_string(next_step) + "\n");
-  prune(dir, next_step, keep < 0 ? checkpoints_kept : std::max(keep, 1));
+  prune(dir, next_step, std::max(keep, 1));
 }
 
 std::string checkpoint_step_dir(const std::string& dir, int64_t step) { return step_dir(dir, step); }

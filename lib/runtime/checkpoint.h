@@ -28,14 +28,11 @@ struct CheckpointIdentity {
 // zero_shard()) every replica calls it, collective over `replicas` too (this stage's replicas,
 // rank = replica): replica 0 writes stage-<x>.h5 with the parameters and its shard of the
 // optimizer state, replica r > 0 stage-<x>-replica-<r>.h5 with its shard alone.
-// `keep`: how many complete checkpoints stay (this one among them; < 0: set_checkpoints_kept's
-// count); older step directories, and any past this step (left by a run abandoned at
-// --resume-from), are removed once it is complete.
+// `keep`: how many complete checkpoints stay (--keep-checkpoints; this one among them); older
+// step directories, and any past this step (left by a run abandoned at --resume-from), are
+// removed once it is complete.
 void write_checkpoint(const std::string& dir, int64_t next_step, const std::vector<PipelineStage*>& stages,
-                      const CheckpointIdentity& id, MPI_Comm comm, MPI_Comm replicas = MPI_COMM_NULL, int keep = -1);
-// The count write_checkpoint keeps when its caller gives none: --keep-checkpoints (2 unless set),
-// set by the run before it trains.
-void set_checkpoints_kept(int keep);
+                      const CheckpointIdentity& id, MPI_Comm comm, MPI_Comm replicas = MPI_COMM_NULL, int keep = 2);
 
 // The step a resumed run starts from: `requested` (--resume-from; < 0: the one `latest` names),
 // once every file of that checkpoint is present with the size and checksum its manifest gives

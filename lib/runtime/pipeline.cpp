@@ -426,7 +426,7 @@ int after_step(RankStages& stages, Transport& transport, const PipelineConfig& c
       std::vector<PipelineStage*> mine;
       for (auto& stage : stages) mine.push_back(stage.get());
       write_checkpoint(options.checkpoint_dir, done, mine, identity, comm,
-                       sharded ? options.replica_comm : MPI_COMM_NULL);
+                       sharded ? options.replica_comm : MPI_COMM_NULL, options.keep_checkpoints);
     }
   }
   return stop;

@@ -99,7 +99,8 @@ struct RunConfig {
   bool trace = false;                              // keep a record per action (trace/trace.h)
   std::string checkpoint_dir;                      // write / resume checkpoints here
   int64_t checkpoint_every = 0;                    // steps between checkpoints; 0: none
-  bool resume = false;  // load the checkpoint of step config.first_step (latest_checkpoint()) first
+  int keep_checkpoints = 2;                        // complete checkpoints kept (write_checkpoint)
+  bool resume = false;  // load the checkpoint of step config.first_step (checked_resume_step()) first
   std::string preset;   // checkpoint identity (with the optimizer)
   TransportKind transport = TransportKind::Auto;
   // Validation: every `eval_every` steps (at drains under async), `eval_batches` micro-batches
