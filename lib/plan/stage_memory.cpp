@@ -40,6 +40,11 @@ struct MicroBatch {
   // gradients of their own) I's end releases them with the loss's other saved tensors.
   bool loss_grad_held = false;
   bool loss_saved_released = false;  // I: the received logits' gradient took them (released early)
+  // The loss's stage: the runtime holds each loss until it reads the step's losses together
+  // (after the backward, B or I, that follows the step's last forward): loss_read, they were
+  // read since this micro-batch's forward; loss_pending, its graph let the loss go (bytes not
+  // yet released: graph_released).
+  bool loss_read = false, loss_pending = false;
 };
 
 // A program's eviction as the replay tracks it: by storage.
@@ -135,6 +140,7 @@ class StageReplay final : public ActionHooks {
   void receive_gradients(int64_t mb);
   void backward_action(int64_t mb);
   void graph_released(int64_t mb, MicroBatch& m);
+  void read_losses();
 
   // Every micro-batch's forward starts from the same state (what it received), and so does
   // every backward but the first of a step (which creates the parameters' gradients): without
@@ -208,6 +214,10 @@ class StageReplay final : public ActionHooks {
   // logits, and the bytes overwriting them saves.
   int loss_node_ = -1, loss_logits_ = -1;
   int64_t loss_saving_ = 0;
+  // The runtime reads the step's losses once it holds this many (the stage's forwards in a
+  // step: its list's, one step; an asynchronous list's all, an overestimate); those it holds,
+  // and their bytes whose graphs let them go.
+  int64_t losses_per_read_ = 0, losses_held_ = 0, held_loss_bytes_ = 0;
   // A tied weight's later users in the backward (an LM head's chunks): each makes a whole
   // weight's gradient (a slice's backward fills zeros around its rows) before it is summed in.
   std::vector<int64_t> tied_sum_at_;
@@ -294,6 +304,8 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
       last_(e == model.size()),
       requires_grad_(model.requires_grad()) {
   own_sends_.depth = static_cast<size_t>(model.schedule().traits().sends_in_flight);
+  if (last_)
+    for (const Action& a : actions_) losses_per_read_ += a.kind == ActionKind::Forward;
   place_storages();
   find_in_place_gradients();
   find_sliced_gradients();
@@ -609,6 +621,7 @@ MicroBatch& StageReplay::state(int64_t mb) {
   m.grad_in_loss.assign(static_cast<size_t>(locals_), 0);
   m.held_for_weights.assign(static_cast<size_t>(e_ - b_), -1);
   m.weights_pending = m.gradients_sent = m.loss_grad_held = m.loss_saved_released = false;
+  m.loss_read = m.loss_pending = false;
   return m;
 }
 
@@ -797,8 +810,9 @@ void StageReplay::walk_once(Walk& w, MicroBatch& m, bool backward, Body body) {
     param_grads_ += w.param_grads;
     if (backward) grad_done_ = w.grad_done;
     const int64_t version = m.version;
+    const bool loss_read = m.loss_read;
     m = w.after;
-    m.version = version;
+    m.version = version, m.loss_read = loss_read;
     return;
   }
   recording_ = &w;
@@ -919,7 +933,7 @@ void StageReplay::release_graph(MicroBatch& m) {
       if (model_.has_backward(i) && reads_params_[at(i - b_)])
         for (int t : p_.nodes[at(i)].saved) for_saver_keys(t, [&](int k) { release(m, k); });
   for (const TensorBytes& s : sent_) release(m, key_[at(s.tensor)]);
-  if (last_) release(m, loss_);
+  if (last_ && --m.refs[loc(loss_)] == 0 && m.alive[loc(loss_)]) m.alive[loc(loss_)] = 0, m.loss_pending = true;
   if (m.weights_pending && m.gradients_sent)
     for (const TensorBytes& t : received_)
       if (requires_grad_[at(t.tensor)]) release(m, t.tensor);
@@ -1186,6 +1200,7 @@ void StageReplay::reset_walk() {
   pending_sends_.clear();
   own_sends_.order.clear();
   param_grads_ = version_ = 0;
+  losses_held_ = held_loss_bytes_ = 0;
   optimizer_state_ = backward_in_step_ = false;
   version_users_.clear();
   for (Walk* w :
@@ -1254,6 +1269,7 @@ void StageReplay::recv_activation(const Action& a) {
 
 void StageReplay::forward(const Action& a) {
   forward(a.micro_batch, state(a.micro_batch));
+  if (last_) ++losses_held_, state(a.micro_batch).loss_read = false;
   if (r_.first_forward_end == 0) r_.first_forward_end = live_;
 }
 
@@ -1295,11 +1311,27 @@ void StageReplay::backward_action(int64_t mb) {
   MicroBatch& m = state(mb);
   backward(mb, m);
   graph_released(mb, m);
+  read_losses();
+}
+
+// After a backward (B or I): the step's losses are read once the runtime holds them all.
+void StageReplay::read_losses() {
+  if (!last_ || losses_held_ < losses_per_read_) return;
+  live_ -= held_loss_bytes_;
+  losses_held_ = held_loss_bytes_ = 0;
+  for (auto& [id, m] : mbs_) m.loss_read = true;
 }
 
 // Activations sent as they are stay referenced by the transport until their send completes:
 // where the backward freed them (the step's last forward sent them), they are held until then.
 void StageReplay::graph_released(int64_t mb, MicroBatch& m) {
+  if (m.loss_pending) {  // its loss goes now if read, else when read
+    m.loss_pending = false;
+    if (m.loss_read)
+      live_ -= bytes(loss_);
+    else
+      held_loss_bytes_ += bytes(loss_);
+  }
   for (PendingSend& p : pending_sends_)
     if (p.originals_of == mb)
       for (int k : sent_originals_)
@@ -1312,6 +1344,7 @@ void StageReplay::backward_input(const Action& a) {
   walk_once(input_walk_, m, /*backward=*/false, [&] { backward_nodes(a.micro_batch, m, /*input_only=*/true); });
   m.weights_pending = true;
   m.gradients_sent = false;
+  read_losses();
 }
 
 void StageReplay::backward_weight(const Action& a) {

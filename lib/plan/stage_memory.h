@@ -15,6 +15,8 @@
 //     copy_of) are not made;
 //   - what a send keeps referenced until MPI completes it (assumed: the stage's next send): the
 //     gradients sent back, copies of sent tensors the evictor empties;
+//   - on the loss's stage, each micro-batch's loss until the runtime reads the step's losses
+//     together (after the backward, B or I, that follows the step's last forward);
 //   - transients: each node's forward / backward workspace, a recomputation's re-run outputs
 //     (all of them held until the re-run ends), Adam's temporary;
 //   - evicted tensors are gone from their last forward use (or their send) until the backward

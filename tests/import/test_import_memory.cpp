@@ -159,8 +159,9 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
 // backward or several stages a rank, keeping everything and then (memopt sr) under the largest
 // budget below that plan's largest stage (times the stages a rank) at which the plan swaps or
 // recomputes; every rank, run alone through two steps, measures at most its predicted peak and
-// at least 90% of it. DEBUG_MEMORY=1 prints them (docs/benchmarks.md). And GPT-2 with attention
-// dropout, whose attention a split backward's I runs as several autograd functions.
+// at least 97% of it (less for three models, below). DEBUG_MEMORY=1 prints them
+// (docs/benchmarks.md). And GPT-2 with attention dropout, whose attention a split backward's I
+// runs as several autograd functions.
 TEST_CASE("planned imported pipelines measure at most their predicted rank peaks", "[import]") {
   at::set_num_threads(1);
   CountingAllocator& counter = CountingAllocator::install();
@@ -169,7 +170,17 @@ TEST_CASE("planned imported pipelines measure at most their predicted rank peaks
   // backward's): the issue's model measured 2-3% above its zb-h1 and zb-h2 predictions before.
   for (const char* name : {"gpt2", "gpt_neox", "t5", "gpt2_dropout"}) {
     const OpGraph g = build_imported(*read_model_file(test_model(name)), 4);
-    const Profile profile = quick_profile(g);
+    // Times that do not vary from run to run (a node's bytes stand for its work), so that the
+    // planner's cuts, and the stages measured, are the same in every run.
+    Profile profile = quick_profile(g);
+    for (NodeProfile& node : profile.nodes) {
+      double bytes = static_cast<double>(node.param_bytes);
+      for (int t : node.outputs) bytes += static_cast<double>(profile.tensors[static_cast<size_t>(t)].bytes);
+      node.fwd_ms = node.recompute_ms = 1e-3 + 1e-6 * bytes / 1024;
+      node.bwd_ms = 2 * node.fwd_ms;
+      node.fwd_ms_fit = {node.fwd_ms, 0};
+      node.bwd_ms_fit = {node.bwd_ms, 0};
+    }
     for (const char* schedule : {"zb-h1", "zb-h2", "interleaved"})
       for (int ranks : {2, 4}) {
         int64_t kept_peak = 0;
@@ -221,11 +232,33 @@ TEST_CASE("planned imported pipelines measure at most their predicted rank peaks
                       << " evictions) rank " << r << ": measured " << measured << " predicted " << expected);
             // (Ranks with the loss's stage measured 4 to 8 bytes above before the replay counted
             // the scaled loss, its seed gradient and the loss's gradient, which the backward
-            // starts from: the test allowed interleaved ranks 16.)
+            // starts from: the test allowed interleaved ranks 16; and 4 to 28 bytes above once the
+            // runtime held a step's losses until it read them together, commit fea121c, before
+            // the replay held them too.)
             CHECK(measured <= expected);
-            // GPT-NeoX's ranks measure up to 7% below (backward workspaces measured node by node,
-            // as in the test above), the others within 3%.
-            CHECK(double(measured) >= 0.90 * double(expected));
+            // At most 3% below (T5), except where the replay over-counts what it does not yet
+            // model (docs/benchmarks.md, traced action by action on GPT-NeoX):
+            // - a residual add hands its output's gradient itself to both branches, and a clone
+            //   (an exported dropout) hands it on: in I the captured output gradients of the
+            //   branch's last product, the residual's and the received inputs' gradients are one
+            //   buffer, which the replay counts once per holder (GPT-NeoX's last stage: 48 KiB
+            //   each I, held until W). Counted once, T5 measured 0.36% above its replay (16 KiB
+            //   more during its decoder's first attention's I, not found): not counted yet;
+            // - the profiled whole-backward workspace, which the replay charges in I too, holds a
+            //   copy no stage makes (the profiler accumulates a node's input gradients into leaves
+            //   laid out as in the stage; autograd copies a gradient into a strided leaf's layout):
+            //   GPT-NeoX's split of its fused query-key-value projection, 48 KiB (its I workspace
+            //   is 0; charged I's alone, other stages measure up to 9% above their replay);
+            // - GPT-2 with attention dropout: a whole backward is charged the attention's I
+            //   workspace (384 KiB: I keeps its functions' saved tensors to its end), more than a
+            //   whole backward needs.
+            // GPT-2 4.0%, GPT-NeoX 6%, GPT-2 with dropout 7% (measured down to 3.3%, 5.7%, 6.8%).
+            const std::string model_name = name;
+            const double below = model_name == "gpt2"           ? 0.96
+                                 : model_name == "gpt_neox"     ? 0.94
+                                 : model_name == "gpt2_dropout" ? 0.93
+                                                                : 0.97;
+            CHECK(double(measured) >= below * double(expected));
           }
         }
       }
