@@ -81,24 +81,6 @@ std::string hex(uint64_t v) {
   return text;
 }
 
-// Every rank's text at `root` of `comm`, in rank order (others get "").
-std::string gather_text(const std::string& mine, MPI_Comm comm) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const int n = static_cast<int>(mine.size());
-  std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
-  MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm);
-  std::string all;
-  if (rank == 0) {
-    int total = 0;
-    for (int r = 0; r < size; ++r) offsets[static_cast<size_t>(r)] = total, total += counts[static_cast<size_t>(r)];
-    all.resize(static_cast<size_t>(total));
-  }
-  MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), counts.data(), offsets.data(), MPI_CHAR, 0, comm);
-  return all;
-}
-
 // The step numbers of DIR's step-<k> directories.
 std::vector<int64_t> step_directories(const std::string& dir) {
   std::vector<int64_t> steps;
@@ -194,8 +176,8 @@ void write_checkpoint(const std::string& dir, int64_t next_step, const std::vect
   }
   // Every stage has its file once rank 0 has every rank's lines (each stage's replicas to
   // replica 0, then the pipeline of replica 0 to its rank 0); then the manifest and `latest`.
-  if (replicas != MPI_COMM_NULL) sums = gather_text(sums, replicas);
-  sums = gather_text(sums, comm);
+  if (replicas != MPI_COMM_NULL) sums = gather_string_quietly(sums, replicas);
+  sums = gather_string_quietly(sums, comm);
   if (!root) return;
   Json files = Json::object();
   std::istringstream lines(sums);

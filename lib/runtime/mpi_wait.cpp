@@ -85,4 +85,24 @@ void broadcast_string_quietly(std::string& text, int root, MPI_Comm comm) {
   broadcast_quietly(text.data(), static_cast<int>(n), MPI_CHAR, root, comm);
 }
 
+std::string gather_string_quietly(const std::string& mine, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int n = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
+  MPI_Request request;
+  MPI_Igather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm, &request);
+  wait_quietly(request);
+  std::string all;
+  if (rank == 0) {
+    int total = 0;
+    for (int r = 0; r < size; ++r) offsets[static_cast<size_t>(r)] = total, total += counts[static_cast<size_t>(r)];
+    all.resize(static_cast<size_t>(total));
+  }
+  MPI_Igatherv(mine.data(), n, MPI_BYTE, all.data(), counts.data(), offsets.data(), MPI_BYTE, 0, comm, &request);
+  wait_quietly(request);
+  return all;
+}
+
 }  // namespace dawnpiper

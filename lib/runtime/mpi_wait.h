@@ -46,6 +46,10 @@ void broadcast_quietly(void* buffer, int count, MPI_Datatype type, int root, MPI
 // A string from `root` to every rank (its length, then its bytes), each broadcast_quietly.
 void broadcast_string_quietly(std::string& text, int root, MPI_Comm comm);
 
+// Every rank's bytes at rank 0 of `comm`, in rank order (the others get ""): their sizes, then
+// the bytes, each gathered as MPI_Igather(v) and wait_quietly.
+std::string gather_string_quietly(const std::string& mine, MPI_Comm comm);
+
 // MPI_Barrier as MPI_Ibarrier and wait_quietly.
 void barrier_quietly(MPI_Comm comm);
 

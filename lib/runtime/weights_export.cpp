@@ -6,6 +6,7 @@
 #include <map>
 
 #include "data/scalar_type.h"
+#include "runtime/mpi_wait.h"
 #include "util/safetensors.h"
 
 namespace dawnpiper {
@@ -32,20 +33,9 @@ std::string pack(const std::vector<StageParameter>& parameters) {
 }  // namespace
 
 void save_weights(const std::vector<StageParameter>& parameters, const std::string& path, MPI_Comm comm) {
-  int rank = 0, size = 1;
+  int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const std::string mine = pack(parameters);
-  const int n = static_cast<int>(mine.size());
-  std::vector<int> counts(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
-  MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm);
-  std::string all;
-  if (rank == 0) {
-    int total = 0;
-    for (int r = 0; r < size; ++r) offsets[static_cast<size_t>(r)] = total, total += counts[static_cast<size_t>(r)];
-    all.resize(static_cast<size_t>(total));
-  }
-  MPI_Gatherv(mine.data(), n, MPI_BYTE, all.data(), counts.data(), offsets.data(), MPI_BYTE, 0, comm);
+  const std::string all = gather_string_quietly(pack(parameters), comm);
   if (rank != 0) return;
   std::vector<SafetensorsTensor> tensors;
   std::map<std::string, bool> seen;
