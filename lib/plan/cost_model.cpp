@@ -340,7 +340,7 @@ MemoryBreakdown CostModel::memory(int b, int e, int x, int64_t activation_per_mi
   m.weights = param_bytes(b, e);
   m.weight_versions = std::max(1, weight_versions(x));
   m.stashed_weights = static_cast<int64_t>(m.weight_versions - 1) * m.weights;
-  m.gradients = m.weights;
+  m.gradients = gradient_bytes(m.weights);
   m.optimizer = optimizer_state_bytes(m.weights);
   m.activation_per_micro_batch = activation_per_micro_batch;
   m.in_flight = in_flight(x);

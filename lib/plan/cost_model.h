@@ -59,6 +59,11 @@ class CostModel {
   int64_t optimizer_state_bytes(int64_t weights) const {
     return optimizer_multiplier() * (zero_stage_ > 0 ? (weights + data_parallel_ - 1) / data_parallel_ : weights);
   }
+  // The gradients a replica holds for `weights` bytes of parameters: all of them, or at level 2
+  // its shard (the buckets in flight beside it: the replay).
+  int64_t gradient_bytes(int64_t weights) const {
+    return zero_stage_ >= 2 ? (weights + data_parallel_ - 1) / data_parallel_ : weights;
+  }
   int weight_versions(int x) const { return stage_stats(x).max_weight_versions; }
 
   // --- time (ms, per micro-batch) ---

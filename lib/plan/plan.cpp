@@ -387,6 +387,12 @@ void Plan::print_table(std::ostream& out) const {
       out << (s.index ? ", " : " ") << s.index << ": " << format_bytes(static_cast<double>(s.memory.optimizer))
           << " of "
           << format_bytes(static_cast<double>(optimizer_state_multiplier(options.optimizer) * s.memory.weights));
+    if (options.sharding() >= 2) {  // and of the gradients (the buckets in flight come on top)
+      out << "; gradient shard per replica";
+      for (const StagePlan& s : stages)
+        out << (s.index ? ", " : " ") << s.index << ": " << format_bytes(static_cast<double>(s.memory.gradients))
+            << " of " << format_bytes(static_cast<double>(s.memory.weights));
+    }
     out << "\n";
   }
   if (v > 1) {  // a rank holds its stages at once

@@ -279,6 +279,27 @@ class StageReplay final : public ActionHooks {
                                    : model_.optimizer_state_bytes(weights_);
   }
   void place_zero_buckets(std::vector<int64_t> param_bytes);
+  // Level 2: each micro-batch's gradients are reduce-scattered a bucket at a time as the
+  // backward makes them (the last bucket first, each once its nodes have made theirs and the
+  // buckets before it started; two in flight), into the shard, whose chunk of a bucket is held
+  // from the bucket's first start in a step to the update. Buckets of weights tied across stages
+  // wait for the update. Per node offset its bucket (-1: no parameter), per bucket its
+  // gradients' bytes, whether it waits, its nodes still to make theirs in this micro-batch and
+  // whether its chunk is held.
+  bool zero_streams() const { return model_.zero_stage() >= 2; }
+  bool zero_streamed(int i) const {
+    const int k = zero_bucket_of_.empty() ? -1 : zero_bucket_of_[at(i - b_)];
+    return zero_streams() && (k < 0 || !zero_deferred_[at(k)]);
+  }
+  void zero_gradient_made(int i);
+  void zero_start(size_t bucket);
+  void zero_end_micro_batch();
+  std::vector<int> zero_bucket_of_, zero_waiting_;
+  std::vector<int64_t> zero_bucket_grads_;
+  std::vector<char> zero_deferred_, zero_made_, zero_chunk_held_;
+  std::vector<size_t> zero_order_;  // the streamed buckets, in the order they start
+  size_t zero_next_ = 0;
+  std::deque<int64_t> zero_travelling_;
   int64_t version_ = 0;
   std::map<int64_t, int> version_users_;
   int64_t* rank_peak_ = nullptr;     // a rank's stages replayed together: their peak
@@ -916,6 +937,7 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
   m.received_grads = 0;
   if (!input_only) {
     release_graph(m);
+    zero_end_micro_batch();
     return;
   }
   // I kept the graph while it ran; what the parameter readers saved stays for W, and so do the
@@ -950,7 +972,9 @@ void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
     int64_t grads = 0, transient = tied_sum_at_[at(i - b_)];
     param_gradient(i, grads, transient);
     note(live_ + grads + transient + p_.nodes[at(i)].bwd_workspace, i);
-    live_ += grads - held;
+    live_ += grads;
+    if (zero_streams()) zero_gradient_made(i);  // (the weight pass still holds the output's gradient)
+    live_ -= held;
   }
   if (m.loss_grad_held)
     for (int t : p_.nodes[at(loss_node_)].saved)
@@ -958,6 +982,7 @@ void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
   m.loss_grad_held = false;
   release_graph(m);
   m.weights_pending = false;
+  zero_end_micro_batch();
 }
 
 // Node i's backward: the gradients of its inputs and parameters appear, its output's gradient
@@ -1125,11 +1150,14 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
       live_ -= bytes(o);
   if (!input_only)  // I lets them go at its end (backward_nodes)
     for (int t : node.saved) for_saver_keys(t, [&](int k) { release(m, k); });
+  // Autograd accumulates the parameters' gradients once the node's function has let its
+  // inputs and saved tensors go.
+  if (!input_only && zero_streams()) zero_gradient_made(i);
 }
 
 void StageReplay::param_gradient(int i, int64_t& grads, int64_t& transient) {
   const int64_t pg = grad_at_[at(i - b_)];
-  if (!grad_done_[at(i - b_)]) {
+  if (!grad_done_[at(i - b_)] || zero_streamed(i)) {  // (level 2: released after each micro-batch)
     grad_done_[at(i - b_)] = 1;
     grads += pg;
     param_grads_ += pg;
@@ -1143,17 +1171,81 @@ void StageReplay::param_gradient(int i, int64_t& grads, int64_t& transient) {
 
 void StageReplay::place_zero_buckets(std::vector<int64_t> param_bytes) {
   zero_buckets_.clear();
+  zero_bucket_grads_.clear();
+  zero_deferred_.clear();
+  zero_order_.clear();
+  zero_bucket_of_.clear();
   zero_shard_ = 0;
   if (model_.zero_stage() == 0) return;
+  // Level 2: the nodes holding a weight tied across stages (a copy, or an owner another stage
+  // copies): their buckets wait for the update, after the stages' sum.
+  std::vector<char> tied_across(param_bytes.size(), 0);
+  if (zero_streams())
+    for (int n = 0; n < static_cast<int>(p_.nodes.size()); ++n) {
+      const int owner = p_.nodes[at(n)].tied_owner;
+      if (owner < 0 || in_range(owner) == in_range(n)) continue;
+      if (in_range(n)) tied_across[at(n - b_)] = 1;
+      if (in_range(owner)) tied_across[at(owner - b_)] = 1;
+    }
+  zero_bucket_of_.assign(param_bytes.size(), -1);
   const int64_t d = model_.data_parallel(), unit = 4 * d;  // each replica's chunk: whole fp32 elements
   int64_t open = 0;
+  bool deferred = false;
   auto close = [&] {
-    if (open > 0) zero_buckets_.push_back((open + unit - 1) / unit * unit), zero_shard_ += zero_buckets_.back() / d;
+    if (open > 0) {
+      zero_buckets_.push_back((open + unit - 1) / unit * unit), zero_shard_ += zero_buckets_.back() / d;
+      zero_bucket_grads_.push_back(open);
+      zero_deferred_.push_back(deferred);
+    }
     open = 0;
+    deferred = false;
   };
-  for (int64_t bytes : param_bytes)
-    if ((open += bytes) >= model_.bucket_bytes()) close();
+  for (size_t j = 0; j < param_bytes.size(); ++j) {
+    if (param_bytes[j] == 0) continue;
+    zero_bucket_of_[j] = static_cast<int>(zero_buckets_.size());
+    deferred = deferred || tied_across[j];
+    if ((open += param_bytes[j]) >= model_.bucket_bytes()) close();
+  }
   close();
+  for (size_t k = zero_buckets_.size(); k-- > 0;)
+    if (!zero_deferred_[k]) zero_order_.push_back(k);
+  zero_made_.assign(param_bytes.size(), 0);
+  zero_chunk_held_.assign(zero_buckets_.size(), 0);
+  zero_waiting_.assign(zero_buckets_.size(), 0);
+  zero_end_micro_batch();  // (sets the counts)
+}
+
+void StageReplay::zero_gradient_made(int i) {
+  const int k = zero_bucket_of_[at(i - b_)];
+  if (k < 0 || zero_deferred_[at(k)] || zero_made_[at(i - b_)]) return;
+  zero_made_[at(i - b_)] = 1;
+  --zero_waiting_[at(k)];
+  while (zero_next_ < zero_order_.size() && zero_waiting_[zero_order_[zero_next_]] == 0)
+    zero_start(zero_order_[zero_next_++]);
+}
+
+// The runtime's ZeroShard::start: the bucket's chunk of the shard (zeros) at its first start in
+// the step, its buffer beside its gradients, which it then releases; two buckets travel at most.
+void StageReplay::zero_start(size_t k) {
+  if (!zero_chunk_held_[k]) live_ += zero_buckets_[k] / model_.data_parallel(), zero_chunk_held_[k] = 1;
+  note(live_ + zero_buckets_[k], -1);
+  live_ += zero_buckets_[k] - zero_bucket_grads_[k];
+  param_grads_ -= zero_bucket_grads_[k];
+  zero_travelling_.push_back(zero_buckets_[k]);
+  if (zero_travelling_.size() >= 2) live_ -= zero_travelling_.front(), zero_travelling_.pop_front();
+}
+
+// After a micro-batch's weight gradients (ZeroShard::end_micro_batch): what has not started
+// starts, and everything completes.
+void StageReplay::zero_end_micro_batch() {
+  if (!zero_streams()) return;
+  while (zero_next_ < zero_order_.size()) zero_start(zero_order_[zero_next_++]);
+  while (!zero_travelling_.empty()) live_ -= zero_travelling_.front(), zero_travelling_.pop_front();
+  zero_next_ = 0;
+  std::fill(zero_made_.begin(), zero_made_.end(), 0);
+  std::fill(zero_waiting_.begin(), zero_waiting_.end(), 0);
+  for (int k : zero_bucket_of_)
+    if (k >= 0) ++zero_waiting_[at(k)];
 }
 
 void StageReplay::optimizer_step() {
@@ -1163,11 +1255,18 @@ void StageReplay::optimizer_step() {
     // The gradients reduce-scattered into the shard a bucket at a time: bucket k's buffer with
     // k - 1's still travelling, whose gradients (about its size) are released by then.
     // From the second step on the optimizer state is there already (this pass is walked once).
+    // Level 2: only the buckets that waited for the update; the shard is there already where
+    // a bucket streamed.
     int64_t largest = 0;
-    for (int64_t bucket : zero_buckets_) largest = std::max(largest, bucket);
-    note(live_ + zero_shard_ + largest + (optimizer_state_ ? 0 : optimizer_state_bytes()), -1);
-    live_ += zero_shard_ - param_grads_;
+    for (size_t k = 0; k < zero_buckets_.size(); ++k)
+      if (!zero_streams() || zero_deferred_[k]) largest = std::max(largest, zero_buckets_[k]);
+    int64_t shard = zero_shard_;
+    for (size_t k = 0; k < zero_buckets_.size(); ++k)
+      if (zero_streams() && !zero_deferred_[k]) shard -= zero_buckets_[k] / model_.data_parallel();
+    note(live_ + shard + largest + (optimizer_state_ ? 0 : optimizer_state_bytes()), -1);
+    live_ += shard - param_grads_;
     param_grads_ = 0;
+    std::fill(zero_chunk_held_.begin(), zero_chunk_held_.end(), 0);
   }
   const int64_t state_bytes = optimizer_state_bytes();
   if (!optimizer_state_) live_ += state_bytes, optimizer_state_ = true;
@@ -1202,6 +1301,7 @@ void StageReplay::reset_walk() {
   param_grads_ = version_ = 0;
   losses_held_ = held_loss_bytes_ = 0;
   optimizer_state_ = backward_in_step_ = false;
+  std::fill(zero_chunk_held_.begin(), zero_chunk_held_.end(), 0);
   version_users_.clear();
   for (Walk* w :
        {&forward_walk_, &backward_walk_[0], &backward_walk_[1], &input_walk_, &weight_walk_[0], &weight_walk_[1]})

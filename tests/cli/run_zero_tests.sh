@@ -71,7 +71,7 @@ for layout in "--stages 2 --data-parallel 2 --schedule 1f1b --micro-batches 2" \
       paste <(state_bytes "$work/l0.out") <(state_bytes "$work/l$level.out"); fi
   done
   case "$layout" in *interleaved*) continue ;; esac  # (a rank's stages peak together: per-stage plan rows)
-  for level in 0 1; do
+  for level in 0 1 2; do
     if peaks_fit "$work/m$level.jsonl" "$work/p$level.json" >"$work/fit" 2>&1; then passed=$((passed + 1)); else
       failed=$((failed + 1)); echo "FAIL: level $level measured peaks against the plan ($layout)"; cat "$work/fit"; fi
   done
@@ -117,9 +117,11 @@ $mpi 2 "$bin" train --model gpt2-tiny --steps 3 >"$work/zero.out" 2>&1
 if grep -q "note: --zero-stage 1 shards over each stage's replicas, and this run has one: it changes nothing" "$work/one.out" &&
    [ "$(losses <"$work/one.out")" = "$(losses <"$work/zero.out")" ]; then passed=$((passed + 1)); else
   failed=$((failed + 1)); echo "FAIL: level 1 with one replica"; tail -3 "$work/one.out"; fi
-# The plan prints each replica's share of the optimizer state.
+# The plan prints each replica's share of the optimizer state (level 2: and of the gradients).
 expect_ok "plan at level 1" "zero-stage 1 over 2 replicas (buckets of 25.00 MiB): optimizer state per replica 0: " \
   plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --data-parallel 2 --zero-stage 1 --optimizer adam
+expect_ok "plan at level 2" "; gradient shard per replica 0: " \
+  plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --data-parallel 2 --zero-stage 2 --optimizer adam
 
 # Checkpoints at level 1: each replica writes its shard; 6 steps in one go equal 3 + 3 resumed,
 # bitwise; another level or replica count is refused naming both.
