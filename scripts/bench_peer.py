@@ -163,7 +163,9 @@ def rank_main(rank, args, port, queue):
     dist.destroy_process_group()
 
 
-def pipelined(args):
+def spawn_ranks(target, args):
+    """args.ranks processes, each running target(rank, args, port, queue) (gloo on a free local
+    port); returns them, started, and the queue they report on."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -171,9 +173,14 @@ def pipelined(args):
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    procs = [ctx.Process(target=rank_main, args=(r, args, port, queue)) for r in range(args.ranks)]
+    procs = [ctx.Process(target=target, args=(r, args, port, queue)) for r in range(args.ranks)]
     for p in procs:
         p.start()
+    return procs, queue
+
+
+def pipelined(args):
+    procs, queue = spawn_ranks(rank_main, args)
     results = [queue.get() for _ in procs]
     for p in procs:
         p.join()

@@ -22,13 +22,12 @@ import argparse
 import contextlib
 import os
 import resource
-import socket
 import sys
 import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_peer import build_model  # noqa: E402  (the same GPT-2 as the pipelines' benchmark)
+from bench_peer import build_model, spawn_ranks  # noqa: E402  (the pipelines' benchmark's GPT-2)
 
 
 def wrap(model, mode):
@@ -102,16 +101,7 @@ def main():
     args = ap.parse_args()
     if args.steps < 2:
         sys.exit("bench_zero_torch.py: --steps must be at least 2 (the first is left out)")
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    procs = [ctx.Process(target=rank_main, args=(r, args, port, queue)) for r in range(args.ranks)]
-    for p in procs:
-        p.start()
+    procs, queue = spawn_ranks(rank_main, args)
     results = []
     for _ in procs:
         results.append(queue.get())
