@@ -89,9 +89,7 @@ at::Tensor WeightLoader::load(const std::string& name, const std::vector<std::st
       if (e.shape != shape)
         throw ConfigError("weight " + name + " in '" + file->path() + "' has shape " + shape_str(e.shape) +
                           ", but the model needs " + shape_str(shape));
-      at::Tensor view =
-          at::from_blob(const_cast<void*>(file->data(e)), e.shape, at::TensorOptions(scalar_type(e.dtype)));
-      return view.to(scalar_type(dtype), /*non_blocking=*/false, /*copy=*/true);
+      return read_entry(*file, n).to(scalar_type(dtype), /*non_blocking=*/false, /*copy=*/true);
     }
   for (size_t f = 0; f < searched; ++f) {
     const SafetensorsFile& file = *files_[f];
