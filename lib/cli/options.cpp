@@ -75,7 +75,8 @@ po::options_description planning_options() {
                                                          "levels): 0 none; 1 optimizer state and fp32 masters split D ways, "
                                                          "gradients reduce-scattered, parameters all-gathered; 2 gradients "
                                                          "split too, reduce-scattered as each micro-batch's backward "
-                                                         "produces them (3: not yet)")
+                                                         "produces them; 3 parameters split too, each bucket gathered "
+                                                         "where it is read and let go after")
       ("bucket-size", po::value<std::string>()->default_value("25MiB"), "gradients travel between replicas in flat buckets "
                                                                          "of about this size (--zero-stage 1 and 2)");
   // clang-format on
@@ -88,10 +89,6 @@ ZeroOptions zero_options_from(const po::variables_map& vm) {
   if (z.stage < 0 || z.stage > 3)
     throw ConfigError("--zero-stage " + std::to_string(z.stage) +
                       " is no level of sharded data parallelism: 0 (none), 1, 2 or 3 (DeepSpeed's)");
-  if (z.stage >= 3)
-    throw ConfigError("--zero-stage " + std::to_string(z.stage) +
-                      " is not implemented yet (levels 1 and 2 shard the optimizer state and the gradients; 3 "
-                      "will shard the parameters too)");
   z.bucket_bytes = parse_bytes(vm["bucket-size"].as<std::string>(), "--bucket-size");
   if (z.bucket_bytes < 4) throw ConfigError("--bucket-size must hold at least one fp32 element (4 bytes)");
   if (z.stage == 0) return z;
@@ -106,6 +103,8 @@ ZeroOptions zero_options_from(const po::variables_map& vm) {
   return z;
 }
 
+  if (z.stage >= 3 && !schedule.is_auto() && schedule.traits().splits_backward)
+    throw ConfigError(level_three_split_refusal(name_of(schedule)));
 po::options_description model_override_options() {
   po::options_description d("Model overrides (change a preset)");
   // clang-format off

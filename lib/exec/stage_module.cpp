@@ -218,7 +218,9 @@ std::vector<int> StageModule::parameters_read(int node) const {
 at::Tensor StageModule::param(int node, int index) const {
   const ParamSpec& spec = graph_->nodes[node].params[index];
   auto key = spec.tied() ? std::make_pair(spec.tied_node, spec.tied_param) : std::make_pair(node, index);
-  return params_[param_index_.at(key)].tensor;
+  const int i = param_index_.at(key);
+  if (gate_) gate_(i);
+  return params_[static_cast<size_t>(i)].tensor;
 }
 
 at::Tensor StageModule::causal_mask(const Node& node, int64_t size) const {

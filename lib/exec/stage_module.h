@@ -85,6 +85,9 @@ class StageModule {
   void run_node(int node, TensorEnv& env, const RunContext& ctx) const;
 
   at::Device device() const { return device_; }
+  // Called with a parameter's index (into parameters()) before an op reads it: sharded data
+  // parallelism at level 3 gathers it there (runtime/zero_shard.h).
+  void set_parameter_gate(std::function<void(int param)> gate) { gate_ = std::move(gate); }
 
  private:
   // The constructor's parts, in order.
@@ -122,6 +125,7 @@ class StageModule {
   mutable std::map<std::string, at::Tensor> constants_;  // by key
   std::vector<std::unique_ptr<AtenKernel>> kernels_;     // node offset -> imported node's call
   std::vector<at::Tensor> buffers_;                      // OpGraph::buffers the range reads
+  std::function<void(int)> gate_;
 };
 
 }  // namespace dawnpiper

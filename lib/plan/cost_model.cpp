@@ -337,11 +337,12 @@ int64_t CostModel::constant_bytes(int b, int e) const {
 
 MemoryBreakdown CostModel::memory(int b, int e, int x, int64_t activation_per_micro_batch) const {
   MemoryBreakdown m;
-  m.weights = param_bytes(b, e);
+  const int64_t weights = param_bytes(b, e);
+  m.weights = resident_weight_bytes(weights);
   m.weight_versions = std::max(1, weight_versions(x));
   m.stashed_weights = static_cast<int64_t>(m.weight_versions - 1) * m.weights;
-  m.gradients = gradient_bytes(m.weights);
-  m.optimizer = optimizer_state_bytes(m.weights);
+  m.gradients = gradient_bytes(weights);
+  m.optimizer = optimizer_state_bytes(weights);
   m.activation_per_micro_batch = activation_per_micro_batch;
   m.in_flight = in_flight(x);
   m.activations = m.in_flight * activation_per_micro_batch;

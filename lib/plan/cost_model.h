@@ -11,6 +11,7 @@
 //
 // In-flight micro-batches and weight versions per stage come from simulating the schedule's
 // action lists (schedule/simulate.h), the same lists the runtime executes.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -63,6 +64,12 @@ class CostModel {
   // its shard (the buckets in flight beside it: the replay).
   int64_t gradient_bytes(int64_t weights) const {
     return zero_stage_ >= 2 ? (weights + data_parallel_ - 1) / data_parallel_ : weights;
+  }
+  // The parameters a replica holds for `weights` bytes of them: all, or at level 3 its shard and
+  // about a bucket gathered (the replay follows each bucket).
+  int64_t resident_weight_bytes(int64_t weights) const {
+    return zero_stage_ >= 3 ? (weights + data_parallel_ - 1) / data_parallel_ + std::min(weights, bucket_bytes_)
+                            : weights;
   }
   int weight_versions(int x) const { return stage_stats(x).max_weight_versions; }
 

@@ -381,17 +381,27 @@ void Plan::print_table(std::ostream& out) const {
                 format_bytes(static_cast<double>(max_predicted_peak_bytes())).c_str(), planning_ms);
   out << line;
   if (options.sharding() > 0) {  // the grad+opt column holds a replica's shard of the optimizer state
+    // The stage's parameters (level 3's memory.weights is what a replica holds of them; its
+    // gradient shard is 1/D of them, rounded up).
+    auto whole = [&](const StagePlan& s) {
+      return options.sharding() >= 3 ? s.memory.gradients * options.data_parallel : s.memory.weights;
+    };
     out << "zero-stage " << options.sharding() << " over " << options.data_parallel << " replicas (buckets of "
         << format_bytes(static_cast<double>(options.bucket_bytes)) << "): optimizer state per replica";
     for (const StagePlan& s : stages)
       out << (s.index ? ", " : " ") << s.index << ": " << format_bytes(static_cast<double>(s.memory.optimizer))
-          << " of "
-          << format_bytes(static_cast<double>(optimizer_state_multiplier(options.optimizer) * s.memory.weights));
+          << " of " << format_bytes(static_cast<double>(optimizer_state_multiplier(options.optimizer) * whole(s)));
     if (options.sharding() >= 2) {  // and of the gradients (the buckets in flight come on top)
       out << "; gradient shard per replica";
       for (const StagePlan& s : stages)
         out << (s.index ? ", " : " ") << s.index << ": " << format_bytes(static_cast<double>(s.memory.gradients))
-            << " of " << format_bytes(static_cast<double>(s.memory.weights));
+            << " of " << format_bytes(static_cast<double>(whole(s)));
+    }
+    if (options.sharding() >= 3) {  // and of the parameters: the shard and about a bucket gathered
+      out << "; parameters held per replica";
+      for (const StagePlan& s : stages)
+        out << (s.index ? ", " : " ") << s.index << ": " << format_bytes(static_cast<double>(s.memory.weights))
+            << " of " << format_bytes(static_cast<double>(whole(s)));
     }
     out << "\n";
   }

@@ -76,7 +76,7 @@ struct TensorBytes {
 // states, the saved activations of the micro-batches in flight, and the largest transient
 // workspace of one op.
 struct MemoryBreakdown {
-  int64_t weights = 0;          // one copy of the stage's parameters
+  int64_t weights = 0;          // one copy of the stage's parameters (ZeRO level 3: a replica's shard + a bucket)
   int weight_versions = 1;      // copies alive at once (async weight stashing), from simulation
   int64_t stashed_weights = 0;  // (weight_versions - 1) * weights
   int64_t gradients = 0;

@@ -67,9 +67,10 @@ struct PlanOptions {
   // Pipelines training in parallel on their shares of the data: each stage averages its
   // gradients with its replicas (a ring allreduce over link_bandwidth) before every update.
   int data_parallel = 1;
-  // Sharded data parallelism within each stage's replicas (DeepSpeed's levels; 0 and 1 so far):
-  // at 1 a replica holds the optimizer state of 1/D of the stage's parameters, and gradients
-  // and updated parameters travel in flat buckets of about bucket_bytes. No effect with D = 1.
+  // Sharded data parallelism within each stage's replicas (DeepSpeed's levels 0-3): at 1 a
+  // replica holds the optimizer state of 1/D of the stage's parameters, at 2 of its gradients
+  // too, at 3 of its parameters too; gradients and parameters travel in flat buckets of about
+  // bucket_bytes. No effect with D = 1.
   int zero_stage = 0;
   int64_t bucket_bytes = int64_t{25} << 20;
   // The level that takes effect: zero_stage with replicas to shard over, else 0.
@@ -79,5 +80,8 @@ struct PlanOptions {
 // Splits `device_memory` (bytes per stage; kUnlimitedBytes: no limit) into what the plan may fill and
 // `headroom_share` of it left to the allocator.
 void set_device_memory(PlanOptions& options, int64_t device_memory, double headroom_share);
+
+// Why --zero-stage 3 does not run under a schedule that splits its backward (zb-h1, zb-h2).
+std::string level_three_split_refusal(const std::string& schedule);
 
 }  // namespace dawnpiper

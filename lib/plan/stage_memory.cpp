@@ -323,7 +323,23 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
       stashes_(model.schedule().traits().stashes_weights),
       stream_(!model.schedule().traits().drains_every_step),
       last_(e == model.size()),
-      requires_grad_(model.requires_grad()) {
+      // Level 3 (runtime/zero_shard.h): the replica holds its shard of the parameters; a bucket's
+      // parameters are gathered into one storage of its padded size where a node reads one, in the
+      // forward let go after the last of a run of readers, in the backward once its nodes have made
+      // their gradients (the rest at the micro-batch's end). Per node
+      // offset the buckets it reads and the next node reading any; per bucket whether it is
+      // gathered and its nodes still to make their gradients.
+      bool zero_gathers() const {
+  return model_.zero_stage() >= 3;
+}
+void gather_read(int i);
+void after_forward_node(int i);
+void gather_released(int i);  // node i made its gradients
+void release_gathered();
+std::vector<std::vector<int>> gather_reads_;
+std::vector<int> next_reader_, gather_unmade_;
+std::vector<char> gathered_;
+requires_grad_(model.requires_grad()) {
   own_sends_.depth = static_cast<size_t>(model.schedule().traits().sends_in_flight);
   if (last_)
     for (const Action& a : actions_) losses_per_read_ += a.kind == ActionKind::Forward;
@@ -542,6 +558,39 @@ void StageReplay::place_weights() {
 
 void StageReplay::place_evictions() {
   // Run after run (the planner replays many decision sets per stage): the buffers are reused.
+  if (zero_gathers()) {
+    // What each node reads: its own parameters, and a tied weight's owner or the copy here (held
+    // by its last user in the stage).
+    gather_reads_.assign(n_nodes, {});
+    next_reader_.assign(n_nodes, -1);
+    // A view a parameter reader makes (a position embedding's slice, a transposed weight) and
+    // views of it keep the buckets until their readers have run (the runtime looks at what
+    // the forward still holds).
+    std::map<int, std::vector<int>> views;  // tensor -> the buckets it views
+    for (int n = b_; n < e_; ++n) {
+      std::vector<int>& reads = gather_reads_[at(n - b_)];
+      if (zero_bucket_of_[at(n - b_)] >= 0) reads.push_back(zero_bucket_of_[at(n - b_)]);
+      const int owner = p_.nodes[at(n)].tied_owner;
+      if (owner >= 0) {
+        const int holder = in_range(owner) ? owner : tied_users.at(owner).front();
+        if (zero_bucket_of_[at(holder - b_)] >= 0) reads.push_back(zero_bucket_of_[at(holder - b_)]);
+      }
+      for (int t : model_.inputs(n))
+        if (auto v = views.find(t); v != views.end()) reads.insert(reads.end(), v->second.begin(), v->second.end());
+      std::sort(reads.begin(), reads.end());
+      reads.erase(std::unique(reads.begin(), reads.end()), reads.end());
+      for (int t : p_.nodes[at(n)].outputs)
+        if (!reads.empty() && !model_.is_internal(t) && !model_.owns_storage()[at(t)]) views[t] = reads;
+    }
+    for (int n = e_ - 1, next = -1; n >= b_; --n) {
+      next_reader_[at(n - b_)] = next;
+      if (!gather_reads_[at(n - b_)].empty()) next = n;
+    }
+    gathered_.assign(zero_buckets_.size(), 0);
+    gather_unmade_.assign(zero_buckets_.size(), 0);
+    for (int k : zero_bucket_of_)
+      if (k >= 0) ++gather_unmade_[at(k)];
+  }
   refs_ = base_refs_;
   placed_.resize(evictions_->size());
   evict_after_send_.clear();
@@ -831,6 +880,11 @@ void StageReplay::walk_once(Walk& w, MicroBatch& m, bool backward, Body body) {
     param_grads_ += w.param_grads;
     if (backward) grad_done_ = w.grad_done;
     const int64_t version = m.version;
+    if (zero_gathers()) {  // beside the re-run's outputs so far; held until its gradients are made
+      live_ += outputs;
+      gather_read(n);
+      live_ -= outputs;
+    }
     const bool loss_read = m.loss_read;
     m = w.after;
     m.version = version, m.loss_read = loss_read;
@@ -886,6 +940,7 @@ void StageReplay::find_loss() {
     if (model_.node_class(n) != NodeClass::InPlaceLoss) continue;
     const LossInputs in = loss_inputs(p_, n, model_.inputs(n));
     if (!in.fp32) continue;
+    if (zero_gathers()) gather_read(n);
     loss_node_ = n, loss_logits_ = in.logits;
     loss_saving_ = cross_entropy_overwrite_saving(bytes(key_[at(in.logits)]), bytes(in.labels));
   }
@@ -897,6 +952,7 @@ int64_t StageReplay::overwritten_logits(const MicroBatch& m, int n) const {
   if (n != loss_node_) return 0;
   const int k = key_[at(loss_logits_)];
   if (is_received_[at(k)] || !m.alive[loc(k)] || m.evicted[loc(k)] || m.refs[loc(k)] != 1) return 0;
+  if (zero_gathers()) after_forward_node(n);
   return loss_saving_;
 }
 
@@ -948,6 +1004,7 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
         if (!((m.loss_grad_held || m.loss_saved_released) && i == loss_node_ && model_.is_internal(t)))
           for_saver_keys(t, [&](int k) { release(m, k); });
 }
+if (zero_gathers()) gather_read(i);  // where its output's gradient arrives
 
 void StageReplay::release_graph(MicroBatch& m) {
   if (m.weights_pending)  // I kept what the parameter readers saved
@@ -965,6 +1022,7 @@ void StageReplay::release_graph(MicroBatch& m) {
 // from it (in the backward's order, as the runtime's weight pass runs), then lets it go.
 void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
   size_t next_due = 0;
+  if (zero_gathers()) release_gathered();
   for (int i = e_ - 1; i >= b_; --i) {
     const int64_t held = m.held_for_weights[at(i - b_)];
     if (held < 0) continue;
@@ -1181,12 +1239,13 @@ void StageReplay::place_zero_buckets(std::vector<int64_t> param_bytes) {
   // copies): their buckets wait for the update, after the stages' sum.
   std::vector<char> tied_across(param_bytes.size(), 0);
   if (zero_streams())
-    for (int n = 0; n < static_cast<int>(p_.nodes.size()); ++n) {
-      const int owner = p_.nodes[at(n)].tied_owner;
-      if (owner < 0 || in_range(owner) == in_range(n)) continue;
-      if (in_range(n)) tied_across[at(n - b_)] = 1;
-      if (in_range(owner)) tied_across[at(owner - b_)] = 1;
-    }
+    if (!input_only && zero_gathers()) gather_released(i);
+  for (int n = 0; n < static_cast<int>(p_.nodes.size()); ++n) {
+    const int owner = p_.nodes[at(n)].tied_owner;
+    if (owner < 0 || in_range(owner) == in_range(n)) continue;
+    if (in_range(n)) tied_across[at(n - b_)] = 1;
+    if (in_range(owner)) tied_across[at(owner - b_)] = 1;
+  }
   zero_bucket_of_.assign(param_bytes.size(), -1);
   const int64_t d = model_.data_parallel(), unit = 4 * d;  // each replica's chunk: whole fp32 elements
   int64_t open = 0;
@@ -1277,10 +1336,11 @@ void StageReplay::optimizer_step() {
   param_grads_ = 0;
   if (zero) {
     // The shard's gradients go; the parameters are all-gathered a bucket at a time, each
-    // bucket's chunk and gathered buffer with the previous bucket's still travelling.
+    // bucket's chunk and gathered buffer with the previous bucket's still travelling (level 3:
+    // where they are read).
     live_ -= zero_shard_;
     const int64_t d = model_.data_parallel();
-    for (size_t k = 0; k < zero_buckets_.size(); ++k) {
+    for (size_t k = 0; k < (zero_gathers() ? 0 : zero_buckets_.size()); ++k) {
       int64_t held = zero_buckets_[k] + zero_buckets_[k] / d;
       if (k > 0) held += zero_buckets_[k - 1] + zero_buckets_[k - 1] / d;
       note(live_ + held, -1);
@@ -1358,6 +1418,42 @@ void StageReplay::step(const Action& a, int index, int64_t others_live) {
   others_live_ = others_live;
   current_action_ = index;
   run_action(a, *this);
+  void StageReplay::gather_read(int i) {
+    for (int k : gather_reads_[at(i - b_)]) {
+      if (gathered_[at(k)]) continue;
+      live_ += zero_buckets_[at(k)];
+      note(live_, i);
+      gathered_[at(k)] = 1;
+    }
+  }
+
+  void StageReplay::after_forward_node(int i) {
+    if (gather_reads_[at(i - b_)].empty()) return;
+    const int next = next_reader_[at(i - b_)];
+    for (size_t k = 0; k < gathered_.size(); ++k) {
+      if (!gathered_[k]) continue;
+      const std::vector<int>* keep = next >= 0 ? &gather_reads_[at(next - b_)] : nullptr;
+      if (keep && std::binary_search(keep->begin(), keep->end(), static_cast<int>(k))) continue;
+      live_ -= zero_buckets_[k];
+      gathered_[k] = 0;
+    }
+  }
+
+  void StageReplay::gather_released(int i) {
+    const int k = zero_bucket_of_[at(i - b_)];
+    if (k < 0 || --gather_unmade_[at(k)] != 0 || !gathered_[at(k)]) return;
+    live_ -= zero_buckets_[at(k)];
+    gathered_[at(k)] = 0;
+  }
+
+  void StageReplay::release_gathered() {
+    for (size_t k = 0; k < gathered_.size(); ++k)
+      if (gathered_[k]) live_ -= zero_buckets_[k], gathered_[k] = 0;
+    std::fill(gather_unmade_.begin(), gather_unmade_.end(), 0);
+    for (int k : zero_bucket_of_)
+      if (k >= 0) ++gather_unmade_[at(k)];
+  }
+
   note(live_, -1);
 }
 
@@ -1427,9 +1523,16 @@ void StageReplay::read_losses() {
 void StageReplay::graph_released(int64_t mb, MicroBatch& m) {
   if (m.loss_pending) {  // its loss goes now if read, else when read
     m.loss_pending = false;
-    if (m.loss_read)
-      live_ -= bytes(loss_);
-    else
+    if (m.loss_read) live_ -= bytes(loss_);
+    if (zero_gathers()) {
+      // Built whole, the shard copied out, then each bucket's parameters moved into its storage
+      // (allocated while they move) and let go (runtime/zero_shard.h).
+      const int64_t largest = zero_buckets_.empty() ? 0 : *std::max_element(zero_buckets_.begin(), zero_buckets_.end());
+      note(live_ + zero_shard_ + largest, -1);
+      live_ += zero_shard_ - weights_;
+      std::fill(gathered_.begin(), gathered_.end(), 0);
+      release_gathered();
+    } else
       held_loss_bytes_ += bytes(loss_);
   }
   for (PendingSend& p : pending_sends_)

@@ -187,3 +187,5 @@ PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const Ran
 }
 
 }  // namespace dawnpiper
+  if (pc.zero_stage >= 3 && pc.schedule.traits().splits_backward)  // a --plan-in's schedule
+    throw ConfigError(level_three_split_refusal(name_of(pc.schedule)));

@@ -400,6 +400,16 @@ int agreed_stop_signal(const RunConfig& options, MPI_Comm comm) {
   return signal;
 }
 
+// ZeRO level 3: every parameter gathered whole (collective over the replicas), or let go again.
+void gather_parameters(RankStages& stages) {
+  for (auto& stage : stages)
+    if (ZeroShard* zero = stage->zero_shard(); zero && zero->level() >= 3) zero->gather_all();
+}
+void release_parameters(RankStages& stages) {
+  for (auto& stage : stages)
+    if (ZeroShard* zero = stage->zero_shard(); zero && zero->level() >= 3) zero->release_all();
+}
+
 // After the optimizer steps that end a training step: the validation loss every eval_every steps,
 // whether a stop signal ends the run here (where the ranks can stop: after every step of a
 // synchronous schedule, at async's drains), and a checkpoint every checkpoint_every steps, after
@@ -425,8 +435,10 @@ int after_step(RankStages& stages, Transport& transport, const PipelineConfig& c
       transport.flush();
       std::vector<PipelineStage*> mine;
       for (auto& stage : stages) mine.push_back(stage.get());
+      gather_parameters(stages);  // level 3: the checkpoint holds them whole
       write_checkpoint(options.checkpoint_dir, done, mine, identity, comm,
                        sharded ? options.replica_comm : MPI_COMM_NULL, options.keep_checkpoints);
+      release_parameters(stages);
     }
   }
   return stop;
@@ -518,7 +530,8 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
       stage->shard_optimizer(options.replica_comm, c.bucket_bytes, c.zero_stage, std::move(deferred));
     }
   }
-  if (options.resume)
+  if (options.resume) {
+    gather_parameters(stages);  // level 3: read whole, then each replica keeps its shard
     for (auto& stage : stages) read_checkpoint(options.checkpoint_dir, c.first_step, *stage, identity);
   std::vector<TieComm> tie_comms = tie_communicators(g, c, comm, rank);
   StageTracer* tracing = nullptr;  // set once the tracer exists
@@ -530,8 +543,13 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
         ", ZeRO level " + std::to_string(c.zero_stage) + " over " + std::to_string(c.replicas) +
         " replicas (gradients reduce-scattered" +
         (c.zero_stage >= 2 ? std::string(" as each micro-batch's backward produces them") : std::string()) +
-        ", parameters all-gathered by mpi)";
+        (c.zero_stage >= 3 ? std::string(", parameters gathered where they are read, by mpi)")
+                           : std::string(", parameters all-gathered by mpi)"));
   else if (!averagers.empty())
+    for (auto& stage : stages)
+      if (ZeroShard* zero = stage->zero_shard(); zero && zero->level() >= 3) zero->keep_parameters();
+    release_parameters(stages);
+  }
     result.transport +=
         ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averagers.front()->description();
   attach_reducers(stages, tie_comms, c, comm, std::make_shared<std::pair<int, double>>(0, 0.0));
@@ -589,6 +607,7 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   return result;
 }
 
+  gather_parameters(stages);  // what the run returns is whole
 }  // namespace
 
 StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, const RunConfig& options) {

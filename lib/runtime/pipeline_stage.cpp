@@ -200,22 +200,43 @@ void PipelineStage::forward(int64_t mb) {
   const RunContext ctx{step_of(mb), job_micro_batch(mb)};
   std::function<void(int)> before_node;
   std::function<void(int, TensorEnv&)> after_node;
-  if (evictor_) {
-    evictor_->begin_forward(mb, ctx, env);
-    before_node = [&](int n) { evictor_->before_node(mb, n); };
-  }
-  if (evictor_ || split_)
+  const bool gathers = zero_ && zero_->level() >= 3;
+  if (evictor_) evictor_->begin_forward(mb, ctx, env);
+  if (evictor_ || gathers)
+    before_node = [&](int n) {
+      if (gathers) zero_->before_forward_node(static_cast<size_t>(n - module_.begin()), env);
+      if (evictor_) evictor_->before_node(mb, n);
+    };
+  if (evictor_ || split_ || gathers)
     after_node = [&](int n, TensorEnv& e) {
       if (split_) split_->record(n, e, f.weight_roots);
       if (evictor_) evictor_->after_node(mb, n, e);
+      if (gathers) sharded_node_ran(n, e);
     };
   module_.forward(env, ctx, before_node, after_node);
+  if (gathers) zero_->before_forward_node(static_cast<size_t>(module_.end() - module_.begin()), env);
   for (int t : send_ids_) f.outputs.push_back(env[t]);
   if (is_last()) {
     f.loss = env[graph_.nodes[graph_.loss_node()].outputs[0]];
     // Read with the step's other losses after its last backward: reading it here would make the
     // host wait for the device between every forward and its backward.
     step_losses_.push_back({mb, f.loss.detach()});
+  }
+}
+
+void PipelineStage::sharded_node_ran(int n, TensorEnv& env) {
+  if (!at::GradMode::is_enabled()) return;
+  std::vector<at::Tensor> inputs;
+  for (int t : graph_.nodes[n].inputs) inputs.push_back(env.at(static_cast<size_t>(t)));
+  const std::vector<size_t> read = zero_->buckets_read(static_cast<size_t>(n - module_.begin()), inputs);
+  if (read.empty()) return;
+  // Its backward gathers them again before its functions run: they follow the output
+  // gradients' arrival.
+  ZeroShard* zero = zero_.get();
+  for (int t : graph_.nodes[n].outputs) {
+    const at::Tensor& out = env.at(static_cast<size_t>(t));
+    if (out.defined() && out.requires_grad() && !out.is_leaf())
+      out.register_hook([zero, read](const at::TensorBase&) { zero->gather(read); });
   }
 }
 
@@ -358,7 +379,13 @@ double PipelineStage::evaluate(int64_t id, int64_t index) {
   }
   RunContext ctx{-1, id};
   ctx.eval = true;
-  module_.forward(env, ctx);
+  if (zero_ && zero_->level() >= 3) {
+    module_.forward(env, ctx,
+                    [&](int n) { zero_->before_forward_node(static_cast<size_t>(n - module_.begin()), env); });
+    zero_->before_forward_node(static_cast<size_t>(module_.end() - module_.begin()), env);
+  } else {
+    module_.forward(env, ctx);
+  }
   if (is_last()) return env[graph_.nodes[graph_.loss_node()].outputs[0]].item<double>();
   std::vector<at::Tensor> out;
   for (int t : send_ids_) out.push_back(env[t]);
@@ -378,16 +405,24 @@ void PipelineStage::shard_optimizer(MPI_Comm replicas, int64_t bucket_bytes, int
   std::vector<int> nodes;
   for (const StageParameter& p : module_.parameters()) nodes.push_back(p.node);
   zero_ = std::make_unique<ZeroShard>(masters_, counted_in_norm_, replicas, bucket_bytes, level, std::move(deferred),
-                                      nodes);
+                                      nodes, reads);
   optimizer_ = make_optimizer(config_.optimizer, zero_->pieces());
 }
 
+if (level >= 3 && split_)
+  throw std::logic_error("ZeRO level 3 gathers before an unsplit backward only (not zero-bubble schedules)");
+module_.set_parameter_gate({});
 void PipelineStage::average_replicas() {
   if (replicas_averaged_ || !reduce_replicas_) return;
   reduce_replicas_(module_.parameters());
+  std::vector<std::vector<int>> reads;
+  if (level >= 3)
+    for (int n = module_.begin(); n < module_.end(); ++n) reads.push_back(module_.parameters_read(n));
   replicas_averaged_ = true;
 }
 
+if (level >= 3)
+  module_.set_parameter_gate([zero = zero_.get()](int param) { zero->gather_param(static_cast<size_t>(param)); });
 void PipelineStage::optimizer_step() {
   average_replicas();
   if (config_.schedule.traits().updates_once_per_step) {

@@ -78,12 +78,13 @@ class PipelineStage : private ActionHooks {
   // Averages the gradients over the replicas now, once per update (which then does not): a rank
   // of several stages needs all of them averaged before its first update takes the norm.
   void average_replicas();
-  // ZeRO level 1 or 2 over `replicas` (this stage's replicas, rank = replica;
+  // ZeRO level 1, 2 or 3 over `replicas` (this stage's replicas, rank = replica;
   // runtime/zero_shard.h): the optimizer is rebuilt over this replica's shard, the replica
   // reducer then reduce-scatters (level 2: what no micro-batch streamed: the `deferred`
   // parameters, tied across stages), the norm sums every replica's shard, and each update ends
   // with the all-gather. Level 2 streams each micro-batch's gradients into the shard as its
-  // weight gradients come. Before the first backward (and before a checkpoint is read).
+  // weight gradients come. Level 3 gathers the parameters where they are read and lets them go
+  // (runtime/zero_shard.h). Before the first backward (and before a checkpoint is read).
   void shard_optimizer(MPI_Comm replicas, int64_t bucket_bytes, int level = 1, std::vector<bool> deferred = {});
   ZeroShard* zero_shard() { return zero_.get(); }
   // Forward only, without autograd or dropout, of validation micro-batch `index` (its samples
@@ -145,6 +146,9 @@ class PipelineStage : private ActionHooks {
   void count_loss(int64_t mb);  // the last stage: reports the step's loss after its last backward
   void optimizer_step();
   void weight_pass_done();  // after a micro-batch's weight gradients (B, or W of a split backward)
+  // ZeRO level 3, after a forward ran node n: its outputs gather what it read (parameters or
+  // views of them) for its backward.
+  void sharded_node_ran(int n, TensorEnv& env);
   int64_t step_of(int64_t mb) const { return mb / config_.micro_batches; }
   int64_t job_micro_batch(int64_t mb) const { return mb * config_.replicas + config_.replica; }
   std::vector<at::Tensor>& version_tensors(int64_t version);
@@ -155,7 +159,7 @@ class PipelineStage : private ActionHooks {
   StageModule module_;
   std::unique_ptr<DataSource> data_, validation_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<ZeroShard> zero_;  // ZeRO level 1 or 2: optimizer_ runs over its pieces
+  std::unique_ptr<ZeroShard> zero_;  // ZeRO level 1-3: optimizer_ runs over its pieces
   std::unique_ptr<Evictor> evictor_;
   std::unique_ptr<SplitBackward> split_;  // when the list holds I and W
   std::vector<int> recv_ids_, send_ids_, data_ids_;

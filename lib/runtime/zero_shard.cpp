@@ -2,7 +2,11 @@
 
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <set>
 
 #include <climits>
 #include <deque>
@@ -71,9 +75,10 @@ class AccumulatedHook final : public torch::autograd::PostAccumulateGradHook {
 }  // namespace
 
 ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes,
-                     int level, std::vector<bool> deferred, const std::vector<int>& nodes)
+                     int level, std::vector<bool> deferred, const std::vector<int>& nodes,
+                     const std::vector<std::vector<int>>& reads)
     : params_(std::move(params)), comm_(replicas), level_(level) {
-  if (level_ < 1 || level_ > 2) throw std::logic_error("ZeroShard: level 1 or 2");
+  if (level_ < 1 || level_ > 3) throw std::logic_error("ZeroShard: level 1, 2 or 3");
   int rank = 0, size = 1;
   MPI_Comm_rank(comm_, &rank);
   MPI_Comm_size(comm_, &size);
@@ -86,9 +91,11 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
   layout_ = shard_layout(numels, std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float))), size, rank,
                          level_ >= 2 ? nodes : std::vector<int>{});
   at::NoGradGuard no_grad;
+  if (level_ >= 3) shard_ = at::zeros({layout_.shard_numel}, at::kFloat);
   for (const ShardLayout::Piece& piece : layout_.pieces) {
     const at::Tensor& p = params_[piece.param];
     at::Tensor view = p.detach().view({-1}).narrow(0, piece.offset, piece.numel);
+    if (level_ >= 3) view = shard_.narrow(0, piece.shard_offset, piece.numel).copy_(view);  // a master of its own
     // Two dimensions where the parameter decays: the optimizer groups by dimensions.
     pieces_.push_back(decays(p.dim()) ? view.view({1, piece.numel}) : view);
     piece_counted_.push_back(counted.empty() || counted[piece.param]);
@@ -112,14 +119,128 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
     if (!deferred_[b]) order_.push_back(b);
   end_micro_batch();  // (nothing has started: sets the counts)
   for (size_t p = 0; p < params_.size(); ++p)
-    if (bucket_of_[p] >= 0 && !deferred_[static_cast<size_t>(bucket_of_[p])])
+    if (hooked(p))
       torch::autograd::impl::set_post_acc_grad_hooks(params_[p], std::make_unique<AccumulatedHook>(this, p));
+  if (level_ < 3) return;
+  // A bucket's parameters move into one storage of the bucket's padded size, empty until
+  // gathered: the all-gather receives into it (nothing autograd saved is copied over).
+  for (size_t b = 0; b < buckets; ++b) {
+    const ShardLayout::Bucket& bucket = layout_.buckets[b];
+    // (allocated while the views are set: they must lie inside it)
+    c10::Storage storage(c10::Storage::use_byte_size_t(),
+                         static_cast<size_t>(bucket.chunk * layout_.replicas) * sizeof(float), c10::GetCPUAllocator(),
+                         /*resizable=*/true);
+    for (size_t p = bucket.first_param; p < bucket.end_param; ++p)
+      if (params_[p].numel() > 0)
+        params_[p].set_(storage, layout_.param_offset[p] - bucket.begin, params_[p].sizes(),
+                        c10::contiguous_strides(params_[p].sizes()));
+    at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), 0);
+    bucket_storage_.push_back(std::move(storage));
+  }
+  gathered_.assign(buckets, 0);
+  released_on_.assign(params_.size(), 0);
+  node_buckets_.resize(reads.size());
+  for (size_t n = 0; n < reads.size(); ++n) {
+    for (int p : reads[n])
+      if (const int b = bucket_of_.at(static_cast<size_t>(p)); b >= 0)
+        node_buckets_[n].push_back(static_cast<size_t>(b));
+    std::sort(node_buckets_[n].begin(), node_buckets_[n].end());
+    node_buckets_[n].erase(std::unique(node_buckets_[n].begin(), node_buckets_[n].end()), node_buckets_[n].end());
+  }
+  next_reader_.assign(reads.size(), -1);
+  for (int n = static_cast<int>(reads.size()) - 1, next = -1; n >= 0; --n) {
+    next_reader_[static_cast<size_t>(n)] = next;
+    if (!node_buckets_[static_cast<size_t>(n)].empty()) next = n;
+  }
+  count_parameters();
 }
 
 ZeroShard::~ZeroShard() {
   for (size_t p = 0; p < bucket_of_.size(); ++p)
-    if (bucket_of_[p] >= 0 && !deferred_[static_cast<size_t>(bucket_of_[p])])
-      torch::autograd::impl::set_post_acc_grad_hooks(params_[p], nullptr);
+    if (hooked(p)) torch::autograd::impl::set_post_acc_grad_hooks(params_[p], nullptr);
+}
+
+bool ZeroShard::hooked(size_t param) const {
+  const int b = bucket_of_.at(param);
+  return b >= 0 && (level_ >= 3 || !deferred_[static_cast<size_t>(b)]);
+}
+
+void ZeroShard::count_parameters() {
+  if (gathered_.empty()) return;
+  std::fill(released_on_.begin(), released_on_.end(), 0);
+  unaccumulated_.assign(layout_.buckets.size(), 0);
+  for (int b : bucket_of_)
+    if (b >= 0) ++unaccumulated_[static_cast<size_t>(b)];
+}
+
+void ZeroShard::gather(size_t bucket) {
+  if (gathered_[bucket]) return;
+  const ShardLayout::Bucket& b = layout_.buckets[bucket];
+  c10::StorageImpl* storage = bucket_storage_[bucket].unsafeGetStorageImpl();
+  at::native::resize_bytes_cpu(storage, static_cast<size_t>(b.chunk * layout_.replicas) * sizeof(float));
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Iallgather(shard_.data_ptr<float>() + b.shard_offset, mpi_count(b.chunk), MPI_FLOAT, storage->mutable_data(),
+                 mpi_count(b.chunk), MPI_FLOAT, comm_, &request);
+  wait_quietly(request);
+  gathered_[bucket] = 1;
+}
+
+void ZeroShard::release(size_t bucket) {
+  if (!gathered_[bucket]) return;
+  at::native::resize_bytes_cpu(bucket_storage_[bucket].unsafeGetStorageImpl(), 0);
+  gathered_[bucket] = 0;
+}
+
+void ZeroShard::gather_param(size_t param) {
+  if (const int b = bucket_of_.at(param); b >= 0) gather(static_cast<size_t>(b));
+}
+
+std::vector<size_t> ZeroShard::buckets_read(size_t node, const std::vector<at::Tensor>& inputs) const {
+  std::vector<size_t> read = node_buckets_.at(node);
+  for (const at::Tensor& t : inputs)
+    for (size_t b = 0; b < bucket_storage_.size(); ++b)
+      if (views(t, b)) read.push_back(b);
+  std::sort(read.begin(), read.end());
+  read.erase(std::unique(read.begin(), read.end()), read.end());
+  return read;
+}
+
+bool ZeroShard::views(const at::Tensor& t, size_t bucket) const {
+  return t.defined() && t.has_storage() &&
+         t.storage().unsafeGetStorageImpl() == bucket_storage_[bucket].unsafeGetStorageImpl();
+}
+
+void ZeroShard::gather(const std::vector<size_t>& buckets) {
+  for (size_t b : buckets) gather(b);
+}
+
+void ZeroShard::before_forward_node(size_t node, const std::vector<at::Tensor>& env) {
+  const int next =
+      node < next_reader_.size() ? (node_buckets_[node].empty() ? next_reader_[node] : static_cast<int>(node)) : -1;
+  for (size_t b = 0; b < gathered_.size(); ++b) {
+    if (!gathered_[b]) continue;
+    if (next >= 0) {
+      const std::vector<size_t>& keep = node_buckets_[static_cast<size_t>(next)];
+      if (std::binary_search(keep.begin(), keep.end(), b)) continue;
+    }
+    if (std::none_of(env.begin(), env.end(), [&](const at::Tensor& t) { return views(t, b); })) release(b);
+  }
+}
+
+void ZeroShard::gather_all() {
+  for (size_t b = 0; b < gathered_.size(); ++b) gather(b);
+}
+
+void ZeroShard::release_all() {
+  for (size_t b = 0; b < gathered_.size(); ++b) release(b);
+}
+
+void ZeroShard::keep_parameters() {
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const ShardLayout::Piece& piece = layout_.pieces[k];
+    pieces_[k].view({-1}).copy_(params_[piece.param].detach().view({-1}).narrow(0, piece.offset, piece.numel));
+  }
 }
 
 void ZeroShard::start(size_t bucket, bool accumulate) {
@@ -156,7 +277,12 @@ void ZeroShard::accumulated(size_t param) {
   const int b = bucket_of_.at(param);
   if (b < 0) return;
   const size_t bucket = static_cast<size_t>(b);
-  if (started_[bucket]) {  // accumulated again (a parameter two weight passes reach): goes again
+  if (!gathered_.empty() && !released_on_[param]) {  // level 3: no function reads it after this
+    released_on_[param] = 1;
+    if (--unaccumulated_[bucket] == 0) release(bucket);
+  }
+  if (deferred_[bucket]) return;  // (level 3 hooks them too) they wait for the update
+  if (started_[bucket]) {         // accumulated again (a parameter two weight passes reach): goes again
     again_[bucket] = 1;
     return;
   }
@@ -180,6 +306,8 @@ void ZeroShard::end_micro_batch() {
   std::fill(waiting_.begin(), waiting_.end(), 0);
   for (size_t p = 0; p < params_.size(); ++p)
     if (bucket_of_[p] >= 0) ++waiting_[static_cast<size_t>(bucket_of_[p])];
+  release_all();  // level 3
+  count_parameters();
 }
 
 int64_t ZeroShard::reduce_scatter() {
@@ -219,6 +347,7 @@ int64_t ZeroShard::all_gather() {
   // The optimizer has let go of the pieces' gradients; the shard's buffer goes with them.
   for (at::Tensor& piece : pieces_) piece.mutable_grad() = at::Tensor();
   for (at::Tensor& chunk : chunk_grad_) chunk = at::Tensor();
+  if (level_ >= 3) return 0;  // each use gathers
   struct Gathering {
     const ShardLayout::Bucket* bucket;
     at::Tensor send, receive;

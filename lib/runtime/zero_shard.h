@@ -28,6 +28,18 @@
 // of `deferred` parameters (weights tied across stages, whose gradients are summed over the
 // stages before the update) are reduce-scattered once per step, as at level 1.
 //
+// Level 3 shards the parameters too: the replica's fp32 master shard is a tensor of its own
+// (the pieces view it), and a bucket's parameters view one storage of the bucket's padded size,
+// which the all-gather fills and is empty but where the bucket is gathered:
+// the forward gathers a bucket where a node first reads one of its parameters
+// (StageModule's parameter gate) and lets it go after the last node of a run of readers (or of
+// the readers of a view of them, a position embedding's slice, a transposed weight); the
+// backward gathers a node's buckets where its output's gradient arrives (a hook on each output:
+// the node's functions run after it) and lets a bucket go once autograd has accumulated every
+// parameter in it (no function that saved one runs after its accumulation), the rest at the
+// end of the micro-batch. Saved tensors are the parameters or views of them: they share the
+// storage, which a gather fills again before a function reads it. Gathers are blocking.
+//
 // MPI on host memory (the CPU path). Every call is collective over the replicas, in the same
 // order on every replica.
 #include <mpi.h>
@@ -71,11 +83,13 @@ class ZeroShard {
  public:
   // `params`: the stage's fp32 master parameters (contiguous), `counted`: which count in the
   // global gradient norm (each tied parameter on its owner's stage only).
-  // `level`: 1 or 2; `deferred` (level 2, per parameter, empty: none): whose buckets are
-  // reduce-scattered once per step; `nodes` (level 2, per parameter): buckets close only between
-  // two nodes' parameters (a node's gradients come together; the planner's replay counts so).
+  // `level`: 1, 2 or 3; `deferred` (levels 2-3, per parameter, empty: none): whose buckets are
+  // reduce-scattered once per step; `nodes` (levels 2-3, per parameter): buckets close only
+  // between two nodes' parameters (a node's gradients come together; the planner's replay counts
+  // so). `reads` (level 3, per node of the stage): the parameters it reads, in stage order.
   ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes,
-            int level = 1, std::vector<bool> deferred = {}, const std::vector<int>& nodes = {});
+            int level = 1, std::vector<bool> deferred = {}, const std::vector<int>& nodes = {},
+            const std::vector<std::vector<int>>& reads = {});
   ~ZeroShard();
   ZeroShard(const ZeroShard&) = delete;
   ZeroShard& operator=(const ZeroShard&) = delete;
@@ -101,8 +115,26 @@ class ZeroShard {
   // (the pieces' gradients), summed in double, as level 0 computes it on whole gradients.
   double grad_square_sum() const;
   // Collective: every replica's updated pieces into every replica's parameters. Returns the
-  // bytes this replica received.
+  // bytes this replica received. Level 3: nothing (each use gathers).
   int64_t all_gather();
+
+  // Level 3, each collective where it gathers (every replica runs the same program, so they
+  // gather in the same order). Parameter `param` is about to be read.
+  void gather_param(size_t param);
+  // The buckets node `node` (offset in the stage) reads: its parameters', and those that
+  // `inputs` view (a parameter's slice or transpose an earlier node made).
+  std::vector<size_t> buckets_read(size_t node, const std::vector<at::Tensor>& inputs) const;
+  // The backward is about to run functions that read `buckets` (a node's output gradient came).
+  void gather(const std::vector<size_t>& buckets);
+  // A forward is about to run node `node` (past the last: its end): the buckets that neither the
+  // next node reading parameters reads nor a tensor of `env` views go.
+  void before_forward_node(size_t node, const std::vector<at::Tensor>& env);
+  // Every bucket gathered (a checkpoint, the run's end), or every one let go.
+  void gather_all();
+  void release_all();
+  // After the parameters were overwritten (a checkpoint read into them, gathered): the shard
+  // takes its chunks from them.
+  void keep_parameters();
 
  private:
   std::vector<at::Tensor> params_, pieces_;
@@ -115,6 +147,19 @@ class ZeroShard {
   std::vector<at::Tensor> chunk_grad_;
   int level_ = 1;
   int64_t sent_bytes_ = 0;  // since the last update
+
+  // Level 3.
+  at::Tensor shard_;                               // the replica's fp32 masters, padded
+  std::vector<c10::Storage> bucket_storage_;       // per bucket: its parameters' storage, empty but gathered
+  std::vector<std::vector<size_t>> node_buckets_;  // per node offset: the buckets it reads
+  std::vector<int> next_reader_;                   // per node offset: the next node reading parameters from it, -1
+  std::vector<char> gathered_, released_on_;       // per bucket / per parameter (accumulated this micro-batch)
+  std::vector<int> unaccumulated_;                 // per bucket: its parameters not yet accumulated
+  void gather(size_t bucket);
+  void release(size_t bucket);
+  void count_parameters();                               // unaccumulated_ for a new micro-batch
+  bool hooked(size_t param) const;                       // told when autograd accumulates it
+  bool views(const at::Tensor& t, size_t bucket) const;  // t lies in the bucket's storage
 
   // Level 2: one micro-batch's streaming.
   struct Travelling {
