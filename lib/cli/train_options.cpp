@@ -266,17 +266,20 @@ bool agrees(const T& given, const T& planned) {
 }  // namespace
 
 void adopt_plan_settings(const Plan& plan, po::variables_map& vm, bool resumed) {
-  const std::string source =
-      resumed ? "the plan of the checkpoint in " + vm["checkpoint-dir"].as<std::string>() : "the plan (--plan-in)";
-  const std::string remedy = resumed ? "a resumed run keeps its plan: leave the option out, or train anew in another "
-                                       "--checkpoint-dir"
-                                     : "leave the option out or plan again";
-  auto adopt = [&](const char* key, const auto& planned) {
+  const std::string source = "the plan (--plan-in)";
+  const std::string remedy = "leave the option out or plan again";
+  // True where the command line or config file gives `key` a value that differs from the plan's.
+  auto differs = [&](const char* key, const auto& planned) {
     using T = std::decay_t<decltype(planned)>;
     auto found = vm.find(key);
-    if (found != vm.end() && !found->second.defaulted() && !agrees(found->second.template as<T>(), planned)) {
+    return found != vm.end() && !found->second.defaulted() && !agrees(found->second.template as<T>(), planned);
+  };
+  auto adopt = [&](const char* key, const auto& planned) {
+    if (differs(key, planned)) {
+      if (resumed) return;  // a resumed run keeps the value given and plans anew (run/agreed_plan.h)
+      using T = std::decay_t<decltype(planned)>;
       std::ostringstream given, wanted;
-      given << found->second.template as<T>();
+      given << vm[key].template as<T>();
       wanted << planned;
       throw ConfigError("--" + std::string(key) + " " + given.str() + " contradicts " + source + ", made for " +
                         wanted.str() + "; " + remedy);
@@ -285,17 +288,16 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm, bool resumed) 
     vm.insert({key, po::variable_value(boost::any(planned), false)});
   };
   const int virtual_stages = plan.options.schedule.virtual_stages();
+  const bool other_schedule = differs("schedule", plan.options.schedule);
   adopt("schedule", plan.options.schedule);
-  adopt("virtual-stages", virtual_stages);
+  if (!(resumed && other_schedule)) adopt("virtual-stages", virtual_stages);  // another schedule: its own default
   adopt("planner", plan.options.planner);
   adopt("memopt", plan.options.memopt);
-  // The plan's memory holds for its micro-batching alone: not even --resume-override changes it.
+  // The plan's memory holds for its micro-batching alone.
   adopt("micro-batch-size", plan.micro_batch_size);
   adopt("micro-batches", plan.options.micro_batches);
-  // A resumed run compares the rest with the checkpoint's run (run/resume.h), where
-  // --resume-override may change them and the replica count may change at --zero-stage 0; its
-  // ranks are checked against the plan's stages where the plan is agreed (a finished run says
-  // so on any rank count).
+  // A resumed run compares the rest with the checkpoint's run (run/resume.h), and the plan's
+  // stages, replicas and memory with this run where the plan is agreed (run/agreed_plan.h).
   if (resumed) return;
   adopt("stages", static_cast<int>(plan.stages.size()) / virtual_stages);
   adopt("optimizer", plan.options.optimizer);

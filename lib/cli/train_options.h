@@ -57,8 +57,9 @@ TrainOptions read_train_options(const po::variables_map& vm);
 // Takes a --plan-in's schedule, micro-batching, optimizer, planner, memory optimization,
 // precision and stage count into vm; a value given on the command line or in the config file
 // that differs is a ConfigError naming both. `resumed`: the plan of the checkpoint a --resume
-// continues, whose schedule, planner, memory optimization and micro-batching alone it takes
-// (the rest is the checkpoint's run's to compare: run/resume.h).
+// continues, whose schedule, planner, memory optimization and micro-batching it takes where
+// none is given; a value given that differs stays, and the run plans anew for it
+// (run/agreed_plan.h). The rest is the checkpoint's run's to compare (run/resume.h).
 void adopt_plan_settings(const Plan& plan, po::variables_map& vm, bool resumed = false);
 
 }  // namespace dawnpiper

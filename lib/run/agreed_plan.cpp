@@ -18,6 +18,7 @@
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/units.h"
 
 namespace dawnpiper {
 
@@ -89,6 +90,62 @@ std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const Ran
   return plan.to_json();
 }
 
+// What a resumed run asks of its plan that the checkpoint's plan (`saved`) was not made for, as
+// "--option old -> new" items; "" where the saved plan serves. Options the command line leaves
+// out have the saved plan's values (adopt_plan_settings); --device-memory counts where given,
+// --calibrate-trace always (it corrects the profile a plan is made from), and whatever the
+// memory, a plan predicted to peak above it does not serve.
+std::string resumed_plan_changes(const Plan& saved, const OpGraph& graph, const TrainOptions& o,
+                                 const RankLayout& layout, c10::Device device) {
+  std::string changes;
+  auto compare = [&](const std::string& key, const std::string& was, const std::string& now) {
+    if (was != now) changes += (changes.empty() ? "--" : ", --") + key + " " + was + " -> " + now;
+  };
+  // The sample (--seq-len, --image-size) and the precision: the profile's sizes and times.
+  if (const std::optional<Json> run = saved_run(o); run && run->contains("sample"))
+    if (const std::string was = (*run)["sample"].get<std::string>(), now = sample_shape(graph); was != now)
+      changes = "the sample " + was + " -> " + now;
+  compare("precision", name_of(saved.precision), name_of(graph.precision));
+  const PlanOptions& p = saved.options;
+  const int virtual_stages = p.schedule.virtual_stages();
+  compare("stages", std::to_string(static_cast<int>(saved.stages.size()) / virtual_stages),
+          std::to_string(layout.stages));
+  compare("data-parallel", std::to_string(p.data_parallel), std::to_string(layout.replicas));
+  compare("schedule", name_of(p.schedule), name_of(o.schedule));
+  compare("virtual-stages", std::to_string(virtual_stages), std::to_string(o.schedule.virtual_stages()));
+  compare("planner", name_of(p.planner), name_of(o.planner));
+  compare("memopt", name_of(p.memopt), name_of(o.memopt));
+  compare("micro-batch-size", std::to_string(saved.micro_batch_size), std::to_string(o.micro_batch_size));
+  compare("micro-batches", std::to_string(p.micro_batches), std::to_string(o.config.micro_batches));
+  compare("optimizer", name_of(p.optimizer), name_of(o.config.optimizer.kind));
+  const int zero_stage = layout.replicas > 1 ? o.zero_stage : 0;
+  compare("zero-stage", std::to_string(p.sharding()), std::to_string(zero_stage));
+  if (p.sharding() > 0 && zero_stage > 0)
+    compare("bucket-size", format_bytes(static_cast<double>(p.bucket_bytes)),
+            format_bytes(static_cast<double>(o.bucket_bytes)));
+  PlanOptions now;
+  set_device_memory(now, o.capacity,
+                    o.allocator_headroom >= 0 ? o.allocator_headroom : default_allocator_headroom(device.str()));
+  const auto memory = [](const PlanOptions& m) {  // what --device-memory gave
+    return m.capacity_bytes == kUnlimitedBytes
+               ? std::string("unlimited")
+               : format_bytes(static_cast<double>(m.capacity_bytes + m.allocator_headroom_bytes));
+  };
+  const bool memory_given = o.capacity != kUnlimitedBytes && o.capacity_source == "--device-memory";
+  if (memory_given && now.capacity_bytes != p.capacity_bytes) compare("device-memory", memory(p), memory(now));
+  if (!o.calibrate_traces.empty())  // a plan from node times the traces correct
+    changes += std::string(changes.empty() ? "" : ", ") + "--calibrate-trace";
+  if (changes.empty() && now.capacity_bytes != kUnlimitedBytes)
+    for (const int64_t peak : saved.rank_peak_bytes(true))
+      if (peak > now.capacity_bytes) {
+        changes = "its predicted peak " + format_bytes(static_cast<double>(peak)) + " is above the " +
+                  format_bytes(static_cast<double>(now.capacity_bytes)) + " a rank may fill now (" + o.capacity_source +
+                  ")";
+        break;
+      }
+  return changes;
+}
+
 }  // namespace
 
 std::optional<GivenPlan> read_given_plan(const std::string& path, int rank) {
@@ -115,23 +172,26 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
   if (given) {
     plan_json = given->json;
   } else {
-    // A resumed run keeps the split its checkpoint was written with, where it runs as many
-    // stages; on another count it plans anew, and each stage reads its tensors by name.
+    // A resumed run keeps the plan its checkpoint was written with where it asks for nothing
+    // else and its memory still holds; otherwise it plans anew, and each stage reads its tensors
+    // by name.
     if (rank == 0) {
       bool keep_saved = o.resume && std::ifstream(saved_plan).good();
       if (keep_saved) {
         const Plan saved = plan_from_json(read_text_file(saved_plan));
-        const size_t launched = static_cast<size_t>(layout.stages * saved.options.schedule.virtual_stages());
-        keep_saved = saved.stages.size() == launched;
+        const std::string changes = resumed_plan_changes(saved, graph, o, layout, device);
+        keep_saved = changes.empty();
+        if (!keep_saved && saved.options.sharding() > 0)
+          throw ConfigError("the checkpoint in " + o.checkpoint_dir + " is sharded (--zero-stage " +
+                            std::to_string(saved.options.sharding()) +
+                            ") and resumes only on the plan it was written with, and this run changes " + changes +
+                            ": repeat the checkpoint's values");
         if (!keep_saved && !o.quiet)
           std::printf(
-              "note: the checkpoint's plan (%s) has %zu stages, and this run %zu: planning anew; each stage reads "
-              "its parameters and optimizer state by name\n",
-              saved_plan.c_str(), saved.stages.size(), launched);
+              "note: the checkpoint's plan (%s) does not serve this run (%s): planning anew; each stage reads its "
+              "parameters and optimizer state by name\n",
+              saved_plan.c_str(), changes.c_str());
       }
-      if (keep_saved && !o.calibrate_traces.empty())
-        throw ConfigError("--calibrate-trace plans anew, and a resumed run keeps its checkpoint's plan (" + saved_plan +
-                          ")");
       plan_json = keep_saved ? read_text_file(saved_plan) : plan_on_rank0(o, graph, layout, device);
     }
     broadcast_string_quietly(plan_json, 0, MPI_COMM_WORLD);  // the others wait while rank 0 plans
@@ -174,6 +234,8 @@ PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const Ran
   if (pc.zero_stage > 0 && !pc.schedule.traits().updates_once_per_step)  // --schedule auto's choice
     throw ConfigError("--zero-stage " + std::to_string(pc.zero_stage) + " under --schedule " + name_of(pc.schedule) +
                       " is not implemented yet (use gpipe, 1f1b, zb-h1, zb-h2 or interleaved)");
+  if (pc.zero_stage >= 3 && pc.schedule.traits().splits_backward)  // a --plan-in's schedule
+    throw ConfigError(level_three_split_refusal(name_of(pc.schedule)));
   // A pipeline that does not drain every step drains where it writes a checkpoint and where it
   // evaluates (PipelineConfig::drain_every).
   if (!pc.schedule.traits().drains_every_step) {
@@ -187,5 +249,3 @@ PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const Ran
 }
 
 }  // namespace dawnpiper
-  if (pc.zero_stage >= 3 && pc.schedule.traits().splits_backward)  // a --plan-in's schedule
-    throw ConfigError(level_three_split_refusal(name_of(pc.schedule)));

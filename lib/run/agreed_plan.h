@@ -21,12 +21,16 @@ struct GivenPlan {
 };
 // Read on rank 0 and broadcast; nothing without a path.
 std::optional<GivenPlan> read_given_plan(const std::string& path, int rank);
-// The plan a checkpoint directory keeps (DIR/plan.json), which a resumed run trains with;
-// nothing where there is none.
+// The plan a checkpoint directory keeps (DIR/plan.json), whose settings a resumed run takes
+// where it gives none (adopt_plan_settings); nothing where there is none.
 std::optional<GivenPlan> read_checkpoint_plan(const std::string& dir, int rank);
 
 // The given plan, or rank 0's; written to --plan-out and, with --checkpoint-dir, beside the
-// checkpoints with the run's identity (run/resume.h).
+// checkpoints with the run's identity (run/resume.h). A resumed run keeps its checkpoint's plan
+// where it asks for nothing that plan was not made for (stage and replica count, schedule,
+// planner, memopt, micro-batching, optimizer, sharding, a given --device-memory) and the plan's
+// predicted peaks fit the memory; otherwise rank 0 says why and plans anew (each stage then reads
+// its tensors by name), or refuses where the checkpoint is sharded.
 Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, const RankLayout& layout,
                  const TrainOptions& o, c10::Device device, int rank);
 

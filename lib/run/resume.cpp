@@ -10,9 +10,23 @@
 
 namespace dawnpiper {
 
+std::string sample_shape(const OpGraph& graph) {
+  std::string shape;
+  for (const Node& n : graph.nodes) {
+    if (n.kind != OpKind::Input || !n.inputs.empty()) continue;
+    for (int t : n.outputs) {
+      Shape dims = graph.tensor(t).shape;
+      if (!dims.empty() && dims.front() == graph.micro_batch_size) dims.erase(dims.begin());
+      shape += (shape.empty() ? "" : ", ") + (n.role.empty() ? n.name : n.role) + " " + shape_str(dims);
+    }
+  }
+  return shape;
+}
+
 Json run_identity(const OpGraph& graph, const TrainOptions& o, bool with_training) {
   Json j;
   j["model"] = graph.fingerprint();
+  j["sample"] = sample_shape(graph);
   j["micro-batch-size"] = o.micro_batch_size;
   j["seed"] = o.config.seed;
   j["data"] = o.config.data.path;
@@ -54,7 +68,40 @@ void check_layout(const Json& saved, const Json& now, const std::string& dir) {
                     ": a sharded checkpoint resumes only in the layout it was written in");
 }
 
-bool is_layout(const std::string& key) { return key == "zero-stage" || key == "data-parallel"; }
+// Compared by what they make together, the global batch (global_batch_change), or by the
+// layout (check_layout); a new plan follows them (run/agreed_plan.h).
+bool is_layout(const std::string& key, bool training) {
+  return key == "zero-stage" || key == "data-parallel" ||
+         (training && (key == "micro-batch-size" || key == "micro-batches"));
+}
+
+int64_t global_batch(const Json& run) {
+  return run.value("micro-batch-size", int64_t{1}) * run.value("micro-batches", int64_t{1}) *
+         run.value("data-parallel", int64_t{1});
+}
+
+std::string batch_parts(const Json& run) {
+  return std::to_string(run.value("micro-batch-size", int64_t{1})) + " x " +
+         std::to_string(run.value("micro-batches", int64_t{1})) + " x " +
+         std::to_string(run.value("data-parallel", int64_t{1}));
+}
+
+// The global batch (micro-batch size x micro-batches x replicas) the checkpoint's run trained
+// with and this one's, where they differ, with how the data goes on: step k reads the samples
+// from k x the global batch on, so a larger batch skips samples and a smaller one reads some
+// again. "" where they agree.
+std::string global_batch_change(const Json& saved, const Json& now, int64_t step) {
+  if (!saved.contains("micro-batches") || !now.contains("micro-batches")) return "";
+  const int64_t was = global_batch(saved), is = global_batch(now);
+  if (was == is) return "";
+  const int64_t read = step * was, next = step * is;
+  std::string data = "the data goes on by step: step " + std::to_string(step) + " reads from sample " +
+                     std::to_string(next) + ", where the checkpoint's run had read " + std::to_string(read);
+  if (next > read) data += " (samples " + std::to_string(read) + " to " + std::to_string(next - 1) + " are skipped)";
+  if (next < read) data += " (samples " + std::to_string(next) + " to " + std::to_string(read - 1) + " are read again)";
+  return "the global batch (micro-batch size x micro-batches x replicas) " + std::to_string(was) + " (" +
+         batch_parts(saved) + ") -> " + std::to_string(is) + " (" + batch_parts(now) + "); " + data;
+}
 
 }  // namespace
 
@@ -76,16 +123,30 @@ std::optional<Json> saved_run(const TrainOptions& o) {
   return read_json(path, [&] { return Json::parse(read_text_file(path)); });
 }
 
-void check_resumed_run(const OpGraph& graph, const TrainOptions& o) {
+void check_resumed_run(const OpGraph& graph, const TrainOptions& o, int64_t step) {
   const std::optional<Json> found = saved_run(o);
   if (!found) return;
   const Json& saved = *found;
-  const Json now = run_identity(graph, o, !o.eval_only);
+  const bool training = !o.eval_only;
+  const Json now = run_identity(graph, o, training);
   if (now.contains("zero-stage")) check_layout(saved, now, o.checkpoint_dir);
   std::string changes;
   for (const auto& [key, value] : now.items())
-    if (saved.contains(key) && saved[key] != value && !is_layout(key))
-      changes += (changes.empty() ? "--" : ", --") + key + " " + saved[key].dump() + " -> " + value.dump();
+    if (saved.contains(key) && saved[key] != value && !is_layout(key, training))
+      changes += (changes.empty() ? "" : ", ") +
+                 (key == "sample" ? "the sample (--seq-len, --image-size) " : "--" + key + " ") + saved[key].dump() +
+                 " -> " + value.dump();
+  // The checkpoint holds its optimizer's state, which another optimizer cannot take, overridden
+  // or not.
+  if (training && saved.contains("optimizer") && saved["optimizer"] != now["optimizer"])
+    throw ConfigError("the checkpoint in " + o.checkpoint_dir + " holds the state of --optimizer " +
+                      saved["optimizer"].get<std::string>() + ", and this run has --optimizer " +
+                      now["optimizer"].get<std::string>() +
+                      ": repeat it, or start the other optimizer from the checkpoint's weights (dawnpiper "
+                      "export-weights, then --init-from)");
+  if (training)
+    if (const std::string batch = global_batch_change(saved, now, step); !batch.empty())
+      changes += (changes.empty() ? "" : ", ") + batch;
   if (changes.empty()) return;
   if (!o.resume_override)
     throw ConfigError("--resume continues the run in " + o.checkpoint_dir + ", and this one changes " + changes +

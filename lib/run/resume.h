@@ -9,8 +9,12 @@
 
 namespace dawnpiper {
 
-// By option name: the model and data, and (with_training) how it trains (--steps only where the
-// schedule decays to the last step). Evaluation reads only the first part.
+// One sample's data: each input's role and shape without the micro-batch dimension ("tokens
+// [32], tokens_next [32]"), which --seq-len or --image-size change and the model's fingerprint
+// (its ops and parameter shapes) does not see.
+std::string sample_shape(const OpGraph& graph);
+// By option name: the model (its fingerprint and sample shape) and data, and (with_training) how it trains (--steps
+// only where the schedule decays to the last step). Evaluation reads only the first part.
 Json run_identity(const OpGraph& graph, const TrainOptions& o, bool with_training);
 // DIR/run.json of --checkpoint-dir, if there is one.
 std::optional<Json> saved_run(const TrainOptions& o);
@@ -18,8 +22,11 @@ std::optional<Json> saved_run(const TrainOptions& o);
 // `latest` names), its checkpoint checked file by file on rank 0 (runtime/checkpoint.h) before
 // anything is printed; every rank throws the same ConfigError where it is missing or damaged.
 int64_t agreed_resume_step(const std::string& dir, int64_t requested, int rank);
-// Rank 0 of a resumed run: refuses settings that differ from the checkpoint's run, naming each,
-// unless --resume-override (then says what changes). Checkpoints without run.json pass.
-void check_resumed_run(const OpGraph& graph, const TrainOptions& o);
+// Rank 0 of a resumed run from checkpoint `step`: refuses settings that differ from the
+// checkpoint's run, naming each, unless --resume-override (then says what changes). The
+// micro-batch size, micro-batches and replicas may change where the global batch they make
+// stays (a new plan follows: run/agreed_plan.h); another global batch needs --resume-override,
+// and the message says where the data goes on. Checkpoints without run.json pass.
+void check_resumed_run(const OpGraph& graph, const TrainOptions& o, int64_t step);
 
 }  // namespace dawnpiper

@@ -198,7 +198,7 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
                     o.checkpoint_dir.c_str(), first_step);
       return 0;
     }
-    if (rank == 0) check_resumed_run(graph, o);
+    if (rank == 0) check_resumed_run(graph, o, first_step);
     if (rank == 0 && !o.quiet)
       std::printf("resuming from the checkpoint at step %" PRId64 " in %s\n", first_step, o.checkpoint_dir.c_str());
   }
@@ -238,6 +238,7 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
     progress.validation(r.step, r.loss);
     if (rank == 0) metrics.validation(r.step, r.loss);
   };
+  if (o.resume && rank == 0) continue_from_checkpoint(o.checkpoint_dir, first_step);
   const auto start = std::chrono::steady_clock::now();
   const StageRun mine = run_this_rank(graph, pc, layout, run, o.in_process);
   synchronize(device);  // the clock stops when the device has finished this rank's work

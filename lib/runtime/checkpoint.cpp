@@ -93,18 +93,38 @@ std::vector<int64_t> step_directories(const std::string& dir) {
   return steps;
 }
 
-// Keeps the `keep` newest complete checkpoints up to `written` (the one just completed among
-// them); removes older step directories, complete or not, and those past `written`.
-void prune(const std::string& dir, int64_t written, int keep) {
-  int kept = 0;
-  for (int64_t step : step_directories(dir)) {
-    const bool complete = std::ifstream(manifest_path(dir, step)).good();
-    if (step <= written && complete && kept < keep) {
-      ++kept;
-      continue;
-    }
-    if (step != written) remove_tree(step_dir(dir, step));
+bool is_complete(const std::string& dir, int64_t step) { return std::ifstream(manifest_path(dir, step)).good(); }
+
+// The checkpoint that `step` follows on its run's line: the one its manifest names ("after"),
+// or for a manifest without it (written before manifests named it, or where no `latest` was
+// there to name one) the newest complete one before it; -1 where none.
+int64_t followed(const std::string& dir, int64_t step, const std::vector<int64_t>& steps) {
+  try {
+    const Json m = Json::parse(read_text_file(manifest_path(dir, step)));
+    if (m.contains("after")) return m["after"].get<int64_t>();
+  } catch (const std::exception&) {
+    return -1;
   }
+  for (int64_t earlier : steps)  // newest first
+    if (earlier < step && is_complete(dir, earlier)) return earlier;
+  return -1;
+}
+
+// Keeps the `keep` newest complete checkpoints of the line that ends at `written` (the one just
+// completed), following each manifest's "after" back; removes every other step directory: older
+// ones past K, incomplete ones, those past `written`, and those a resumed run abandoned by going
+// on from an earlier step (--resume-from), damaged or not.
+void prune(const std::string& dir, int64_t written, int keep) {
+  const std::vector<int64_t> steps = step_directories(dir);
+  std::set<int64_t> kept{written};
+  for (int64_t at = written; static_cast<int>(kept.size()) < keep;) {
+    const int64_t next = followed(dir, at, steps);
+    if (next < 0 || next >= at || !is_complete(dir, next)) break;
+    kept.insert(next);
+    at = next;
+  }
+  for (int64_t step : steps)
+    if (!kept.count(step)) remove_tree(step_dir(dir, step));
 }
 
 }  // namespace
@@ -187,6 +207,11 @@ void write_checkpoint(const std::string& dir, int64_t next_step, const std::vect
   Json manifest;
   manifest["format"] = "dawnpiper-checkpoint-manifest";
   manifest["step"] = next_step;
+  // The checkpoint this one follows: the one `latest` names (a resumed run has pointed it at the
+  // step it resumed from: continue_from_checkpoint).
+  int64_t after = -1;
+  if (std::ifstream in(dir + "/latest"); !(in >> after) || after >= next_step) after = -1;
+  if (after >= 0) manifest["after"] = after;
   manifest["files"] = files;
   write_text_atomically(manifest_path(dir, next_step), manifest.dump(2) + "\n");
   write_text_atomically(dir + "/latest", std::to_string(next_step) + "\n");
@@ -194,6 +219,12 @@ void write_checkpoint(const std::string& dir, int64_t next_step, const std::vect
 }
 
 std::string checkpoint_step_dir(const std::string& dir, int64_t step) { return step_dir(dir, step); }
+
+void continue_from_checkpoint(const std::string& dir, int64_t step) {
+  int64_t latest = -1;
+  if (std::ifstream in(dir + "/latest"); !(in >> latest)) latest = -1;
+  if (latest != step) write_text_atomically(dir + "/latest", std::to_string(step) + "\n");
+}
 
 std::vector<int64_t> complete_checkpoints(const std::string& dir) {
   std::vector<int64_t> steps;

@@ -28,9 +28,10 @@ struct CheckpointIdentity {
 // zero_shard()) every replica calls it, collective over `replicas` too (this stage's replicas,
 // rank = replica): replica 0 writes stage-<x>.h5 with the parameters and its shard of the
 // optimizer state, replica r > 0 stage-<x>-replica-<r>.h5 with its shard alone.
-// `keep`: how many complete checkpoints stay (--keep-checkpoints; this one among them); older
-// step directories, and any past this step (left by a run abandoned at --resume-from), are
-// removed once it is complete.
+// `keep`: how many complete checkpoints stay (--keep-checkpoints; this one among them): this one
+// and those it follows (its manifest names the one before it on the run's line, which `latest`
+// named); other step directories (older ones, any past this step, and those of a line abandoned
+// at --resume-from) are removed once it is complete.
 void write_checkpoint(const std::string& dir, int64_t next_step, const std::vector<PipelineStage*>& stages,
                       const CheckpointIdentity& id, MPI_Comm comm, MPI_Comm replicas = MPI_COMM_NULL, int keep = 2);
 
@@ -44,6 +45,12 @@ int64_t checked_resume_step(const std::string& dir, int64_t requested);
 
 // The steps of DIR's complete checkpoints (a step directory with its manifest), newest first.
 std::vector<int64_t> complete_checkpoints(const std::string& dir);
+
+// Rank 0 of a resumed run, before it trains from checkpoint `step`: points DIR/latest at it
+// (where it names another, e.g. a damaged newer step passed by --resume-from), so that the run's
+// checkpoints follow it and keep K of its own line; the newer ones it abandons are removed when
+// it writes its first.
+void continue_from_checkpoint(const std::string& dir, int64_t step);
 
 // DIR/step-<k>: where checkpoint k's files are.
 std::string checkpoint_step_dir(const std::string& dir, int64_t step);

@@ -5,8 +5,11 @@
 # waiting) before anything is printed, with the newest complete earlier checkpoint and
 # --resume-from STEP, which resumes to the uninterrupted run's losses bitwise; a 2-rank
 # checkpoint resumed on 1 and 3 ranks (a new plan, tensors read by name) trains the uninterrupted
-# run's losses within 1e-6; export-weights writes any kept checkpoint's weights as --save-weights
-# writes them, byte for byte.
+# run's losses within 1e-6; so does a resume with another schedule, memopt, --device-memory or
+# layout of the same global batch (a new plan); another global batch or optimizer, or a sharded
+# checkpoint on another plan, is refused before profiling; a resume past a damaged step keeps
+# its own line's checkpoints; export-weights writes any kept checkpoint's weights as
+# --save-weights writes them, byte for byte.
 # usage: run_checkpoint_tests.sh path/to/dawnpiper
 set -u
 bin="$1"
@@ -78,10 +81,92 @@ within_1e6() { [ -n "$1" ] && paste <(echo "$1") <(echo "$2") | awk 'NF != 2 { b
 for n in 1 3; do
   cp -r "$work/ck" "$work/moved$n"
   timeout 120 mpirun --oversubscribe -np $n "$bin" "${run[@]}" --steps 8 --checkpoint-dir "$work/moved$n" --resume >"$work/out" 2>"$work/err"
-  if grep -q "note: the checkpoint's plan ($work/moved$n/plan.json) has 2 stages, and this run $n: planning anew" "$work/out" &&
+  if grep -qF "note: the checkpoint's plan ($work/moved$n/plan.json) does not serve this run (--stages 2 -> $n): planning anew" "$work/out" &&
      within_1e6 "$(losses <"$work/out")" "$(echo "$full" | tail -2 | losses)"; then passed=$((passed + 1)); else
     failed=$((failed + 1)); echo "FAIL: resume on $n ranks"; echo "$full"; cat "$work/out" "$work/err"; fi
 done
+
+# Honest resumes: every setting a resume changes is honoured or refused. Honoured with a new plan
+# (each stage reads its tensors by name): another schedule, memopt, --device-memory (the old plan
+# peaks at 3.41 MiB, above 3 MiB), and another layout with the same global batch; steps 6-7
+# within 1e-6 of the uninterrupted run's.
+resumed_within() {
+  local name="$1" np="$2" pattern="$3"
+  shift 3
+  rm -rf "$work/r" && cp -r "$work/ck" "$work/r"
+  timeout 120 mpirun --oversubscribe -np "$np" "$bin" "${run[@]}" --steps 8 --checkpoint-dir "$work/r" --resume "$@" \
+    >"$work/out" 2>"$work/err"
+  if grep -qF -- "$pattern" "$work/out" && within_1e6 "$(losses <"$work/out")" "$(echo "$full" | tail -2 | losses)"; then
+    passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: resume with $name"; echo "$full"; cat "$work/out" "$work/err"; fi
+}
+serves="does not serve this run"
+resumed_within "another schedule" 2 "$serves (--schedule 1f1b -> zb-h1): planning anew" --schedule zb-h1
+resumed_within "memopt sr under 3 MiB" 2 "$serves (--memopt none -> sr, --device-memory unlimited -> 3.00 MiB)" \
+  --memopt sr --device-memory 3MiB
+resumed_within "less --device-memory" 2 "$serves (--device-memory unlimited -> 3.00 MiB)" --device-memory 3MiB
+resumed_within "pipeline to data parallel (2 x 1 -> 1 x 2)" 2 \
+  "$serves (--stages 2 -> 1, --data-parallel 1 -> 2, --micro-batches 4 -> 2)" --stages 1 --micro-batches 2
+resumed_within "2 x 1 -> 2 x 2" 4 "$serves (--data-parallel 1 -> 2, --micro-batches 4 -> 2)" --stages 2 --micro-batches 2
+# refused NAME NP PATTERN ARGS...: exit 2, stderr has PATTERN, nothing profiled or planned.
+refused() {
+  local name="$1" np="$2" pattern="$3"
+  shift 3
+  rm -rf "$work/r" && cp -r "$work/ck" "$work/r"
+  timeout 120 mpirun --oversubscribe -np "$np" "$bin" "${run[@]}" --steps 8 --checkpoint-dir "$work/r" --resume "$@" \
+    >"$work/out" 2>"$work/err"
+  local code=$?
+  if [ $code -eq 2 ] && grep -qF -- "$pattern" "$work/err" && ! grep -q "^profile\|^training" "$work/out"; then
+    passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $name (exit $code)"; cat "$work/out" "$work/err"; fi
+}
+doubled="the global batch (micro-batch size x micro-batches x replicas) 16 (4 x 4 x 1) -> 32 (4 x 4 x 2); the data goes \
+on by step: step 6 reads from sample 192, where the checkpoint's run had read 96 (samples 96 to 191 are skipped)"
+refused "another data-parallel width" 4 "this one changes $doubled: repeat its values, or give --resume-override" --stages 2
+refused "another sequence length" 2 "changes the sample (--seq-len, --image-size) \"tokens [32], tokens_next [32]\" -> \
+\"tokens [16], tokens_next [16]\": repeat its values" --seq-len 16
+resumed_precision=$(rm -rf "$work/r" && cp -r "$work/ck" "$work/r" && mpi2 "${run[@]}" --steps 7 --checkpoint-dir "$work/r" \
+  --resume --precision bf16 --resume-override 2>"$work/err")
+if echo "$resumed_precision" | grep -qF "$serves (--precision fp32 -> bf16)" && [ "$(echo "$resumed_precision" | losses | wc -l)" = 1 ]
+then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: another precision, overridden"; echo "$resumed_precision"
+  cat "$work/err"; fi
+rm -rf "$work/r" && cp -r "$work/ck" "$work/r"
+mpi2 train --model gpt2-tiny --optimizer sgd --lr 0.001 --steps 8 --checkpoint-dir "$work/r" --resume --resume-override \
+  >"$work/out" 2>"$work/err"
+code=$?
+if [ $code -eq 2 ] && grep -qF "the checkpoint in $work/r holds the state of --optimizer adam, and this run has --optimizer \
+sgd" "$work/err" && ! grep -q "^profile\|^training" "$work/out"; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: another optimizer, overridden (exit $code)"; cat "$work/out" "$work/err"; fi
+rm -rf "$work/r" && cp -r "$work/ck" "$work/r"
+timeout 120 mpirun --oversubscribe -np 4 "$bin" "${run[@]}" --steps 7 --checkpoint-dir "$work/r" --resume --stages 2 \
+  --resume-override >"$work/out" 2>"$work/err"
+if grep -qF "note: --resume-override: $doubled" "$work/out" && grep -qF "$serves (--data-parallel 1 -> 2)" "$work/out" &&
+   [ "$(losses <"$work/out" | wc -l)" = 1 ]; then passed=$((passed + 1)); else
+  failed=$((failed + 1)); echo "FAIL: another data-parallel width, overridden"; cat "$work/out" "$work/err"; fi
+rm -rf "$work/r" && cp -r "$work/ck" "$work/r"
+mpi2 "${run[@]}" --steps 7 --checkpoint-dir "$work/r" --resume --micro-batch-size 2 --resume-override >"$work/out" 2>"$work/err"
+if grep -qF "(samples 48 to 95 are read again)" "$work/out" && grep -qF "$serves (--micro-batch-size 4 -> 2)" "$work/out" &&
+   grep -q "micro-batch 2 x 4" "$work/out" && grep -q '"micro_batch_size": 2' "$work/r/plan.json"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: another micro-batch size, overridden"; cat "$work/out" "$work/err"; fi
+# A sharded checkpoint resumes only on its own plan: another schedule is refused before profiling.
+timeout 120 mpirun --oversubscribe -np 4 "$bin" "${run[@]}" --steps 2 --stages 2 --zero-stage 1 --checkpoint-dir "$work/z" \
+  --quiet >/dev/null 2>"$work/err"
+cp -r "$work/z" "$work/r-z"
+timeout 120 mpirun --oversubscribe -np 4 "$bin" "${run[@]}" --steps 4 --stages 2 --zero-stage 1 --schedule zb-h1 \
+  --checkpoint-dir "$work/r-z" --resume >"$work/out" 2>"$work/err"
+code=$?
+if [ $code -eq 2 ] && grep -qF "the checkpoint in $work/r-z is sharded (--zero-stage 1) and resumes only on the plan it was \
+written with, and this run changes --schedule 1f1b -> zb-h1" "$work/err" && ! grep -q "^profile" "$work/out"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: a sharded checkpoint on another plan (exit $code)"; cat "$work/out" "$work/err"; fi
+
+# --resume-from 4 past a damaged step 6, its one checkpoint at step 7: steps 4 and 7 stay (the
+# line it continues), the damaged step 6 goes; steps 4-6 the uninterrupted run's, bitwise.
+cp -r "$work/ck" "$work/past" && truncate -s 3000 "$work/past/step-6/stage-1.h5"
+past=$(mpi2 train --model gpt2-tiny --optimizer adam --lr 0.001 --steps 7 --checkpoint-dir "$work/past" --resume-from 4 \
+  2>"$work/err" | steps_of)
+if [ "$past" = "$(echo "$full" | sed -n 5,7p)" ] && [ "$(dirs "$work/past")" = "step-4 step-7 " ] &&
+   [ "$(cat "$work/past/latest")" = 7 ] && grep -q '"after": 4' "$work/past/step-7/manifest.json"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --keep-checkpoints after --resume-from 4"; dirs "$work/past"
+  echo "$past"; cat "$work/err"; fi
+
 # --eval-only of a kept, not latest, checkpoint.
 if mpi2 train --model gpt2-tiny --eval-only --eval-batches 1 --checkpoint-dir "$work/ck" --resume-from 4 >"$work/out" 2>"$work/err" &&
    grep -q "weights of the checkpoint at step 4 in $work/ck" "$work/out"; then passed=$((passed + 1)); else
