@@ -132,7 +132,13 @@ std::string resumed_plan_changes(const Plan& saved, const OpGraph& graph, const 
                : format_bytes(static_cast<double>(m.capacity_bytes + m.allocator_headroom_bytes));
   };
   const bool memory_given = o.capacity != kUnlimitedBytes && o.capacity_source == "--device-memory";
-  if (memory_given && now.capacity_bytes != p.capacity_bytes) compare("device-memory", memory(p), memory(now));
+  if (memory_given && now.capacity_bytes != p.capacity_bytes) {
+    if (memory(p) != memory(now))
+      compare("device-memory", memory(p), memory(now));
+    else  // the same memory, another share left to the allocator
+      compare("allocator-headroom", format_bytes(static_cast<double>(p.allocator_headroom_bytes)),
+              format_bytes(static_cast<double>(now.allocator_headroom_bytes)));
+  }
   if (!o.calibrate_traces.empty())  // a plan from node times the traces correct
     changes += std::string(changes.empty() ? "" : ", ") + "--calibrate-trace";
   if (changes.empty() && now.capacity_bytes != kUnlimitedBytes)
