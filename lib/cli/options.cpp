@@ -78,7 +78,8 @@ po::options_description planning_options() {
                                                          "produces them; 3 parameters split too, each bucket gathered "
                                                          "where it is read and let go after")
       ("bucket-size", po::value<std::string>()->default_value("25MiB"), "gradients travel between replicas in flat buckets "
-                                                                         "of about this size (--zero-stage 1 and 2)");
+                                                                         "of about this size (every --zero-stage; 0 at "
+                                                                         "level 0: parameter by parameter)");
   // clang-format on
   return d;
 }
@@ -90,7 +91,12 @@ ZeroOptions zero_options_from(const po::variables_map& vm) {
     throw ConfigError("--zero-stage " + std::to_string(z.stage) +
                       " is no level of sharded data parallelism: 0 (none), 1, 2 or 3 (DeepSpeed's)");
   z.bucket_bytes = parse_bytes(vm["bucket-size"].as<std::string>(), "--bucket-size");
-  if (z.bucket_bytes < 4) throw ConfigError("--bucket-size must hold at least one fp32 element (4 bytes)");
+  // 0: level 0 averages parameter by parameter (the averaging before buckets, to compare with).
+  if (z.bucket_bytes < 4 && !(z.bucket_bytes == 0 && z.stage == 0))
+    throw ConfigError("--bucket-size must hold at least one fp32 element (4 bytes)" +
+                      std::string(z.bucket_bytes == 0 ? " under --zero-stage " + std::to_string(z.stage) +
+                                                            " (0 bytes: level 0 only, parameter by parameter)"
+                                                      : ""));
   if (z.stage == 0) return z;
   const ScheduleChoice& schedule = vm["schedule"].as<ScheduleChoice>();
   if (!schedule.is_auto() && !schedule.traits().updates_once_per_step)

@@ -287,6 +287,29 @@ class StageReplay final : public ActionHooks {
   // gradients' bytes, whether it waits, its nodes still to make theirs in this micro-batch and
   // whether its chunk is held.
   bool zero_streams() const { return model_.zero_stage() >= 2; }
+  // Level 0 with replicas on MPI (runtime/replica_averager.h): the step's last weight pass packs
+  // each bucket's gradients into a buffer of their bytes (the last bucket first, each once its
+  // nodes have made theirs in the pass and the buckets before it are packed), the buffer beside
+  // the gradients until they go; the buckets of weights tied across stages, and the rest, when
+  // the pass ends (B: once it let its graph go; W: before); the averaged buffers are
+  // the gradients until the update, which packs what no pass did (async). (A split backward's
+  // first W of a run, which the runtime needs to count each parameter's accumulations, packs
+  // everything at its end: with one micro-batch a step, step 0 differs from this steady state.)
+  bool averages_buckets() const {
+    return model_.zero_stage() == 0 && model_.data_parallel() > 1 && model_.bucket_bytes() > 0;
+  }
+  void place_average_buckets(const std::vector<int64_t>& param_bytes);
+  bool begin_weight_pass();  // whether it is the step's last, packing as it goes
+  void average_gradient_made(int i);
+  void average_pack(size_t bucket);
+  void average_pass_end();
+  std::vector<int64_t> avg_buckets_;
+  std::vector<int> avg_bucket_of_, avg_waiting_;
+  std::vector<char> avg_deferred_, avg_packed_;
+  std::vector<size_t> avg_order_;
+  size_t avg_next_ = 0;
+  int64_t avg_passes_per_step_ = 0, avg_passes_ = 0;
+  bool avg_armed_ = false;
   bool zero_streamed(int i) const {
     const int k = zero_bucket_of_.empty() ? -1 : zero_bucket_of_[at(i - b_)];
     return zero_streams() && (k < 0 || !zero_deferred_[at(k)]);
@@ -533,6 +556,7 @@ void StageReplay::place_weights() {
     }
   }
   std::reverse(held_bytes.begin(), held_bytes.end());
+  place_average_buckets(held_bytes);
   place_zero_buckets(std::move(held_bytes));
   // Once the gradient exists (later micro-batches of a step), autograd sums the contributions
   // of a weight used by several nodes in a buffer before accumulating it: the buffer is filled
@@ -957,7 +981,10 @@ int64_t StageReplay::overwritten_logits(const MicroBatch& m, int n) const {
 }
 
 void StageReplay::backward(int64_t mb, MicroBatch& m) {
-  walk_once(backward_walk_[backward_in_step_ ? 1 : 0], m, /*backward=*/true, [&] { backward_nodes(mb, m); });
+  if (begin_weight_pass())  // (walked apart from the repeated walks)
+    backward_nodes(mb, m);
+  else
+    walk_once(backward_walk_[backward_in_step_ ? 1 : 0], m, /*backward=*/true, [&] { backward_nodes(mb, m); });
   backward_in_step_ = true;
   if (stashes_ && --version_users_[m.version] == 0) {
     version_users_.erase(m.version);
@@ -1032,12 +1059,14 @@ void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
     note(live_ + grads + transient + p_.nodes[at(i)].bwd_workspace, i);
     live_ += grads;
     if (zero_streams()) zero_gradient_made(i);  // (the weight pass still holds the output's gradient)
+    average_gradient_made(i);
     live_ -= held;
   }
   if (m.loss_grad_held)
     for (int t : p_.nodes[at(loss_node_)].saved)
       if (model_.is_internal(t)) for_saver_keys(t, [&](int k) { release(m, k); });
   m.loss_grad_held = false;
+  average_pass_end();  // (the runtime's W lets its graph go after)
   release_graph(m);
   m.weights_pending = false;
   zero_end_micro_batch();
@@ -1211,6 +1240,7 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   // Autograd accumulates the parameters' gradients once the node's function has let its
   // inputs and saved tensors go.
   if (!input_only && zero_streams()) zero_gradient_made(i);
+  if (!input_only) average_gradient_made(i);
 }
 
 void StageReplay::param_gradient(int i, int64_t& grads, int64_t& transient) {
@@ -1274,6 +1304,86 @@ void StageReplay::place_zero_buckets(std::vector<int64_t> param_bytes) {
   zero_end_micro_batch();  // (sets the counts)
 }
 
+void StageReplay::place_average_buckets(const std::vector<int64_t>& param_bytes) {
+  avg_buckets_.clear();
+  avg_deferred_.clear();
+  avg_order_.clear();
+  avg_bucket_of_.assign(param_bytes.size(), -1);
+  avg_passes_per_step_ = 0;
+  if (!averages_buckets()) return;
+  if (model_.schedule().traits().updates_once_per_step && !stream_)
+    for (const Action& a : actions_)
+      avg_passes_per_step_ += a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight;
+  // As the runtime's shard_layout with one replica: whole nodes' parameters, closed once they
+  // reach the bucket size; a bucket holding a weight tied across stages waits for the pass's end.
+  std::vector<char> tied_across(param_bytes.size(), 0);
+  for (int n = 0; n < static_cast<int>(p_.nodes.size()); ++n) {
+    const int owner = p_.nodes[at(n)].tied_owner;
+    if (owner < 0 || in_range(owner) == in_range(n)) continue;
+    if (in_range(n)) tied_across[at(n - b_)] = 1;
+    if (in_range(owner)) tied_across[at(owner - b_)] = 1;
+  }
+  int64_t open = 0;
+  bool deferred = false;
+  auto close = [&] {
+    if (open > 0) avg_buckets_.push_back(open), avg_deferred_.push_back(deferred);
+    open = 0;
+    deferred = false;
+  };
+  for (size_t j = 0; j < param_bytes.size(); ++j) {
+    if (param_bytes[j] == 0) continue;
+    avg_bucket_of_[j] = static_cast<int>(avg_buckets_.size());
+    deferred = deferred || tied_across[j];
+    if ((open += param_bytes[j]) >= model_.bucket_bytes()) close();
+  }
+  close();
+  for (size_t k = avg_buckets_.size(); k-- > 0;)
+    if (!avg_deferred_[k]) avg_order_.push_back(k);
+  for (size_t k = 0; k < avg_buckets_.size(); ++k)
+    if (avg_deferred_[k]) avg_order_.push_back(k);
+  avg_packed_.assign(avg_buckets_.size(), 0);
+  avg_waiting_.assign(avg_buckets_.size(), 0);
+}
+
+bool StageReplay::begin_weight_pass() {
+  avg_armed_ = false;
+  if (avg_buckets_.empty() || avg_passes_per_step_ == 0) return false;
+  const bool last = ++avg_passes_ == avg_passes_per_step_;
+  if (!last) return false;
+  avg_armed_ = true;
+  avg_next_ = 0;
+  std::fill(avg_waiting_.begin(), avg_waiting_.end(), 0);
+  for (int k : avg_bucket_of_)
+    if (k >= 0) ++avg_waiting_[at(k)];
+  for (size_t k = 0; k < avg_buckets_.size(); ++k)
+    if (avg_deferred_[k]) avg_waiting_[k] = 1;  // (never 0: packed at the pass's end)
+  return true;
+}
+
+void StageReplay::average_gradient_made(int i) {
+  if (!avg_armed_) return;
+  const int k = avg_bucket_of_[at(i - b_)];
+  if (k < 0 || avg_deferred_[at(k)]) return;
+  --avg_waiting_[at(k)];
+  while (avg_next_ < avg_order_.size() && avg_waiting_[avg_order_[avg_next_]] == 0)
+    average_pack(avg_order_[avg_next_++]);
+}
+
+// The runtime's MpiAverager::start_bucket: the buffer beside the gradients it copies, which then
+// go (the same bytes).
+void StageReplay::average_pack(size_t k) {
+  note(live_ + avg_buckets_[k], -1);
+  avg_packed_[k] = 1;
+}
+
+void StageReplay::average_pass_end() {
+  if (avg_passes_per_step_ == 0 || avg_passes_ != avg_passes_per_step_ || avg_next_ > avg_order_.size()) return;
+  for (size_t k : avg_order_)
+    if (!avg_packed_[k]) average_pack(k);
+  avg_armed_ = false;
+  avg_next_ = avg_order_.size() + 1;  // (done)
+}
+
 void StageReplay::zero_gradient_made(int i) {
   const int k = zero_bucket_of_[at(i - b_)];
   if (k < 0 || zero_deferred_[at(k)] || zero_made_[at(i - b_)]) return;
@@ -1309,6 +1419,10 @@ void StageReplay::zero_end_micro_batch() {
 
 void StageReplay::optimizer_step() {
   if (segment_ >= 0) segment_ = 2;
+  for (size_t k : avg_order_)  // the averaging packs what no pass packed, then waits
+    if (!avg_packed_[k]) average_pack(k);
+  std::fill(avg_packed_.begin(), avg_packed_.end(), 0);
+  avg_passes_ = 0;
   const bool zero = model_.zero_stage() > 0;
   if (zero) {
     // The gradients reduce-scattered into the shard a bucket at a time: bucket k's buffer with
@@ -1359,6 +1473,8 @@ void StageReplay::reset_walk() {
   pending_sends_.clear();
   own_sends_.order.clear();
   param_grads_ = version_ = 0;
+  avg_passes_ = 0;
+  std::fill(avg_packed_.begin(), avg_packed_.end(), 0);
   losses_held_ = held_loss_bytes_ = 0;
   optimizer_state_ = backward_in_step_ = false;
   std::fill(zero_chunk_held_.begin(), zero_chunk_held_.end(), 0);
@@ -1507,6 +1623,7 @@ void StageReplay::backward_action(int64_t mb) {
   MicroBatch& m = state(mb);
   backward(mb, m);
   graph_released(mb, m);
+  average_pass_end();
   read_losses();
 }
 
@@ -1553,7 +1670,10 @@ void StageReplay::backward_input(const Action& a) {
 void StageReplay::backward_weight(const Action& a) {
   MicroBatch& m = state(a.micro_batch);
   const bool sent = m.gradients_sent;  // a repeated walk restores the state it recorded
-  walk_once(weight_walk_[backward_in_step_ ? 1 : 0], m, /*backward=*/true, [&] { weight_nodes(a.micro_batch, m); });
+  if (begin_weight_pass())
+    weight_nodes(a.micro_batch, m);
+  else
+    walk_once(weight_walk_[backward_in_step_ ? 1 : 0], m, /*backward=*/true, [&] { weight_nodes(a.micro_batch, m); });
   backward_in_step_ = true;
   graph_released(a.micro_batch, m);
   if (b_ > 0 && sent) retire(a.micro_batch);

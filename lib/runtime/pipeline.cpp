@@ -469,10 +469,22 @@ std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, c
     });
     return nullptr;
   }
-  std::unique_ptr<ReplicaAverager> averager = make_replica_averager(options.replica_comm, c.device);
+  // Level 0: in buckets, those holding a weight tied across stages started when the backward ends.
+  std::vector<bool> deferred;
+  const auto tied = tied_groups(stage.module().graph(), c);
+  for (const StageParameter& p : stage.module().parameters()) deferred.push_back(tied.count({p.node, p.index}) > 0);
+  std::unique_ptr<ReplicaAverager> averager =
+      make_replica_averager(options.replica_comm, c.device, stage.module().parameters(), c.bucket_bytes,
+                            std::move(deferred), stage.config().split_backward);
   ReplicaAverager* a = averager.get();
   const int x = stage.config().stage;
+  stage.set_replica_pass([a](bool last) { a->begin_pass(last); });
   stage.set_replica_starter([a](std::vector<StageParameter>& params) { a->start(params); });
+  // Traced: each reduction from its start until seen complete (its bucket as the tensor).
+  a->set_listener([x, &tracing](int bucket, int64_t bytes, StageTracer::Clock::time_point start,
+                                StageTracer::Clock::time_point end) {
+    if (tracing) tracing->record_nested(x, ActionKind::AllReduce, -1, bucket, bytes, start, end);
+  });
   // Traced: what the update waits for (the averaging started after the step's last backward).
   stage.set_replica_reducer([a, x, &tracing](std::vector<StageParameter>& params) {
     const auto start = StageTracer::Clock::now();

@@ -282,6 +282,7 @@ void PipelineStage::backward(int64_t mb) {
       grads.erase(grads.begin() + static_cast<std::ptrdiff_t>(k));
     }
     if (evictor_) evictor_->before_backward(mb, outputs);
+    weight_pass_begins();
     if (!outputs.empty()) torch::autograd::backward(outputs, grads);
   }
   f.loss = at::Tensor();
@@ -305,6 +306,12 @@ void PipelineStage::backward(int64_t mb) {
   if (config_.stage == 0) in_flight_.erase(mb);  // no gradient to send upstream
   weight_pass_done();
   count_loss(mb);
+}
+
+void PipelineStage::weight_pass_begins() {
+  if (!begin_replica_pass_) return;
+  begin_replica_pass_(config_.schedule.traits().updates_once_per_step && !replicas_averaged_ &&
+                      weight_passes_ + 1 == config_.micro_batches);
 }
 
 void PipelineStage::weight_pass_done() {
@@ -337,6 +344,7 @@ void PipelineStage::backward_input(int64_t mb) {
 
 void PipelineStage::backward_weight(int64_t mb) {
   InFlight& f = in_flight_.at(mb);
+  weight_pass_begins();
   split_->weight_pass(f.weight_roots);
   if (evictor_) evictor_->after_backward(mb);
   weight_pass_done();

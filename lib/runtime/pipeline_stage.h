@@ -75,6 +75,9 @@ class PipelineStage : private ActionHooks {
   // weight gradients, to start their averaging (ReplicaAverager::start); the replica reducer
   // then completes it.
   void set_replica_starter(TiedGradReducer starter) { start_replicas_ = std::move(starter); }
+  // Called as each weight pass (B, or W of a split backward) begins, `last` where it is the
+  // step's last of a synchronous schedule (ReplicaAverager::begin_pass).
+  void set_replica_pass(std::function<void(bool last)> begins) { begin_replica_pass_ = std::move(begins); }
   // Averages the gradients over the replicas now, once per update (which then does not): a rank
   // of several stages needs all of them averaged before its first update takes the norm.
   void average_replicas();
@@ -146,6 +149,7 @@ class PipelineStage : private ActionHooks {
   void count_loss(int64_t mb);  // the last stage: reports the step's loss after its last backward
   void optimizer_step();
   void weight_pass_done();  // after a micro-batch's weight gradients (B, or W of a split backward)
+  void weight_pass_begins();
   // ZeRO level 3, after a forward ran node n: its outputs gather what it read (parameters or
   // views of them) for its backward.
   void sharded_node_ran(int n, TensorEnv& env);
@@ -180,6 +184,7 @@ class PipelineStage : private ActionHooks {
   std::vector<std::pair<int64_t, at::Tensor>> step_losses_;
   std::function<void(int64_t, double)> on_loss_;
   TiedGradReducer reduce_tied_, reduce_replicas_, start_replicas_;
+  std::function<void(bool)> begin_replica_pass_;
   int64_t weight_passes_ = 0;       // of the step so far
   bool replicas_averaged_ = false;  // since the last update
   std::function<double()> reduce_norm_;

@@ -153,10 +153,15 @@ Trace read_trace(const std::string& path) {
 std::vector<StageSummary> summarize(const Trace& t) {
   std::vector<StageSummary> out(static_cast<size_t>(t.stages));
   for (int64_t s = 0; s < t.stages; ++s) out[s].stage = s;
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<double, double>>> in_flight;  // (stage, replica)
   for (const ActionRecord& r : t.actions) {
     if (r.stage < 0 || r.stage >= t.stages) continue;
     StageSummary& s = out[r.stage];
     const double d = r.end_s - r.start_s;
+    if (r.action_kind() == ActionKind::AllReduce && r.tensor >= 0) {  // a bucket in flight
+      in_flight[{r.stage, r.replica}].emplace_back(r.start_s, r.end_s);
+      continue;
+    }
     if (r.action_kind() == ActionKind::AllReduce) {  // every replica's, averaged below
       s.allreduce_s += d / static_cast<double>(std::max<int64_t>(1, t.replicas));
       continue;
@@ -177,6 +182,16 @@ std::vector<StageSummary> summarize(const Trace& t) {
     if (is_backward(r.action_kind())) s.mean_backward_ms += 1e3 * d;
     if (passes_gradient_back(r.action_kind())) ++s.backwards;
     if (r.action_kind() == ActionKind::BackwardWeight) ++s.weights, s.mean_weight_ms += 1e3 * d;
+  }
+  for (auto& [key, spans] : in_flight) {  // their union
+    std::sort(spans.begin(), spans.end());
+    double total = 0, from = spans.front().first, to = spans.front().second;
+    for (const auto& [a, b] : spans) {
+      if (a > to) total += to - from, from = a, to = b;
+      to = std::max(to, b);
+    }
+    total += to - from;
+    out[static_cast<size_t>(key.first)].reduction_s += total / static_cast<double>(std::max<int64_t>(1, t.replicas));
   }
   for (StageSummary& s : out) {
     s.idle_fraction = t.wall_s > 0 ? 1 - s.busy_s / t.wall_s : 0;
@@ -386,7 +401,8 @@ void print_action_kinds(const Trace& t, const std::vector<StageSummary>& stages,
   for (const StageSummary& s : stages) {
     std::map<ActionKind, std::pair<int64_t, double>> kinds;  // count, seconds
     for (const ActionRecord& r : t.actions)
-      if (r.stage == s.stage && r.replica == 0 && !is_evictor(r.action_kind())) {
+      if (r.stage == s.stage && r.replica == 0 && !is_evictor(r.action_kind()) &&
+          !(r.action_kind() == ActionKind::AllReduce && r.tensor >= 0)) {  // (a bucket in flight: beside the rest)
         auto& [count, seconds] = kinds[r.action_kind()];
         ++count, seconds += r.end_s - r.start_s;
       }
@@ -423,6 +439,16 @@ void print_summary(const Trace& t, std::ostream& out) {
       out << line;
     }
     out << "\n";
+    if (std::any_of(stages.begin(), stages.end(), [](const StageSummary& s) { return s.reduction_s > 0; })) {
+      out << "gradient reductions in flight per stage (each bucket from its start until seen complete), mean over "
+             "replicas, and the share the update did not wait for:";
+      for (const StageSummary& s : stages) {
+        std::snprintf(line, sizeof line, " %lld: %.3f s (%.1f%% hidden)", static_cast<long long>(s.stage),
+                      s.reduction_s, s.reduction_s > 0 ? 100 * std::max(0.0, 1 - s.allreduce_s / s.reduction_s) : 0.0);
+        out << line;
+      }
+      out << "\n";
+    }
   }
   print_action_kinds(t, stages, out);
   for (const StageSummary& s : stages) {

@@ -85,6 +85,9 @@ struct StageSummary {
   // Data parallelism: averaging gradients with the other replicas, inside the optimizer steps
   // (mean over replicas).
   double allreduce_s = 0;
+  // Level 0 on MPI: the time its reductions were in flight (the union of each bucket's span from
+  // its start until seen complete, mean over replicas), of which the update waited allreduce_s.
+  double reduction_s = 0;
 };
 std::vector<StageSummary> summarize(const Trace& trace);
 // Samples per second over the whole run.
