@@ -323,6 +323,20 @@ class StageReplay final : public ActionHooks {
   std::vector<size_t> zero_order_;  // the streamed buckets, in the order they start
   size_t zero_next_ = 0;
   std::deque<int64_t> zero_travelling_;
+  // Level 3 (runtime/zero_shard.h): the replica holds its shard of the parameters; a bucket's
+  // parameters are gathered into one storage of its padded size where a node reads one, in the
+  // forward let go after the last of a run of readers, in the backward once its nodes have made
+  // their gradients (the rest at the micro-batch's end). Per node
+  // offset the buckets it reads and the next node reading any; per bucket whether it is
+  // gathered and its nodes still to make their gradients.
+  bool zero_gathers() const { return model_.zero_stage() >= 3; }
+  void gather_read(int i);
+  void after_forward_node(int i);
+  void gather_released(int i);  // node i made its gradients
+  void release_gathered();
+  std::vector<std::vector<int>> gather_reads_;
+  std::vector<int> next_reader_, gather_unmade_;
+  std::vector<char> gathered_;
   int64_t version_ = 0;
   std::map<int64_t, int> version_users_;
   int64_t* rank_peak_ = nullptr;     // a rank's stages replayed together: their peak
@@ -346,23 +360,7 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
       stashes_(model.schedule().traits().stashes_weights),
       stream_(!model.schedule().traits().drains_every_step),
       last_(e == model.size()),
-      // Level 3 (runtime/zero_shard.h): the replica holds its shard of the parameters; a bucket's
-      // parameters are gathered into one storage of its padded size where a node reads one, in the
-      // forward let go after the last of a run of readers, in the backward once its nodes have made
-      // their gradients (the rest at the micro-batch's end). Per node
-      // offset the buckets it reads and the next node reading any; per bucket whether it is
-      // gathered and its nodes still to make their gradients.
-      bool zero_gathers() const {
-  return model_.zero_stage() >= 3;
-}
-void gather_read(int i);
-void after_forward_node(int i);
-void gather_released(int i);  // node i made its gradients
-void release_gathered();
-std::vector<std::vector<int>> gather_reads_;
-std::vector<int> next_reader_, gather_unmade_;
-std::vector<char> gathered_;
-requires_grad_(model.requires_grad()) {
+      requires_grad_(model.requires_grad()) {
   own_sends_.depth = static_cast<size_t>(model.schedule().traits().sends_in_flight);
   if (last_)
     for (const Action& a : actions_) losses_per_read_ += a.kind == ActionKind::Forward;
@@ -558,30 +556,6 @@ void StageReplay::place_weights() {
   std::reverse(held_bytes.begin(), held_bytes.end());
   place_average_buckets(held_bytes);
   place_zero_buckets(std::move(held_bytes));
-  // Once the gradient exists (later micro-batches of a step), autograd sums the contributions
-  // of a weight used by several nodes in a buffer before accumulating it: the buffer is filled
-  // by the first of them in the backward and held until the last.
-  hold_from_.assign(n_nodes, 0);
-  hold_to_.assign(n_nodes, 0);
-  for (auto& [owner, users] : tied_users) {
-    const int64_t tied = p_.nodes[at(users.front())].tied_bytes;
-    if (in_range(owner)) {
-      // The owner's own contribution is a buffer of its own, summed into the users' gradient:
-      // in place into an embedding's gradient, a sum of chunks' slices or a bf16 copy's
-      // gradient, out of place (one buffer more) into a single fp32 linear's weight gradient.
-      const bool out_of_place =
-          users.size() == 1 && model_.node_class(users.front()) == NodeClass::Linear && p_.precision != Precision::Bf16;
-      tied_sum_at_[at(owner - b_)] += tied * (out_of_place ? 2 : 1);
-      users.push_back(owner);
-    }
-    if (users.size() < 2) continue;
-    hold_from_[at(users.front() - b_)] += tied;
-    hold_to_[at(users.back() - b_)] += tied;
-  }
-}
-
-void StageReplay::place_evictions() {
-  // Run after run (the planner replays many decision sets per stage): the buffers are reused.
   if (zero_gathers()) {
     // What each node reads: its own parameters, and a tied weight's owner or the copy here (held
     // by its last user in the stage).
@@ -615,6 +589,30 @@ void StageReplay::place_evictions() {
     for (int k : zero_bucket_of_)
       if (k >= 0) ++gather_unmade_[at(k)];
   }
+  // Once the gradient exists (later micro-batches of a step), autograd sums the contributions
+  // of a weight used by several nodes in a buffer before accumulating it: the buffer is filled
+  // by the first of them in the backward and held until the last.
+  hold_from_.assign(n_nodes, 0);
+  hold_to_.assign(n_nodes, 0);
+  for (auto& [owner, users] : tied_users) {
+    const int64_t tied = p_.nodes[at(users.front())].tied_bytes;
+    if (in_range(owner)) {
+      // The owner's own contribution is a buffer of its own, summed into the users' gradient:
+      // in place into an embedding's gradient, a sum of chunks' slices or a bf16 copy's
+      // gradient, out of place (one buffer more) into a single fp32 linear's weight gradient.
+      const bool out_of_place =
+          users.size() == 1 && model_.node_class(users.front()) == NodeClass::Linear && p_.precision != Precision::Bf16;
+      tied_sum_at_[at(owner - b_)] += tied * (out_of_place ? 2 : 1);
+      users.push_back(owner);
+    }
+    if (users.size() < 2) continue;
+    hold_from_[at(users.front() - b_)] += tied;
+    hold_to_[at(users.back() - b_)] += tied;
+  }
+}
+
+void StageReplay::place_evictions() {
+  // Run after run (the planner replays many decision sets per stage): the buffers are reused.
   refs_ = base_refs_;
   placed_.resize(evictions_->size());
   evict_after_send_.clear();
@@ -880,6 +878,11 @@ void StageReplay::note_rerun(int i) {
   auto reruns = [&](int node) { return std::binary_search(rerun_nodes.begin(), rerun_nodes.end(), node); };
   int64_t outputs = 0;
   for (int n : rerun_nodes) {
+    if (zero_gathers()) {  // beside the re-run's outputs so far; held until its gradients are made
+      live_ += outputs;
+      gather_read(n);
+      live_ -= outputs;
+    }
     int64_t out = 0;
     for (int t : p_.nodes[at(n)].outputs)
       if (allocates(t)) out += bytes(t);
@@ -904,11 +907,6 @@ void StageReplay::walk_once(Walk& w, MicroBatch& m, bool backward, Body body) {
     param_grads_ += w.param_grads;
     if (backward) grad_done_ = w.grad_done;
     const int64_t version = m.version;
-    if (zero_gathers()) {  // beside the re-run's outputs so far; held until its gradients are made
-      live_ += outputs;
-      gather_read(n);
-      live_ -= outputs;
-    }
     const bool loss_read = m.loss_read;
     m = w.after;
     m.version = version, m.loss_read = loss_read;
@@ -940,6 +938,7 @@ void StageReplay::forward_nodes(int64_t mb, MicroBatch& m) {
   for (int n = b_; n < e_; ++n) {
     const NodeProfile& node = p_.nodes[at(n)];
     if (model_.node_class(n) == NodeClass::Input) continue;
+    if (zero_gathers()) gather_read(n);
     int64_t out = 0;
     for (int t : node.outputs)
       if (allocates(t)) out += bytes(t);
@@ -951,6 +950,7 @@ void StageReplay::forward_nodes(int64_t mb, MicroBatch& m) {
       if (m.refs[loc(t)] == 0) m.alive[loc(t)] = 0, live_ -= bytes(t);
     }
     for (int i : evict_after_[at(n - b_)]) evict(m, mb, i);
+    if (zero_gathers()) after_forward_node(n);
     for (int t : model_.inputs(n)) release(m, key_[at(t)]);
   }
   for (int t : data_read_later_) release(m, t);
@@ -964,7 +964,6 @@ void StageReplay::find_loss() {
     if (model_.node_class(n) != NodeClass::InPlaceLoss) continue;
     const LossInputs in = loss_inputs(p_, n, model_.inputs(n));
     if (!in.fp32) continue;
-    if (zero_gathers()) gather_read(n);
     loss_node_ = n, loss_logits_ = in.logits;
     loss_saving_ = cross_entropy_overwrite_saving(bytes(key_[at(in.logits)]), bytes(in.labels));
   }
@@ -976,7 +975,6 @@ int64_t StageReplay::overwritten_logits(const MicroBatch& m, int n) const {
   if (n != loss_node_) return 0;
   const int k = key_[at(loss_logits_)];
   if (is_received_[at(k)] || !m.alive[loc(k)] || m.evicted[loc(k)] || m.refs[loc(k)] != 1) return 0;
-  if (zero_gathers()) after_forward_node(n);
   return loss_saving_;
 }
 
@@ -1004,6 +1002,7 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
     if (!model_.has_backward(i)) continue;
     // Autograd runs in I only what leads to a tracked input: the rest waits for W.
     if (!input_only || !weight_only_[at(i - b_)]) restore_for(m, mb, i, next_due);
+    if (zero_gathers()) gather_read(i);  // where its output's gradient arrives
     const int64_t loss_grad = i == loss_producer ? bytes(loss_) : 0;
     live_ += loss_grad;
     backward_node(m, i, input_only);
@@ -1021,6 +1020,7 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
   if (!input_only) {
     release_graph(m);
     zero_end_micro_batch();
+    if (zero_gathers()) release_gathered();
     return;
   }
   // I kept the graph while it ran; what the parameter readers saved stays for W, and so do the
@@ -1031,7 +1031,6 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
         if (!((m.loss_grad_held || m.loss_saved_released) && i == loss_node_ && model_.is_internal(t)))
           for_saver_keys(t, [&](int k) { release(m, k); });
 }
-if (zero_gathers()) gather_read(i);  // where its output's gradient arrives
 
 void StageReplay::release_graph(MicroBatch& m) {
   if (m.weights_pending)  // I kept what the parameter readers saved
@@ -1049,7 +1048,6 @@ void StageReplay::release_graph(MicroBatch& m) {
 // from it (in the backward's order, as the runtime's weight pass runs), then lets it go.
 void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
   size_t next_due = 0;
-  if (zero_gathers()) release_gathered();
   for (int i = e_ - 1; i >= b_; --i) {
     const int64_t held = m.held_for_weights[at(i - b_)];
     if (held < 0) continue;
@@ -1239,6 +1237,7 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
     for (int t : node.saved) for_saver_keys(t, [&](int k) { release(m, k); });
   // Autograd accumulates the parameters' gradients once the node's function has let its
   // inputs and saved tensors go.
+  if (!input_only && zero_gathers()) gather_released(i);
   if (!input_only && zero_streams()) zero_gradient_made(i);
   if (!input_only) average_gradient_made(i);
 }
@@ -1269,13 +1268,12 @@ void StageReplay::place_zero_buckets(std::vector<int64_t> param_bytes) {
   // copies): their buckets wait for the update, after the stages' sum.
   std::vector<char> tied_across(param_bytes.size(), 0);
   if (zero_streams())
-    if (!input_only && zero_gathers()) gather_released(i);
-  for (int n = 0; n < static_cast<int>(p_.nodes.size()); ++n) {
-    const int owner = p_.nodes[at(n)].tied_owner;
-    if (owner < 0 || in_range(owner) == in_range(n)) continue;
-    if (in_range(n)) tied_across[at(n - b_)] = 1;
-    if (in_range(owner)) tied_across[at(owner - b_)] = 1;
-  }
+    for (int n = 0; n < static_cast<int>(p_.nodes.size()); ++n) {
+      const int owner = p_.nodes[at(n)].tied_owner;
+      if (owner < 0 || in_range(owner) == in_range(n)) continue;
+      if (in_range(n)) tied_across[at(n - b_)] = 1;
+      if (in_range(owner)) tied_across[at(owner - b_)] = 1;
+    }
   zero_bucket_of_.assign(param_bytes.size(), -1);
   const int64_t d = model_.data_parallel(), unit = 4 * d;  // each replica's chunk: whole fp32 elements
   int64_t open = 0;
@@ -1417,6 +1415,42 @@ void StageReplay::zero_end_micro_batch() {
     if (k >= 0) ++zero_waiting_[at(k)];
 }
 
+void StageReplay::gather_read(int i) {
+  for (int k : gather_reads_[at(i - b_)]) {
+    if (gathered_[at(k)]) continue;
+    live_ += zero_buckets_[at(k)];
+    note(live_, i);
+    gathered_[at(k)] = 1;
+  }
+}
+
+void StageReplay::after_forward_node(int i) {
+  if (gather_reads_[at(i - b_)].empty()) return;
+  const int next = next_reader_[at(i - b_)];
+  for (size_t k = 0; k < gathered_.size(); ++k) {
+    if (!gathered_[k]) continue;
+    const std::vector<int>* keep = next >= 0 ? &gather_reads_[at(next - b_)] : nullptr;
+    if (keep && std::binary_search(keep->begin(), keep->end(), static_cast<int>(k))) continue;
+    live_ -= zero_buckets_[k];
+    gathered_[k] = 0;
+  }
+}
+
+void StageReplay::gather_released(int i) {
+  const int k = zero_bucket_of_[at(i - b_)];
+  if (k < 0 || --gather_unmade_[at(k)] != 0 || !gathered_[at(k)]) return;
+  live_ -= zero_buckets_[at(k)];
+  gathered_[at(k)] = 0;
+}
+
+void StageReplay::release_gathered() {
+  for (size_t k = 0; k < gathered_.size(); ++k)
+    if (gathered_[k]) live_ -= zero_buckets_[k], gathered_[k] = 0;
+  std::fill(gather_unmade_.begin(), gather_unmade_.end(), 0);
+  for (int k : zero_bucket_of_)
+    if (k >= 0) ++gather_unmade_[at(k)];
+}
+
 void StageReplay::optimizer_step() {
   if (segment_ >= 0) segment_ = 2;
   for (size_t k : avg_order_)  // the averaging packs what no pass packed, then waits
@@ -1489,6 +1523,15 @@ void StageReplay::reset_walk() {
   // first product, held from then on (counted from the start: the first product comes early).
   live_ = weights_ + model_.constant_bytes(b_, e_) + model_.runtime_bytes();
   note(live_, -1);
+  if (zero_gathers()) {
+    // Built whole, the shard copied out, then each bucket's parameters moved into its storage
+    // (allocated while they move) and let go (runtime/zero_shard.h).
+    const int64_t largest = zero_buckets_.empty() ? 0 : *std::max_element(zero_buckets_.begin(), zero_buckets_.end());
+    note(live_ + zero_shard_ + largest, -1);
+    live_ += zero_shard_ - weights_;
+    std::fill(gathered_.begin(), gathered_.end(), 0);
+    release_gathered();
+  }
   grad_done_.assign(static_cast<size_t>(e_ - b_), 0);
 }
 
@@ -1534,42 +1577,6 @@ void StageReplay::step(const Action& a, int index, int64_t others_live) {
   others_live_ = others_live;
   current_action_ = index;
   run_action(a, *this);
-  void StageReplay::gather_read(int i) {
-    for (int k : gather_reads_[at(i - b_)]) {
-      if (gathered_[at(k)]) continue;
-      live_ += zero_buckets_[at(k)];
-      note(live_, i);
-      gathered_[at(k)] = 1;
-    }
-  }
-
-  void StageReplay::after_forward_node(int i) {
-    if (gather_reads_[at(i - b_)].empty()) return;
-    const int next = next_reader_[at(i - b_)];
-    for (size_t k = 0; k < gathered_.size(); ++k) {
-      if (!gathered_[k]) continue;
-      const std::vector<int>* keep = next >= 0 ? &gather_reads_[at(next - b_)] : nullptr;
-      if (keep && std::binary_search(keep->begin(), keep->end(), static_cast<int>(k))) continue;
-      live_ -= zero_buckets_[k];
-      gathered_[k] = 0;
-    }
-  }
-
-  void StageReplay::gather_released(int i) {
-    const int k = zero_bucket_of_[at(i - b_)];
-    if (k < 0 || --gather_unmade_[at(k)] != 0 || !gathered_[at(k)]) return;
-    live_ -= zero_buckets_[at(k)];
-    gathered_[at(k)] = 0;
-  }
-
-  void StageReplay::release_gathered() {
-    for (size_t k = 0; k < gathered_.size(); ++k)
-      if (gathered_[k]) live_ -= zero_buckets_[k], gathered_[k] = 0;
-    std::fill(gather_unmade_.begin(), gather_unmade_.end(), 0);
-    for (int k : zero_bucket_of_)
-      if (k >= 0) ++gather_unmade_[at(k)];
-  }
-
   note(live_, -1);
 }
 
@@ -1640,16 +1647,9 @@ void StageReplay::read_losses() {
 void StageReplay::graph_released(int64_t mb, MicroBatch& m) {
   if (m.loss_pending) {  // its loss goes now if read, else when read
     m.loss_pending = false;
-    if (m.loss_read) live_ -= bytes(loss_);
-    if (zero_gathers()) {
-      // Built whole, the shard copied out, then each bucket's parameters moved into its storage
-      // (allocated while they move) and let go (runtime/zero_shard.h).
-      const int64_t largest = zero_buckets_.empty() ? 0 : *std::max_element(zero_buckets_.begin(), zero_buckets_.end());
-      note(live_ + zero_shard_ + largest, -1);
-      live_ += zero_shard_ - weights_;
-      std::fill(gathered_.begin(), gathered_.end(), 0);
-      release_gathered();
-    } else
+    if (m.loss_read)
+      live_ -= bytes(loss_);
+    else
       held_loss_bytes_ += bytes(loss_);
   }
   for (PendingSend& p : pending_sends_)

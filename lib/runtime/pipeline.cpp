@@ -545,6 +545,10 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   if (options.resume) {
     gather_parameters(stages);  // level 3: read whole, then each replica keeps its shard
     for (auto& stage : stages) read_checkpoint(options.checkpoint_dir, c.first_step, *stage, identity);
+    for (auto& stage : stages)
+      if (ZeroShard* zero = stage->zero_shard(); zero && zero->level() >= 3) zero->keep_parameters();
+    release_parameters(stages);
+  }
   std::vector<TieComm> tie_comms = tie_communicators(g, c, comm, rank);
   StageTracer* tracing = nullptr;  // set once the tracer exists
   std::vector<std::unique_ptr<ReplicaAverager>> averagers;
@@ -558,10 +562,6 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
         (c.zero_stage >= 3 ? std::string(", parameters gathered where they are read, by mpi)")
                            : std::string(", parameters all-gathered by mpi)"));
   else if (!averagers.empty())
-    for (auto& stage : stages)
-      if (ZeroShard* zero = stage->zero_shard(); zero && zero->level() >= 3) zero->keep_parameters();
-    release_parameters(stages);
-  }
     result.transport +=
         ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averagers.front()->description();
   attach_reducers(stages, tie_comms, c, comm, std::make_shared<std::pair<int, double>>(0, 0.0));
@@ -607,6 +607,7 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   transport.flush();
   relay.finish(result.next_step);
   for (TieComm& tie : tie_comms) MPI_Comm_free(&tie.comm);
+  gather_parameters(stages);  // what the run returns is whole
   for (auto& stage : stages)
     for (const StageParameter& p : stage->module().parameters()) result.parameters.push_back(p);
   for (auto& stage : stages)
@@ -619,7 +620,6 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   return result;
 }
 
-  gather_parameters(stages);  // what the run returns is whole
 }  // namespace
 
 StageRun run_pipeline_mpi(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, const RunConfig& options) {

@@ -409,28 +409,28 @@ double PipelineStage::grad_square_sum() const {
 void PipelineStage::shard_optimizer(MPI_Comm replicas, int64_t bucket_bytes, int level, std::vector<bool> deferred) {
   if (!config_.schedule.traits().updates_once_per_step)
     throw std::logic_error("ZeRO shards the updates of a synchronous schedule");
+  if (level >= 3 && split_)
+    throw std::logic_error("ZeRO level 3 gathers before an unsplit backward only (not zero-bubble schedules)");
+  module_.set_parameter_gate({});
   zero_.reset();  // (its hooks go first)
   std::vector<int> nodes;
   for (const StageParameter& p : module_.parameters()) nodes.push_back(p.node);
-  zero_ = std::make_unique<ZeroShard>(masters_, counted_in_norm_, replicas, bucket_bytes, level, std::move(deferred),
-                                      nodes, reads);
-  optimizer_ = make_optimizer(config_.optimizer, zero_->pieces());
-}
-
-if (level >= 3 && split_)
-  throw std::logic_error("ZeRO level 3 gathers before an unsplit backward only (not zero-bubble schedules)");
-module_.set_parameter_gate({});
-void PipelineStage::average_replicas() {
-  if (replicas_averaged_ || !reduce_replicas_) return;
-  reduce_replicas_(module_.parameters());
   std::vector<std::vector<int>> reads;
   if (level >= 3)
     for (int n = module_.begin(); n < module_.end(); ++n) reads.push_back(module_.parameters_read(n));
+  zero_ = std::make_unique<ZeroShard>(masters_, counted_in_norm_, replicas, bucket_bytes, level, std::move(deferred),
+                                      nodes, reads);
+  optimizer_ = make_optimizer(config_.optimizer, zero_->pieces());
+  if (level >= 3)
+    module_.set_parameter_gate([zero = zero_.get()](int param) { zero->gather_param(static_cast<size_t>(param)); });
+}
+
+void PipelineStage::average_replicas() {
+  if (replicas_averaged_ || !reduce_replicas_) return;
+  reduce_replicas_(module_.parameters());
   replicas_averaged_ = true;
 }
 
-if (level >= 3)
-  module_.set_parameter_gate([zero = zero_.get()](int param) { zero->gather_param(static_cast<size_t>(param)); });
 void PipelineStage::optimizer_step() {
   average_replicas();
   if (config_.schedule.traits().updates_once_per_step) {
