@@ -8,8 +8,10 @@
 #include <climits>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "runtime/device_placement.h"
+#include "runtime/mpi_transport.h"
 #include "runtime/mpi_wait.h"
 #include "runtime/nccl_transport.h"
 #include "runtime/zero_shard.h"
@@ -121,7 +123,7 @@ class MpiAverager final : public ReplicaAverager {
       throw std::logic_error("parameter " + std::to_string(param) + " accumulated a gradient after its bucket started");
     if (count_[param] == expected_[param]) --waiting_[k];
     while (next_ < order_.size() && waiting_[order_[next_]] == 0) start_bucket(order_[next_++]);
-    poll(Clock::now());  // (Open MPI advances non-blocking collectives inside MPI calls)
+    poll(Clock::now());
   }
   void start(std::vector<StageParameter>&) override {
     for (; next_ < order_.size(); ++next_) start_bucket(order_[next_]);
@@ -133,11 +135,20 @@ class MpiAverager final : public ReplicaAverager {
       if (!params[p].tensor.is_same(tensors_[p])) tensors_[p] = params[p].tensor;  // (async's stashing)
     for (; next_ < order_.size(); ++next_) start_bucket(order_[next_]);
     armed_ = false;
-    poll(Clock::now());  // done by the time the update needs them
+    // Tested together, sleeping between tests (runtime/mpi_wait.h), the pause starting again
+    // from its shortest whenever a part completed.
+    std::chrono::microseconds pause{2};
+    for (int idle = 0; poll(Clock::now());) {
+      if (progress_) {
+        pause = std::chrono::microseconds{2}, idle = 0;
+      } else if (++idle >= 16) {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, kMaxPause);
+      }
+    }
     int64_t bytes = 0;
     for (size_t k : order_) {
       Bucket& b = buckets_[k];
-      if (!b.done) wait_quietly(b.request), b.done = true, b.end_time = Clock::now();
       b.buffer.div_(static_cast<double>(size_));
       for (size_t p = b.first; p < b.end; ++p) {
         if (bucket_of_[p] < 0) continue;
@@ -171,9 +182,9 @@ class MpiAverager final : public ReplicaAverager {
   struct Bucket {
     size_t first = 0, end = 0;  // its parameters, [first, end)
     int64_t begin = 0, numel = 0;
-    bool deferred = false;  // holds a weight tied across stages: starts at the pass's end
-    at::Tensor buffer;      // from its start until average()
-    MPI_Request request = MPI_REQUEST_NULL;
+    bool deferred = false;              // holds a weight tied across stages: starts at the pass's end
+    at::Tensor buffer;                  // from its start until average()
+    std::vector<MPI_Request> requests;  // one per chunk of at most kMessageChunkBytes
     bool started = false, done = false;
     Clock::time_point start_time, end_time;
   };
@@ -201,15 +212,36 @@ class MpiAverager final : public ReplicaAverager {
     }
     b.started = true;
     b.start_time = Clock::now();
-    MPI_Iallreduce(MPI_IN_PLACE, b.buffer.data_ptr<float>(), mpi_count(b.numel), MPI_FLOAT, MPI_SUM, comm_, &b.request);
+    // In chunks, as allreduce_chunked_quietly: a large message advances in fragments that need
+    // both ranks inside MPI, and each chunk done restarts the waiting's pause. Parameter by
+    // parameter, one each (the averaging before buckets).
+    const int64_t chunk = per_tensor_ ? b.numel : kMessageChunkBytes / static_cast<int64_t>(sizeof(float));
+    b.requests.assign(static_cast<size_t>((b.numel + chunk - 1) / chunk), MPI_REQUEST_NULL);
+    for (size_t c = 0; c < b.requests.size(); ++c) {
+      const int64_t from = static_cast<int64_t>(c) * chunk;
+      MPI_Iallreduce(MPI_IN_PLACE, b.buffer.data_ptr<float>() + from, mpi_count(std::min(chunk, b.numel - from)),
+                     MPI_FLOAT, MPI_SUM, comm_, &b.requests[c]);
+    }
   }
-  void poll(Clock::time_point now) {
+  // Tests the started buckets' reductions (Open MPI advances non-blocking collectives inside MPI
+  // calls), each seen complete at `now`; whether any is left. progress_: a part completed.
+  bool poll(Clock::time_point now) {
+    bool left = false;
+    progress_ = false;
     for (Bucket& b : buckets_) {
       if (!b.started || b.done) continue;
-      int flag = 0;
-      MPI_Test(&b.request, &flag, MPI_STATUS_IGNORE);
-      if (flag) b.done = true, b.end_time = now;
+      int count = 0;
+      indices_.resize(b.requests.size());
+      MPI_Testsome(static_cast<int>(b.requests.size()), b.requests.data(), &count, indices_.data(),
+                   MPI_STATUSES_IGNORE);
+      progress_ = progress_ || count > 0;
+      if (count == MPI_UNDEFINED ||
+          std::all_of(b.requests.begin(), b.requests.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; }))
+        b.done = true, b.end_time = now;
+      else
+        left = true;
     }
+    return left;
   }
 
   MPI_Comm comm_;
@@ -227,6 +259,8 @@ class MpiAverager final : public ReplicaAverager {
   int64_t passes_ = 0;
   bool armed_ = false;
   Listener listener_;
+  bool progress_ = false;
+  std::vector<int> indices_;
 };
 
 void AccumulatedHook::operator()(const torch::autograd::Variable&) { averager_->accumulated(param_); }
