@@ -414,7 +414,11 @@ double CostModel::recompute_ms(int node) const {
 double CostModel::allreduce_ms(int b, int e) const {
   if (data_parallel_ <= 1) return 0;
   const double d = static_cast<double>(data_parallel_);
-  return 2 * (d - 1) / d * link_ms(param_bytes(b, e));
+  // Passes over the parameters' bytes per update (a step's micro-batches under a synchronous
+  // schedule; the levels above 0 run synchronous schedules only).
+  const double m = static_cast<double>(micro_batches_);
+  const double passes = zero_stage_ >= 3 ? 3 * m : zero_stage_ == 2 ? m + 1 : 2;
+  return passes * (d - 1) / d * link_ms(param_bytes(b, e));
 }
 
 double CostModel::allreduce_per_micro_batch_ms(int b, int e) const {

@@ -85,8 +85,11 @@ class CostModel {
   }
   const HostLink& host_link() const { return host_link_; }
   double link_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / link_bw_; }
-  // Data parallelism: a ring allreduce of the stage's gradients, 2 (D - 1) / D of them over the
-  // link, once per update; and its share per micro-batch.
+  // Data parallelism: the collectives between a stage's replicas over one update, and their
+  // share per micro-batch. A ring moves (D - 1) / D of what it reduces or gathers over the link:
+  // levels 0-1 twice the stage's parameter bytes per update (an allreduce, or a reduce-scatter
+  // and an all-gather), level 2 a reduce-scatter per micro-batch and an all-gather per update,
+  // level 3 a gather in each micro-batch's forward and backward and a reduce-scatter.
   double allreduce_ms(int b, int e) const;
   double allreduce_per_micro_batch_ms(int b, int e) const;
 

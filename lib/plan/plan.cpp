@@ -431,11 +431,12 @@ void Plan::print_table(std::ostream& out) const {
     double allreduce = 0;
     for (const StagePlan& s : stages) allreduce = std::max(allreduce, s.allreduce_ms);
     const double samples = static_cast<double>(options.data_parallel * options.micro_batches * micro_batch_size);
-    std::snprintf(line, sizeof line,
-                  "data parallel %d x %zu stages: gradient allreduce up to %.3f ms per update; predicted step %.3f ms, "
-                  "%.1f samples/s over %lld samples\n",
-                  options.data_parallel, stages.size(), allreduce, step_ms(), samples / (step_ms() / 1e3),
-                  static_cast<long long>(samples));
+    std::snprintf(
+        line, sizeof line,
+        "data parallel %d x %zu stages: replicas' collectives up to %.3f ms per update; predicted step %.3f ms, "
+        "%.1f samples/s over %lld samples\n",
+        options.data_parallel, stages.size(), allreduce, step_ms(), samples / (step_ms() / 1e3),
+        static_cast<long long>(samples));
     out << line;
   }
 }

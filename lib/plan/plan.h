@@ -108,7 +108,8 @@ struct StagePlan {
   double forward_ms = 0;   // the forwards' share of compute_ms (the step's simulation times passes apart)
   double weight_ms = 0;    // the backwards' part a split backward's W takes (zero-bubble schedules)
   double memopt_ms = 0;    // swap stalls + recomputation, per micro-batch
-  // Data parallelism: the gradient allreduce of one update, and its share per micro-batch (a
+  // Data parallelism: the collectives of one update (CostModel::allreduce_ms: the gradient
+  // allreduce, or ZeRO's reduce-scatters and gathers), and their share per micro-batch (a
   // step's m micro-batches share one update under gpipe / 1f1b; async updates every time).
   double allreduce_ms = 0, allreduce_per_micro_batch_ms = 0;
   double time_ms() const { return compute_ms + memopt_ms + allreduce_per_micro_batch_ms; }

@@ -644,6 +644,30 @@ TEST_CASE("with fit_replayed a stage evicts no more than its replay needs", "[pl
   CHECK(relaxed > 0);
 }
 
+TEST_CASE("ZeRO's collectives in a stage's time: per update at levels 0-1, also per micro-batch at 2-3",
+          "[plan][zero]") {
+  const Profile p = analytic_profile(build_model(preset_config("gpt2-tiny"), 4), device_spec("a100-40gb"));
+  PlanOptions opt;
+  opt.stages = 2;
+  opt.schedule = ScheduleChoice::named("1f1b");
+  opt.micro_batches = 4;
+  opt.link_bandwidth = 10e9;
+  opt.data_parallel = 4;
+  const CostModel level0(p, opt);
+  const int cut = level0.size() / 2;
+  // One pass of the stage's parameter bytes over a ring of 4.
+  const double pass = 3.0 / 4 * 1e3 * static_cast<double>(level0.param_bytes(0, cut)) / 10e9;
+  CHECK(level0.allreduce_ms(0, cut) == Approx(2 * pass));
+  const double passes[] = {2, 2, 4 + 1, 3 * 4};  // level 2: m reduce-scatters, 1 all-gather
+  for (int level = 1; level <= 3; ++level) {
+    INFO("level " << level);
+    opt.zero_stage = level;
+    const CostModel model(p, opt);
+    CHECK(model.allreduce_ms(0, cut) == Approx(passes[level] * pass));
+    CHECK(model.allreduce_per_micro_batch_ms(0, cut) == Approx(passes[level] * pass / 4));
+  }
+}
+
 TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "[plan]") {
   const Profile p = analytic_profile(build_model(preset_config("bert-large"), 4), device_spec("a100-40gb"));
   for (ScheduleChoice schedule : {ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
