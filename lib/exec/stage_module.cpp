@@ -413,7 +413,7 @@ at::Tensor StageModule::cross_entropy(const Node& node, const NodeInputs& in, Te
   // Where this node is the logits' last reader here and no later stage reads them, the env's
   // handle moves into the call; if no other is left (no backward saved them, the evictor keeps
   // none to recompute from) and they are contiguous (rows of them are their memory), the
-  // log-probabilities are written over them. The replay (plan/stage_memory.cpp,
+  // log-probabilities are written over them. The replay (plan/stage_replay_walk.cpp,
   // NodeClass::InPlaceLoss) counts it by the same references.
   const int id = node.inputs[0];
   const std::vector<int>& released = release_after_[static_cast<size_t>(node.id - begin_)];

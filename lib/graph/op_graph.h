@@ -67,7 +67,7 @@ constexpr int64_t kIgnoredLabel = -100;
 
 // A CrossEntropy writes its fp32 log-probabilities over its logits where nothing else holds
 // them (exec/cross_entropy.h), a chunk of rows at a time: ceil(rows / kCrossEntropyChunks) rows
-// of the logits are its one transient buffer (plan/stage_memory.cpp counts the same).
+// of the logits are its one transient buffer (plan/stage_replay_walk.cpp counts the same).
 constexpr int64_t kCrossEntropyChunks = 64;
 inline int64_t cross_entropy_chunk_rows(int64_t rows) { return (rows + kCrossEntropyChunks - 1) / kCrossEntropyChunks; }
 // What overwriting fp32 logits saves against a second buffer: all of them but one chunk of rows

@@ -34,7 +34,7 @@ std::vector<int64_t> forward_needs(const Profile& profile, const std::vector<std
     for (const auto& [root, bytes] : read) sum += bytes;
     for (int t : node.outputs)
       if (tensor(t).owns_storage() && tensor(t).copy_of < 0) sum += tensor(t).bytes;
-    // The zoo's loss may write its log-probabilities over the logits (stage_memory.cpp).
+    // The zoo's loss may write its log-probabilities over the logits (stage_replay_walk.cpp).
     if (node_class(node.kind) == NodeClass::InPlaceLoss) {
       const LossInputs loss = loss_inputs(profile, node.id, inputs[static_cast<size_t>(node.id)]);
       if (loss.fp32) sum -= cross_entropy_overwrite_saving(tensor(loss.logits).bytes, tensor(loss.labels).bytes);

@@ -132,7 +132,7 @@ struct NodeProfile {
   // the node is several autograd functions (CPU attention with dropout: its math path), whose
   // saved tensors a whole backward frees as it goes and I keeps until its end. -1: not measured
   // (analytic profiles, older files, nodes without a backward). The stage replay charges a
-  // backward, whole or I, the larger of the two (plan/stage_memory.cpp).
+  // backward, whole or I, the larger of the two (plan/stage_replay_walk.cpp).
   int64_t bwd_input_workspace = -1;
   LinearFit bwd_input_workspace_fit{-1, 0};
   // The micro-batch size (maybe fractional) from which the workspace stops growing: a fused LM

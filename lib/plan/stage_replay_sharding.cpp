@@ -1,0 +1,251 @@
+// What data parallelism adds to a stage's memory, and the update (plan/stage_replay.h).
+#include "plan/stage_replay.h"
+
+namespace dawnpiper {
+namespace detail {
+
+void StageReplay::place_zero_buckets(std::vector<int64_t> param_bytes) {
+  zero_buckets_.clear();
+  zero_bucket_grads_.clear();
+  zero_deferred_.clear();
+  zero_order_.clear();
+  zero_bucket_of_.clear();
+  zero_shard_ = 0;
+  if (model_.zero_stage() == 0) return;
+  // Level 2: the nodes holding a weight tied across stages (a copy, or an owner another stage
+  // copies): their buckets wait for the update, after the stages' sum.
+  std::vector<char> tied_across(param_bytes.size(), 0);
+  if (zero_streams())
+    for (int n = 0; n < static_cast<int>(p_.nodes.size()); ++n) {
+      const int owner = p_.nodes[at(n)].tied_owner;
+      if (owner < 0 || in_range(owner) == in_range(n)) continue;
+      if (in_range(n)) tied_across[at(n - b_)] = 1;
+      if (in_range(owner)) tied_across[at(owner - b_)] = 1;
+    }
+  zero_bucket_of_.assign(param_bytes.size(), -1);
+  const int64_t d = model_.data_parallel(), unit = 4 * d;  // each replica's chunk: whole fp32 elements
+  int64_t open = 0;
+  bool deferred = false;
+  auto close = [&] {
+    if (open > 0) {
+      zero_buckets_.push_back((open + unit - 1) / unit * unit), zero_shard_ += zero_buckets_.back() / d;
+      zero_bucket_grads_.push_back(open);
+      zero_deferred_.push_back(deferred);
+    }
+    open = 0;
+    deferred = false;
+  };
+  for (size_t j = 0; j < param_bytes.size(); ++j) {
+    if (param_bytes[j] == 0) continue;
+    zero_bucket_of_[j] = static_cast<int>(zero_buckets_.size());
+    deferred = deferred || tied_across[j];
+    if ((open += param_bytes[j]) >= model_.bucket_bytes()) close();
+  }
+  close();
+  for (size_t k = zero_buckets_.size(); k-- > 0;)
+    if (!zero_deferred_[k]) zero_order_.push_back(k);
+  zero_made_.assign(param_bytes.size(), 0);
+  zero_chunk_held_.assign(zero_buckets_.size(), 0);
+  zero_waiting_.assign(zero_buckets_.size(), 0);
+  zero_end_micro_batch();  // (sets the counts)
+}
+
+void StageReplay::place_average_buckets(const std::vector<int64_t>& param_bytes) {
+  avg_buckets_.clear();
+  avg_deferred_.clear();
+  avg_order_.clear();
+  avg_bucket_of_.assign(param_bytes.size(), -1);
+  avg_passes_per_step_ = 0;
+  if (!averages_buckets()) return;
+  if (model_.schedule().traits().updates_once_per_step && !stream_)
+    for (const Action& a : actions_)
+      avg_passes_per_step_ += a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight;
+  // As the runtime's shard_layout with one replica: whole nodes' parameters, closed once they
+  // reach the bucket size; a bucket holding a weight tied across stages waits for the pass's end.
+  std::vector<char> tied_across(param_bytes.size(), 0);
+  for (int n = 0; n < static_cast<int>(p_.nodes.size()); ++n) {
+    const int owner = p_.nodes[at(n)].tied_owner;
+    if (owner < 0 || in_range(owner) == in_range(n)) continue;
+    if (in_range(n)) tied_across[at(n - b_)] = 1;
+    if (in_range(owner)) tied_across[at(owner - b_)] = 1;
+  }
+  int64_t open = 0;
+  bool deferred = false;
+  auto close = [&] {
+    if (open > 0) avg_buckets_.push_back(open), avg_deferred_.push_back(deferred);
+    open = 0;
+    deferred = false;
+  };
+  for (size_t j = 0; j < param_bytes.size(); ++j) {
+    if (param_bytes[j] == 0) continue;
+    avg_bucket_of_[j] = static_cast<int>(avg_buckets_.size());
+    deferred = deferred || tied_across[j];
+    if ((open += param_bytes[j]) >= model_.bucket_bytes()) close();
+  }
+  close();
+  for (size_t k = avg_buckets_.size(); k-- > 0;)
+    if (!avg_deferred_[k]) avg_order_.push_back(k);
+  for (size_t k = 0; k < avg_buckets_.size(); ++k)
+    if (avg_deferred_[k]) avg_order_.push_back(k);
+  avg_packed_.assign(avg_buckets_.size(), 0);
+  avg_waiting_.assign(avg_buckets_.size(), 0);
+}
+
+bool StageReplay::begin_weight_pass() {
+  avg_armed_ = false;
+  if (avg_buckets_.empty() || avg_passes_per_step_ == 0) return false;
+  const bool last = ++avg_passes_ == avg_passes_per_step_;
+  if (!last) return false;
+  avg_armed_ = true;
+  avg_next_ = 0;
+  std::fill(avg_waiting_.begin(), avg_waiting_.end(), 0);
+  for (int k : avg_bucket_of_)
+    if (k >= 0) ++avg_waiting_[at(k)];
+  for (size_t k = 0; k < avg_buckets_.size(); ++k)
+    if (avg_deferred_[k]) avg_waiting_[k] = 1;  // (never 0: packed at the pass's end)
+  return true;
+}
+
+void StageReplay::average_gradient_made(int i) {
+  if (!avg_armed_) return;
+  const int k = avg_bucket_of_[at(i - b_)];
+  if (k < 0 || avg_deferred_[at(k)]) return;
+  --avg_waiting_[at(k)];
+  while (avg_next_ < avg_order_.size() && avg_waiting_[avg_order_[avg_next_]] == 0)
+    average_pack(avg_order_[avg_next_++]);
+}
+
+// The runtime's MpiAverager::start_bucket: the buffer beside the gradients it copies, which then
+// go (the same bytes).
+void StageReplay::average_pack(size_t k) {
+  note(live_ + avg_buckets_[k], -1);
+  avg_packed_[k] = 1;
+}
+
+void StageReplay::average_pass_end() {
+  if (avg_passes_per_step_ == 0 || avg_passes_ != avg_passes_per_step_ || avg_next_ > avg_order_.size()) return;
+  for (size_t k : avg_order_)
+    if (!avg_packed_[k]) average_pack(k);
+  avg_armed_ = false;
+  avg_next_ = avg_order_.size() + 1;  // (done)
+}
+
+void StageReplay::zero_gradient_made(int i) {
+  const int k = zero_bucket_of_[at(i - b_)];
+  if (k < 0 || zero_deferred_[at(k)] || zero_made_[at(i - b_)]) return;
+  zero_made_[at(i - b_)] = 1;
+  --zero_waiting_[at(k)];
+  while (zero_next_ < zero_order_.size() && zero_waiting_[zero_order_[zero_next_]] == 0)
+    zero_start(zero_order_[zero_next_++]);
+}
+
+// The runtime's ZeroShard::start: the bucket's chunk of the shard (zeros) at its first start in
+// the step, its buffer beside its gradients, which it then releases; two buckets travel at most.
+void StageReplay::zero_start(size_t k) {
+  if (!zero_chunk_held_[k]) live_ += zero_buckets_[k] / model_.data_parallel(), zero_chunk_held_[k] = 1;
+  note(live_ + zero_buckets_[k], -1);
+  live_ += zero_buckets_[k] - zero_bucket_grads_[k];
+  param_grads_ -= zero_bucket_grads_[k];
+  zero_travelling_.push_back(zero_buckets_[k]);
+  if (zero_travelling_.size() >= 2) live_ -= zero_travelling_.front(), zero_travelling_.pop_front();
+}
+
+// After a micro-batch's weight gradients (ZeroShard::end_micro_batch): what has not started
+// starts, and everything completes.
+void StageReplay::zero_end_micro_batch() {
+  if (!zero_streams()) return;
+  while (zero_next_ < zero_order_.size()) zero_start(zero_order_[zero_next_++]);
+  while (!zero_travelling_.empty()) live_ -= zero_travelling_.front(), zero_travelling_.pop_front();
+  zero_next_ = 0;
+  std::fill(zero_made_.begin(), zero_made_.end(), 0);
+  std::fill(zero_waiting_.begin(), zero_waiting_.end(), 0);
+  for (int k : zero_bucket_of_)
+    if (k >= 0) ++zero_waiting_[at(k)];
+}
+
+void StageReplay::gather_read(int i) {
+  for (int k : gather_reads_[at(i - b_)]) {
+    if (gathered_[at(k)]) continue;
+    live_ += zero_buckets_[at(k)];
+    note(live_, i);
+    gathered_[at(k)] = 1;
+  }
+}
+
+void StageReplay::after_forward_node(int i) {
+  if (gather_reads_[at(i - b_)].empty()) return;
+  const int next = next_reader_[at(i - b_)];
+  for (size_t k = 0; k < gathered_.size(); ++k) {
+    if (!gathered_[k]) continue;
+    const std::vector<int>* keep = next >= 0 ? &gather_reads_[at(next - b_)] : nullptr;
+    if (keep && std::binary_search(keep->begin(), keep->end(), static_cast<int>(k))) continue;
+    live_ -= zero_buckets_[k];
+    gathered_[k] = 0;
+  }
+}
+
+void StageReplay::gather_released(int i) {
+  const int k = zero_bucket_of_[at(i - b_)];
+  if (k < 0 || --gather_unmade_[at(k)] != 0 || !gathered_[at(k)]) return;
+  live_ -= zero_buckets_[at(k)];
+  gathered_[at(k)] = 0;
+}
+
+void StageReplay::release_gathered() {
+  for (size_t k = 0; k < gathered_.size(); ++k)
+    if (gathered_[k]) live_ -= zero_buckets_[k], gathered_[k] = 0;
+  std::fill(gather_unmade_.begin(), gather_unmade_.end(), 0);
+  for (int k : zero_bucket_of_)
+    if (k >= 0) ++gather_unmade_[at(k)];
+}
+
+void StageReplay::optimizer_step() {
+  if (segment_ >= 0) segment_ = 2;
+  for (size_t k : avg_order_)  // the averaging packs what no pass packed, then waits
+    if (!avg_packed_[k]) average_pack(k);
+  std::fill(avg_packed_.begin(), avg_packed_.end(), 0);
+  avg_passes_ = 0;
+  const bool zero = model_.zero_stage() > 0;
+  if (zero) {
+    // The gradients reduce-scattered into the shard a bucket at a time: bucket k's buffer with
+    // k - 1's still travelling, whose gradients (about its size) are released by then.
+    // From the second step on the optimizer state is there already (this pass is walked once).
+    // Level 2: only the buckets that waited for the update; the shard is there already where
+    // a bucket streamed.
+    int64_t largest = 0;
+    for (size_t k = 0; k < zero_buckets_.size(); ++k)
+      if (!zero_streams() || zero_deferred_[k]) largest = std::max(largest, zero_buckets_[k]);
+    int64_t shard = zero_shard_;
+    for (size_t k = 0; k < zero_buckets_.size(); ++k)
+      if (zero_streams() && !zero_deferred_[k]) shard -= zero_buckets_[k] / model_.data_parallel();
+    note(live_ + shard + largest + (optimizer_state_ ? 0 : optimizer_state_bytes()), -1);
+    live_ += shard - param_grads_;
+    param_grads_ = 0;
+    std::fill(zero_chunk_held_.begin(), zero_chunk_held_.end(), 0);
+  }
+  const int64_t state_bytes = optimizer_state_bytes();
+  if (!optimizer_state_) live_ += state_bytes, optimizer_state_ = true;
+  if (optimizer_has_moments(model_.optimizer()))
+    note(live_ + std::min(p_.largest_param_bytes, zero ? zero_shard_ : weights_), -1);
+  note(live_, -1);
+  live_ -= param_grads_;
+  param_grads_ = 0;
+  if (zero) {
+    // The shard's gradients go; the parameters are all-gathered a bucket at a time, each
+    // bucket's chunk and gathered buffer with the previous bucket's still travelling (level 3:
+    // where they are read).
+    live_ -= zero_shard_;
+    const int64_t d = model_.data_parallel();
+    for (size_t k = 0; k < (zero_gathers() ? 0 : zero_buckets_.size()); ++k) {
+      int64_t held = zero_buckets_[k] + zero_buckets_[k] / d;
+      if (k > 0) held += zero_buckets_[k - 1] + zero_buckets_[k - 1] / d;
+      note(live_ + held, -1);
+    }
+  }
+  std::fill(grad_done_.begin(), grad_done_.end(), 0);
+  backward_in_step_ = false;
+  ++version_;
+}
+
+}  // namespace detail
+}  // namespace dawnpiper
