@@ -18,6 +18,7 @@
 #include "runtime/pipeline_stage.h"
 #include "runtime/replica_averager.h"
 #include "runtime/stage_tracer.h"
+#include "runtime/step_relay.h"
 #include "runtime/transport.h"
 #include "schedule/simulate.h"
 #include "util/error.h"
@@ -235,95 +236,6 @@ std::map<int, at::Tensor> exact_constant_inputs(const OpGraph& g, int begin, uin
 }
 
 namespace {
-
-// What every stage knows of a finished step travels to rank 0 on its own communicator, apart
-// from the activations: its peak memory during the step, and the last stage's loss. Rank 0 reports
-// a step to options.on_loss, in step order, once every stage's record of it has arrived.
-class StepRelay {
- public:
-  StepRelay(const PipelineConfig& c, const RunConfig& options, MPI_Comm control, int rank, int stages)
-      : c_(c),
-        options_(options),
-        control_(control),
-        rank_(rank),
-        stages_(stages),
-        reported_(c.first_step),
-        end_(c.steps) {
-    if (rank_ != 0) outgoing_.reserve(static_cast<size_t>(c.steps - c.first_step));  // kept alive for the Isends
-  }
-
-  // This stage finished `step`: its peak bytes during it; on the last stage the step's mean loss
-  // (averaged over the replicas), on rank 0 the global gradient norm.
-  void send(int64_t step, int64_t peak_bytes, double loss, double grad_norm) {
-    if (rank_ == stages_ - 1 && c_.replicas > 1) {
-      allreduce_quietly(&loss, 1, MPI_DOUBLE, MPI_SUM, options_.replica_comm);
-      loss /= static_cast<double>(c_.replicas);
-    }
-    if (rank_ == 0) {
-      Pending& p = pending_[step];
-      p.report.grad_norm = grad_norm;
-      p.report.peak_bytes.resize(static_cast<size_t>(stages_));
-      p.report.peak_bytes[0] = peak_bytes;
-      if (stages_ == 1) p.report.loss = loss;
-      ++p.records;
-      return;
-    }
-    outgoing_.push_back({loss, static_cast<double>(peak_bytes)});
-    requests_.emplace_back();
-    MPI_Isend(outgoing_.back().data(), 2, MPI_DOUBLE, 0, static_cast<int>(step), control_, &requests_.back());
-  }
-
-  // Rank 0: reports the steps whose records have all arrived, waiting for those up to
-  // `wait_through` (every stage sends its record of a step before anything that follows it).
-  void poll(int64_t wait_through = -1) {
-    if (rank_ != 0) return;
-    while (reported_ < end_) {
-      const bool wait = reported_ <= wait_through;
-      Pending& p = pending_[reported_];
-      p.report.peak_bytes.resize(static_cast<size_t>(stages_));
-      p.arrived.resize(static_cast<size_t>(stages_));
-      for (int from = 1; from < stages_; ++from) {
-        if (p.arrived[from]) continue;
-        int flag = 1;
-        if (!wait) MPI_Iprobe(from, static_cast<int>(reported_), control_, &flag, MPI_STATUS_IGNORE);
-        if (!flag) continue;
-        std::array<double, 2> record{};
-        recv_quietly(record.data(), 2, MPI_DOUBLE, from, static_cast<int>(reported_), control_, MPI_STATUS_IGNORE);
-        if (from == stages_ - 1) p.report.loss = record[0];
-        p.report.peak_bytes[from] = static_cast<int64_t>(record[1]);
-        p.arrived[from] = true;
-        ++p.records;
-      }
-      if (p.records < stages_) return;  // rank 0's own record is there for every step it waits for
-      p.report.step = reported_;
-      p.report.lr = scheduled_lr(c_.optimizer.lr, c_.optimizer.schedule, reported_);
-      if (options_.on_loss) options_.on_loss(p.report);
-      pending_.erase(reported_++);
-    }
-  }
-
-  // `end`: the first step not run (c.steps, or where a stop signal ended the run).
-  void finish(int64_t end) {
-    end_ = end;
-    poll(end - 1);
-    for (MPI_Request& r : requests_) wait_quietly(r);
-  }
-
- private:
-  struct Pending {
-    StepReport report;
-    std::vector<bool> arrived;  // per stage
-    int records = 0;
-  };
-  const PipelineConfig& c_;
-  const RunConfig& options_;
-  MPI_Comm control_;
-  int rank_, stages_;
-  int64_t reported_, end_;
-  std::map<int64_t, Pending> pending_;
-  std::vector<std::array<double, 2>> outgoing_;
-  std::vector<MPI_Request> requests_;
-};
 
 // One communicator per group of ranks sharing a tied parameter (key: owner node, parameter
 // index), with the stages on this rank holding it (two where interleaving puts both on one
