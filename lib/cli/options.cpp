@@ -103,8 +103,6 @@ ZeroOptions zero_options_from(const po::variables_map& vm) {
     throw ConfigError("--zero-stage " + std::to_string(z.stage) + " under --schedule " + name_of(schedule) +
                       " is not implemented yet: its stages update after every backward, with stashed weight "
                       "versions (use gpipe, 1f1b, zb-h1, zb-h2 or interleaved)");
-  if (z.stage >= 3 && !schedule.is_auto() && schedule.traits().splits_backward)
-    throw ConfigError(level_three_split_refusal(name_of(schedule)));
   if (vm.count("device") && vm["device"].as<DeviceKind>() != DeviceKind::Cpu)
     throw ConfigError("--zero-stage " + std::to_string(z.stage) +
                       " runs on the CPU (MPI) so far, not with --device cuda");

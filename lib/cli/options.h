@@ -40,8 +40,8 @@ po::options_description allocator_headroom_option();
 // alone would.
 po::options_description planning_options();
 // --zero-stage and --bucket-size of planning_options(), checked before any work: a level outside
-// 0-3, a level above 0 under a schedule or device it cannot run on (level 3 also under a split
-// backward), and a bucket below one element are ConfigErrors.
+// 0-3, a level above 0 under a schedule or device it cannot run on, and a bucket below one
+// element are ConfigErrors.
 struct ZeroOptions {
   int stage = 0;
   int64_t bucket_bytes = int64_t{25} << 20;

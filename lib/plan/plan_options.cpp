@@ -12,10 +12,4 @@ void set_device_memory(PlanOptions& options, int64_t device_memory, double headr
   options.capacity_bytes = device_memory - options.allocator_headroom_bytes;
 }
 
-std::string level_three_split_refusal(const std::string& schedule) {
-  return "--zero-stage 3 under --schedule " + schedule +
-         " is not implemented yet: its input pass reads the parameters level 3 gathers, and its weight pass comes "
-         "later (use gpipe, 1f1b or interleaved, or --zero-stage 2)";
-}
-
 }  // namespace dawnpiper

@@ -81,7 +81,4 @@ struct PlanOptions {
 // `headroom_share` of it left to the allocator.
 void set_device_memory(PlanOptions& options, int64_t device_memory, double headroom_share);
 
-// Why --zero-stage 3 does not run under a schedule that splits its backward (zb-h1, zb-h2).
-std::string level_three_split_refusal(const std::string& schedule);
-
 }  // namespace dawnpiper

@@ -17,10 +17,6 @@ std::vector<ScheduleCandidate> plan_each_schedule(const Profile& profile, const 
     PlanOptions one = options;
     one.schedule = ScheduleChoice::named(entry.name);  // an interleaved one with its default virtual stages
     one.stages = ranks * one.schedule.virtual_stages();
-    if (entry.traits.splits_backward && options.sharding() >= 3) {
-      candidates.push_back({entry.name, std::nullopt, "--zero-stage 3 gathers before an unsplit backward"});
-      continue;
-    }
     if (entry.traits.interleaves() && (options.micro_batches % ranks != 0 || one.stages > profile.size())) {
       candidates.push_back({entry.name, std::nullopt,
                             options.micro_batches % ranks != 0 ? "micro-batches not a multiple of the ranks"

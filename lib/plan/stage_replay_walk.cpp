@@ -110,6 +110,9 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
       for (int t : p_.nodes[at(i)].saved)
         if (!((m.loss_grad_held || m.loss_saved_released) && i == loss_node_ && model_.is_internal(t)))
           for_saver_keys(t, [&](int k) { release(m, k); });
+  // Level 3: I gathered every bucket a node whose output got a gradient reads (their functions
+  // read the weights), and lets them all go at its end; W gathers each node's again.
+  if (zero_gathers()) release_gathered();
 }
 
 void StageReplay::release_graph(MicroBatch& m) {
@@ -132,10 +135,12 @@ void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
     const int64_t held = m.held_for_weights[at(i - b_)];
     if (held < 0) continue;
     if (weight_only_[at(i - b_)]) restore_for(m, mb, i, next_due);  // what I left evicted
+    if (zero_gathers()) gather_read(i);
     int64_t grads = 0, transient = tied_sum_at_[at(i - b_)];
     param_gradient(i, grads, transient);
     note(live_ + grads + transient + p_.nodes[at(i)].bwd_workspace, i);
     live_ += grads;
+    if (zero_gathers()) gather_released(i);
     if (zero_streams()) zero_gradient_made(i);  // (the weight pass still holds the output's gradient)
     average_gradient_made(i);
     live_ -= held;
@@ -148,6 +153,7 @@ void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
   release_graph(m);
   m.weights_pending = false;
   zero_end_micro_batch();
+  if (zero_gathers()) release_gathered();
 }
 
 // Node i's backward: the gradients of its inputs and parameters appear, its output's gradient

@@ -240,8 +240,6 @@ PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const Ran
   if (pc.zero_stage > 0 && !pc.schedule.traits().updates_once_per_step)  // --schedule auto's choice
     throw ConfigError("--zero-stage " + std::to_string(pc.zero_stage) + " under --schedule " + name_of(pc.schedule) +
                       " is not implemented yet (use gpipe, 1f1b, zb-h1, zb-h2 or interleaved)");
-  if (pc.zero_stage >= 3 && pc.schedule.traits().splits_backward)  // a --plan-in's schedule
-    throw ConfigError(level_three_split_refusal(name_of(pc.schedule)));
   // A pipeline that does not drain every step drains where it writes a checkpoint and where it
   // evaluates (PipelineConfig::drain_every).
   if (!pc.schedule.traits().drains_every_step) {

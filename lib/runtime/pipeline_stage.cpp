@@ -334,6 +334,9 @@ void PipelineStage::backward_input(int64_t mb) {
     std::vector<at::Tensor> got = split_->input_pass(outputs, grads, inputs, f.weight_roots);
     for (size_t k = 0; k < tracked.size(); ++k) f.inputs[tracked[k]].mutable_grad() = std::move(got[k]);
   }
+  // ZeRO level 3: the input pass gathered what its nodes read; the weight pass gathers node by
+  // node again (the hooks on their outputs run before their functions).
+  if (zero_ && zero_->level() >= 3) zero_->release_all();
   // The outputs (and the loss) keep the graph until W; the received gradients are done with,
   // but for what the weight pass holds of them.
   f.outputs.resize(send_ids_.size());
@@ -409,8 +412,6 @@ double PipelineStage::grad_square_sum() const {
 void PipelineStage::shard_optimizer(MPI_Comm replicas, int64_t bucket_bytes, int level, std::vector<bool> deferred) {
   if (!config_.schedule.traits().updates_once_per_step)
     throw std::logic_error("ZeRO shards the updates of a synchronous schedule");
-  if (level >= 3 && split_)
-    throw std::logic_error("ZeRO level 3 gathers before an unsplit backward only (not zero-bubble schedules)");
   module_.set_parameter_gate({});
   zero_.reset();  // (its hooks go first)
   std::vector<int> nodes;

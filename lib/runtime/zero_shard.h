@@ -37,8 +37,11 @@
 // backward gathers a node's buckets where its output's gradient arrives (a hook on each output:
 // the node's functions run after it) and lets a bucket go once autograd has accumulated every
 // parameter in it (no function that saved one runs after its accumulation), the rest at the
-// end of the micro-batch. Saved tensors are the parameters or views of them: they share the
-// storage, which a gather fills again before a function reads it. Gathers are blocking.
+// end of the micro-batch. A split backward's input pass (zero-bubble schedules) gathers as a
+// backward does and lets everything go at its end (nothing accumulates there); its weight pass
+// gathers node by node again, released as in a backward. Saved tensors are the parameters or
+// views of them: they share the storage, which a gather fills again before a function reads it.
+// Gathers are blocking.
 //
 // MPI on host memory (the CPU path). Every call is collective over the replicas, in the same
 // order on every replica.
