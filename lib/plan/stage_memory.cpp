@@ -208,7 +208,7 @@ void StageReplay::place_weights() {
   }
   std::reverse(held_bytes.begin(), held_bytes.end());
   place_average_buckets(held_bytes);
-  place_zero_buckets(std::move(held_bytes));
+  place_zero_buckets(held_bytes);
   if (zero_gathers()) {
     // What each node reads: its own parameters, and a tied weight's owner or the copy here (held
     // by its last user in the stage).

@@ -279,7 +279,15 @@ class StageReplay final : public ActionHooks {
     return model_.zero_stage() > 0 ? model_.optimizer_multiplier() * zero_shard_
                                    : model_.optimizer_state_bytes(weights_);
   }
-  void place_zero_buckets(std::vector<int64_t> param_bytes);
+  // Buckets as the runtime cuts them (cut_buckets): per node offset its bucket (-1: none), per
+  // bucket its parameters' bytes and whether it holds a weight tied across stages.
+  struct BucketCut {
+    std::vector<int> bucket_of;
+    std::vector<int64_t> bytes;
+    std::vector<char> tied;
+  };
+  BucketCut cut_buckets(const std::vector<int64_t>& param_bytes) const;
+  void place_zero_buckets(const std::vector<int64_t>& param_bytes);
   // Level 2: each micro-batch's gradients are reduce-scattered a bucket at a time as the
   // backward makes them (the last bucket first, each once its nodes have made theirs and the
   // buckets before it started; two in flight), into the shard, whose chunk of a bucket is held

@@ -4,7 +4,37 @@
 namespace dawnpiper {
 namespace detail {
 
-void StageReplay::place_zero_buckets(std::vector<int64_t> param_bytes) {
+// As the runtime's shard_layout cuts a stage's parameters: whole nodes' parameters, a bucket
+// closed once it reaches the bucket size; a bucket holding a weight tied across stages (a copy,
+// or an owner another stage copies) is marked, its gradient summed over the stages first.
+StageReplay::BucketCut StageReplay::cut_buckets(const std::vector<int64_t>& param_bytes) const {
+  std::vector<char> tied_across(param_bytes.size(), 0);
+  for (int n = 0; n < static_cast<int>(p_.nodes.size()); ++n) {
+    const int owner = p_.nodes[at(n)].tied_owner;
+    if (owner < 0 || in_range(owner) == in_range(n)) continue;
+    if (in_range(n)) tied_across[at(n - b_)] = 1;
+    if (in_range(owner)) tied_across[at(owner - b_)] = 1;
+  }
+  BucketCut cut;
+  cut.bucket_of.assign(param_bytes.size(), -1);
+  int64_t open = 0;
+  bool tied = false;
+  auto close = [&] {
+    if (open > 0) cut.bytes.push_back(open), cut.tied.push_back(tied);
+    open = 0;
+    tied = false;
+  };
+  for (size_t j = 0; j < param_bytes.size(); ++j) {
+    if (param_bytes[j] == 0) continue;
+    cut.bucket_of[j] = static_cast<int>(cut.bytes.size());
+    tied = tied || tied_across[j];
+    if ((open += param_bytes[j]) >= model_.bucket_bytes()) close();
+  }
+  close();
+  return cut;
+}
+
+void StageReplay::place_zero_buckets(const std::vector<int64_t>& param_bytes) {
   zero_buckets_.clear();
   zero_bucket_grads_.clear();
   zero_deferred_.clear();
@@ -12,36 +42,14 @@ void StageReplay::place_zero_buckets(std::vector<int64_t> param_bytes) {
   zero_bucket_of_.clear();
   zero_shard_ = 0;
   if (model_.zero_stage() == 0) return;
-  // Level 2: the nodes holding a weight tied across stages (a copy, or an owner another stage
-  // copies): their buckets wait for the update, after the stages' sum.
-  std::vector<char> tied_across(param_bytes.size(), 0);
-  if (zero_streams())
-    for (int n = 0; n < static_cast<int>(p_.nodes.size()); ++n) {
-      const int owner = p_.nodes[at(n)].tied_owner;
-      if (owner < 0 || in_range(owner) == in_range(n)) continue;
-      if (in_range(n)) tied_across[at(n - b_)] = 1;
-      if (in_range(owner)) tied_across[at(owner - b_)] = 1;
-    }
-  zero_bucket_of_.assign(param_bytes.size(), -1);
+  // Level 2: the buckets of weights tied across stages wait for the update, after the stages' sum.
+  BucketCut cut = cut_buckets(param_bytes);
+  zero_bucket_of_ = std::move(cut.bucket_of);
+  zero_bucket_grads_ = std::move(cut.bytes);
+  zero_deferred_ = std::move(cut.tied);
   const int64_t d = model_.data_parallel(), unit = 4 * d;  // each replica's chunk: whole fp32 elements
-  int64_t open = 0;
-  bool deferred = false;
-  auto close = [&] {
-    if (open > 0) {
-      zero_buckets_.push_back((open + unit - 1) / unit * unit), zero_shard_ += zero_buckets_.back() / d;
-      zero_bucket_grads_.push_back(open);
-      zero_deferred_.push_back(deferred);
-    }
-    open = 0;
-    deferred = false;
-  };
-  for (size_t j = 0; j < param_bytes.size(); ++j) {
-    if (param_bytes[j] == 0) continue;
-    zero_bucket_of_[j] = static_cast<int>(zero_buckets_.size());
-    deferred = deferred || tied_across[j];
-    if ((open += param_bytes[j]) >= model_.bucket_bytes()) close();
-  }
-  close();
+  for (int64_t bytes : zero_bucket_grads_)
+    zero_buckets_.push_back((bytes + unit - 1) / unit * unit), zero_shard_ += zero_buckets_.back() / d;
   for (size_t k = zero_buckets_.size(); k-- > 0;)
     if (!zero_deferred_[k]) zero_order_.push_back(k);
   zero_made_.assign(param_bytes.size(), 0);
@@ -60,29 +68,11 @@ void StageReplay::place_average_buckets(const std::vector<int64_t>& param_bytes)
   if (model_.schedule().traits().updates_once_per_step && !stream_)
     for (const Action& a : actions_)
       avg_passes_per_step_ += a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight;
-  // As the runtime's shard_layout with one replica: whole nodes' parameters, closed once they
-  // reach the bucket size; a bucket holding a weight tied across stages waits for the pass's end.
-  std::vector<char> tied_across(param_bytes.size(), 0);
-  for (int n = 0; n < static_cast<int>(p_.nodes.size()); ++n) {
-    const int owner = p_.nodes[at(n)].tied_owner;
-    if (owner < 0 || in_range(owner) == in_range(n)) continue;
-    if (in_range(n)) tied_across[at(n - b_)] = 1;
-    if (in_range(owner)) tied_across[at(owner - b_)] = 1;
-  }
-  int64_t open = 0;
-  bool deferred = false;
-  auto close = [&] {
-    if (open > 0) avg_buckets_.push_back(open), avg_deferred_.push_back(deferred);
-    open = 0;
-    deferred = false;
-  };
-  for (size_t j = 0; j < param_bytes.size(); ++j) {
-    if (param_bytes[j] == 0) continue;
-    avg_bucket_of_[j] = static_cast<int>(avg_buckets_.size());
-    deferred = deferred || tied_across[j];
-    if ((open += param_bytes[j]) >= model_.bucket_bytes()) close();
-  }
-  close();
+  // A bucket holding a weight tied across stages waits for the pass's end.
+  BucketCut cut = cut_buckets(param_bytes);
+  avg_bucket_of_ = std::move(cut.bucket_of);
+  avg_buckets_ = std::move(cut.bytes);
+  avg_deferred_ = std::move(cut.tied);
   for (size_t k = avg_buckets_.size(); k-- > 0;)
     if (!avg_deferred_[k]) avg_order_.push_back(k);
   for (size_t k = 0; k < avg_buckets_.size(); ++k)
