@@ -315,11 +315,11 @@ int agreed_stop_signal(const RunConfig& options, MPI_Comm comm) {
 // ZeRO level 3: every parameter gathered whole (collective over the replicas), or let go again.
 void gather_parameters(RankStages& stages) {
   for (auto& stage : stages)
-    if (ZeroShard* zero = stage->zero_shard(); zero && zero->level() >= 3) zero->gather_all();
+    if (ZeroShard* zero = stage->zero_shard()) zero->gather_all();
 }
 void release_parameters(RankStages& stages) {
   for (auto& stage : stages)
-    if (ZeroShard* zero = stage->zero_shard(); zero && zero->level() >= 3) zero->release_all();
+    if (ZeroShard* zero = stage->zero_shard()) zero->release_all();
 }
 
 // After the optimizer steps that end a training step: the validation loss every eval_every steps,
@@ -458,7 +458,7 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
     gather_parameters(stages);  // level 3: read whole, then each replica keeps its shard
     for (auto& stage : stages) read_checkpoint(options.checkpoint_dir, c.first_step, *stage, identity);
     for (auto& stage : stages)
-      if (ZeroShard* zero = stage->zero_shard(); zero && zero->level() >= 3) zero->keep_parameters();
+      if (ZeroShard* zero = stage->zero_shard()) zero->keep_parameters();
     release_parameters(stages);
   }
   std::vector<TieComm> tie_comms = tie_communicators(g, c, comm, rank);

@@ -336,7 +336,7 @@ void PipelineStage::backward_input(int64_t mb) {
   }
   // ZeRO level 3: the input pass gathered what its nodes read; the weight pass gathers node by
   // node again (the hooks on their outputs run before their functions).
-  if (zero_ && zero_->level() >= 3) zero_->release_all();
+  if (zero_) zero_->release_all();
   // The outputs (and the loss) keep the graph until W; the received gradients are done with,
   // but for what the weight pass holds of them.
   f.outputs.resize(send_ids_.size());

@@ -6,7 +6,6 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <set>
 
 #include <climits>
 #include <deque>
@@ -236,6 +235,7 @@ void ZeroShard::release_all() {
 }
 
 void ZeroShard::keep_parameters() {
+  if (level_ < 3) return;  // (below, the pieces view the parameters)
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const ShardLayout::Piece& piece = layout_.pieces[k];

@@ -132,7 +132,8 @@ class ZeroShard {
   // A forward is about to run node `node` (past the last: its end): the buckets that neither the
   // next node reading parameters reads nor a tensor of `env` views go.
   void before_forward_node(size_t node, const std::vector<at::Tensor>& env);
-  // Every bucket gathered (a checkpoint, the run's end), or every one let go.
+  // Every bucket gathered (a checkpoint, the run's end), or every one let go. Below level 3
+  // these and keep_parameters do nothing.
   void gather_all();
   void release_all();
   // After the parameters were overwritten (a checkpoint read into them, gathered): the shard
