@@ -40,6 +40,10 @@ void wait_all_quietly(std::vector<MPI_Request>& requests, std::vector<MPI_Status
   }
 }
 
+bool any_in_flight(const std::vector<MPI_Request>& requests) {
+  return std::any_of(requests.begin(), requests.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+}
+
 void recv_quietly(void* buffer, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm, MPI_Status* status) {
   MPI_Request request;
   MPI_Irecv(buffer, count, type, source, tag, comm, &request);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dawnpiper {
@@ -52,5 +53,18 @@ std::string gather_string_quietly(const std::string& mine, MPI_Comm comm);
 
 // MPI_Barrier as MPI_Ibarrier and wait_quietly.
 void barrier_quietly(MPI_Comm comm);
+
+// Whether any of `requests` has not been seen complete.
+bool any_in_flight(const std::vector<MPI_Request>& requests);
+
+// Keeps `buffers` allocated until the process ends. For an owner that unwinds (this rank failed)
+// while MPI still reads or writes them: a collective cannot be cancelled, and waiting could hang
+// on a peer that never joins; freed, the next MPI call that advances the transfer writes into
+// freed memory (a segfault in Open MPI's TCP receive instead of the job's one error). The job
+// ends soon after, so nothing needs reclaiming.
+template <class Buffers>
+void keep_until_exit(Buffers buffers) {
+  static_cast<void>(new Buffers(std::move(buffers)));
+}
 
 }  // namespace dawnpiper

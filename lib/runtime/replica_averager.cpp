@@ -93,6 +93,8 @@ class MpiAverager final : public ReplicaAverager {
     count_.assign(params.size(), 0);
   }
   ~MpiAverager() override {
+    for (Bucket& b : buckets_)
+      if (b.started && !b.done && any_in_flight(b.requests)) keep_until_exit(std::move(b.buffer));  // (an error)
     if (per_tensor_) return;
     for (size_t p = 0; p < tensors_.size(); ++p)
       if (bucket_of_[p] >= 0 && !buckets_[static_cast<size_t>(bucket_of_[p])].deferred)
@@ -235,8 +237,7 @@ class MpiAverager final : public ReplicaAverager {
       MPI_Testsome(static_cast<int>(b.requests.size()), b.requests.data(), &count, indices_.data(),
                    MPI_STATUSES_IGNORE);
       progress_ = progress_ || count > 0;
-      if (count == MPI_UNDEFINED ||
-          std::all_of(b.requests.begin(), b.requests.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; }))
+      if (count == MPI_UNDEFINED || !any_in_flight(b.requests))
         b.done = true, b.end_time = now;
       else
         left = true;

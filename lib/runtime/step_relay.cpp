@@ -16,6 +16,10 @@ StepRelay::StepRelay(const PipelineConfig& c, const RunConfig& options, MPI_Comm
   if (rank_ != 0) outgoing_.reserve(static_cast<size_t>(c.steps - c.first_step));  // kept alive for the Isends
 }
 
+StepRelay::~StepRelay() {
+  if (any_in_flight(requests_)) keep_until_exit(std::move(outgoing_));  // (an error unwinds the run)
+}
+
 void StepRelay::send(int64_t step, int64_t peak_bytes, double loss, double grad_norm) {
   if (rank_ == stages_ - 1 && c_.replicas > 1) {
     allreduce_quietly(&loss, 1, MPI_DOUBLE, MPI_SUM, options_.replica_comm);

@@ -16,6 +16,7 @@ namespace dawnpiper {
 class StepRelay {
  public:
   StepRelay(const PipelineConfig& c, const RunConfig& options, MPI_Comm control, int rank, int stages);
+  ~StepRelay();
   // This stage finished `step`: its peak bytes during it; on the last stage the step's mean loss
   // (averaged over the replicas), on rank 0 the global gradient norm.
   void send(int64_t step, int64_t peak_bytes, double loss, double grad_norm);

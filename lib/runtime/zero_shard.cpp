@@ -155,6 +155,8 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
 }
 
 ZeroShard::~ZeroShard() {
+  for (Travelling& t : travelling_)  // (an error unwinds the stage)
+    if (t.request != MPI_REQUEST_NULL) keep_until_exit(std::move(t));
   for (size_t p = 0; p < bucket_of_.size(); ++p)
     if (hooked(p)) torch::autograd::impl::set_post_acc_grad_hooks(params_[p], nullptr);
 }
@@ -261,7 +263,7 @@ void ZeroShard::start(size_t bucket, bool accumulate) {
   at::Tensor& chunk = chunk_grad_[bucket];
   if (accumulate && !chunk.defined()) chunk = at::zeros({b.chunk}, at::kFloat);
   if (accumulate) buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(chunk);
-  travelling_.push_back({buffer, MPI_REQUEST_NULL});
+  travelling_.push_back({buffer, chunk, MPI_REQUEST_NULL});
   MPI_Ireduce_scatter_block(buffer.data_ptr<float>(), chunk.data_ptr<float>(), mpi_count(b.chunk), MPI_FLOAT, MPI_SUM,
                             comm_, &travelling_.back().request);
   sent_bytes_ += buffer.nbytes();

@@ -167,7 +167,7 @@ class ZeroShard {
 
   // Level 2: one micro-batch's streaming.
   struct Travelling {
-    at::Tensor buffer;
+    at::Tensor buffer, chunk;  // what it sends, where it lands
     MPI_Request request;
   };
   // Packs bucket b's gradients (releasing them) and starts its reduce-scatter into the shard:

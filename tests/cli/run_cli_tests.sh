@@ -506,7 +506,8 @@ expect_fail "data parallelism in one process" "--data-parallel needs MPI ranks" 
 start=$(date +%s)
 $mpi 4 "$bin" train --model gpt2-tiny --data-parallel 2 --planner even --lr 1e9 --steps 6 --quiet >/dev/null 2>"$work/err"
 code=$?
-if [ $code -ne 0 ] && [ $(( $(date +%s) - start )) -lt 30 ] && grep -q "stage 1 of replica [01], action 1[FB][0-9]*: loss is nan" "$work/err"; then
+if [ $code -ne 0 ] && [ $(( $(date +%s) - start )) -lt 30 ] && grep -q "stage 1 of replica [01], action 1[FB][0-9]*: loss is nan" "$work/err" &&
+   ! grep -qi "segmentation fault" "$work/err"; then  # (6 of 18 runs, when the allreduces in flight lost their buffers)
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: failing replica (exit $code)"; cat "$work/err"; fi
 
 # Signals: the run stops where a step ends, writes a checkpoint, says so and exits 128 + the signal;

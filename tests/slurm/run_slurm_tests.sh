@@ -66,7 +66,8 @@ start=$(date +%s)
 job failing "$root/slurm/multi-node.sbatch" "$root/inputs/gpt2-tiny.ini" --steps 6 --planner even --lr 1e9
 code=$?
 echo "failing replica: the job ended $(( $(date +%s) - start )) s after sbatch (queueing and start included)"
-if [ $code -ne 0 ] && [ $(( $(date +%s) - start )) -lt 30 ] && grep -q "stage 1 of replica [01], action 1[FB][0-9]*: loss is -\?nan" "$work/job.out"; then
+if [ $code -ne 0 ] && [ $(( $(date +%s) - start )) -lt 30 ] && grep -q "stage 1 of replica [01], action 1[FB][0-9]*: loss is -\?nan" "$work/job.out" &&
+   ! grep -qi "segmentation fault" "$work/job.out"; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: failing replica (exit $code)"; cat "$work/job.out"; fi
 
 echo "slurm: $passed passed, $failed failed"
