@@ -14,6 +14,7 @@
 #include "profile/profile_io.h"
 #include "profile/profiler.h"
 #include "run/resume.h"
+#include "runtime/checkpoint.h"
 #include "runtime/mpi_wait.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
@@ -187,11 +188,13 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
         const Plan saved = plan_from_json(read_text_file(saved_plan));
         const std::string changes = resumed_plan_changes(saved, graph, o, layout, device);
         keep_saved = changes.empty();
-        if (!keep_saved && saved.options.sharding() > 0)
+        const int64_t step = o.resume_step >= 0 ? o.resume_step : checked_resume_step(o.checkpoint_dir, -1);
+        if (!keep_saved && saved.options.sharding() > 0 && !checkpoint_moves(o.checkpoint_dir, step))
           throw ConfigError("the checkpoint in " + o.checkpoint_dir + " is sharded (--zero-stage " +
                             std::to_string(saved.options.sharding()) +
-                            ") and resumes only on the plan it was written with, and this run changes " + changes +
-                            ": repeat the checkpoint's values");
+                            ") and was written before checkpoints had an index: it resumes only on the plan it was "
+                            "written with, and this run changes " +
+                            changes + ": repeat the checkpoint's values");
         if (!keep_saved && !o.quiet)
           std::printf(
               "note: the checkpoint's plan (%s) does not serve this run (%s): planning anew; each stage reads its "

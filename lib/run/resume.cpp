@@ -52,10 +52,12 @@ Json run_identity(const OpGraph& graph, const TrainOptions& o, bool with_trainin
 
 namespace {
 
-// A sharded checkpoint (--zero-stage above 0) holds each replica's shard of the optimizer
-// state: it resumes only at its own level and replica count, --resume-override or not (until
-// checkpoints can move between layouts). At level 0 the replica count may change as before.
-void check_layout(const Json& saved, const Json& now, const std::string& dir) {
+// A sharded checkpoint (--zero-stage above 0) written before checkpoints had an index holds each
+// replica's shard of the optimizer state with nothing saying where its slices lie: it resumes
+// only at its own level and replica count, --resume-override or not. One with an index
+// (checkpoint_moves), and any at level 0, moves to another level and replica count.
+void check_layout(const Json& saved, const Json& now, const std::string& dir, int64_t step) {
+  if (checkpoint_moves(dir, step)) return;
   const auto value = [](const Json& j, const char* key, int otherwise) {
     return j.contains(key) ? j[key].get<int>() : otherwise;
   };
@@ -65,7 +67,8 @@ void check_layout(const Json& saved, const Json& now, const std::string& dir) {
   throw ConfigError("the checkpoint in " + dir + " was written at --zero-stage " + std::to_string(saved_level) +
                     " with --data-parallel " + std::to_string(saved_replicas) + ", and this run has --zero-stage " +
                     std::to_string(level) + " with --data-parallel " + std::to_string(replicas) +
-                    ": a sharded checkpoint resumes only in the layout it was written in");
+                    ": a sharded checkpoint written before checkpoints had an index resumes only in the layout it "
+                    "was written in");
 }
 
 // Compared by what they make together, the global batch (global_batch_change), or by the
@@ -129,7 +132,7 @@ void check_resumed_run(const OpGraph& graph, const TrainOptions& o, int64_t step
   const Json& saved = *found;
   const bool training = !o.eval_only;
   const Json now = run_identity(graph, o, training);
-  if (now.contains("zero-stage")) check_layout(saved, now, o.checkpoint_dir);
+  if (now.contains("zero-stage")) check_layout(saved, now, o.checkpoint_dir, step);
   std::string changes;
   for (const auto& [key, value] : now.items())
     if (saved.contains(key) && saved[key] != value && !is_layout(key, training))

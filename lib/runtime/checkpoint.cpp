@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "runtime/mpi_wait.h"
+#include "runtime/zero_shard.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -131,9 +132,40 @@ void prune(const std::string& dir, int64_t written, int keep) {
 
 namespace {
 
-// Returns the file's path.
-std::string write_stage_file(const std::string& dir, int64_t next_step, PipelineStage& stage,
-                             const CheckpointIdentity& id) {
+// The tensors the stage's optimizer updates (optimizer().params(), whose state is state()'s, the
+// moments one after another) as slices of its parameters' flattened elements: below ZeRO level 1
+// each whole parameter, at levels 1-3 the pieces of the replica's shard.
+struct StateOwner {
+  size_t param = 0;
+  int64_t offset = 0, numel = 0;
+};
+std::vector<StateOwner> state_owners(PipelineStage& stage) {
+  std::vector<StateOwner> owners;
+  const auto& ps = stage.module().parameters();
+  if (const ZeroShard* zero = stage.zero_shard())
+    for (const ShardLayout::Piece& piece : zero->layout().pieces)
+      owners.push_back({piece.param, piece.offset, piece.numel});
+  else
+    for (size_t i = 0; i < ps.size(); ++i) owners.push_back({i, 0, ps[i].tensor.numel()});
+  if (owners.size() != stage.optimizer().params().size())
+    throw std::logic_error("checkpoint: the optimizer updates other tensors than the stage's parameters");
+  return owners;
+}
+
+// One line of the index (write_checkpoint gathers them at rank 0), tab-separated: the stage, the
+// file, the tensor's model name, its dataset, the moment (-1: the parameter itself), the slice of
+// its flattened elements, and its shape.
+std::string index_line(int stage, const std::string& file, const StageParameter& p, const std::string& dataset,
+                       int64_t moment, int64_t offset, int64_t numel) {
+  std::string shape;
+  for (int64_t d : p.tensor.sizes()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+  return std::to_string(stage) + "\t" + file + "\t" + p.name + "\t" + dataset + "\t" + std::to_string(moment) + "\t" +
+         std::to_string(offset) + "\t" + std::to_string(numel) + "\t" + shape + "\n";
+}
+
+// Writes the stage's file; returns its path and its lines of the index.
+std::pair<std::string, std::string> write_stage_file(const std::string& dir, int64_t next_step, PipelineStage& stage,
+                                                     const CheckpointIdentity& id) {
   const auto [zero_stage, replicas] = sharding_of(stage);
   const int replica = zero_stage > 0 ? stage.config().replica : 0;
   const std::string path = stage_file(dir, next_step, stage.config().stage, replica);
@@ -173,7 +205,69 @@ std::string write_stage_file(const std::string& dir, int64_t next_step, Pipeline
     for (size_t i = 0; i < s.size(); ++i)
       if (s[i].defined()) write_tensor(state, std::to_string(i), s[i]);
   });
-  return path;
+  const std::string file = path.substr(path.rfind('/') + 1);
+  const int x = stage.config().stage;
+  const auto& ps = stage.module().parameters();
+  std::string index;
+  if (replica == 0)
+    for (size_t i = 0; i < ps.size(); ++i)
+      index += index_line(x, file, ps[i], "parameters/" + std::to_string(i), -1, 0, ps[i].tensor.numel());
+  const std::vector<StateOwner> owners = state_owners(stage);
+  const std::vector<at::Tensor> s = stage.optimizer().state();
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i].defined()) {
+      const StateOwner& o = owners[i % owners.size()];
+      index += index_line(x, file, ps[o.param], "optimizer_state/" + std::to_string(i),
+                          static_cast<int64_t>(i / owners.size()), o.offset, o.numel);
+    }
+  return {path, index};
+}
+
+// The manifest's index from every rank's lines: per model name, its shape, where the parameter
+// is (the lowest stage holding it: a tied weight's copies are equal), and the slices of its
+// optimizer state, by moment, from that stage's files (its replicas' shards under ZeRO).
+Json checkpoint_index(const std::string& lines) {
+  Json index = Json::object();
+  std::map<std::string, int> lowest;  // per name: the lowest stage holding it
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(lines);
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> f;
+    for (size_t at = 0;;) {
+      const size_t tab = line.find('\t', at);
+      f.push_back(line.substr(at, tab == std::string::npos ? std::string::npos : tab - at));
+      if (tab == std::string::npos) break;
+      at = tab + 1;
+    }
+    if (f.size() != 8) throw std::logic_error("checkpoint index line: " + line);
+    const int stage = std::stoi(f[0]);
+    if (auto [it, added] = lowest.emplace(f[2], stage); !added) it->second = std::min(it->second, stage);
+    rows.push_back(std::move(f));
+  }
+  for (const std::vector<std::string>& f : rows) {
+    if (std::stoi(f[0]) != lowest.at(f[2])) continue;
+    Json& entry = index[f[2]];
+    std::vector<int64_t> shape;
+    for (size_t at = 0; at < f[7].size();) {
+      const size_t comma = std::min(f[7].find(',', at), f[7].size());
+      shape.push_back(std::stoll(f[7].substr(at, comma - at)));
+      at = comma + 1;
+    }
+    entry["shape"] = shape;
+    const int64_t moment = std::stoll(f[4]);
+    if (moment < 0) {
+      entry["file"] = f[1];
+      entry["dataset"] = f[3];
+      continue;
+    }
+    if (!entry.contains("state")) entry["state"] = Json::array();
+    entry["state"].push_back({{"file", f[1]},
+                              {"dataset", f[3]},
+                              {"moment", moment},
+                              {"offset", std::stoll(f[5])},
+                              {"numel", std::stoll(f[6])}});
+  }
+  return index;
 }
 
 }  // namespace
@@ -187,17 +281,22 @@ void write_checkpoint(const std::string& dir, int64_t next_step, const std::vect
   make_directories(step_dir(dir, next_step));
   // A manifest of this step left by an abandoned run no longer describes its files.
   if (root) std::remove(manifest_path(dir, next_step).c_str());
-  std::string sums;  // a line per file: name, bytes, checksum
+  std::string sums, index;  // a line per file: name, bytes, checksum; the index's lines
+  int64_t optimizer_steps = 0;
   for (PipelineStage* stage : stages) {
-    const std::string path = write_stage_file(dir, next_step, *stage, id);
+    const auto [path, lines] = write_stage_file(dir, next_step, *stage, id);
     const FileSum sum = file_sum(path);
     if (sum.bytes < 0) throw ConfigError("cannot read back the checkpoint file '" + path + "' just written");
     sums += path.substr(path.rfind('/') + 1) + " " + std::to_string(sum.bytes) + " " + hex(sum.sum) + "\n";
+    index += lines;
+    optimizer_steps = stage->optimizer().steps();
   }
   // Every stage has its file once rank 0 has every rank's lines (each stage's replicas to
   // replica 0, then the pipeline of replica 0 to its rank 0); then the manifest and `latest`.
-  if (replicas != MPI_COMM_NULL) sums = gather_string_quietly(sums, replicas);
+  if (replicas != MPI_COMM_NULL)
+    sums = gather_string_quietly(sums, replicas), index = gather_string_quietly(index, replicas);
   sums = gather_string_quietly(sums, comm);
+  index = gather_string_quietly(index, comm);
   if (!root) return;
   Json files = Json::object();
   std::istringstream lines(sums);
@@ -213,6 +312,11 @@ void write_checkpoint(const std::string& dir, int64_t next_step, const std::vect
   if (std::ifstream in(dir + "/latest"); !(in >> after) || after >= next_step) after = -1;
   if (after >= 0) manifest["after"] = after;
   manifest["files"] = files;
+  // What a run on any layout reads: the model, the optimizer and its update count, and where
+  // each tensor and each slice of its optimizer state is.
+  manifest["model"] = {{"preset", id.preset}, {"nodes", id.nodes}};
+  manifest["optimizer"] = {{"kind", id.optimizer}, {"steps", optimizer_steps}};
+  manifest["index"] = checkpoint_index(index);
   write_text_atomically(manifest_path(dir, next_step), manifest.dump(2) + "\n");
   write_text_atomically(dir + "/latest", std::to_string(next_step) + "\n");
   prune(dir, next_step, std::max(keep, 1));
@@ -454,7 +558,95 @@ void read_by_name(const std::string& dir, int64_t step, PipelineStage& stage, co
   stage.optimizer().restore(s, read_attr<int64_t>(*open[first], "optimizer_steps"));
 }
 
+// Through the manifest's index (any layout: another split, replica count or sharding level):
+// each parameter of the stage from the file that holds it, and each tensor its optimizer updates
+// (a whole parameter, or a piece of this replica's shard) from the slices that overlap it, each
+// slice read alone. Only the files holding them are opened.
+void read_by_index(const std::string& dir, int64_t step, PipelineStage& stage, const CheckpointIdentity& id,
+                   const Json& manifest) {
+  const std::string where = step_dir(dir, step);
+  const Json& model = manifest["model"];
+  if (model.value("preset", std::string()) != id.preset || model.value("nodes", int64_t{0}) != id.nodes)
+    throw ConfigError("checkpoint " + where + " is for model " + model.value("preset", std::string()) +
+                      ", this run has " + id.preset);
+  const Json& optimizer = manifest["optimizer"];
+  if (optimizer.value("kind", std::string()) != id.optimizer)
+    throw ConfigError("checkpoint " + where + " is for optimizer " + optimizer.value("kind", std::string()) +
+                      ", this run has " + id.optimizer);
+  const Json& index = manifest["index"];
+  std::map<std::string, std::unique_ptr<Handle>> open;
+  // Elements [offset, offset + count) of the dataset `at` names (a file and "group/dataset") of
+  // `total` elements.
+  auto read = [&](const Json& at, int64_t total, int64_t offset, float* data, int64_t count) {
+    const std::string file = at["file"].get<std::string>(), dataset = at["dataset"].get<std::string>();
+    std::unique_ptr<Handle>& h = open[file];
+    const std::string path = where + "/" + file;
+    if (!h) h = std::make_unique<Handle>(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
+    const size_t slash = dataset.find('/');
+    Handle g(H5Gopen2(*h, dataset.substr(0, slash).c_str(), H5P_DEFAULT), H5Gclose, "open group in " + path);
+    read_float_range(g, dataset.substr(slash + 1), total, offset, data, count);
+  };
+  at::NoGradGuard no_grad;
+  auto& ps = stage.module().parameters();
+  for (StageParameter& p : ps) {
+    if (!index.contains(p.name))
+      throw ConfigError("checkpoint " + where + " holds no parameter " + p.name + " (a checkpoint of another model?)");
+    const Json& entry = index[p.name];
+    if (entry["shape"].get<std::vector<int64_t>>() != p.tensor.sizes().vec())
+      throw ConfigError("checkpoint " + where + " holds " + p.name + " with shape " + entry["shape"].dump() +
+                        ", this model's is " + Json(p.tensor.sizes().vec()).dump());
+    at::Tensor host = at::empty(p.tensor.sizes(), at::kFloat);
+    read(entry, host.numel(), 0, host.data_ptr<float>(), host.numel());
+    p.tensor.copy_(host);
+  }
+  const std::vector<StateOwner> owners = state_owners(stage);
+  std::vector<at::Tensor> s = stage.optimizer().state();
+  for (size_t i = 0; i < s.size(); ++i) {
+    const StateOwner& o = owners[i % owners.size()];
+    const int64_t moment = static_cast<int64_t>(i / owners.size());
+    const StageParameter& p = ps[o.param];
+    const Json& entry = index[p.name];
+    at::Tensor host = at::empty({o.numel}, at::kFloat);
+    int64_t covered = 0;
+    for (const Json& slice : entry.contains("state") ? entry["state"] : Json::array()) {
+      if (slice["moment"].get<int64_t>() != moment) continue;
+      const int64_t from = slice["offset"].get<int64_t>(), n = slice["numel"].get<int64_t>();
+      const int64_t lo = std::max(from, o.offset), hi = std::min(from + n, o.offset + o.numel);
+      if (lo >= hi) continue;
+      read(slice, n, lo - from, host.data_ptr<float>() + (lo - o.offset), hi - lo);
+      covered += hi - lo;
+    }
+    if (covered == 0) {  // (an optimizer without this state yet, e.g. before its first update)
+      s[i] = at::Tensor();
+      continue;
+    }
+    if (covered != o.numel)
+      throw ConfigError("checkpoint " + where + " holds " + std::to_string(covered) + " of the " +
+                        std::to_string(o.numel) + " optimizer-state elements of " + p.name +
+                        " this stage needs (a slice is missing)");
+    const at::Tensor& owner = stage.optimizer().params()[i % owners.size()];
+    s[i] = host.view(owner.sizes()).to(owner.device());
+  }
+  stage.optimizer().restore(s, optimizer.value("steps", int64_t{0}));
+}
+
+// The manifest of checkpoint `step` where it has an index (written since checkpoints move).
+std::optional<Json> indexed_manifest(const std::string& dir, int64_t step) {
+  if (!std::ifstream(manifest_path(dir, step)).good()) return std::nullopt;
+  Json m = Json::parse(read_text_file(manifest_path(dir, step)));
+  if (!m.contains("index")) return std::nullopt;
+  return m;
+}
+
 }  // namespace
+
+bool checkpoint_moves(const std::string& dir, int64_t step) {
+  try {
+    return indexed_manifest(dir, step).has_value();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage, const CheckpointIdentity& id) {
   const std::string path = stage_file(dir, step, stage.config().stage);
@@ -462,6 +654,8 @@ void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage,
   const std::string state_path = replica > 0 ? stage_file(dir, step, stage.config().stage, replica) : "";
   quiet_errors();
   try {
+    if (const std::optional<Json> manifest = indexed_manifest(dir, step))
+      return read_by_index(dir, step, stage, id, *manifest);
     if (!stage.zero_shard() && !same_split(path, stage, id)) return read_by_name(dir, step, stage, id);
     if (H5Fis_hdf5(path.c_str()) <= 0) throw ConfigError("checkpoint file '" + path + "' is missing or unreadable");
     read_stage_file(path, stage, id, state_path);

@@ -2,7 +2,9 @@
 // Checkpoints of a pipeline run: every stage writes its parameters (with their names and shapes),
 // optimizer state and the next step to DIR/step-<k>/stage-<x>.h5 (temporary name, then rename);
 // when all stages have written, rank 0 writes DIR/step-<k>/manifest.json (every file's size and
-// checksum: the mark of a complete checkpoint), points DIR/latest at step k (each atomically)
+// checksum: the mark of a complete checkpoint; and the index: per parameter name, which file
+// holds it and which slices of its optimizer state each file holds, so that a run on another
+// layout reads just what it needs), points DIR/latest at step k (each atomically)
 // and removes what is older than the last K complete checkpoints. A crash at any moment leaves
 // `latest` naming a complete checkpoint. Resuming reads `latest`, or the step asked for, after
 // checking every file against the manifest.
@@ -43,6 +45,10 @@ void write_checkpoint(const std::string& dir, int64_t next_step, const std::vect
 // rank 0 calls it before anything else.
 int64_t checked_resume_step(const std::string& dir, int64_t requested);
 
+// Whether checkpoint `step` in `dir` resumes on any layout (its manifest indexes every tensor
+// and slice): any split, data-parallel width and sharding level.
+bool checkpoint_moves(const std::string& dir, int64_t step);
+
 // The steps of DIR's complete checkpoints (a step directory with its manifest), newest first.
 std::vector<int64_t> complete_checkpoints(const std::string& dir);
 
@@ -73,10 +79,13 @@ struct CheckpointTensor {
 std::vector<CheckpointTensor> checkpoint_parameters(const std::string& dir, int64_t step);
 
 // Loads this stage's parameters and optimizer state of checkpoint `step` (under ZeRO its
-// replica's shard of the state). A checkpoint of another split (another stage count or plan)
-// without sharding is read by name: each parameter, and its optimizer state, from whichever
-// stage file holds it. Throws ConfigError when the checkpoint belongs to another model or
-// optimizer, or, sharded, to another split, sharding level or replica count.
+// replica's shard of the state). A checkpoint with an index in its manifest (checkpoint_moves)
+// is read on any layout: each parameter by its model name, and each tensor the optimizer
+// updates (a whole parameter, or a piece of a ZeRO shard) from the slices of the written state
+// that overlap it, whatever split, replica count and sharding level wrote them. One written
+// before the index: without sharding by name from whichever stage file holds a parameter; sharded,
+// only on its own split, level and replica count. Throws ConfigError when the checkpoint belongs
+// to another model or optimizer, or cannot serve this layout.
 void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage, const CheckpointIdentity& id);
 
 }  // namespace dawnpiper

@@ -36,6 +36,21 @@ void read_floats(hid_t group, const std::string& name, float* data, size_t count
   if (n) check(H5Dread(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "read " + name);
 }
 
+void read_float_range(hid_t group, const std::string& name, int64_t total, int64_t offset, float* data, int64_t count) {
+  Handle set(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose, "open dataset " + name);
+  Handle space(H5Dget_space(set), H5Sclose, "get dataspace");
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space, &n, nullptr);
+  if (static_cast<int64_t>(n) != total || offset < 0 || count < 0 || offset + count > total)
+    throw std::runtime_error("dataset " + name + " has " + std::to_string(n) + " values, expected " +
+                             std::to_string(total));
+  if (count == 0) return;
+  const hsize_t start[1] = {static_cast<hsize_t>(offset)}, length[1] = {static_cast<hsize_t>(count)};
+  check(H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, length, nullptr), "select in " + name);
+  Handle memory(H5Screate_simple(1, length, nullptr), H5Sclose, "create dataspace");
+  check(H5Dread(set, H5T_NATIVE_FLOAT, memory, space, H5P_DEFAULT, data), "read " + name);
+}
+
 void write_strings(hid_t group, const std::string& name, const std::vector<std::string>& values) {
   std::vector<const char*> ptrs;
   for (const auto& v : values) ptrs.push_back(v.c_str());

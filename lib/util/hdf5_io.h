@@ -92,6 +92,8 @@ bool has_attr(hid_t obj, const std::string& name);
 void write_floats(hid_t group, const std::string& name, const float* data, size_t count);
 // Reads a float32 dataset of exactly `count` elements into data; throws if the size differs.
 void read_floats(hid_t group, const std::string& name, float* data, size_t count);
+// Reads elements [offset, offset + count) of a float32 dataset of exactly `total` elements.
+void read_float_range(hid_t group, const std::string& name, int64_t total, int64_t offset, float* data, int64_t count);
 
 void write_strings(hid_t group, const std::string& name, const std::vector<std::string>& values);
 std::vector<std::string> read_strings(hid_t group, const std::string& name);

@@ -6,8 +6,9 @@
 # --resume-from STEP, which resumes to the uninterrupted run's losses bitwise; a 2-rank
 # checkpoint resumed on 1 and 3 ranks (a new plan, tensors read by name) trains the uninterrupted
 # run's losses within 1e-6; so does a resume with another schedule, memopt, --device-memory or
-# layout of the same global batch (a new plan); another global batch or optimizer, or a sharded
-# checkpoint on another plan, is refused before profiling; a resume past a damaged step keeps
+# layout of the same global batch (a new plan), a sharded checkpoint too; another global batch or
+# optimizer, or a sharded checkpoint written before the index on another plan, is refused before
+# profiling; a resume past a damaged step keeps
 # its own line's checkpoints; export-weights writes any kept checkpoint's weights as
 # --save-weights writes them, byte for byte.
 # usage: run_checkpoint_tests.sh path/to/dawnpiper
@@ -146,16 +147,31 @@ mpi2 "${run[@]}" --steps 7 --checkpoint-dir "$work/r" --resume --micro-batch-siz
 if grep -qF "(samples 48 to 95 are read again)" "$work/out" && grep -qF "$serves (--micro-batch-size 4 -> 2)" "$work/out" &&
    grep -q "micro-batch 2 x 4" "$work/out" && grep -q '"micro_batch_size": 2' "$work/r/plan.json"; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: another micro-batch size, overridden"; cat "$work/out" "$work/err"; fi
-# A sharded checkpoint resumes only on its own plan: another schedule is refused before profiling.
+# A sharded checkpoint moves to another plan (its manifest's index: ctest zero moves one across
+# levels, replica and stage counts): steps 2-3 under zb-h1 within 1e-6 of the uninterrupted run's.
+# Without its index (one written before it) it resumes only on its own plan: refused before
+# profiling.
+zfull=$(timeout 120 mpirun --oversubscribe -np 4 "$bin" "${run[@]}" --steps 4 --stages 2 --zero-stage 1 \
+  --checkpoint-dir "$work/zfull" 2>&1 | losses)
 timeout 120 mpirun --oversubscribe -np 4 "$bin" "${run[@]}" --steps 2 --stages 2 --zero-stage 1 --checkpoint-dir "$work/z" \
   --quiet >/dev/null 2>"$work/err"
 cp -r "$work/z" "$work/r-z"
 timeout 120 mpirun --oversubscribe -np 4 "$bin" "${run[@]}" --steps 4 --stages 2 --zero-stage 1 --schedule zb-h1 \
   --checkpoint-dir "$work/r-z" --resume >"$work/out" 2>"$work/err"
+if grep -qF "$serves (--schedule 1f1b -> zb-h1)" "$work/out" && within_1e6 "$(losses <"$work/out")" "$(echo "$zfull" | tail -2)"
+then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: a sharded checkpoint on another plan"
+  echo "$zfull"; cat "$work/out" "$work/err"; fi
+rm -rf "$work/r-z" && cp -r "$work/z" "$work/r-z"
+python3 -c 'import json, sys; p = sys.argv[1]; m = json.load(open(p)); del m["index"]; json.dump(m, open(p, "w"))' \
+  "$work/r-z/step-2/manifest.json"
+timeout 120 mpirun --oversubscribe -np 4 "$bin" "${run[@]}" --steps 4 --stages 2 --zero-stage 1 --schedule zb-h1 \
+  --checkpoint-dir "$work/r-z" --resume >"$work/out" 2>"$work/err"
 code=$?
-if [ $code -eq 2 ] && grep -qF "the checkpoint in $work/r-z is sharded (--zero-stage 1) and resumes only on the plan it was \
-written with, and this run changes --schedule 1f1b -> zb-h1" "$work/err" && ! grep -q "^profile" "$work/out"; then
-  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: a sharded checkpoint on another plan (exit $code)"; cat "$work/out" "$work/err"; fi
+if [ $code -eq 2 ] && grep -qF "the checkpoint in $work/r-z is sharded (--zero-stage 1) and was written before checkpoints \
+had an index: it resumes only on the plan it was written with, and this run changes --schedule 1f1b -> zb-h1" "$work/err" &&
+   ! grep -q "^profile" "$work/out"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: an old sharded checkpoint on another plan (exit $code)"
+  cat "$work/out" "$work/err"; fi
 
 # --resume-from 4 past a damaged step 6, its one checkpoint at step 7: steps 4 and 7 stay (the
 # line it continues), the damaged step 6 goes; steps 4-6 the uninterrupted run's, bitwise.
