@@ -91,6 +91,8 @@ std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const Ran
   return plan.to_json();
 }
 
+}  // namespace
+
 // What a resumed run asks of its plan that the checkpoint's plan (`saved`) was not made for, as
 // "--option old -> new" items; "" where the saved plan serves. Options the command line leaves
 // out have the saved plan's values (adopt_plan_settings); --device-memory counts where given,
@@ -152,8 +154,6 @@ std::string resumed_plan_changes(const Plan& saved, const OpGraph& graph, const 
       }
   return changes;
 }
-
-}  // namespace
 
 std::optional<GivenPlan> read_given_plan(const std::string& path, int rank) {
   if (path.empty()) return std::nullopt;

@@ -30,9 +30,15 @@ std::optional<GivenPlan> read_checkpoint_plan(const std::string& dir, int rank);
 // where it asks for nothing that plan was not made for (stage and replica count, schedule,
 // planner, memopt, micro-batching, optimizer, sharding, a given --device-memory) and the plan's
 // predicted peaks fit the memory; otherwise rank 0 says why and plans anew (each stage then reads
-// its tensors by name), or refuses where the checkpoint is sharded.
+// its tensors by name), or refuses where the checkpoint is sharded and has no index.
 Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, const RankLayout& layout,
                  const TrainOptions& o, c10::Device device, int rank);
+
+// What a resumed run asks of its checkpoint's plan (`saved`) that it was not made for, as
+// "--option old -> new" items, or that its predicted peak is above the memory a rank may fill
+// now; "" where the saved plan serves.
+std::string resumed_plan_changes(const Plan& saved, const OpGraph& graph, const TrainOptions& o,
+                                 const RankLayout& layout, c10::Device device);
 
 // What the runtime builds this rank's stage with.
 PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const RankLayout& layout, const TrainOptions& o,
