@@ -4,7 +4,7 @@
 # altered or missing file, or a damaged `latest`, is named in one line (exit 2, no rank left
 # waiting) before anything is printed, with the newest complete earlier checkpoint and
 # --resume-from STEP, which resumes to the uninterrupted run's losses bitwise; a 2-rank
-# checkpoint resumed on 1 and 3 ranks (a new plan, tensors read by name) trains the uninterrupted
+# checkpoint resumed on 1, 3 and 4 ranks (a new plan, tensors read by name) trains the uninterrupted
 # run's losses within 1e-6; so does a resume with another schedule, memopt, --device-memory or
 # layout of the same global batch (a new plan), a sharded checkpoint too; another global batch or
 # optimizer, or a sharded checkpoint written before the index on another plan, is refused before
@@ -79,7 +79,7 @@ if [ -n "$resumed" ] && [ "$resumed" = "$(echo "$full" | tail -3)" ] && [ "$(dir
 # 6-7 within 1e-6 of the uninterrupted 2-rank run's.
 within_1e6() { [ -n "$1" ] && paste <(echo "$1") <(echo "$2") | awk 'NF != 2 { bad = 1 } { d = ($1 - $2) / $2; if (d < 0) d = -d;
   if (d > 1e-6) bad = 1 } END { exit bad }'; }
-for n in 1 3; do
+for n in 1 3 4; do
   cp -r "$work/ck" "$work/moved$n"
   timeout 120 mpirun --oversubscribe -np $n "$bin" "${run[@]}" --steps 8 --checkpoint-dir "$work/moved$n" --resume >"$work/out" 2>"$work/err"
   if grep -qF "note: the checkpoint's plan ($work/moved$n/plan.json) does not serve this run (--stages 2 -> $n): planning anew" "$work/out" &&
