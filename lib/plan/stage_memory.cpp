@@ -213,7 +213,9 @@ void StageReplay::place_weights() {
     // What each node reads: its own parameters, and a tied weight's owner or the copy here (held
     // by its last user in the stage).
     gather_reads_.assign(n_nodes, {});
+    param_reads_.assign(n_nodes, {});
     next_reader_.assign(n_nodes, -1);
+    next_param_reader_.assign(n_nodes, -1);
     // A view a parameter reader makes (a position embedding's slice, a transposed weight) and
     // views of it keep the buckets until their readers have run (the runtime looks at what
     // the forward still holds).
@@ -226,6 +228,8 @@ void StageReplay::place_weights() {
         const int holder = in_range(owner) ? owner : tied_users.at(owner).front();
         if (zero_bucket_of_[at(holder - b_)] >= 0) reads.push_back(zero_bucket_of_[at(holder - b_)]);
       }
+      param_reads_[at(n - b_)] = reads;
+      std::sort(param_reads_[at(n - b_)].begin(), param_reads_[at(n - b_)].end());
       for (int t : model_.inputs(n))
         if (auto v = views.find(t); v != views.end()) reads.insert(reads.end(), v->second.begin(), v->second.end());
       std::sort(reads.begin(), reads.end());
@@ -233,9 +237,11 @@ void StageReplay::place_weights() {
       for (int t : p_.nodes[at(n)].outputs)
         if (!reads.empty() && !model_.is_internal(t) && !model_.owns_storage()[at(t)]) views[t] = reads;
     }
-    for (int n = e_ - 1, next = -1; n >= b_; --n) {
+    for (int n = e_ - 1, next = -1, next_param = -1; n >= b_; --n) {
       next_reader_[at(n - b_)] = next;
+      next_param_reader_[at(n - b_)] = next_param;
       if (!gather_reads_[at(n - b_)].empty()) next = n;
+      if (!param_reads_[at(n - b_)].empty()) next_param = n;
     }
     gathered_.assign(zero_buckets_.size(), 0);
     gather_unmade_.assign(zero_buckets_.size(), 0);

@@ -337,14 +337,19 @@ class StageReplay final : public ActionHooks {
   // forward let go after the last of a run of readers, in the backward once its nodes have made
   // their gradients (the rest at the micro-batch's end). Per node
   // offset the buckets it reads and the next node reading any; per bucket whether it is
-  // gathered and its nodes still to make their gradients.
+  // gathered and its nodes still to make their gradients. The forward gathers one reader ahead
+  // (ZeroShard::before_forward_node): a node reading parameters of its own (param_reads_, not
+  // through a view) gathers the next such node's buckets too, kept until that node has run.
   bool zero_gathers() const { return model_.zero_stage() >= 3; }
   void gather_read(int i);
+  void gather_buckets(const std::vector<int>& buckets, int node);
+  void gather_forward(int i);
   void after_forward_node(int i);
   void gather_released(int i);  // node i made its gradients
   void release_gathered();
   std::vector<std::vector<int>> gather_reads_;
-  std::vector<int> next_reader_, gather_unmade_;
+  std::vector<std::vector<int>> param_reads_;
+  std::vector<int> next_reader_, next_param_reader_, gather_unmade_;
   std::vector<char> gathered_;
   int64_t version_ = 0;
   std::map<int64_t, int> version_users_;

@@ -153,22 +153,33 @@ void StageReplay::zero_end_micro_batch() {
     if (k >= 0) ++zero_waiting_[at(k)];
 }
 
-void StageReplay::gather_read(int i) {
-  for (int k : gather_reads_[at(i - b_)]) {
+void StageReplay::gather_read(int i) { gather_buckets(gather_reads_[at(i - b_)], i); }
+
+void StageReplay::gather_buckets(const std::vector<int>& buckets, int node) {
+  for (int k : buckets) {
     if (gathered_[at(k)]) continue;
     live_ += zero_buckets_[at(k)];
-    note(live_, i);
+    note(live_, node);
     gathered_[at(k)] = 1;
   }
 }
 
+void StageReplay::gather_forward(int i) {
+  gather_read(i);
+  if (param_reads_[at(i - b_)].empty()) return;
+  if (const int ahead = next_param_reader_[at(i - b_)]; ahead >= 0) gather_buckets(param_reads_[at(ahead - b_)], i);
+}
+
 void StageReplay::after_forward_node(int i) {
   if (gather_reads_[at(i - b_)].empty()) return;
-  const int next = next_reader_[at(i - b_)];
+  const int next = next_reader_[at(i - b_)], ahead = next_param_reader_[at(i - b_)];
+  auto kept = [&](int reader, const std::vector<std::vector<int>>& reads, size_t k) {
+    if (reader < 0) return false;
+    const std::vector<int>& keep = reads[at(reader - b_)];
+    return std::binary_search(keep.begin(), keep.end(), static_cast<int>(k));
+  };
   for (size_t k = 0; k < gathered_.size(); ++k) {
-    if (!gathered_[k]) continue;
-    const std::vector<int>* keep = next >= 0 ? &gather_reads_[at(next - b_)] : nullptr;
-    if (keep && std::binary_search(keep->begin(), keep->end(), static_cast<int>(k))) continue;
+    if (!gathered_[k] || kept(next, gather_reads_, k) || kept(ahead, param_reads_, k)) continue;
     live_ -= zero_buckets_[k];
     gathered_[k] = 0;
   }

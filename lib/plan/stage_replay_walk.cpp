@@ -18,7 +18,7 @@ void StageReplay::forward_nodes(int64_t mb, MicroBatch& m) {
   for (int n = b_; n < e_; ++n) {
     const NodeProfile& node = p_.nodes[at(n)];
     if (model_.node_class(n) == NodeClass::Input) continue;
-    if (zero_gathers()) gather_read(n);
+    if (zero_gathers()) gather_forward(n);
     int64_t out = 0;
     for (int t : node.outputs)
       if (allocates(t)) out += bytes(t);

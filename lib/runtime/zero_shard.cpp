@@ -137,6 +137,7 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
     bucket_storage_.push_back(std::move(storage));
   }
   gathered_.assign(buckets, 0);
+  gathering_.assign(buckets, MPI_REQUEST_NULL);
   released_on_.assign(params_.size(), 0);
   node_buckets_.resize(reads.size());
   for (size_t n = 0; n < reads.size(); ++n) {
@@ -157,6 +158,7 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
 ZeroShard::~ZeroShard() {
   for (Travelling& t : travelling_)  // (an error unwinds the stage)
     if (t.request != MPI_REQUEST_NULL) keep_until_exit(std::move(t));
+  if (any_in_flight(gathering_)) keep_until_exit(std::make_pair(shard_, bucket_storage_));
   for (size_t p = 0; p < bucket_of_.size(); ++p)
     if (hooked(p)) torch::autograd::impl::set_post_acc_grad_hooks(params_[p], nullptr);
 }
@@ -174,20 +176,24 @@ void ZeroShard::count_parameters() {
     if (b >= 0) ++unaccumulated_[static_cast<size_t>(b)];
 }
 
-void ZeroShard::gather(size_t bucket) {
+void ZeroShard::start_gather(size_t bucket) {
   if (gathered_[bucket]) return;
   const ShardLayout::Bucket& b = layout_.buckets[bucket];
   c10::StorageImpl* storage = bucket_storage_[bucket].unsafeGetStorageImpl();
   at::native::resize_bytes_cpu(storage, static_cast<size_t>(b.chunk * layout_.replicas) * sizeof(float));
-  MPI_Request request = MPI_REQUEST_NULL;
   MPI_Iallgather(shard_.data_ptr<float>() + b.shard_offset, mpi_count(b.chunk), MPI_FLOAT, storage->mutable_data(),
-                 mpi_count(b.chunk), MPI_FLOAT, comm_, &request);
-  wait_quietly(request);
+                 mpi_count(b.chunk), MPI_FLOAT, comm_, &gathering_[bucket]);
   gathered_[bucket] = 1;
+}
+
+void ZeroShard::gather(size_t bucket) {
+  start_gather(bucket);
+  if (gathering_[bucket] != MPI_REQUEST_NULL) wait_quietly(gathering_[bucket]);
 }
 
 void ZeroShard::release(size_t bucket) {
   if (!gathered_[bucket]) return;
+  if (gathering_[bucket] != MPI_REQUEST_NULL) wait_quietly(gathering_[bucket]);  // (never read: a reader skipped)
   at::native::resize_bytes_cpu(bucket_storage_[bucket].unsafeGetStorageImpl(), 0);
   gathered_[bucket] = 0;
 }
@@ -216,16 +222,31 @@ void ZeroShard::gather(const std::vector<size_t>& buckets) {
 }
 
 void ZeroShard::before_forward_node(size_t node, const std::vector<at::Tensor>& env) {
-  const int next =
-      node < next_reader_.size() ? (node_buckets_[node].empty() ? next_reader_[node] : static_cast<int>(node)) : -1;
-  for (size_t b = 0; b < gathered_.size(); ++b) {
-    if (!gathered_[b]) continue;
-    if (next >= 0) {
-      const std::vector<size_t>& keep = node_buckets_[static_cast<size_t>(next)];
-      if (std::binary_search(keep.begin(), keep.end(), b)) continue;
+  // Open MPI advances a non-blocking collective only inside MPI calls: the gathers under way
+  // move on between nodes.
+  for (MPI_Request& r : gathering_)
+    if (r != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
     }
+  const bool reads = node < next_reader_.size() && !node_buckets_[node].empty();
+  const int next = node < next_reader_.size() ? (reads ? static_cast<int>(node) : next_reader_[node]) : -1;
+  // One reader ahead: a reader's buckets, and those of the reader after it, which travel while
+  // it computes.
+  const int ahead = reads ? next_reader_[node] : -1;
+  auto kept = [&](int reader, size_t b) {
+    if (reader < 0) return false;
+    const std::vector<size_t>& keep = node_buckets_[static_cast<size_t>(reader)];
+    return std::binary_search(keep.begin(), keep.end(), b);
+  };
+  for (size_t b = 0; b < gathered_.size(); ++b) {
+    if (!gathered_[b] || kept(next, b) || kept(ahead, b)) continue;
     if (std::none_of(env.begin(), env.end(), [&](const at::Tensor& t) { return views(t, b); })) release(b);
   }
+  if (!reads) return;
+  for (size_t b : node_buckets_[node]) start_gather(b);  // (its parameter gate waits for them)
+  if (ahead >= 0)
+    for (size_t b : node_buckets_[static_cast<size_t>(ahead)]) start_gather(b);
 }
 
 void ZeroShard::gather_all() {

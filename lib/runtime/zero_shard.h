@@ -41,7 +41,10 @@
 // backward does and lets everything go at its end (nothing accumulates there); its weight pass
 // gathers node by node again, released as in a backward. Saved tensors are the parameters or
 // views of them: they share the storage, which a gather fills again before a function reads it.
-// Gathers are blocking.
+// The forward gathers one reader ahead: before a node that reads parameters, its buckets' and
+// the next reader's all-gathers start (non-blocking), and the parameter gate waits for its own;
+// the next reader's travel while it computes. The backward's gathers are blocking (its order is
+// autograd's).
 //
 // MPI on host memory (the CPU path). Every call is collective over the replicas, in the same
 // order on every replica.
@@ -130,7 +133,9 @@ class ZeroShard {
   // The backward is about to run functions that read `buckets` (a node's output gradient came).
   void gather(const std::vector<size_t>& buckets);
   // A forward is about to run node `node` (past the last: its end): the buckets that neither the
-  // next node reading parameters reads nor a tensor of `env` views go.
+  // next node reading parameters reads (nor, where `node` reads them, the reader after it) nor a
+  // tensor of `env` views go; where `node` reads parameters, its buckets' all-gathers and the
+  // next reader's start.
   void before_forward_node(size_t node, const std::vector<at::Tensor>& env);
   // Every bucket gathered (a checkpoint, the run's end), or every one let go. Below level 3
   // these and keep_parameters do nothing.
@@ -158,8 +163,10 @@ class ZeroShard {
   std::vector<std::vector<size_t>> node_buckets_;  // per node offset: the buckets it reads
   std::vector<int> next_reader_;                   // per node offset: the next node reading parameters from it, -1
   std::vector<char> gathered_, released_on_;       // per bucket / per parameter (accumulated this micro-batch)
+  std::vector<MPI_Request> gathering_;             // per bucket: its all-gather while under way
   std::vector<int> unaccumulated_;                 // per bucket: its parameters not yet accumulated
-  void gather(size_t bucket);
+  void start_gather(size_t bucket);  // its all-gather under way (gathering_)
+  void gather(size_t bucket);        // started if not, and complete
   void release(size_t bucket);
   void count_parameters();                               // unaccumulated_ for a new micro-batch
   bool hooked(size_t param) const;                       // told when autograd accumulates it
