@@ -165,8 +165,8 @@ class ZeroShard {
   std::vector<char> gathered_, released_on_;       // per bucket / per parameter (accumulated this micro-batch)
   std::vector<MPI_Request> gathering_;             // per bucket: its all-gather while under way
   std::vector<int> unaccumulated_;                 // per bucket: its parameters not yet accumulated
-  void start_gather(size_t bucket);  // its all-gather under way (gathering_)
-  void gather(size_t bucket);        // started if not, and complete
+  void start_gather(size_t bucket);                // its all-gather under way (gathering_)
+  void gather(size_t bucket);                      // started if not, and complete
   void release(size_t bucket);
   void count_parameters();                               // unaccumulated_ for a new micro-batch
   bool hooked(size_t param) const;                       // told when autograd accumulates it
