@@ -37,7 +37,8 @@ po::options_description plan_options() {
       ("device-spec", po::value<std::string>(), "without --profile-in: plan --model from an analytic profile "
                                                 "for this device (a100-40gb | h100-80gb | spec file)")
       ("memory", po::value<std::string>(), "device memory per stage (default: the device spec's, else unlimited)")
-      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd | adam | adamw (optimizer state in the memory model)")
+      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, name_of(OptimizerKind::Sgd)),
+       (enum_help<OptimizerKind>() + " (optimizer state in the memory model)").c_str())
       ("host-bandwidth", po::value<std::string>(), "device<->host bytes/s for swaps, e.g. 24GB")
       ("link-bandwidth", po::value<std::string>(), "stage<->stage bytes/s, e.g. 10GB")
       ("max-batch", po::bool_switch(), "find the largest micro-batch size with a feasible plan")

@@ -49,7 +49,8 @@ po::options_description profile_options() {
        "node times from whole training steps (in-step; falls back to isolated when the step does "
        "not fit) or from each node run alone (isolated)")
       ("share-blocks", po::bool_switch(), "profile repeated layers/cells once and reuse the numbers")
-      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd | adam | adamw: optimizer of the cross-check step")
+      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, name_of(OptimizerKind::Sgd)),
+       (enum_help<OptimizerKind>() + ": optimizer of the cross-check step").c_str())
       ("no-step-check", po::bool_switch(), "skip the whole-step measurement (models that do not fit)")
       ("analytic", po::bool_switch(), "estimate from shapes and a device spec instead of measuring")
       ("device-spec", po::value<std::string>(), "with --analytic: a100-40gb | h100-80gb | spec file");

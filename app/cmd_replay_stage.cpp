@@ -27,7 +27,7 @@ po::options_description replay_options() {
       ("plan", po::value<std::string>(), "plan JSON (`dawnpiper plan --out` or `train --plan-out`); required")
       ("stage", po::value<int>(), "the stage to run; required")
       ("steps", po::value<int64_t>()->default_value(3), "steps to run (the first is a warm-up, not timed)")
-      ("optimizer", po::value<OptimizerKind>(), "sgd | adam | adamw (default: the plan's)")
+      ("optimizer", po::value<OptimizerKind>(), (enum_help<OptimizerKind>() + " (default: the plan's)").c_str())
       ("lr", po::value<double>()->default_value(0.01), "learning rate");
   // clang-format on
   po::options_description options;

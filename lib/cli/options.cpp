@@ -37,7 +37,7 @@ po::options_description run_options(const RunOptionSet& set) {
                     "micro-batches per step (mini-batch = size x count)");
   // clang-format off
   d.add_options()
-      ("device", po::value<DeviceKind>()->default_value(DeviceKind::Cpu, "cpu"), "cpu | cuda")
+      ("device", po::value<DeviceKind>()->default_value(DeviceKind::Cpu, name_of(DeviceKind::Cpu)), enum_help<DeviceKind>().c_str())
       ("device-memory", po::value<std::string>(), "device memory capacity per rank, e.g. 512MiB, 40GiB (CPU: enforced by the counting allocator; CUDA: the "
                                                      "caching allocator's limit; train on CUDA without it: the GPU's free memory "
                                                      "shared by its ranks)");

@@ -214,13 +214,15 @@ po::options_description train_options() {
       ("eval-batches", po::value<int64_t>()->default_value(4), "micro-batches of the validation split per evaluation")
       ("eval-only", po::bool_switch(), "report the validation loss of the starting weights (--resume's checkpoint, "
                                        "--init-from's or the seed's) and train nothing")
-      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, "sgd"), "sgd (with momentum) | adam | adamw")
+      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, name_of(OptimizerKind::Sgd)),
+       (enum_help<OptimizerKind>() + " (sgd with --momentum)").c_str())
       ("lr", po::value<double>()->default_value(0.01), "learning rate (the schedule's peak)")
       ("momentum", po::value<double>()->default_value(0.9), "SGD momentum")
       ("weight-decay", po::value<double>()->default_value(0.0), "weight decay of matrices and embeddings (not of biases "
                                                                  "and norms): decoupled under adamw, L2 under sgd and adam")
-      ("lr-schedule", po::value<LrScheduleKind>()->default_value(LrScheduleKind::Constant, "constant"),
-       "constant | cosine | linear (decay to --min-lr at the last step), after --warmup-steps (transformers' schedules)")
+      ("lr-schedule", po::value<LrScheduleKind>()->default_value(LrScheduleKind::Constant, name_of(LrScheduleKind::Constant)),
+       (enum_help<LrScheduleKind>() + " (cosine and linear decay to --min-lr at the last step), after --warmup-steps "
+        "(transformers' schedules)").c_str())
       ("warmup-steps", po::value<int64_t>()->default_value(0), "steps of linear warmup from 0 to --lr")
       ("min-lr", po::value<double>()->default_value(0.0), "where cosine and linear decay end")
       ("grad-clip", po::value<double>()->default_value(0.0), "clip the global gradient norm (over every stage) to this before each "

@@ -46,6 +46,14 @@ std::string enum_choices() {
   return text;
 }
 
+// "a | b | c": the choices as an option's help lists them.
+template <class E>
+std::string enum_help() {
+  std::string text;
+  for (const auto& [value, name] : EnumNames<E>::table) text += (text.empty() ? "" : " | ") + std::string(name);
+  return text;
+}
+
 template <class E>
 E from_name(const std::string& name) {
   for (const auto& [v, n] : EnumNames<E>::table)
