@@ -108,6 +108,17 @@ std::string global_batch_change(const Json& saved, const Json& now, int64_t step
 
 }  // namespace
 
+void agreed_on_rank0(const std::function<void()>& check, int rank) {
+  std::string problem;
+  if (rank == 0) try {
+      check();
+    } catch (const ConfigError& e) {
+      problem = "!" + e.reason();
+    }
+  broadcast_string_quietly(problem, 0, MPI_COMM_WORLD);
+  if (!problem.empty()) throw ConfigError(problem.substr(1));
+}
+
 int64_t agreed_resume_step(const std::string& dir, int64_t requested, int rank) {
   std::string answer;  // the step, or "!" and what is wrong
   if (rank == 0) try {
@@ -132,6 +143,16 @@ void check_resumed_run(const OpGraph& graph, const TrainOptions& o, int64_t step
   const Json& saved = *found;
   const bool training = !o.eval_only;
   const Json now = run_identity(graph, o, training);
+  // Another model's checkpoint cannot be read, overridden or not: named by its first tensor.
+  if (saved.contains("model") && saved["model"] != now["model"]) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> params;
+    for (const Node& n : graph.nodes)
+      for (const ParamSpec& p : n.params)
+        if (!p.tied()) params.push_back({p.source.empty() ? n.name + "." + p.name : p.source, p.shape});
+    if (const std::string mismatch = checkpoint_parameter_mismatch(o.checkpoint_dir, step, params); !mismatch.empty())
+      throw ConfigError("--resume: the checkpoint in " + o.checkpoint_dir + " is of another model: " + mismatch +
+                        " (another --model, --model-file or model option than the run that wrote it?)");
+  }
   if (now.contains("zero-stage")) check_layout(saved, now, o.checkpoint_dir, step);
   std::string changes;
   for (const auto& [key, value] : now.items())

@@ -1,6 +1,7 @@
 #pragma once
 // What a resumed `train` run must repeat of the run that wrote its checkpoint: DIR/run.json,
 // written beside the checkpoints (run/agreed_plan.h) and checked on --resume.
+#include <functional>
 #include <optional>
 
 #include "cli/train_options.h"
@@ -22,6 +23,10 @@ std::optional<Json> saved_run(const TrainOptions& o);
 // `latest` names), its checkpoint checked file by file on rank 0 (runtime/checkpoint.h) before
 // anything is printed; every rank throws the same ConfigError where it is missing or damaged.
 int64_t agreed_resume_step(const std::string& dir, int64_t requested, int rank);
+
+// Collective over MPI_COMM_WORLD: runs `check` on rank 0; where it throws a ConfigError every rank
+// throws the same one (the job then ends with its one line, no rank aborting alone).
+void agreed_on_rank0(const std::function<void()>& check, int rank);
 // Rank 0 of a resumed run from checkpoint `step`: refuses settings that differ from the
 // checkpoint's run, naming each, unless --resume-override (then says what changes). The
 // micro-batch size, micro-batches and replicas may change where the global batch they make

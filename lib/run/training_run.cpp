@@ -198,7 +198,7 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
                     o.checkpoint_dir.c_str(), first_step);
       return 0;
     }
-    if (rank == 0) check_resumed_run(graph, o, first_step);
+    agreed_on_rank0([&] { check_resumed_run(graph, o, first_step); }, rank);
     if (rank == 0 && !o.quiet)
       std::printf("resuming from the checkpoint at step %" PRId64 " in %s\n", first_step, o.checkpoint_dir.c_str());
   }

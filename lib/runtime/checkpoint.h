@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/pipeline_stage.h"
@@ -48,6 +49,12 @@ int64_t checked_resume_step(const std::string& dir, int64_t requested);
 // Whether checkpoint `step` in `dir` resumes on any layout (its manifest indexes every tensor
 // and slice): any split, data-parallel width and sharding level.
 bool checkpoint_moves(const std::string& dir, int64_t step);
+
+// Where checkpoint `step`'s index (checkpoint_moves) disagrees with a model's parameters (name
+// and shape each): "holds no parameter N" or "holds N with shape [..], this model's is [..]" for
+// the first that differs, or a tensor the model lacks; "" where they agree or there is no index.
+std::string checkpoint_parameter_mismatch(const std::string& dir, int64_t step,
+                                          const std::vector<std::pair<std::string, std::vector<int64_t>>>& params);
 
 // The steps of DIR's complete checkpoints (a step directory with its manifest), newest first.
 std::vector<int64_t> complete_checkpoints(const std::string& dir);

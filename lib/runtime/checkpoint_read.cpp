@@ -273,6 +273,30 @@ bool checkpoint_moves(const std::string& dir, int64_t step) {
   }
 }
 
+std::string checkpoint_parameter_mismatch(const std::string& dir, int64_t step,
+                                          const std::vector<std::pair<std::string, std::vector<int64_t>>>& params) {
+  std::optional<Json> manifest;
+  try {
+    manifest = indexed_manifest(dir, step);
+  } catch (const std::exception&) {
+    return "";  // (a damaged manifest is checked_resume_step's to name)
+  }
+  if (!manifest) return "";
+  const Json& index = (*manifest)["index"];
+  const std::string where = step_dir(dir, step);
+  std::set<std::string> names;
+  for (const auto& [name, shape] : params) {
+    names.insert(name);
+    if (!index.contains(name)) return "checkpoint " + where + " holds no parameter " + name;
+    if (index[name]["shape"].get<std::vector<int64_t>>() != shape)
+      return "checkpoint " + where + " holds " + name + " with shape " + index[name]["shape"].dump() +
+             ", this model's is " + Json(shape).dump();
+  }
+  for (const auto& [name, entry] : index.items())
+    if (!names.count(name)) return "checkpoint " + where + " holds " + name + ", which this model has not";
+  return "";
+}
+
 void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage, const CheckpointIdentity& id) {
   const std::string path = stage_file(dir, step, stage.config().stage);
   const int replica = stage.zero_shard() ? stage.config().replica : 0;

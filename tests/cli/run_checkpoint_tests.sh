@@ -122,6 +122,18 @@ refused() {
 doubled="the global batch (micro-batch size x micro-batches x replicas) 16 (4 x 4 x 1) -> 32 (4 x 4 x 2); the data goes \
 on by step: step 6 reads from sample 192, where the checkpoint's run had read 96 (samples 96 to 191 are skipped)"
 refused "another data-parallel width" 4 "this one changes $doubled: repeat its values, or give --resume-override" --stages 2
+# Another model's checkpoint, overridden or not: its first tensor named, before profiling.
+for override in "" --resume-override; do
+  rm -rf "$work/r" && cp -r "$work/ck" "$work/r"
+  # shellcheck disable=SC2086
+  timeout 120 mpirun --oversubscribe -np 2 "$bin" train --model mlp-tiny --optimizer adam --lr 0.001 --steps 8 \
+    --checkpoint-dir "$work/r" --resume $override >"$work/out" 2>"$work/err"
+  code=$?
+  if [ $code -eq 2 ] && [ "$(grep -c "dawnpiper: error" "$work/err")" -eq 1 ] &&
+     grep -qF "is of another model: checkpoint $work/r/step-6 holds no parameter layer0.fc.weight" "$work/err" &&
+     ! grep -q "^profile\|^training" "$work/out"; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: another model's checkpoint $override (exit $code)"; cat "$work/out" "$work/err"; fi
+done
 refused "another sequence length" 2 "changes the sample (--seq-len, --image-size) \"tokens [32], tokens_next [32]\" -> \
 \"tokens [16], tokens_next [16]\": repeat its values" --seq-len 16
 resumed_precision=$(rm -rf "$work/r" && cp -r "$work/ck" "$work/r" && mpi2 "${run[@]}" --steps 7 --checkpoint-dir "$work/r" \
