@@ -120,15 +120,10 @@ void agreed_on_rank0(const std::function<void()>& check, int rank) {
 }
 
 int64_t agreed_resume_step(const std::string& dir, int64_t requested, int rank) {
-  std::string answer;  // the step, or "!" and what is wrong
-  if (rank == 0) try {
-      answer = std::to_string(checked_resume_step(dir, requested));
-    } catch (const ConfigError& e) {
-      answer = "!" + e.reason();
-    }
-  broadcast_string_quietly(answer, 0, MPI_COMM_WORLD);
-  if (!answer.empty() && answer[0] == '!') throw ConfigError(answer.substr(1));
-  return std::stoll(answer);
+  int64_t step = -1;
+  agreed_on_rank0([&] { step = checked_resume_step(dir, requested); }, rank);
+  broadcast_quietly(&step, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  return step;
 }
 
 std::optional<Json> saved_run(const TrainOptions& o) {

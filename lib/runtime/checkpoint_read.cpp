@@ -175,6 +175,17 @@ void read_by_name(const std::string& dir, int64_t step, PipelineStage& stage, co
   stage.optimizer().restore(s, read_attr<int64_t>(*open[first], "optimizer_steps"));
 }
 
+// What is wrong with the index's entry for parameter `name` of `shape` ("" where it is there with
+// that shape), as "holds no parameter N" or "holds N with shape [..], this model's is [..]".
+std::string entry_mismatch(const Json& index, const std::string& where, const std::string& name,
+                           const std::vector<int64_t>& shape) {
+  if (!index.contains(name)) return "checkpoint " + where + " holds no parameter " + name;
+  if (index[name]["shape"].get<std::vector<int64_t>>() != shape)
+    return "checkpoint " + where + " holds " + name + " with shape " + index[name]["shape"].dump() +
+           ", this model's is " + Json(shape).dump();
+  return "";
+}
+
 // Through the manifest's index (any layout: another split, replica count or sharding level):
 // each parameter of the stage from the file that holds it, and each tensor its optimizer updates
 // (a whole parameter, or a piece of this replica's shard) from the slices that overlap it, each
@@ -214,12 +225,9 @@ void read_by_index(const std::string& dir, int64_t step, PipelineStage& stage, c
   at::NoGradGuard no_grad;
   auto& ps = stage.module().parameters();
   for (StageParameter& p : ps) {
-    if (!index.contains(p.name))
-      throw ConfigError("checkpoint " + where + " holds no parameter " + p.name + " (a checkpoint of another model?)");
+    if (const std::string wrong = entry_mismatch(index, where, p.name, p.tensor.sizes().vec()); !wrong.empty())
+      throw ConfigError(wrong + " (a checkpoint of another model?)");
     const Json& entry = index[p.name];
-    if (entry["shape"].get<std::vector<int64_t>>() != p.tensor.sizes().vec())
-      throw ConfigError("checkpoint " + where + " holds " + p.name + " with shape " + entry["shape"].dump() +
-                        ", this model's is " + Json(p.tensor.sizes().vec()).dump());
     at::Tensor host = at::empty(p.tensor.sizes(), at::kFloat);
     read(copy_for(entry), host.numel(), 0, host.data_ptr<float>(), host.numel());
     p.tensor.copy_(host);
@@ -287,10 +295,7 @@ std::string checkpoint_parameter_mismatch(const std::string& dir, int64_t step,
   std::set<std::string> names;
   for (const auto& [name, shape] : params) {
     names.insert(name);
-    if (!index.contains(name)) return "checkpoint " + where + " holds no parameter " + name;
-    if (index[name]["shape"].get<std::vector<int64_t>>() != shape)
-      return "checkpoint " + where + " holds " + name + " with shape " + index[name]["shape"].dump() +
-             ", this model's is " + Json(shape).dump();
+    if (std::string wrong = entry_mismatch(index, where, name, shape); !wrong.empty()) return wrong;
   }
   for (const auto& [name, entry] : index.items())
     if (!names.count(name)) return "checkpoint " + where + " holds " + name + ", which this model has not";
