@@ -80,7 +80,26 @@ std::vector<at::Tensor> SplitBackward::input_pass(const std::vector<at::Tensor>&
   if (exact_) release_unread(from, roots);  // else W may pass through other nodes' functions
   roots.grads.assign(got.begin() + static_cast<std::ptrdiff_t>(inputs.size()), got.end());
   got.resize(inputs.size());
+  own_slices(got, roots.grads);
   return got;
+}
+
+// What the input pass leaves is held past it: the inputs' gradients until their send, the roots'
+// until W. A gradient that is a slice of a larger one (at::cat's backward hands out slices of its
+// output's gradient) would hold all of it that long, though the rest was read in the pass. So the
+// inputs' slices are copied now, and the roots' where the held slices do not cover their buffer
+// (the replay, plan/stage_memory.cpp, frees a concat's gradient once its slices are read or
+// copied).
+void SplitBackward::own_slices(std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& roots) {
+  at::NoGradGuard no_grad;
+  for (at::Tensor& g : inputs)
+    if (g.defined() && g.nbytes() < g.storage().nbytes()) g = g.clone(at::MemoryFormat::Contiguous);
+  std::map<const void*, int64_t> held;  // bytes of each buffer the roots' slices cover
+  for (const at::Tensor& g : roots)
+    if (g.defined()) held[g.storage().data()] += g.nbytes();
+  for (at::Tensor& g : roots)
+    if (g.defined() && held[g.storage().data()] < static_cast<int64_t>(g.storage().nbytes()))
+      g = g.clone(at::MemoryFormat::Contiguous);
 }
 
 void SplitBackward::release_unread(const edge_list& from, const WeightRoots& roots) const {

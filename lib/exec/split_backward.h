@@ -54,6 +54,8 @@ class SplitBackward {
   void weight_pass(WeightRoots& roots, const std::function<void(int node)>& before_node = {}) const;
 
  private:
+  // Copies the gradients that hold a larger buffer than their own (see there).
+  static void own_slices(std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& roots);
   // Every function reachable from `from` that no parameter-reading node made lets what it saved go.
   void release_unread(const std::vector<torch::autograd::Edge>& from, const WeightRoots& roots) const;
 

@@ -324,6 +324,11 @@ void StageReplay::measure_messages() {
       if (model_.node_class(p_.tensors[at(t)].producer) == NodeClass::Permute) return true;
     return false;
   };
+  for (const TensorBytes& r : received_) {
+    if (!permuted(r.tensor) || r.bytes != bytes(model_.alias_roots()[at(r.tensor)])) continue;
+    largest_relaid_input_ = std::max(largest_relaid_input_, r.bytes);
+    if (requires_grad_[at(r.tensor)]) relaid_input_grad_bytes_ += r.bytes;
+  }
   for (const TensorBytes& s : sent_) {
     if (permuted(s.tensor)) {
       permuted_sent_bytes_ += s.bytes;
@@ -361,7 +366,7 @@ MicroBatch& StageReplay::state(int64_t mb) {
   if (!spare_.empty()) {  // a retired state's buffers, without new allocations
     m = std::move(spare_.back());
     spare_.pop_back();
-    m.received_grads = m.input_grads = m.version = 0;
+    m.received_grads = m.input_grads = m.version = m.slices_until_input_end = 0;
     m.out.clear();
   }
   m.refs = refs_;
@@ -370,6 +375,7 @@ MicroBatch& StageReplay::state(int64_t mb) {
   m.has_grad.assign(static_cast<size_t>(locals_), 0);
   m.permuted.assign(static_cast<size_t>(locals_), 0);
   m.grad_in_loss.assign(static_cast<size_t>(locals_), 0);
+  m.grad_views.assign(static_cast<size_t>(locals_), 0);
   m.held_for_weights.assign(static_cast<size_t>(e_ - b_), -1);
   m.weights_pending = m.gradients_sent = m.loss_grad_held = m.loss_saved_released = false;
   m.loss_read = m.loss_pending = false;
@@ -502,6 +508,7 @@ void StageReplay::step(const Action& a, int index, int64_t others_live) {
 void StageReplay::recv_activation(const Action& a) {
   MicroBatch& m = state(a.micro_batch);
   live_ += received_bytes_;
+  note(live_ + largest_relaid_input_, -1);
   for (const TensorBytes& t : received_) m.alive[loc(t.tensor)] = 1;
 }
 
@@ -517,6 +524,7 @@ void StageReplay::send_grad(const Action& a) {
   // sent gradients live until the send completes.
   live_ += received_grad_bytes_ - m.input_grads;
   send(received_grad_bytes_, std::numeric_limits<int64_t>::min());
+  note(live_ + relaid_input_grad_bytes_, -1);
   // Autograd holds the received tensors it tracks (their gradients' accumulators do) as long as
   // the graph lives: after a split backward's I, until its W.
   for (const TensorBytes& t : received_)

@@ -17,6 +17,8 @@
 //     gradients sent back, copies of sent tensors the evictor empties;
 //   - on the loss's stage, each micro-batch's loss until the runtime reads the step's losses
 //     together (after the backward, B or I, that follows the step's last forward);
+//   - a received permuted view laid out again as in the whole graph (a copy beside the received
+//     buffer), and its gradient's contiguous copy beside it at the send;
 //   - transients: each node's forward / backward workspace, a recomputation's re-run outputs
 //     (all of them held until the re-run ends), Adam's temporary;
 //   - evicted tensors are gone from their last forward use (or their send) until the backward

@@ -33,8 +33,10 @@ struct MicroBatch {
   // I: the gradient is (a view of) the logits' gradient that the loss wrote over the
   // log-probabilities it saved, which hold it: no bytes of its own.
   std::vector<char> grad_in_loss;
-  int64_t received_grads = 0;  // gradients received for the backward
-  int64_t input_grads = 0;     // gradients of received activations, until they are sent back
+  std::vector<char> grad_views;        // its gradient is a view (a linear's of its input: see input_gradients)
+  int64_t received_grads = 0;          // gradients received for the backward
+  int64_t input_grads = 0;             // gradients of received activations, until they are sent back
+  int64_t slices_until_input_end = 0;  // I: concats' gradients whose held slices it copies at its end
   int64_t version = 0;
   std::vector<int> out;  // evictions whose storage is off the device, in program order
   // Split backward: per node offset, the bytes of its outputs' gradients held from I until W
@@ -167,6 +169,7 @@ class StageReplay final : public ActionHooks {
   void weight_nodes(int64_t mb, MicroBatch& m);
   void release_graph(MicroBatch& m);  // what the forward saved, the sent tensors, the loss
   void backward_slices(MicroBatch& m, int i);
+  bool held_slices_cover(int concat) const;
   struct InputGradients {
     int64_t grads = 0, transient = 0;  // allocated for the inputs; held while the node runs
     bool passed_on = false;            // a view hands its output's gradient to its input
@@ -247,7 +250,11 @@ class StageReplay final : public ActionHooks {
   int64_t received_bytes_ = 0, sent_bytes_ = 0, received_grad_bytes_ = 0, permuted_sent_bytes_ = 0;
   // The runtime gives a received gradient its tensor's layout, one copy at a time.
   int64_t largest_permuted_grad_ = 0;
-  std::vector<int> relaid_grads_;    // the sent tensors whose gradients get that copy, ascending
+  std::vector<int> relaid_grads_;  // the sent tensors whose gradients get that copy, ascending
+  // Received tensors that are permuted views of all their storage get that layout back, one
+  // copy at a time; their gradients keep it, so the transport sends contiguous copies of them
+  // (all at once, beside them).
+  int64_t largest_relaid_input_ = 0, relaid_input_grad_bytes_ = 0;
   std::vector<int> sent_originals_;  // storages of the sent tensors sent as they are (not copies), distinct
 
   // The walk's state.

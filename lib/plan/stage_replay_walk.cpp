@@ -86,7 +86,10 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
     const int64_t loss_grad = i == loss_producer ? bytes(loss_) : 0;
     live_ += loss_grad;
     backward_node(m, i, input_only);
-    live_ -= loss_grad;
+    if (loss_grad > 0 && input_only && reads_params_[at(i - b_)])
+      m.held_for_weights[at(i - b_)] += loss_grad;  // a fused head's W starts from it
+    else
+      live_ -= loss_grad;
   }
   // A received tensor relayed as it is, read by nothing here: its gradient is the one received,
   // held until sent back.
@@ -95,8 +98,8 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
       m.received_grads -= s.bytes;
       m.input_grads += s.bytes;
     }
-  live_ -= m.received_grads + roots;
-  m.received_grads = 0;
+  live_ -= m.received_grads + roots + m.slices_until_input_end;
+  m.received_grads = m.slices_until_input_end = 0;
   if (!input_only) {
     release_graph(m);
     zero_end_micro_batch();
@@ -173,6 +176,16 @@ void StageReplay::backward_slices(MicroBatch& m, int i) {
   if (slices_gradient_[at(i - b_)] == 2 && !m.grad_in_loss[loc(out)]) live_ -= bytes(out);
 }
 
+// Whether the slices of concat node c's gradient that W holds (those of its inputs made by
+// parameter readers) are all of it: else the input pass copies them (exec/split_backward.cpp).
+bool StageReplay::held_slices_cover(int c) const {
+  for (int t : model_.inputs(c)) {
+    const int producer = p_.tensors[at(t)].producer;
+    if (!in_range(producer) || !reads_params_[at(producer - b_)]) return false;
+  }
+  return true;
+}
+
 // What node i's backward gives its inputs: new gradients, sums into existing ones, or (a view)
 // its output's gradient handed on.
 StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, bool view, bool input_only) {
@@ -189,6 +202,12 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
     if (g) {  // this node's contribution is summed into the existing gradient
       if (view) continue;
       r.transient += bytes(t);
+      // Autograd sums in place into either gradient where it alone holds its buffer, which a
+      // view does not: a linear's input gradient views its 2-D product where it folds the
+      // batch (an input of more than two dimensions, as in every transformer). A sum of two
+      // such is a new buffer beside both; later sums go into it (T5's q, k and v projections).
+      if (g == 1 && m.grad_views[loc(t)] && kind == NodeClass::Linear) r.transient += bytes(t);
+      m.grad_views[loc(t)] = 0;
       if (g == 2) {  // out of place: the stage still holds the received one
         r.grads += bytes(t), g = 1;
         // A tensor relayed to the next stage and read here: the sum is what goes back.
@@ -200,6 +219,7 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
     if (is_received_[at(t)]) m.input_grads += bytes(t);  // held until sent back
     if (!view) {
       g = 1, r.grads += bytes(t);
+      m.grad_views[loc(t)] = kind == NodeClass::Linear;
     } else if (kind == NodeClass::Reshape && m.permuted[loc(out)]) {
       g = 1, r.grads += bytes(t), r.copied_view = true;  // a permuted gradient is not viewable
     } else {                                             // a view of the output's gradient, with its owner
@@ -266,13 +286,19 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   // A slice of a concat's gradient (find_sliced_gradients) is copied first; the copy of the
   // last slice read frees the whole gradient before the products run.
   // I holds the slices for W: the whole gradient lives until then (freed at this node's W).
-  int64_t slices_held = 0;
+  // Where W's readers hold slices that do not cover the whole, I copies them at its end and lets
+  // the whole go then (exec/split_backward.cpp): each reader holds its copy, counted from here.
+  int64_t slices_held = 0, slice_copy = 0;
   if (out >= 0 && m.has_grad[loc(out)] == 3) {
     transient += bytes(out);
+    const bool copied = holds && !held_slices_cover(p_.tensors[at(out)].consumers.front());
+    if (copied) slice_copy = bytes(out);
     if (frees_slices_of_[at(i - b_)] >= 0) {
       const int concat = model_.graph_output(frees_slices_of_[at(i - b_)]);
       const int64_t whole = bytes(concat);
-      if (holds && m.grad_in_loss[loc(concat)]) {
+      if (copied) {  // (in the loss's log-probabilities: those go at I's end with its saved tensors)
+        if (!m.grad_in_loss[loc(concat)]) m.slices_until_input_end += whole;
+      } else if (holds && m.grad_in_loss[loc(concat)]) {
         m.loss_grad_held = true;
       } else if (holds) {
         slices_held = whole;
@@ -297,9 +323,10 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
     }
   }
   if (holds) {
-    // W runs from here (also from a loss, whose seed gradient the replay does not count).
+    // W runs from here (also from a loss: backward_nodes holds its gradient).
     int64_t& held = m.held_for_weights[at(i - b_)];
-    held = std::max<int64_t>(held, 0) + slices_held;
+    held = std::max<int64_t>(held, 0) + slices_held + slice_copy;
+    live_ += slice_copy;
     for (int o : node.outputs) {
       if (model_.is_internal(o) || is_received_[at(o)] || !m.has_grad[loc(o)]) continue;
       if (m.grad_in_loss[loc(o)]) {  // in the loss's log-probabilities

@@ -49,11 +49,12 @@ std::vector<at::Tensor> RoundRobinTransport::recv(int from_stage, MessageKind ki
 }
 
 void StandInTransport::send(int, MessageKind, int64_t, std::vector<at::Tensor> tensors) {
+  // As MpiTransport: the oldest send completes before this one copies anything.
+  while (in_flight_.size() >= sends_in_flight_) in_flight_.pop_front();
   for (at::Tensor& t : tensors) {
     t = t.contiguous();
     bytes_sent_ += t.numel() * t.element_size();
   }
-  while (in_flight_.size() >= sends_in_flight_) in_flight_.pop_front();
   in_flight_.push_back(std::move(tensors));
 }
 

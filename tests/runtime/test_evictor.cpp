@@ -324,25 +324,23 @@ TEST_CASE("one stage program: the replay predicts the evictor's actions and meas
             if (!programs[static_cast<size_t>(x)].evictions.empty()) CHECK_FALSE(executed.empty());
             // Never below the measurement (a plan must fit); at most 10% above: the profile's
             // backward workspaces, measured node by node, run up to one output larger than
-            // inside a whole backward (dropout; t5-tiny's first block boundary: +7%).
-            // amoebanet-tiny is the exception, not yet explained: up to 0.93% below the
-            // measurement (cut 53, 1f1b, first stage). (Its cells' concats were one too, 1.9%
-            // below at cut 57, and a chunked head, up to 9% below: at::cat's backward hands out
-            // slices of one gradient, which lives until the last slice is read, each copied where
-            // it is read; the replay counts that for every concat of single-reader inputs.)
-            // zb-h1 (a split backward: I keeps the graph while it runs, then W keeps what the
-            // parameter readers saved and their output gradients): 418 stage programs from 8.3%
-            // above the measurement (bert-tiny/3, gpt2-tiny/4) to 0.63% below (amoebanet-tiny).
-            // zb-h2, two sends going: 1.02% below at amoebanet-tiny cut 26 (stage 1, nothing
-            // evicted: 64 KiB) and 0.54% below at t5-tiny+attn cut 96 (stage 1, 31 KiB). Traced
-            // action by action (amoebanet): each gradient sent back allocates 24 KiB at its send
-            // and frees nothing (the transport's contiguous copy of a gradient I left as a view,
-            // its buffer held until W), where the replay counted the copy in I; with two sends
-            // in flight one such copy is more than the replay holds. Not yet modelled.
+            // inside a whole backward (dropout; t5-tiny's first block boundary: +7%). The
+            // chunks of an LM head (bert-tiny/3, gpt2-tiny/4 on the stage holding them) up to
+            // 13% above: each chunk's slice of the logits' gradient is counted as copied where
+            // its linear reads it, and the sum of two linears' input gradients as a new buffer
+            // (both right at other cuts of the same heads; which of them the run skips there is
+            // not known).
+            // amoebanet-tiny is the exception, not yet explained: up to 0.32% below the
+            // measurement (cut 185, 1f1b, first stage; cut 3, zb-h1: 15 KiB during I's batch
+            // norm backward, which makes its parameters' gradients too).
+            // Split backwards (zb-h1, zb-h2) measure at most their replay elsewhere since I copies the slices of a
+            // concat's gradient that W holds where they do not cover it, and the inputs' slices
+            // (exec/split_backward.cpp): before, each held the whole until W or the send
+            // (amoebanet-tiny cut 26 under zb-h2 measured 1.02% above).
             const bool cnn = preset == "amoebanet-tiny";
-            const double below = kind == ScheduleChoice::named("zb-h2") ? (cnn ? 1.015 : 1.01) : (cnn ? 1.01 : 1.005);
-            CHECK(double(measured) <= below * double(predicted));
-            CHECK(double(measured) >= 0.90 * double(predicted));
+            const bool chunked_head = preset == "bert-tiny/3" || preset == "gpt2-tiny/4";
+            CHECK(double(measured) <= (cnn ? 1.005 : 1.0) * double(predicted));
+            CHECK(double(measured) >= (chunked_head ? 0.87 : 0.90) * double(predicted));
           }
         }
       }
