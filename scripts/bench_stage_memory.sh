@@ -26,7 +26,7 @@ for row in $rows; do
   IFS=: read -r preset schedule memopt cap <<<"$row"
   model=(--model "$preset")
   [[ "$preset" == *.dpm ]] && model=(--model-file "$preset")
-  profile="$work/$(basename "$preset").h5"
+  profile="$work/$(tr / _ <<<"$preset").h5"  # (two files of one name: two profiles)
   [ -f "$profile" ] || "$bin" profile "${model[@]}" --micro-batch-size 4 --out "$profile" --quiet >/dev/null
   "$bin" plan --profile-in "$profile" --stages "$stages" --schedule "$schedule" --micro-batches 4 \
     --memopt "$memopt" --memory "$cap" --out "$work/plan.json" --quiet >/dev/null
