@@ -18,7 +18,6 @@ int64_t sum_bytes(const std::vector<TensorBytes>& list) {
 }
 }  // namespace
 
-
 StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std::vector<Action>& actions,
                          std::vector<Action>* events, std::vector<int64_t>* event_live)
     : model_(model),
