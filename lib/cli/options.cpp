@@ -69,8 +69,8 @@ po::options_description planning_options() {
       ("schedule", po::value<ScheduleChoice>()->default_value(ScheduleChoice::named("1f1b"), "1f1b"), schedule_help().c_str())
       ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact; `plan` also: zero2 | zero3 "
                                                                                                    "(ZeRO's data-parallel baseline)")
-      ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"), "memory optimization the plan may use: none | r (recompute) | "
-                                                                                 "sr (swap + recompute); the runtime carries out its per-tensor decisions")
+      ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"),
+       ("memory optimization the plan may use: " + enum_help<MemoptKind>() + "; the runtime carries out its per-tensor decisions").c_str())
       ("zero-stage", po::value<int>()->default_value(0), "sharded data parallelism within each stage's replicas (DeepSpeed's "
                                                          "levels): 0 none; 1 optimizer state and fp32 masters split D ways, "
                                                          "gradients reduce-scattered, parameters all-gathered; 2 gradients "
@@ -124,7 +124,7 @@ po::options_description model_override_options() {
       ("classes", po::value<int64_t>(), "output classes")
       ("in-features", po::value<int64_t>(), "MLP input width")
       ("output-chunks", po::value<int64_t>(), "split the LM head into this many vocabulary ranges, so a stage cut may fall inside it")
-      ("attention", po::value<AttentionKind>(), "ops (default) | fused: each attention as one scaled_dot_product_attention call, which keeps no scores for backward where the device has a fused kernel")
+      ("attention", po::value<AttentionKind>(), enum_help<AttentionKind>().c_str())
       ("loss-chunk-tokens", po::value<int64_t>(), "fuse the LM head with its loss, computing the logits of this many positions at a time (never all of them)")
       ("dropout", po::value<double>(), "dropout probability");
   // clang-format on

@@ -184,9 +184,7 @@ po::options_description train_options() {
        "where measured profiles are kept and reused: a directory, or off (default: $DAWNPIPER_CACHE, else "
        "$XDG_CACHE_HOME/dawnpiper or ~/.cache/dawnpiper)")
       ("plan-out", po::value<std::string>(), "write the plan used to this file")
-      ("transport", po::value<TransportKind>()->default_value(TransportKind::Auto, "auto"),
-       "auto | mpi (CPU tensors) | nccl (CUDA, ranks on different GPUs) | host (CUDA through host memory over MPI; "
-       "what auto takes between ranks sharing a GPU)")
+      ("transport", po::value<TransportKind>()->default_value(TransportKind::Auto, "auto"), enum_help<TransportKind>().c_str())
       ("in-process", po::bool_switch(), "run every stage in this one process (validates a plan without MPI)")
       ("threads", po::value<int>()->default_value(0), "intra-op threads per rank (default: OMP_NUM_THREADS if set, else "
                                                     "the node's cores / the ranks on it)")
@@ -196,8 +194,7 @@ po::options_description train_options() {
       ("checkpoint-every", po::value<int64_t>()->default_value(0), "write a checkpoint every K steps (and after the last)")
       ("save-weights", po::value<std::string>(), "after training, write the weights to this safetensors file (PyTorch names: "
                                                  "transformers' from_pretrained loads it)")
-      ("progress", po::value<ProgressKind>()->default_value(ProgressKind::Auto, "auto"),
-       "auto (a bar on a terminal, lines in logs and under mpirun) | bar | lines")
+      ("progress", po::value<ProgressKind>()->default_value(ProgressKind::Auto, "auto"), enum_help<ProgressKind>().c_str())
       ("resume", po::bool_switch(), "continue from the latest checkpoint in --checkpoint-dir (with the model, data and "
                                     "optimizer settings of the run that wrote it)")
       ("resume-from", po::value<int64_t>(), "continue from the checkpoint of this step in --checkpoint-dir (one of the "
@@ -207,8 +204,7 @@ po::options_description train_options() {
       ("resume-override", po::bool_switch(), "with --resume: accept settings that differ from the checkpoint's run")
       ("steps", po::value<int64_t>()->default_value(10), "training steps")
       ("data", po::value<std::string>(), "train on this token file (scripts/prepare_data.py) or sample file (*.safetensors: an array per input) instead of synthetic data")
-      ("data-order", po::value<DataOrder>()->default_value(DataOrder::Shuffled, "shuffled"),
-       "shuffled (windows in a seeded order per epoch) | sequential (sample i of the run is window i)")
+      ("data-order", po::value<DataOrder>()->default_value(DataOrder::Shuffled, "shuffled"), enum_help<DataOrder>().c_str())
       ("validation-fraction", po::value<double>()->default_value(0.0), "share of the token file's windows held out for validation")
       ("eval-every", po::value<int64_t>()->default_value(0), "report the validation loss every N steps (0: never)")
       ("eval-batches", po::value<int64_t>()->default_value(4), "micro-batches of the validation split per evaluation")

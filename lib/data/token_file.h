@@ -23,6 +23,8 @@ struct EnumNames<DataOrder> {
   static constexpr const char* what = "data order";
   static constexpr std::array<std::pair<DataOrder, const char*>, 2> table{
       {{DataOrder::Shuffled, "shuffled"}, {DataOrder::Sequential, "sequential"}}};
+  static constexpr std::array<const char*, 2> meaning{"windows in a seeded order per epoch",
+                                                      "sample i of the run is window i"};
 };
 
 // Where a run's samples come from.

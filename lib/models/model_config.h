@@ -75,6 +75,10 @@ struct EnumNames<AttentionKind> {
   static constexpr const char* what = "attention";
   static constexpr std::array<std::pair<AttentionKind, const char*>, 2> table{
       {{AttentionKind::Ops, "ops"}, {AttentionKind::Fused, "fused"}}};
+  static constexpr std::array<const char*, 2> meaning{
+      "the default",
+      "each attention as one scaled_dot_product_attention call, which keeps no scores for backward where the "
+      "device has a fused kernel"};
 };
 // Throws ConfigError for inconsistent settings (hidden not divisible by heads, seq-len above the
 // position table, image size that the reduction cells cannot halve evenly, ...).

@@ -37,6 +37,7 @@ struct EnumNames<MemoptKind> {
   static constexpr const char* what = "memopt";
   static constexpr std::array<std::pair<MemoptKind, const char*>, 3> table{
       {{MemoptKind::None, "none"}, {MemoptKind::Recompute, "r"}, {MemoptKind::SwapRecompute, "sr"}}};
+  static constexpr std::array<const char*, 3> meaning{"", "recompute", "swap + recompute"};
 };
 
 struct PlanOptions {

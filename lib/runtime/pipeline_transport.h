@@ -27,6 +27,9 @@ struct EnumNames<TransportKind> {
                                                                                {TransportKind::Mpi, "mpi"},
                                                                                {TransportKind::Nccl, "nccl"},
                                                                                {TransportKind::Host, "host"}}};
+  static constexpr std::array<const char*, 4> meaning{
+      "", "CPU tensors", "CUDA, ranks on different GPUs",
+      "CUDA through host memory over MPI; what auto takes between ranks sharing a GPU"};
 };
 
 // CUDA tensors through host memory: a device-to-host copy, MPI, a host-to-device copy at the

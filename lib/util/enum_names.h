@@ -20,6 +20,8 @@ namespace dawnpiper {
 //   struct EnumNames<E> {
 //     static constexpr const char* what = "planner";  // errors say "unknown planner 'x'"
 //     static constexpr std::array<std::pair<E, const char*>, 2> table{{{E::A, "a"}, {E::B, "b"}}};
+//     // optional, for --help: what a value means, in the table's order ("" where its name says it)
+//     static constexpr std::array<const char*, 2> meaning{"", "b does this"};
 //   };
 template <class E>
 struct EnumNames;
@@ -28,6 +30,10 @@ template <class E, class = void>
 struct has_enum_names : std::false_type {};
 template <class E>
 struct has_enum_names<E, std::void_t<decltype(EnumNames<E>::table)>> : std::true_type {};
+template <class E, class = void>
+struct has_enum_meaning : std::false_type {};
+template <class E>
+struct has_enum_meaning<E, std::void_t<decltype(EnumNames<E>::meaning)>> : std::true_type {};
 
 template <class E>
 const char* name_of(E value) {
@@ -46,11 +52,18 @@ std::string enum_choices() {
   return text;
 }
 
-// "a | b | c": the choices as an option's help lists them.
+// "a | b (b does this) | c": the choices as an option's help lists them, with their meanings.
 template <class E>
 std::string enum_help() {
+  const auto& table = EnumNames<E>::table;
   std::string text;
-  for (const auto& [value, name] : EnumNames<E>::table) text += (text.empty() ? "" : " | ") + std::string(name);
+  for (size_t i = 0; i < table.size(); ++i) {
+    text += (i == 0 ? "" : " | ") + std::string(table[i].second);
+    if constexpr (has_enum_meaning<E>::value) {
+      static_assert(EnumNames<E>::meaning.size() == EnumNames<E>::table.size(), "one meaning per value");
+      if (*EnumNames<E>::meaning[i]) text += " (" + std::string(EnumNames<E>::meaning[i]) + ")";
+    }
+  }
   return text;
 }
 

@@ -48,6 +48,7 @@ struct EnumNames<ProgressKind> {
   static constexpr const char* what = "progress style";
   static constexpr std::array<std::pair<ProgressKind, const char*>, 3> table{
       {{ProgressKind::Auto, "auto"}, {ProgressKind::Bar, "bar"}, {ProgressKind::Lines, "lines"}}};
+  static constexpr std::array<const char*, 3> meaning{"a bar on a terminal, lines in logs and under mpirun", "", ""};
 };
 
 }  // namespace dawnpiper

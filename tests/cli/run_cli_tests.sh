@@ -654,6 +654,8 @@ expect_fail "momentum under adamw" "--momentum is SGD's; --optimizer adamw keeps
 expect_fail "eval batches without evaluations" "--eval-batches sizes each validation, and this run has none" \
   train --model mlp-tiny --eval-batches 2
 expect_ok "--seed says what it seeds" "seed for a preset's initial parameters" train --help
+expect_ok "--help lists choices with their meanings, from the enum tables" "none | r (recompute) | sr (swap +" train --help
+expect_ok "--help lists data orders with their meanings" "| sequential (sample i of the" train --help
 
 leftovers=$(find "$work" -name '*.tmp.*' | wc -l)
 [ "$leftovers" -eq 0 ] || { echo "FAIL: $leftovers temporary files left behind"; failed=$((failed + 1)); }

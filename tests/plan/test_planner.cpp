@@ -104,6 +104,9 @@ TEST_CASE("option names are parsed once into enums and printed back by name", "[
   for (MemoptKind m : {MemoptKind::None, MemoptKind::Recompute, MemoptKind::SwapRecompute})
     CHECK(from_name<MemoptKind>(name_of(m)) == m);
   for (OptimizerKind k : {OptimizerKind::Sgd, OptimizerKind::Adam}) CHECK(from_name<OptimizerKind>(name_of(k)) == k);
+  // --help's choices come from the same tables, with a value's meaning where it has one.
+  CHECK(enum_help<MemoptKind>() == "none | r (recompute) | sr (swap + recompute)");
+  CHECK(enum_help<PlannerKind>().rfind("dawnpiper | gpipe | pipedream", 0) == 0);
   // A plan file naming an unknown planner is refused where it is read.
   PlanOptions opt;
   opt.stages = 2;
