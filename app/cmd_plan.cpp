@@ -37,13 +37,9 @@ po::options_description plan_options() {
       ("device-spec", po::value<std::string>(), "without --profile-in: plan --model from an analytic profile "
                                                 "for this device (a100-40gb | h100-80gb | spec file)")
       ("memory", po::value<std::string>(), "device memory per stage (default: the device spec's, else unlimited)")
-      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, name_of(OptimizerKind::Sgd)),
-       (enum_help<OptimizerKind>() + " (optimizer state in the memory model)").c_str())
       ("host-bandwidth", po::value<std::string>(), "device<->host bytes/s for swaps, e.g. 24GB")
       ("link-bandwidth", po::value<std::string>(), "stage<->stage bytes/s, e.g. 10GB")
       ("max-batch", po::bool_switch(), "find the largest micro-batch size with a feasible plan")
-      ("data-parallel", po::value<int>()->default_value(1), "pipeline replicas: their gradient allreduce (over --link-bandwidth) "
-                                                            "is part of each stage's time; reports the predicted step")
       ("calibrate-rounds", po::value<int>()->default_value(0), "plan, run every stage alone here, scale its nodes' times by "
                                                                "measured / predicted and plan again, this many times; keep the "
                                                                "plan whose slowest stage measured fastest (needs the model "
@@ -63,37 +59,29 @@ po::options_description plan_options() {
   return options;
 }
 
-// --stages, or what `train` takes without it: the MPI ranks (of `mpirun -np N dawnpiper plan`)
-// over the replicas. One process has no ranks to count.
-int stages_from(const po::variables_map& vm, int world_size, int data_parallel) {
-  if (!vm.count("stages") && is_zero_baseline(vm["planner"].as<PlannerKind>())) return 1;  // ZeRO: one stage
-  if (vm.count("stages")) {
-    const int stages = vm["stages"].as<int>();
-    if (stages < 1) throw ConfigError("--stages must be at least 1");
-    return stages;
-  }
+// --stages and --data-parallel as `train` takes them where not given: the MPI ranks (of `mpirun
+// -np N dawnpiper plan`) placed by the other; one process has no ranks to count, and one replica.
+void place_ranks(PlanRequest& r, int world_size) {
+  if (r.ranks == 0 && is_zero_baseline(r.planner)) r.ranks = 1;  // ZeRO: one stage
+  if (r.data_parallel == 0) r.data_parallel = r.ranks > 0 && world_size % r.ranks == 0 ? world_size / r.ranks : 1;
+  if (r.ranks > 0) return;
   if (world_size == 1)
     throw ConfigError("give --stages L: `plan` runs in one process, with no MPI ranks to count (train's default)");
-  if (world_size % data_parallel != 0)
-    throw ConfigError("--data-parallel " + std::to_string(data_parallel) + " does not divide the " +
+  if (world_size % r.data_parallel != 0)
+    throw ConfigError("--data-parallel " + std::to_string(r.data_parallel) + " does not divide the " +
                       std::to_string(world_size) + " MPI ranks: give --stages");
-  return world_size / data_parallel;
+  r.ranks = world_size / r.data_parallel;
 }
 
 // The profile to plan from (a file, or the model's analytic profile for a device spec) and the
-// options to plan with: a device spec's capacity and bandwidths unless flags override them.
-Profile profile_and_options(const po::variables_map& vm, int world_size, PlanOptions& o) {
-  o.data_parallel = vm["data-parallel"].as<int>();
-  if (o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
-  const ZeroOptions zero = zero_options_from(vm);
-  o.zero_stage = zero.stage;
-  o.bucket_bytes = zero.bucket_bytes;
+// request's memory and links: a device spec's unless flags override them.
+Profile profile_and_request(const po::variables_map& vm, int world_size, PlanRequest& o) {
+  place_ranks(o, world_size);
   if (o.zero_stage > 0 && o.data_parallel == 1 && !vm["quiet"].as<bool>())
     std::printf(
         "note: --zero-stage %d shards over each stage's replicas, and --data-parallel is 1: it changes "
         "nothing\n",
         o.zero_stage);
-  const int stages = stages_from(vm, world_size, o.data_parallel);
   const int64_t B = vm["micro-batch-size"].as<int64_t>();
   if (B < 1) throw ConfigError("micro-batch size must be at least 1");
   Profile profile;
@@ -118,14 +106,6 @@ Profile profile_and_options(const po::variables_map& vm, int world_size, PlanOpt
   } else {
     throw ConfigError("give --profile-in FILE (a profile) or --device-spec NAME (plan --model analytically)");
   }
-  o.schedule = vm["schedule"].as<ScheduleChoice>().with_virtual_stages(vm["virtual-stages"].as<int>());
-  o.stages = stages * o.schedule.virtual_stages();
-  o.micro_batches = vm["micro-batches"].as<int64_t>();
-  if (o.schedule.is_file()) o.schedule.make(o.stages, o.micro_batches);  // its sizes, before any planning
-  o.optimizer = vm["optimizer"].as<OptimizerKind>();
-  o.planner = vm["planner"].as<PlannerKind>();
-  o.memopt = vm["memopt"].as<MemoptKind>();
-  o.fit_replayed = true;
   if (vm.count("memory") && vm.count("device-memory"))
     throw ConfigError("--memory and --device-memory both give the memory per stage: give one");
   if (vm.count("memory")) o.capacity_bytes = parse_capacity(vm["memory"].as<std::string>(), "--memory");
@@ -136,7 +116,7 @@ Profile profile_and_options(const po::variables_map& vm, int world_size, PlanOpt
   set_device_memory(o, o.capacity_bytes,
                     vm.count("allocator-headroom")
                         ? parse_allocator_headroom(vm["allocator-headroom"].as<std::string>())
-                        : default_allocator_headroom(profile.source == "measured" ? profile.device : ""));
+                        : default_allocator_headroom(profile.source == ProfileSource::Measured ? profile.device : ""));
   if (vm.count("host-bandwidth")) {  // a constant, instead of the link the profile measured
     o.host_bandwidth = static_cast<double>(parse_bytes(vm["host-bandwidth"].as<std::string>(), "--host-bandwidth"));
     o.host_bandwidth_given = true;
@@ -159,7 +139,7 @@ void refuse_model_options(const po::variables_map& vm) {
 }
 
 // Plans from the profile, then corrects it by running every stage alone (plan/calibrate.h).
-Plan calibrated(const po::variables_map& vm, const Profile& profile, const PlanOptions& o, int rounds) {
+Plan calibrated(const po::variables_map& vm, const Profile& profile, const PlanRequest& request, int rounds) {
   const int64_t steps = vm["calibrate-steps"].as<int64_t>();
   if (steps < 1) throw ConfigError("--calibrate-steps must be at least 1");
   const OpGraph graph = model_source_from(vm).graph(profile.micro_batch_size);
@@ -169,6 +149,7 @@ Plan calibrated(const po::variables_map& vm, const Profile& profile, const PlanO
                       "profile was made with)");
   CountingAllocator::install();
   const c10::Device device = parse_device(vm["device"].as<DeviceKind>());
+  const PlanOptions o = resolve_plan(profile, request).options;  // --schedule auto's choice, calibrated
   const CalibratedPlan c =
       calibrate_plan(profile, o, rounds, stage_alone_timer(graph, device, steps, vm["seed"].as<uint64_t>()));
   for (size_t r = 0; r < c.rounds.size() && !vm["quiet"].as<bool>(); ++r) {
@@ -196,8 +177,8 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
   const bool zero = is_zero_baseline(vm["planner"].as<PlannerKind>());
   if (zero) refuse_for_zero_baseline(vm);
   if (vm.count("out")) check_writable(vm["out"].as<std::string>());
-  PlanOptions o;
-  Profile profile = profile_and_options(vm, world.size, o);
+  PlanRequest o = plan_request_from(vm);
+  Profile profile = profile_and_request(vm, world.size, o);
   if (zero) return plan_zero_baseline(vm, profile, o);
   if (vm.count("calibrate-trace")) {
     if (!vm.count("profile-in"))  // an analytic profile is another device's times
@@ -221,7 +202,7 @@ int cmd_plan(int argc, char** argv, const MpiWorld& world) {
     std::printf("largest micro-batch size: %lld\n", static_cast<long long>(best.micro_batch_size));
     plan = best.plan;
   } else {
-    plan = plan_and_compare_schedules(profile, o, vm["quiet"].as<bool>() ? nullptr : &std::cout);
+    plan = resolve_plan(profile, o, vm["quiet"].as<bool>() ? nullptr : &std::cout);
   }
   if (!vm["quiet"].as<bool>()) plan.print_table(std::cout);
   if (vm.count("out")) {

@@ -31,7 +31,7 @@ void refuse_for_zero_baseline(const po::variables_map& vm) {
     throw ConfigError(planner + " has no stages to calibrate: leave --calibrate-rounds and --calibrate-trace out");
 }
 
-int plan_zero_baseline(const po::variables_map& vm, const Profile& profile, const PlanOptions& options) {
+int plan_zero_baseline(const po::variables_map& vm, const Profile& profile, const PlanSettings& options) {
   const ZeroBaselineOptions z = zero_baseline_options(options);
   const bool quiet = vm["quiet"].as<bool>();
   if (z.data_parallel == 1 && !quiet)

@@ -16,6 +16,6 @@ void refuse_for_zero_baseline(const po::variables_map& vm);
 // Prints the baseline at --micro-batch-size (InfeasibleError when its peak exceeds the
 // capacity) or, with --max-batch, the largest per-GPU micro-batch and global batch. Returns the
 // exit code.
-int plan_zero_baseline(const po::variables_map& vm, const Profile& profile, const PlanOptions& options);
+int plan_zero_baseline(const po::variables_map& vm, const Profile& profile, const PlanSettings& options);
 
 }  // namespace dawnpiper

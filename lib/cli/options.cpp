@@ -66,9 +66,13 @@ po::options_description planning_options() {
                                    "without mpirun has no ranks to count and needs it)")
       ("virtual-stages", po::value<int>()->default_value(0), "stages per rank under --schedule interleaved (default 2): "
                                                              "--stages x V stages, stage s on rank s mod --stages")
-      ("schedule", po::value<ScheduleChoice>()->default_value(ScheduleChoice::named("1f1b"), "1f1b"), schedule_help().c_str())
+      ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
+                                          "averaged every step (default: the MPI ranks / --stages; `plan` in one process: 1)")
+      ("schedule", po::value<ScheduleRequest>()->default_value(ScheduleRequest(), "1f1b"), schedule_help().c_str())
       ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact; `plan` also: zero2 | zero3 "
                                                                                                    "(ZeRO's data-parallel baseline)")
+      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, name_of(OptimizerKind::Sgd)),
+       (enum_help<OptimizerKind>() + " (its state is part of each stage's memory; sgd with --momentum)").c_str())
       ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"),
        ("memory optimization the plan may use: " + enum_help<MemoptKind>() + "; the runtime carries out its per-tensor decisions").c_str())
       ("zero-stage", po::value<int>()->default_value(0), "sharded data parallelism within each stage's replicas (DeepSpeed's "
@@ -84,29 +88,43 @@ po::options_description planning_options() {
   return d;
 }
 
-ZeroOptions zero_options_from(const po::variables_map& vm) {
-  ZeroOptions z;
-  z.stage = vm["zero-stage"].as<int>();
-  if (z.stage < 0 || z.stage > 3)
-    throw ConfigError("--zero-stage " + std::to_string(z.stage) +
+PlanRequest plan_request_from(const po::variables_map& vm) {
+  PlanRequest r;
+  r.ranks = vm.count("stages") ? vm["stages"].as<int>() : 0;
+  if (vm.count("stages") && r.ranks < 1) throw ConfigError("--stages must be at least 1");
+  r.data_parallel = vm.count("data-parallel") ? vm["data-parallel"].as<int>() : 0;
+  if (vm.count("data-parallel") && r.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
+  r.schedule = vm["schedule"].as<ScheduleRequest>().with_virtual_stages(vm["virtual-stages"].as<int>());
+  r.micro_batches = vm["micro-batches"].as<int64_t>();
+  if (r.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
+  // A schedule file is written for its sizes: other ones are refused before anything runs.
+  for (const ScheduleChoice& s : r.schedule.candidates())
+    if (s.is_file()) s.make(r.ranks > 0 ? r.ranks * s.virtual_stages() : s.file_stages(), r.micro_batches);
+  r.optimizer = vm["optimizer"].as<OptimizerKind>();
+  r.planner = vm["planner"].as<PlannerKind>();
+  r.memopt = vm["memopt"].as<MemoptKind>();
+  r.fit_replayed = true;
+  r.zero_stage = vm["zero-stage"].as<int>();
+  if (r.zero_stage < 0 || r.zero_stage > 3)
+    throw ConfigError("--zero-stage " + std::to_string(r.zero_stage) +
                       " is no level of sharded data parallelism: 0 (none), 1, 2 or 3 (DeepSpeed's)");
-  z.bucket_bytes = parse_bytes(vm["bucket-size"].as<std::string>(), "--bucket-size");
+  r.bucket_bytes = parse_bytes(vm["bucket-size"].as<std::string>(), "--bucket-size");
   // 0: level 0 averages parameter by parameter (the averaging before buckets, to compare with).
-  if (z.bucket_bytes < 4 && !(z.bucket_bytes == 0 && z.stage == 0))
+  if (r.bucket_bytes < 4 && !(r.bucket_bytes == 0 && r.zero_stage == 0))
     throw ConfigError("--bucket-size must hold at least one fp32 element (4 bytes)" +
-                      std::string(z.bucket_bytes == 0 ? " under --zero-stage " + std::to_string(z.stage) +
+                      std::string(r.bucket_bytes == 0 ? " under --zero-stage " + std::to_string(r.zero_stage) +
                                                             " (0 bytes: level 0 only, parameter by parameter)"
                                                       : ""));
-  if (z.stage == 0) return z;
-  const ScheduleChoice& schedule = vm["schedule"].as<ScheduleChoice>();
-  if (!schedule.is_auto() && !schedule.traits().updates_once_per_step)
-    throw ConfigError("--zero-stage " + std::to_string(z.stage) + " under --schedule " + name_of(schedule) +
-                      " is not implemented yet: its stages update after every backward, with stashed weight "
-                      "versions (use gpipe, 1f1b, zb-h1, zb-h2 or interleaved)");
+  if (r.zero_stage == 0) return r;
+  for (const ScheduleChoice& s : r.schedule.candidates())
+    if (!s.traits().updates_once_per_step)
+      throw ConfigError("--zero-stage " + std::to_string(r.zero_stage) + " under --schedule " + name_of(s) +
+                        " is not implemented yet: its stages update after every backward, with stashed weight "
+                        "versions (use gpipe, 1f1b, zb-h1, zb-h2 or interleaved)");
   if (vm.count("device") && vm["device"].as<DeviceKind>() != DeviceKind::Cpu)
-    throw ConfigError("--zero-stage " + std::to_string(z.stage) +
+    throw ConfigError("--zero-stage " + std::to_string(r.zero_stage) +
                       " runs on the CPU (MPI) so far, not with --device cuda");
-  return z;
+  return r;
 }
 
 po::options_description model_override_options() {

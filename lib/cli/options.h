@@ -34,19 +34,18 @@ struct RunOptionSet {
 po::options_description run_options(const RunOptionSet& set = {});
 // --allocator-headroom: what a subcommand that plans against --device-memory takes besides.
 po::options_description allocator_headroom_option();
-// --stages --virtual-stages --schedule --planner --memopt: how a pipeline is planned, declared once
-// for `plan` and `train` with one set of defaults (1f1b, the dawnpiper planner, no memory
-// optimization, a stage per MPI rank), so that `plan` then `train --plan-in` trains what `train`
-// alone would.
+// --stages --virtual-stages --data-parallel --schedule --planner --optimizer --memopt
+// --zero-stage --bucket-size: how a pipeline is planned, declared once for `plan` and `train` with one set of
+// defaults (1f1b, the dawnpiper planner, no memory optimization, a stage per MPI rank), so that
+// `plan` then `train --plan-in` trains what `train` alone would.
 po::options_description planning_options();
-// --zero-stage and --bucket-size of planning_options(), checked before any work: a level outside
-// 0-3, a level above 0 under a schedule or device it cannot run on, and a bucket below one
-// element are ConfigErrors.
-struct ZeroOptions {
-  int stage = 0;
-  int64_t bucket_bytes = int64_t{25} << 20;
-};
-ZeroOptions zero_options_from(const po::variables_map& vm);
+// The plan a run asks for, read once for `plan` and `train`: planning_options() with
+// --micro-batches. ranks and data_parallel are --stages and --data-parallel, 0
+// where not given (the MPI ranks decide); the capacity and the links are the device's, set where
+// it is known. Checked before any work (ConfigError): --stages or --data-parallel below 1, a
+// --zero-stage outside 0-3 or above 0 under a schedule or device it cannot run on, a bucket below
+// one element, a schedule file written for other sizes.
+PlanRequest plan_request_from(const po::variables_map& vm);
 // --layers --decoder-layers --hidden --heads --ffn --vocab --seq-len --image-size --classes
 // --in-features --output-chunks --loss-chunk-tokens --attention --dropout
 po::options_description model_override_options();

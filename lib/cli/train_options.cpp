@@ -44,7 +44,8 @@ TrainConfig train_config_from(const po::variables_map& vm) {
   config.optimizer.schedule.min_lr = vm["min-lr"].as<double>();
   config.optimizer.schedule.total_steps = config.steps;
   config.optimizer.grad_clip = vm["grad-clip"].as<double>();
-  check_grad_clip(vm["schedule"].as<ScheduleChoice>(), config.optimizer.grad_clip);
+  for (const ScheduleChoice& s : vm["schedule"].as<ScheduleRequest>().candidates())
+    check_grad_clip(s, config.optimizer.grad_clip);
   make_optimizer(config.optimizer, {});  // validates before any work
   config.data = data_config_from(vm);
   if (config.micro_batches < 1) throw ConfigError("--micro-batches must be at least 1");
@@ -132,22 +133,10 @@ void read_files(const po::variables_map& vm, TrainOptions& o) {
 
 // Where and how the stages run, and what the plan is made from.
 void read_placement(const po::variables_map& vm, TrainOptions& o) {
-  o.stages = vm.count("stages") ? vm["stages"].as<int>() : 0;
-  if (vm.count("stages") && o.stages < 1) throw ConfigError("--stages must be at least 1");
-  o.data_parallel = vm.count("data-parallel") ? vm["data-parallel"].as<int>() : 0;
-  if (vm.count("data-parallel") && o.data_parallel < 1) throw ConfigError("--data-parallel must be at least 1");
-  const ZeroOptions zero = zero_options_from(vm);
-  o.zero_stage = zero.stage;
-  o.bucket_bytes = zero.bucket_bytes;
-  o.schedule = vm["schedule"].as<ScheduleChoice>().with_virtual_stages(vm["virtual-stages"].as<int>());
-  // A schedule file is written for its sizes: other ones are refused before anything runs.
-  if (o.schedule.is_file())
-    o.schedule.make(o.stages > 0 ? o.stages : o.schedule.file_stages(), vm["micro-batches"].as<int64_t>());
-  o.planner = vm["planner"].as<PlannerKind>();
-  if (is_zero_baseline(o.planner))
-    throw ConfigError(std::string("--planner ") + name_of(o.planner) +
+  o.plan = plan_request_from(vm);
+  if (is_zero_baseline(o.plan.planner))
+    throw ConfigError(std::string("--planner ") + name_of(o.plan.planner) +
                       " is ZeRO's data-parallel baseline that `dawnpiper plan` computes, no pipeline plan to train");
-  o.memopt = vm["memopt"].as<MemoptKind>();
   o.device = vm["device"].as<DeviceKind>();
   o.transport = vm["transport"].as<TransportKind>();
   o.threads_requested = vm["threads"].as<int>();
@@ -173,8 +162,6 @@ po::options_description train_options() {
   po::options_description own("Training options");
   // clang-format off
   own.add_options()
-      ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
-                                          "averaged every step (default: MPI ranks / --stages); a pipeline's ranks share a node where they can")
       ("profile-in", po::value<std::string>(), "plan from this profile instead of profiling first")
       ("plan-in", po::value<std::string>(), "train with this plan (JSON from `dawnpiper plan --out`)")
       ("calibrate-trace", po::value<std::vector<std::string>>()->composing(),
@@ -210,8 +197,6 @@ po::options_description train_options() {
       ("eval-batches", po::value<int64_t>()->default_value(4), "micro-batches of the validation split per evaluation")
       ("eval-only", po::bool_switch(), "report the validation loss of the starting weights (--resume's checkpoint, "
                                        "--init-from's or the seed's) and train nothing")
-      ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, name_of(OptimizerKind::Sgd)),
-       (enum_help<OptimizerKind>() + " (sgd with --momentum)").c_str())
       ("lr", po::value<double>()->default_value(0.01), "learning rate (the schedule's peak)")
       ("momentum", po::value<double>()->default_value(0.9), "SGD momentum")
       ("weight-decay", po::value<double>()->default_value(0.0), "weight decay of matrices and embeddings (not of biases "
@@ -254,9 +239,7 @@ TrainOptions read_train_options(const po::variables_map& vm) {
 
 namespace {
 // --schedule auto beside --plan-in takes the plan's choice; --virtual-stages is compared on its own.
-bool agrees(const ScheduleChoice& given, const ScheduleChoice& planned) {
-  return given.is_auto() || (given.name() == planned.name() && given.actions_text() == planned.actions_text());
-}
+bool agrees(const ScheduleRequest& given, const ScheduleRequest& planned) { return given.admits(planned.choice()); }
 template <class T>
 bool agrees(const T& given, const T& planned) {
   return given == planned;
@@ -286,8 +269,9 @@ void adopt_plan_settings(const Plan& plan, po::variables_map& vm, bool resumed) 
     vm.insert({key, po::variable_value(boost::any(planned), false)});
   };
   const int virtual_stages = plan.options.schedule.virtual_stages();
-  const bool other_schedule = differs("schedule", plan.options.schedule);
-  adopt("schedule", plan.options.schedule);
+  const ScheduleRequest planned(plan.options.schedule);
+  const bool other_schedule = differs("schedule", planned);
+  adopt("schedule", planned);
   if (!(resumed && other_schedule)) adopt("virtual-stages", virtual_stages);  // another schedule: its own default
   adopt("planner", plan.options.planner);
   adopt("memopt", plan.options.memopt);

@@ -17,14 +17,9 @@ po::options_description train_options();
 struct TrainOptions {
   TrainConfig config;
   int64_t micro_batch_size = 0;
-  int stages = 0, data_parallel = 0;  // 0: not given (the MPI ranks decide)
-  // --zero-stage, --bucket-size (cli/options.h); run_training sets zero_stage to 0 where the
-  // run has one replica (it then changes nothing).
-  int zero_stage = 0;
-  int64_t bucket_bytes = int64_t{25} << 20;
-  ScheduleChoice schedule = ScheduleChoice::named("1f1b");
-  PlannerKind planner = PlannerKind::DawnPiper;
-  MemoptKind memopt = MemoptKind::None;
+  // What the run asks of its plan (cli/options.h: plan_request_from): ranks and data_parallel 0
+  // where not given (the MPI ranks decide); its capacity is set where rank 0 plans (run/agreed_plan).
+  PlanRequest plan;
   DeviceKind device = DeviceKind::Cpu;
   TransportKind transport = TransportKind::Auto;
   int threads_requested = 0;                        // 0: choose

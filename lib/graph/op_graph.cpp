@@ -244,6 +244,19 @@ bool OpGraph::views_weight(int node, size_t k) const {
   return kind == AtenArg::Kind::Param || kind == AtenArg::Kind::Buffer;
 }
 
+std::vector<int> OpGraph::tied_owners() const {
+  std::vector<int> owner(nodes.size(), -1);
+  for (const Node& n : nodes)
+    for (const ParamSpec& ps : n.params)
+      if (ps.tied()) {
+        int& o = owner[static_cast<size_t>(n.id)];
+        if (o >= 0 && o != ps.tied_node)
+          throw std::logic_error("node " + n.name + " ties parameters of two nodes; the profile records one");
+        o = ps.tied_node;
+      }
+  return owner;
+}
+
 int64_t OpGraph::parameter_bytes(int node) const {
   int64_t b = 0;
   for (const ParamSpec& p : nodes.at(node).params)

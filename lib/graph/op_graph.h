@@ -238,6 +238,10 @@ class OpGraph {
   std::vector<bool> requires_grad() const;
   int64_t parameter_count() const;          // unique parameters (tied ones counted once)
   int64_t parameter_bytes(int node) const;  // owned (untied) parameter bytes of one node
+  // Per node, the node owning the tied parameters it reads (weight tying: GPT-2's LM head reads
+  // the token embedding's), -1 where it reads none; a node tying two owners' is a logic error.
+  // The profile records it (NodeProfile::tied_owner); schedule/schedule.h's holds_tied_across reads it.
+  std::vector<int> tied_owners() const;
   // What a stage holding the node keeps once: a causal mask, T5's buckets, the buffers an
   // imported node reads.
   StageConstant stage_constant(int node) const;

@@ -74,7 +74,7 @@ void CostModel::index_split_conflicts() {
   const Profile& p = *profile_;
   split_conflict_.assign(static_cast<size_t>(n_), -1);
   // One stage has no cut to move: make_plan refuses it with the pair (split_backward_refusal).
-  if (stages_ < 2 || schedule_.is_auto() || !schedule_.traits().splits_backward) return;
+  if (stages_ < 2 || !schedule_.traits().splits_backward) return;
   std::map<int, std::vector<int>> readers;  // weight (its owning node) -> its readers, in order
   for (const NodeProfile& node : p.nodes) {
     const int weight = node.tied_owner >= 0 ? node.tied_owner : node.param_bytes > 0 ? node.id : -1;

@@ -16,9 +16,14 @@ double Plan::bottleneck_ms() const {
   return worst;
 }
 
-TimedRun Plan::simulated_step() const {
-  const int l = static_cast<int>(stages.size());
+void Plan::time_step() {
+  timed_step_ms = timed_idle_share = 0;
+  if (!options.schedule.traits().drains_every_step) {  // the steady state of a full pipeline
+    timed_step_ms = static_cast<double>(options.micro_batches) * bottleneck_ms();
+    return;
+  }
   std::vector<StageTimes> times;
+  double allreduce = 0;
   for (const StagePlan& s : stages) {
     StageTimes t;
     t.forward_ms = s.forward_ms;
@@ -26,24 +31,14 @@ TimedRun Plan::simulated_step() const {
     t.weight_ms = s.weight_ms;
     t.send_ms = static_cast<double>(s.crossing_bytes) / options.link_bandwidth * 1e3;
     times.push_back(t);
+    allreduce = std::max(allreduce, s.allreduce_ms);
   }
-  return simulate_times(options.schedule.make(l, options.micro_batches), times);
-}
-
-double Plan::step_ms() const {
-  if (!options.schedule.traits().drains_every_step)
-    return static_cast<double>(options.micro_batches) * bottleneck_ms();  // a full pipeline
-  double allreduce = 0;
-  for (const StagePlan& s : stages) allreduce = std::max(allreduce, s.allreduce_ms);
-  return simulated_step().step_ms + allreduce;
-}
-
-double Plan::bubble_fraction() const {
-  if (!options.schedule.traits().drains_every_step) return 0;  // the steady state of a full pipeline
-  const TimedRun run = simulated_step();
+  const TimedRun run =
+      simulate_times(options.schedule.make(static_cast<int>(stages.size()), options.micro_batches), times);
   double idle = 0;
   for (double ms : run.idle_ms) idle += ms;
-  return run.step_ms > 0 ? idle / (run.step_ms * static_cast<double>(run.idle_ms.size())) : 0;
+  timed_step_ms = run.step_ms + allreduce;
+  timed_idle_share = run.step_ms > 0 ? idle / (run.step_ms * static_cast<double>(run.idle_ms.size())) : 0;
 }
 
 std::vector<int64_t> Plan::rank_peak_bytes(bool predicted) const {
@@ -321,6 +316,7 @@ Plan plan_fields(const Json& j) {
   if (expected_begin != p.nodes)
     throw ConfigError("plan stages cover " + std::to_string(expected_begin) + " of " + std::to_string(p.nodes) +
                       " nodes");
+  p.time_step();
   return p;
 }
 

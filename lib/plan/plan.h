@@ -137,16 +137,17 @@ struct Plan {
   // (replay_rank_peak); empty otherwise.
   std::vector<int64_t> rank_replayed_peaks;
 
-  // The schedule's timed run of one step (a drained pipeline) with the stages' predicted times.
-  TimedRun simulated_step() const;
-  double bottleneck_ms() const;  // slowest stage: the pipeline's per-micro-batch period
   // One training step as the schedule's action lists run it (simulate_times): every stage's
   // forwards and backwards (with its evictions' stalls) in the list's order, each message one
   // link transfer of the cut's bytes, then the slowest gradient allreduce. A stream that never
-  // drains (async) takes m periods of the slowest stage in its steady state.
-  double step_ms() const;
+  // drains (async) takes m periods of the slowest stage in its steady state. Simulated once, by
+  // time_step, where the plan is made and where it is read.
+  double step_ms() const { return timed_step_ms; }
   // The idle share of the stages' time in that step (bubbles and waits), averaged over stages.
-  double bubble_fraction() const;
+  double bubble_fraction() const { return timed_idle_share; }
+  double timed_step_ms = 0, timed_idle_share = 0;
+  void time_step();
+  double bottleneck_ms() const;  // slowest stage: the pipeline's per-micro-batch period
   // Per rank, what its stages hold at once: the rank replay's (predicted; where there is none,
   // the stages' replayed peaks summed) or the search formula's peaks summed.
   std::vector<int64_t> rank_peak_bytes(bool predicted) const;

@@ -6,7 +6,7 @@
 
 namespace dawnpiper {
 
-void set_device_memory(PlanOptions& options, int64_t device_memory, double headroom_share) {
+void set_device_memory(PlanSettings& options, int64_t device_memory, double headroom_share) {
   options.allocator_headroom_bytes =
       device_memory == kUnlimitedBytes ? 0 : static_cast<int64_t>(static_cast<double>(device_memory) * headroom_share);
   options.capacity_bytes = device_memory - options.allocator_headroom_bytes;

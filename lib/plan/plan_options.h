@@ -40,9 +40,10 @@ struct EnumNames<MemoptKind> {
   static constexpr std::array<const char*, 3> meaning{"", "recompute", "swap + recompute"};
 };
 
-struct PlanOptions {
-  int stages = 1;  // to cut: ranks x the schedule's virtual stages
-  ScheduleChoice schedule = ScheduleChoice::named("1f1b");
+// What a plan is asked for besides its schedule and its stages: shared by the request (PlanRequest,
+// what the command line asks) and the options one search plans with (PlanOptions, what the plan
+// records).
+struct PlanSettings {
   int64_t micro_batches = 4;  // per mini-batch (per optimizer step for gpipe / 1f1b)
   OptimizerKind optimizer = OptimizerKind::Sgd;
   // Device memory per rank the plan may fill; under an interleaved schedule each of a rank's V
@@ -78,8 +79,30 @@ struct PlanOptions {
   int sharding() const { return data_parallel > 1 ? zero_stage : 0; }
 };
 
+// One search's inputs, as the plan records them: the schedule resolved.
+struct PlanOptions : PlanSettings {
+  int stages = 1;  // to cut: ranks x the schedule's virtual stages
+  ScheduleChoice schedule;
+};
+
+// What a run asks of its plan, read once from the command line (cli/options.h: plan_request_from)
+// by `plan` and `train` alike; the planner resolves it into a Plan (plan/schedule_search.h), and
+// everything after reads the plan.
+struct PlanRequest : PlanSettings {
+  int ranks = 1;  // pipeline ranks; each holds schedule's virtual stages
+  ScheduleRequest schedule;
+  // The options of one search under `choice` (one of schedule.candidates()).
+  PlanOptions options_for(const ScheduleChoice& choice) const {
+    PlanOptions o;
+    static_cast<PlanSettings&>(o) = *this;
+    o.schedule = choice;
+    o.stages = ranks * choice.virtual_stages();
+    return o;
+  }
+};
+
 // Splits `device_memory` (bytes per stage; kUnlimitedBytes: no limit) into what the plan may fill and
 // `headroom_share` of it left to the allocator.
-void set_device_memory(PlanOptions& options, int64_t device_memory, double headroom_share);
+void set_device_memory(PlanSettings& options, int64_t device_memory, double headroom_share);
 
 }  // namespace dawnpiper

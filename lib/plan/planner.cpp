@@ -1,5 +1,4 @@
 #include "plan/planner.h"
-#include "plan/schedule_search.h"
 
 #include <algorithm>
 #include <sched.h>
@@ -146,8 +145,8 @@ SearchStep max_batch_step(const Known& known, int64_t upper_bound) {
 // search can no longer ask for is stopped. The search decides exactly as with one thread.
 class BatchProbes {
  public:
-  BatchProbes(const Profile& profile, const PlanOptions& options, int64_t upper_bound, int threads)
-      : profile_(profile), options_(options), upper_bound_(upper_bound), threads_(std::max(1, threads)) {}
+  BatchProbes(const Profile& profile, const PlanAtBatch& plan_at, int64_t upper_bound, int threads)
+      : profile_(profile), plan_at_(plan_at), upper_bound_(upper_bound), threads_(std::max(1, threads)) {}
   BatchProbes(const BatchProbes&) = delete;
   BatchProbes& operator=(const BatchProbes&) = delete;
   ~BatchProbes() {
@@ -235,7 +234,7 @@ class BatchProbes {
     Result result;
     planning_stop = stop;
     try {
-      result.plan = try_plan(profile_.at_batch(b), options_);
+      result.plan = plan_at_(profile_.at_batch(b));
     } catch (...) {
       result.error = std::current_exception();
     }
@@ -265,7 +264,7 @@ class BatchProbes {
   }
 
   const Profile& profile_;
-  const PlanOptions& options_;
+  const PlanAtBatch& plan_at_;
   const int64_t upper_bound_;
   const int threads_;
   std::mutex mutex_;
@@ -288,7 +287,8 @@ int usable_cores() {
 
 std::optional<MaxBatch> max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound,
                                   int threads) {
-  return BatchProbes(profile, options, upper_bound, threads).run();
+  const PlanAtBatch plan_at = [&](const Profile& at) { return try_plan(at, options); };
+  return BatchProbes(profile, plan_at, upper_bound, threads).run();
 }
 
 // What a capacity is of: a stage, or a rank of several (interleaved) stages.
@@ -435,6 +435,7 @@ Plan plan_of(const Profile& profile, const PlanOptions& options, StageEvaluator&
           programs.push_back(stage_program(model, s.begin, s.end, s.index, s.decisions));
       plan.rank_replayed_peaks.push_back(replay_rank_peak(model, programs, model.rank_actions(r)));
     }
+  plan.time_step();
   return plan;
 }
 
@@ -472,11 +473,6 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
 }  // namespace
 
 std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options) {
-  if (options.schedule.is_auto()) {
-    const std::vector<ScheduleCandidate> candidates = plan_each_schedule(profile, options);
-    const Plan* best = fastest_fitting(candidates);
-    return best ? std::optional<Plan>(*best) : std::nullopt;
-  }
   validate(profile, options);
   const auto start = std::chrono::steady_clock::now();
   const bool limited = options.capacity_bytes != kUnlimitedBytes;
@@ -548,16 +544,11 @@ std::string split_backward_refusal(const Profile& profile, const Plan& plan) {
 
 Plan make_plan(const Profile& profile, const PlanOptions& options) {
   std::optional<Plan> plan = try_plan(profile, options);
-  if (plan && !options.schedule.is_auto() && options.schedule.traits().splits_backward) {
+  if (plan && options.schedule.traits().splits_backward) {
     const std::string why = split_backward_refusal(profile, *plan);
     if (!why.empty()) throw ConfigError(why);
   }
   if (plan) return std::move(*plan);
-  if (options.schedule.is_auto()) {  // why not, for the schedule that holds the fewest micro-batches
-    PlanOptions fewest = options;
-    fewest.schedule = ScheduleChoice::named("1f1b");
-    return make_plan(profile, fewest);
-  }
   std::string message = describe(profile, options) + node_needs_text(profile, options) + needs_text(profile, options);
   if (has_batch_fits(profile)) {
     std::optional<MaxBatch> fit;
@@ -573,13 +564,20 @@ Plan make_plan(const Profile& profile, const PlanOptions& options) {
 }
 
 MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound, int threads) {
+  return find_max_batch(
+      profile, options, [&](const Profile& at) { return try_plan(at, options); }, upper_bound, threads);
+}
+
+MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options, const PlanAtBatch& plan_at,
+                        int64_t upper_bound, int threads) {
   if (upper_bound < 1) throw ConfigError("the micro-batch size bound must be at least 1");
   validate(profile, options);
   if (!has_batch_fits(profile))
     throw ConfigError("the profile has no batch-size fits; profile it at two or more batch " +
                       std::string("sizes to search the micro-batch size"));
   if (threads < 0) throw ConfigError("the number of planning threads must not be negative");
-  std::optional<MaxBatch> fit = max_batch(profile, options, upper_bound, threads == 0 ? usable_cores() : threads);
+  std::optional<MaxBatch> fit =
+      BatchProbes(profile, plan_at, upper_bound, threads == 0 ? usable_cores() : threads).run();
   if (fit) return std::move(*fit);
   Profile one = profile.at_batch(1);
   throw InfeasibleError(describe(one, options) + node_needs_text(one, options) + needs_text(one, options) +

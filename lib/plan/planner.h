@@ -1,6 +1,7 @@
 #pragma once
 // The planner's entry points, used by `dawnpiper plan` and by rank 0 before training.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +11,9 @@
 
 namespace dawnpiper {
 
+// The planner of one schedule (`options.schedule`, resolved); a PlanRequest, which may ask for
+// `--schedule auto`, is resolved by plan/schedule_search.h.
+//
 // The best plan `options.planner` finds for the profile at its micro-batch size. Throws
 // ConfigError for stages < 1, more stages
 // than nodes (or blocks, for block-granularity planners), and InfeasibleError when no plan fits
@@ -39,5 +43,10 @@ struct MaxBatch {
 // B = 1 does not fit, ConfigError when the profile has no batch-size fits or upper_bound < 1.
 MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options, int64_t upper_bound = 4096,
                         int threads = 0);
+// The same search with `plan_at` planning the profile at each size (a request's candidates,
+// plan/schedule_search.h); `options` are checked and word the message when nothing fits.
+using PlanAtBatch = std::function<std::optional<Plan>(const Profile& at_batch)>;
+MaxBatch find_max_batch(const Profile& profile, const PlanOptions& options, const PlanAtBatch& plan_at,
+                        int64_t upper_bound, int threads);
 
 }  // namespace dawnpiper

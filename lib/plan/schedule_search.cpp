@@ -4,27 +4,23 @@
 #include <ostream>
 
 #include "plan/planner.h"
-#include "schedule/registry.h"
 #include "util/units.h"
 
 namespace dawnpiper {
 
-std::vector<ScheduleCandidate> plan_each_schedule(const Profile& profile, const PlanOptions& options) {
+std::vector<ScheduleCandidate> plan_each_schedule(const Profile& profile, const PlanRequest& request) {
   std::vector<ScheduleCandidate> candidates;
-  const int ranks = options.stages / options.schedule.virtual_stages();
-  for (const ScheduleEntry& entry : registered_schedules()) {
-    if (!entry.traits.updates_once_per_step) continue;
-    PlanOptions one = options;
-    one.schedule = ScheduleChoice::named(entry.name);  // an interleaved one with its default virtual stages
-    one.stages = ranks * one.schedule.virtual_stages();
-    if (entry.traits.interleaves() && (options.micro_batches % ranks != 0 || one.stages > profile.size())) {
-      candidates.push_back({entry.name, std::nullopt,
-                            options.micro_batches % ranks != 0 ? "micro-batches not a multiple of the ranks"
-                                                               : "fewer nodes than stages"});
+  for (const ScheduleChoice& schedule : request.schedule.candidates()) {
+    const PlanOptions one = request.options_for(schedule);
+    if (schedule.traits().interleaves() &&
+        (request.micro_batches % request.ranks != 0 || one.stages > profile.size())) {
+      candidates.push_back({schedule.name(), std::nullopt,
+                            request.micro_batches % request.ranks != 0 ? "micro-batches not a multiple of the ranks"
+                                                                       : "fewer nodes than stages"});
       continue;
     }
-    ScheduleCandidate c{entry.name, try_plan(profile, one), ""};
-    if (c.plan && entry.traits.splits_backward)
+    ScheduleCandidate c{schedule.name(), try_plan(profile, one), ""};
+    if (c.plan && schedule.traits().splits_backward)
       if (!split_backward_refusal(profile, *c.plan).empty()) c.why_not = "cannot split a stage's backward";
     if (!c.why_not.empty()) c.plan.reset();
     candidates.push_back(std::move(c));
@@ -65,12 +61,26 @@ void print_schedule_table(std::ostream& out, const std::vector<ScheduleCandidate
   }
 }
 
-Plan plan_and_compare_schedules(const Profile& profile, const PlanOptions& options, std::ostream* table) {
-  if (!options.schedule.is_auto()) return make_plan(profile, options);
-  const std::vector<ScheduleCandidate> candidates = plan_each_schedule(profile, options);
+Plan resolve_plan(const Profile& profile, const PlanRequest& request, std::ostream* table) {
+  if (!request.schedule.is_auto()) return make_plan(profile, request.options_for(request.schedule.choice()));
+  const std::vector<ScheduleCandidate> candidates = plan_each_schedule(profile, request);
   if (table) print_schedule_table(*table, candidates);
   const Plan* best = fastest_fitting(candidates);
-  return best ? *best : make_plan(profile, options);  // make_plan says why nothing fits
+  return best ? *best : make_plan(profile, request.options_for(ScheduleChoice::named("1f1b")));  // says why
+}
+
+std::optional<Plan> try_resolve_plan(const Profile& profile, const PlanRequest& request) {
+  if (!request.schedule.is_auto()) return try_plan(profile, request.options_for(request.schedule.choice()));
+  const std::vector<ScheduleCandidate> candidates = plan_each_schedule(profile, request);
+  const Plan* best = fastest_fitting(candidates);
+  return best ? std::optional<Plan>(*best) : std::nullopt;
+}
+
+MaxBatch find_max_batch(const Profile& profile, const PlanRequest& request, int64_t upper_bound, int threads) {
+  const PlanOptions worded =
+      request.options_for(request.schedule.is_auto() ? ScheduleChoice::named("1f1b") : request.schedule.choice());
+  return find_max_batch(
+      profile, worded, [&](const Profile& at) { return try_resolve_plan(at, request); }, upper_bound, threads);
 }
 
 }  // namespace dawnpiper

@@ -181,19 +181,15 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
   return out;
 }
 
-bool holds_tied_across(const Profile& p, int b, int e) {
-  for (const NodeProfile& n : p.nodes)
-    if (n.tied_owner >= 0 && (n.id >= b && n.id < e) != (n.tied_owner >= b && n.tied_owner < e)) return true;
-  return false;
-}
-
 StageProgram stage_program(const CostModel& model, int b, int e, int x, const std::vector<TensorDecision>& decisions) {
   StageProgram program;
   program.stage = x;
   program.begin = b;
   program.end = e;
-  program.actions = stage_list(model.schedule().traits(), model.actions(x),
-                               holds_tied_across(model.profile(), b, e) ? std::set<int>{x} : std::set<int>{});
+  std::vector<int> tied_owner;
+  for (const NodeProfile& n : model.profile().nodes) tied_owner.push_back(n.tied_owner);
+  program.actions = add_tied_reductions(model.schedule().traits(), model.actions(x),
+                                        holds_tied_across(tied_owner, b, e) ? std::set<int>{x} : std::set<int>{});
   program.evictions = place_evictions(model, b, e, decisions);
   return program;
 }

@@ -40,12 +40,9 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
 std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
                                       const std::vector<TensorDecision>& decisions, const std::vector<char>& received);
 
-// Whether nodes [b, e) share a tied weight with a node outside (GPT-2's embedding and LM head).
-bool holds_tied_across(const Profile& profile, int b, int e);
-
-// Stage x ([b, e)) of the model's schedule with `decisions` placed, its list from stage_list as
-// the runtime's (runtime/pipeline.cpp's stage_actions): the two differ only in where they learn
-// that the stage holds tied weights (the profile here, the graph there).
+// Stage x ([b, e)) of the model's schedule with `decisions` placed, its list from add_tied_reductions with
+// holds_tied_across (schedule/schedule.h) as the runtime's (runtime/pipeline.cpp's rank_actions):
+// the profile's tied owners here are the graph's there.
 StageProgram stage_program(const CostModel& model, int b, int e, int x, const std::vector<TensorDecision>& decisions);
 
 }  // namespace dawnpiper

@@ -19,7 +19,7 @@ int zero_level(PlannerKind planner) {
   throw ConfigError(std::string("planner ") + name_of(planner) + " is a pipeline planner, not ZeRO's baseline");
 }
 
-ZeroBaselineOptions zero_baseline_options(const PlanOptions& options) {
+ZeroBaselineOptions zero_baseline_options(const PlanSettings& options) {
   ZeroBaselineOptions z;
   z.level = zero_level(options.planner);
   z.data_parallel = options.data_parallel;

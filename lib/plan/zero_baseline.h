@@ -78,7 +78,7 @@ struct ZeroBaselineOptions {
 };
 // The level from options.planner (zero2 or zero3), the rest from the options as `plan` set
 // them (data_parallel, optimizer, capacity after the allocator's headroom, link bandwidth).
-ZeroBaselineOptions zero_baseline_options(const PlanOptions& options);
+ZeroBaselineOptions zero_baseline_options(const PlanSettings& options);
 
 struct ZeroMemory {  // bytes one GPU holds (above)
   int64_t parameters = 0;

@@ -489,7 +489,7 @@ double model_flops_per_micro_batch(const OpGraph& g) {
 }
 
 Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec, const MeasureNode& measure) {
-  Profile p = profile_skeleton(g, "analytic", spec.name);
+  Profile p = profile_skeleton(g, ProfileSource::Analytic, spec.name);
   p.timing = "roofline";
   const auto depth = g.depths();
   std::vector<OpFacts> all;
@@ -497,6 +497,7 @@ Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec, const Measure
   const std::vector<bool> rg = g.requires_grad();
   std::map<int, KeptFacts> measured;  // nodes whose operator has no formula
   std::map<std::string, int> unknown;
+  const std::vector<int> tied_owners = g.tied_owners();
   for (const Node& n : g.nodes) {
     OpFacts f = facts(g, strides, n, rg);
     if (!f.known) {
@@ -504,7 +505,7 @@ Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec, const Measure
       if (measure) measured[n.id] = measure(g, n.id);
     }
     all.push_back(f);
-    NodeProfile np = node_row(g, n.id, depth);
+    NodeProfile np = node_row(g, n.id, depth, tied_owners);
     auto seconds = [&](double flops, double bytes, int kernels) {
       return std::max(flops / spec.flops, bytes / spec.bandwidth) + kernels * spec.kernel_overhead_s;
     };

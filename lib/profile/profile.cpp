@@ -113,7 +113,7 @@ Profile Profile::at_batch(int64_t batch) const {
 }
 
 std::string Profile::device_mismatch(const std::string& run_device) const {
-  if (source != "measured" || device.empty() || run_device.empty()) return "";  // unrecorded: older files
+  if (source != ProfileSource::Measured || device.empty() || run_device.empty()) return "";  // unrecorded: older files
   auto type = [](const std::string& d) { return d.substr(0, d.find(':')); };
   if (type(device) == type(run_device)) return "";
   return "the profile was measured on " + device + ", the run is on " + run_device + " (profile on " +

@@ -155,13 +155,23 @@ inline int64_t input_workspace(const NodeProfile& node) {
 // product's weight gradient is half its backward's FLOPs), 0 for one reading none.
 double weight_share(const NodeProfile& node);
 
+// Where a profile's numbers come from: the device itself, or formulas over a device spec.
+enum class ProfileSource { Measured, Analytic };
+template <>
+struct EnumNames<ProfileSource> {
+  static constexpr const char* what = "profile source";
+  static constexpr std::array<std::pair<ProfileSource, const char*>, 2> table{
+      {{ProfileSource::Measured, "measured"}, {ProfileSource::Analytic, "analytic"}}};
+};
+
 struct Profile {
   static constexpr int kSchemaVersion = 2;
-  std::string model, preset, device, source;  // source: "measured" | "analytic"
-  std::string timing;                         // how node times were obtained: "in-step" | "isolated" | "roofline"
-  std::string torch_version, created;         // provenance
-  Precision precision = Precision::Fp32;      // of the graph profiled: fp32 | bf16
-  std::string graph_hash;                     // OpGraph::fingerprint() of the graph profiled ("" in older files)
+  std::string model, preset, device;
+  ProfileSource source = ProfileSource::Measured;
+  std::string timing;                     // how node times were obtained: "in-step" | "isolated" | "roofline"
+  std::string torch_version, created;     // provenance
+  Precision precision = Precision::Fp32;  // of the graph profiled: fp32 | bf16
+  std::string graph_hash;                 // OpGraph::fingerprint() of the graph profiled ("" in older files)
   std::string notes;  // caveats a reader should know (operators the analytic profile has no formula for)
   int64_t micro_batch_size = 1;
   std::vector<int64_t> profiled_batch_sizes;

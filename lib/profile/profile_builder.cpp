@@ -7,7 +7,7 @@
 
 namespace dawnpiper {
 
-Profile profile_skeleton(const OpGraph& g, const std::string& source, const std::string& device) {
+Profile profile_skeleton(const OpGraph& g, ProfileSource source, const std::string& device) {
   Profile p;
   p.model = g.model;
   p.preset = g.preset;
@@ -36,7 +36,7 @@ Profile profile_skeleton(const OpGraph& g, const std::string& source, const std:
   return p;
 }
 
-NodeProfile node_row(const OpGraph& g, int node, const std::vector<int>& depths) {
+NodeProfile node_row(const OpGraph& g, int node, const std::vector<int>& depths, const std::vector<int>& tied_owners) {
   const Node& n = g.nodes.at(node);
   NodeProfile np;
   np.id = n.id;
@@ -45,13 +45,9 @@ NodeProfile node_row(const OpGraph& g, int node, const std::vector<int>& depths)
   np.block = n.block;
   np.depth = depths.at(node);
   np.param_bytes = g.parameter_bytes(n.id);
+  np.tied_owner = tied_owners.at(static_cast<size_t>(node));
   for (const ParamSpec& ps : n.params)
-    if (ps.tied()) {
-      if (np.tied_owner >= 0 && np.tied_owner != ps.tied_node)
-        throw std::logic_error("node " + n.name + " ties parameters of two nodes; the profile records one");
-      np.tied_owner = ps.tied_node;
-      np.tied_bytes += g.nodes[ps.tied_node].params[ps.tied_param].bytes();
-    }
+    if (ps.tied()) np.tied_bytes += g.nodes[ps.tied_node].params[ps.tied_param].bytes();
   const StageConstant c = g.stage_constant(n.id);
   np.constant_key = c.key;
   np.constant_bytes = c.bytes;

@@ -13,9 +13,10 @@ namespace dawnpiper {
 
 // The graph's tensors (bytes, producers, consumers, data flags), blocks and provenance; no
 // node rows yet.
-Profile profile_skeleton(const OpGraph& graph, const std::string& source, const std::string& device);
+Profile profile_skeleton(const OpGraph& graph, ProfileSource source, const std::string& device);
 // A node row with the graph's facts (name, kind, block, depth, parameter bytes, outputs).
-NodeProfile node_row(const OpGraph& graph, int node, const std::vector<int>& depths);
+NodeProfile node_row(const OpGraph& graph, int node, const std::vector<int>& depths,
+                     const std::vector<int>& tied_owners);
 // Records that `node`'s backward keeps tensor `tensor`: on its storage owner, if it is a view.
 void add_saved(Profile& profile, int tensor, int node);
 // Appends an internal buffer of `bytes` that only `node`'s backward keeps (TensorProfile::copy_of:

@@ -415,7 +415,7 @@ void use_in_step_timing(Profile& p, const OpGraph& g, const ProfilerOptions& opt
 
 Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
   if (g.micro_batch_size < 1) throw ConfigError("micro-batch size must be at least 1");
-  Profile p = profile_skeleton(g, "measured", opt.device.str());
+  Profile p = profile_skeleton(g, ProfileSource::Measured, opt.device.str());
   p.torch_version = torch_version_string();
   // First, before any node's product creates the library workspaces it would be charged for.
   const bool convolutions = std::any_of(g.nodes.begin(), g.nodes.end(), [](const Node& n) {
@@ -425,10 +425,11 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
   p.host_link = measure_host_link(opt.device);
   const std::vector<NodeMeasurement> measured = measure_nodes(g, opt);
   // Assemble: node rows, aliases, saved_by (on storage owners), internal buffers.
+  const std::vector<int> tied_owners = g.tied_owners();
   const auto depth = g.depths();
   for (const Node& n : g.nodes) {
     const NodeMeasurement& m = measured[n.id];
-    NodeProfile np = node_row(g, n.id, depth);
+    NodeProfile np = node_row(g, n.id, depth, tied_owners);
     const Stats f = stats(m.fwd_ms), b = stats(m.bwd_ms);
     np.fwd_ms = f.mean;
     np.fwd_ms_std = f.std;

@@ -74,21 +74,12 @@ std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const Ran
     if (!o.quiet)
       std::printf("profile: node times scaled to what %zu traced run(s) measured\n", o.calibrate_traces.size());
   }
-  PlanOptions p;
-  p.stages = layout.stages * o.schedule.virtual_stages();
-  p.schedule = o.schedule;
-  p.micro_batches = o.config.micro_batches;
-  p.optimizer = o.config.optimizer.kind;
-  set_device_memory(p, o.capacity,
+  PlanRequest request = o.plan;
+  request.ranks = layout.stages;
+  request.data_parallel = layout.replicas;
+  set_device_memory(request, o.capacity,
                     o.allocator_headroom >= 0 ? o.allocator_headroom : default_allocator_headroom(device.str()));
-  p.planner = o.planner;
-  p.memopt = o.memopt;
-  p.fit_replayed = true;
-  p.data_parallel = layout.replicas;
-  p.zero_stage = o.zero_stage;
-  p.bucket_bytes = o.bucket_bytes;
-  Plan plan = plan_and_compare_schedules(profile, p, o.quiet ? nullptr : &std::cout);
-  return plan.to_json();
+  return resolve_plan(profile, request, o.quiet ? nullptr : &std::cout).to_json();
 }
 
 }  // namespace
@@ -114,18 +105,18 @@ std::string resumed_plan_changes(const Plan& saved, const OpGraph& graph, const 
   compare("stages", std::to_string(static_cast<int>(saved.stages.size()) / virtual_stages),
           std::to_string(layout.stages));
   compare("data-parallel", std::to_string(p.data_parallel), std::to_string(layout.replicas));
-  compare("schedule", name_of(p.schedule), name_of(o.schedule));
-  compare("virtual-stages", std::to_string(virtual_stages), std::to_string(o.schedule.virtual_stages()));
-  compare("planner", name_of(p.planner), name_of(o.planner));
-  compare("memopt", name_of(p.memopt), name_of(o.memopt));
+  compare("schedule", name_of(p.schedule), name_of(o.plan.schedule));
+  compare("virtual-stages", std::to_string(virtual_stages), std::to_string(o.plan.schedule.virtual_stages()));
+  compare("planner", name_of(p.planner), name_of(o.plan.planner));
+  compare("memopt", name_of(p.memopt), name_of(o.plan.memopt));
   compare("micro-batch-size", std::to_string(saved.micro_batch_size), std::to_string(o.micro_batch_size));
   compare("micro-batches", std::to_string(p.micro_batches), std::to_string(o.config.micro_batches));
   compare("optimizer", name_of(p.optimizer), name_of(o.config.optimizer.kind));
-  const int zero_stage = layout.replicas > 1 ? o.zero_stage : 0;
+  const int zero_stage = layout.replicas > 1 ? o.plan.zero_stage : 0;
   compare("zero-stage", std::to_string(p.sharding()), std::to_string(zero_stage));
   if (p.sharding() > 0 && zero_stage > 0)
     compare("bucket-size", format_bytes(static_cast<double>(p.bucket_bytes)),
-            format_bytes(static_cast<double>(o.bucket_bytes)));
+            format_bytes(static_cast<double>(o.plan.bucket_bytes)));
   PlanOptions now;
   set_device_memory(now, o.capacity,
                     o.allocator_headroom >= 0 ? o.allocator_headroom : default_allocator_headroom(device.str()));
@@ -227,9 +218,7 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
 
 PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const RankLayout& layout, const TrainOptions& o,
                                c10::Device device, int64_t first_step) {
-  PipelineConfig pc = pipeline_config_of(plan, graph);
-  pc.schedule = plan.options.schedule;  // --schedule auto's choice
-  pc.micro_batches = o.config.micro_batches;
+  PipelineConfig pc = pipeline_config_of(plan, graph);  // the plan's schedule, stages, micro-batching
   pc.steps = o.config.steps;
   pc.seed = o.config.seed;
   pc.optimizer = o.config.optimizer;
@@ -238,9 +227,9 @@ PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const Ran
   pc.replica = layout.replica;
   pc.replicas = layout.replicas;
   pc.first_step = first_step;
-  pc.zero_stage = layout.replicas > 1 ? o.zero_stage : 0;
-  pc.bucket_bytes = o.bucket_bytes;
-  if (pc.zero_stage > 0 && !pc.schedule.traits().updates_once_per_step)  // --schedule auto's choice
+  pc.zero_stage = layout.replicas > 1 ? o.plan.zero_stage : 0;
+  pc.bucket_bytes = o.plan.bucket_bytes;
+  if (pc.zero_stage > 0 && !pc.schedule.traits().updates_once_per_step)  // a plan file written by hand
     throw ConfigError("--zero-stage " + std::to_string(pc.zero_stage) + " under --schedule " + name_of(pc.schedule) +
                       " is not implemented yet (use gpipe, 1f1b, zb-h1, zb-h2 or interleaved)");
   // A pipeline that does not drain every step drains where it writes a checkpoint and where it

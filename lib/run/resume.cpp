@@ -45,8 +45,8 @@ Json run_identity(const OpGraph& graph, const TrainOptions& o, bool with_trainin
   j["grad-clip"] = opt.grad_clip;
   if (opt.schedule.kind != LrScheduleKind::Constant) j["steps"] = o.config.steps;
   // The checkpoint's layout (check_layout): how the stages' optimizer state is sharded.
-  j["zero-stage"] = o.zero_stage;
-  j["data-parallel"] = o.data_parallel;
+  j["zero-stage"] = o.plan.zero_stage;
+  j["data-parallel"] = o.plan.data_parallel;
   return j;
 }
 

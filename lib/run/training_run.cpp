@@ -37,10 +37,10 @@ namespace {
 
 // This rank's place: its stage and replica (runtime/rank_layout.h), or every stage here.
 RankLayout layout_from(const TrainOptions& o, int world_size) {
-  if (!o.in_process) return rank_layout(o.stages, o.data_parallel, MPI_COMM_WORLD);
+  if (!o.in_process) return rank_layout(o.plan.ranks, o.plan.data_parallel, MPI_COMM_WORLD);
   if (world_size != 1) throw ConfigError("--in-process runs every stage in one process: launch one rank");
-  if (o.data_parallel > 1) throw ConfigError("--data-parallel needs MPI ranks, not --in-process");
-  return in_process_layout(std::max(o.stages, 1));
+  if (o.plan.data_parallel > 1) throw ConfigError("--data-parallel needs MPI ranks, not --in-process");
+  return in_process_layout(std::max(o.plan.ranks, 1));
 }
 
 // config.json for --save-weights DIR: the Hugging Face config a model file was exported from
@@ -211,7 +211,7 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
     // ... and its sharding, where the replicas are as many (each reads its shard of the state).
     if (const std::optional<Json> saved = o.resume ? saved_run(o) : std::nullopt;
         saved && saved->contains("zero-stage") && saved->value("data-parallel", 1) == layout.replicas)
-      evaluation.zero_stage = (*saved)["zero-stage"].get<int>();
+      evaluation.plan.zero_stage = (*saved)["zero-stage"].get<int>();
     return evaluate_pipeline(given, graph, layout, evaluation, rank, device, first_step);
   }
   const Plan plan = agreed_plan(given, graph, layout, o, device, rank);
@@ -264,14 +264,14 @@ int run_training(TrainOptions o, const ModelSource& source, const std::optional<
                  int world_size) {
   const Plan* plan = given ? &given->plan : nullptr;
   const RankLayout layout = layout_from(o, world_size);
-  o.data_parallel = layout.replicas;
-  if (o.zero_stage > 0 && layout.replicas == 1) {  // nothing to shard over: trains as level 0
+  o.plan.data_parallel = layout.replicas;
+  if (o.plan.zero_stage > 0 && layout.replicas == 1) {  // nothing to shard over: trains as level 0
     if (rank == 0 && !o.quiet)
       std::printf(
           "note: --zero-stage %d shards over each stage's replicas, and this run has one: it changes "
           "nothing\n",
-          o.zero_stage);
-    o.zero_stage = 0;
+          o.plan.zero_stage);
+    o.plan.zero_stage = 0;
   }
   o.samples_per_step = static_cast<double>(o.config.micro_batches * o.micro_batch_size * layout.replicas);
   // Each rank's own GPU (node-local rank round robin over the visible ones) with --device cuda.
@@ -304,7 +304,7 @@ int run_training(TrainOptions o, const ModelSource& source, const std::optional<
   // The reference trainer serves plain one-stage runs; traces, checkpoints, plans (given, made
   // from a profile or written out) and planned memory optimization need the runtime.
   const bool runtime_features = !o.trace_path.empty() || !o.checkpoint_dir.empty() || o.resume ||
-                                o.memopt != MemoptKind::None || plan || device.is_cuda() || !o.plan_out.empty() ||
+                                o.plan.memopt != MemoptKind::None || plan || device.is_cuda() || !o.plan_out.empty() ||
                                 !o.profile_in.empty();
   if (!o.calibrate_traces.empty() && layout.stages == 1)
     throw ConfigError("--calibrate-trace corrects the stages of a pipeline; this run has one stage");

@@ -15,6 +15,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/mpi_transport.h"
 #include "runtime/mpi_wait.h"
+#include "runtime/pipeline_reductions.h"
 #include "runtime/pipeline_stage.h"
 #include "runtime/replica_averager.h"
 #include "runtime/stage_tracer.h"
@@ -52,26 +53,6 @@ void check_ranges(const OpGraph& g, const std::vector<std::pair<int, int>>& rang
                       std::to_string(g.size()) + " nodes (a plan for another model?)");
 }
 
-namespace {
-
-// Parameters held by more than one stage (weights tied across a cut), keyed by their owner
-// (node, index), with the stages holding a copy, in a deterministic order.
-std::map<std::pair<int, int>, std::vector<int>> tied_groups(const OpGraph& g, const PipelineConfig& c) {
-  std::map<std::pair<int, int>, std::set<int>> holders;
-  for (size_t s = 0; s < c.ranges.size(); ++s)
-    for (int n = c.ranges[s].first; n < c.ranges[s].second; ++n)
-      for (size_t i = 0; i < g.nodes[n].params.size(); ++i) {
-        const ParamSpec& p = g.nodes[n].params[i];
-        holders[p.tied() ? std::make_pair(p.tied_node, p.tied_param) : std::make_pair(n, int(i))].insert(int(s));
-      }
-  std::map<std::pair<int, int>, std::vector<int>> groups;
-  for (auto& [key, stages] : holders)
-    if (stages.size() > 1) groups[key] = {stages.begin(), stages.end()};
-  return groups;
-}
-
-}  // namespace
-
 int ranks_of(const PipelineConfig& c) { return static_cast<int>(c.ranges.size()) / c.schedule.virtual_stages(); }
 
 std::vector<Action> rank_actions(const OpGraph& g, const PipelineConfig& c, int rank) {
@@ -91,8 +72,10 @@ std::vector<Action> rank_actions(const OpGraph& g, const PipelineConfig& c, int 
     from = to;
   }
   std::set<int> holding_tied;
-  for (const auto& [key, holders] : tied_groups(g, c)) holding_tied.insert(holders.begin(), holders.end());
-  return stage_list(traits, std::move(all), holding_tied);
+  const std::vector<int> tied_owner = g.tied_owners();
+  for (int s = 0; s < stages; ++s)
+    if (holds_tied_across(tied_owner, c.ranges[s].first, c.ranges[s].second)) holding_tied.insert(s);
+  return add_tied_reductions(traits, std::move(all), holding_tied);
 }
 
 std::vector<Action> stage_actions(const OpGraph& g, const PipelineConfig& c, int stage) {
@@ -147,35 +130,29 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
       result.losses.push_back(r);
     });
   }
-  const auto groups = tied_groups(g, c);
-  // Synchronous schedules: every stage's optimizer step is the last action of its step, so the
-  // steps are deferred until all stages reach them, and tied gradients are summed first.
+  // The same reductions as the MPI run's, with every stage here (pipeline_reductions.h).
+  const std::vector<TieComm> tie_comms = tie_communicators(g, c, MPI_COMM_NULL, 0);
+  attach_reducers(stage, tie_comms, c, MPI_COMM_NULL, std::make_shared<std::pair<int, double>>(0, 0.0));
   Schedule schedule;
   schedule.name = c.schedule.name();
   schedule.stages = stages;
   schedule.micro_batches = c.steps * c.micro_batches;
   schedule.sends_in_flight = c.schedule.traits().sends_in_flight;
   for (int r = 0; r < ranks_of(c); ++r) schedule.actions.push_back(rank_actions(g, c, r));
-  std::vector<int> pending_updates;
-  auto run_updates = [&] {
-    // Summed tied gradients first, then the global norm over every stage, as the pipeline's
-    // ranks reduce them.
-    for (const auto& [key, holders] : groups) {
-      at::Tensor sum;
-      std::vector<at::Tensor*> grads;
-      for (int s : holders)
-        for (auto& p : stage[s]->module().parameters())
-          if (p.node == key.first && p.index == key.second && p.tensor.grad().defined())
-            grads.push_back(&p.tensor.mutable_grad());
-      for (at::Tensor* gr : grads) sum = sum.defined() ? sum + *gr : gr->clone();
-      for (at::Tensor* gr : grads) *gr = sum.clone();
-    }
-    double square_sum = 0;
-    for (int s : pending_updates) square_sum += stage[s]->grad_square_sum();
-    for (int s : pending_updates) stage[s]->set_norm_reducer([square_sum] { return square_sum; });
-    for (int s : pending_updates) stage[s]->execute(Action{ActionKind::OptimizerStep, s, -1, -1});
-    if (!result.losses.empty()) result.losses.back().grad_norm = std::sqrt(square_sum);
-    pending_updates.clear();
+  // Synchronous schedules: a stage's tied sums and update end its step, and in one process they
+  // wait until every stage has reached them (the ranks' collectives wait for each other so):
+  // every tied sum first, then the updates.
+  const bool once_per_step = c.schedule.traits().updates_once_per_step;
+  std::vector<Action> deferred;
+  int updates_reached = 0;
+  auto run_deferred = [&] {
+    for (const Action& a : deferred)
+      if (a.kind == ActionKind::ReduceTiedGrads) stage[a.stage]->execute(a);
+    for (const Action& a : deferred)
+      if (a.kind == ActionKind::OptimizerStep) stage[a.stage]->execute(a);
+    if (!result.losses.empty()) result.losses.back().grad_norm = stage.front()->last_grad_norm();
+    deferred.clear();
+    updates_reached = 0;
   };
   // Losses of steps every stage has finished go to on_step (the last stage computes a step's
   // loss before the earlier stages' backwards of it have run).
@@ -188,10 +165,9 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   int64_t first_stage_micro_batch = -1;  // of stage 0's latest action with one
   for (const Action& a : simulate_global(schedule)) {
     transport.set_sender(a.stage);
-    if (a.kind == ActionKind::ReduceTiedGrads) continue;  // the deferred updates sum tied gradients at once
-    if (a.kind == ActionKind::OptimizerStep && c.schedule.traits().updates_once_per_step) {
-      pending_updates.push_back(a.stage);
-      if (static_cast<int>(pending_updates.size()) == stages) run_updates(), report_finished_steps();
+    if (once_per_step && (a.kind == ActionKind::ReduceTiedGrads || a.kind == ActionKind::OptimizerStep)) {
+      deferred.push_back(a);
+      if (a.kind == ActionKind::OptimizerStep && ++updates_reached == stages) run_deferred(), report_finished_steps();
       continue;
     }
     stage[a.stage]->execute(a);
@@ -201,7 +177,7 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
         first_stage_micro_batch % c.micro_batches == c.micro_batches - 1)
       report_finished_steps();
   }
-  if (!pending_updates.empty()) run_updates();
+  if (!deferred.empty()) run_deferred();
   report_finished_steps();
   for (auto& s : stage) result.parameters.push_back(s->module().parameters());
   return result;
@@ -236,60 +212,6 @@ std::map<int, at::Tensor> exact_constant_inputs(const OpGraph& g, int begin, uin
 }
 
 namespace {
-
-// One communicator per group of ranks sharing a tied parameter (key: owner node, parameter
-// index), with the stages on this rank holding it (two where interleaving puts both on one
-// rank); every rank takes part in every split, in the same order.
-struct TieComm {
-  std::pair<int, int> key;
-  std::vector<int> stages;  // this rank's, ascending
-  MPI_Comm comm;
-};
-std::vector<TieComm> tie_communicators(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, int rank) {
-  std::vector<TieComm> tie_comms;
-  const int ranks = ranks_of(c);
-  for (const auto& [key, holders] : tied_groups(g, c)) {
-    std::vector<int> mine;
-    for (int s : holders)
-      if (s % ranks == rank) mine.push_back(s);
-    MPI_Comm sub;
-    MPI_Comm_split(comm, mine.empty() ? MPI_UNDEFINED : 0, rank, &sub);
-    if (!mine.empty()) tie_comms.push_back({key, mine, sub});
-  }
-  return tie_comms;
-}
-
-// The rank's stages: one, or an interleaved schedule's V (stage v * ranks + rank at v).
-using RankStages = std::vector<std::unique_ptr<PipelineStage>>;
-
-// Sums each tied parameter's gradient over the stages holding it (REDUCE_TIED), at the first of
-// its stages on this rank (a rank's tied reductions all come before its updates): the rank's
-// copies summed, then over the ranks holding it, and every copy here given the sum.
-void reduce_tied(const std::vector<TieComm>& tie_comms, int stage, RankStages& stages) {
-  const int ranks = stages.front()->config().stages / static_cast<int>(stages.size());
-  for (const TieComm& tie : tie_comms) {
-    if (tie.stages.front() != stage) continue;
-    // Level 0 averages the copies over the replicas first (their averaging started when the
-    // backwards ended; the sum of means is the mean of sums). ZeRO reduce-scatters the sums.
-    for (int s : tie.stages)
-      if (PipelineStage& holder = *stages[static_cast<size_t>(s / ranks)]; !holder.zero_shard())
-        holder.average_replicas();
-    std::vector<at::Tensor*> copies;
-    for (int s : tie.stages)
-      for (auto& p : stages[static_cast<size_t>(s / ranks)]->module().parameters())
-        if (p.node == tie.key.first && p.index == tie.key.second) {
-          if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
-          copies.push_back(&p.tensor.mutable_grad());
-        }
-    // Summed in host memory (MPI is not assumed CUDA-aware); with one copy on the CPU, in place.
-    at::Tensor sum = copies.front()->to(at::kCPU).contiguous();
-    if (copies.size() > 1) sum = sum.clone();
-    for (size_t k = 1; k < copies.size(); ++k) sum += copies[k]->to(at::kCPU);
-    allreduce_chunked_quietly(sum.data_ptr(), sum.numel(), MPI_FLOAT, MPI_SUM, tie.comm, kMessageChunkBytes);
-    for (size_t k = 0; k < copies.size(); ++k)  // each copy its own tensor: backwards accumulate into it
-      *copies[k] = (k == 0 ? sum : sum.clone()).to(copies[k]->device());
-  }
-}
 
 // The mean loss of options.eval_batches validation micro-batches, on every rank (collective over
 // the pipeline). Message ids from `first_id` on, apart from every training micro-batch's.
@@ -365,67 +287,6 @@ std::unique_ptr<PipelineStage> build_stage(const OpGraph& g, const PipelineConfi
     throw OutOfMemoryError("stage " + std::to_string(stage) + " (nodes [" + std::to_string(c.ranges[stage].first) +
                            ", " + std::to_string(c.ranges[stage].second) +
                            ")), building its parameters: " + e.what_without_backtrace());
-  }
-}
-
-// Data parallelism: the stage averages its gradients with its replicas before each update, each
-// averaging traced (through `tracing`, once the tracer exists) as an AllReduce.
-std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, const PipelineConfig& c,
-                                                         const RunConfig& options, StageTracer* const& tracing) {
-  if (ZeroShard* zero = stage.zero_shard()) {  // ZeRO: reduce-scattered into the replica's shard
-    const int x = stage.config().stage;
-    stage.set_replica_reducer([zero, x, &tracing](std::vector<StageParameter>&) {
-      const auto start = StageTracer::Clock::now();
-      const int64_t bytes = zero->reduce_scatter();
-      if (tracing) tracing->record_nested(x, ActionKind::AllReduce, -1, -1, bytes, start, StageTracer::Clock::now());
-    });
-    return nullptr;
-  }
-  // Level 0: in buckets, those holding a weight tied across stages started when the backward ends.
-  std::vector<bool> deferred;
-  const auto tied = tied_groups(stage.module().graph(), c);
-  for (const StageParameter& p : stage.module().parameters()) deferred.push_back(tied.count({p.node, p.index}) > 0);
-  std::unique_ptr<ReplicaAverager> averager =
-      make_replica_averager(options.replica_comm, c.device, stage.module().parameters(), c.bucket_bytes,
-                            std::move(deferred), stage.config().split_backward);
-  ReplicaAverager* a = averager.get();
-  const int x = stage.config().stage;
-  stage.set_replica_pass([a](bool last) { a->begin_pass(last); });
-  stage.set_replica_starter([a](std::vector<StageParameter>& params) { a->start(params); });
-  // Traced: each reduction from its start until seen complete (its bucket as the tensor).
-  a->set_listener([x, &tracing](int bucket, int64_t bytes, StageTracer::Clock::time_point start,
-                                StageTracer::Clock::time_point end) {
-    if (tracing) tracing->record_nested(x, ActionKind::AllReduce, -1, bucket, bytes, start, end);
-  });
-  // Traced: what the update waits for (the averaging started after the step's last backward).
-  stage.set_replica_reducer([a, x, &tracing](std::vector<StageParameter>& params) {
-    const auto start = StageTracer::Clock::now();
-    const int64_t bytes = a->average(params);
-    if (tracing) tracing->record_nested(x, ActionKind::AllReduce, -1, -1, bytes, start, StageTracer::Clock::now());
-  });
-  return averager;
-}
-
-// What the rank's stages reduce over the pipeline before their updates: tied gradients, and the
-// global gradient norm, summed over the rank's stages at its first update of a step (after every
-// tied sum: stage_list puts those first; each stage averaged over its replicas first) and over
-// the ranks, then kept for its other updates.
-void attach_reducers(RankStages& stages, const std::vector<TieComm>& tie_comms, const PipelineConfig& c, MPI_Comm comm,
-                     std::shared_ptr<std::pair<int, double>> norm) {
-  for (auto& stage : stages) {
-    const int x = stage->config().stage;
-    if (c.schedule.traits().updates_once_per_step && !tie_comms.empty())
-      stage->set_tied_reducer(
-          [&tie_comms, &stages, x](std::vector<StageParameter>&) { reduce_tied(tie_comms, x, stages); });
-    stage->set_norm_reducer([&stages, norm, comm] {
-      auto& [updates, square_sum] = *norm;
-      if (updates++ % static_cast<int>(stages.size()) == 0) {
-        square_sum = 0;
-        for (auto& s : stages) s->average_replicas(), square_sum += s->grad_square_sum();
-        allreduce_quietly(&square_sum, 1, MPI_DOUBLE, MPI_SUM, comm);
-      }
-      return square_sum;
-    });
   }
 }
 

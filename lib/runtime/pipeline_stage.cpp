@@ -28,7 +28,7 @@ void check_message_tensor(const at::Tensor& t, const TensorInfo& spec) {
 }  // namespace
 
 void check_grad_clip(const ScheduleChoice& schedule, double grad_clip) {
-  if (!schedule.is_auto() && !schedule.traits().updates_once_per_step && grad_clip > 0)
+  if (!schedule.traits().updates_once_per_step && grad_clip > 0)
     throw ConfigError("--grad-clip clips the norm of one step's gradients over every stage; under --schedule " +
                       std::string(name_of(schedule)) +
                       " each stage updates after every backward, so there is none (use gpipe or 1f1b)");

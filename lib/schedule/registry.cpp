@@ -133,7 +133,10 @@ ScheduleChoice ScheduleChoice::named(const std::string& name) {
     if (path.empty()) throw ConfigError("--schedule file: needs a path (file:PATH)");
     return from_actions(name, read_text_file(path));
   }
-  if (name != "auto" && !find_registered(name))
+  if (name == "auto")
+    throw ConfigError("auto is a request the planner resolves, not a schedule to run (choose " + schedule_choices() +
+                      " or file:PATH)");
+  if (!find_registered(name))
     throw ConfigError("unknown schedule '" + name + "' (choose " + schedule_choices() + ", auto or file:PATH)");
   ScheduleChoice c;
   c.name_ = name;
@@ -143,10 +146,6 @@ ScheduleChoice ScheduleChoice::named(const std::string& name) {
 ScheduleChoice ScheduleChoice::with_virtual_stages(int v) const {
   if (v < 0) throw ConfigError("--virtual-stages must be at least 1");
   ScheduleChoice c = *this;
-  if (is_auto()) {  // the planner's to resolve; kept for the schedules it compares
-    c.virtual_stages_ = std::max(v, 1);
-    return c;
-  }
   const ScheduleTraits& t = traits();
   if (v > 1 && !t.interleaves())
     throw ConfigError("--virtual-stages " + std::to_string(v) + " places several stages on each rank, which only " +
@@ -195,9 +194,54 @@ Schedule ScheduleChoice::make(int stages, int64_t micro_batches) const {
   return s;
 }
 
+ScheduleRequest ScheduleRequest::named(const std::string& name) {
+  if (name != "auto") return ScheduleRequest(ScheduleChoice::named(name));
+  ScheduleRequest r;
+  r.automatic_ = true;
+  return r;
+}
+
+const ScheduleChoice& ScheduleRequest::choice() const {
+  if (automatic_) throw std::logic_error("--schedule auto names no schedule until the planner resolves it");
+  return choice_;
+}
+
+ScheduleRequest ScheduleRequest::with_virtual_stages(int v) const {
+  if (v < 0) throw ConfigError("--virtual-stages must be at least 1");
+  ScheduleRequest r = *this;
+  if (automatic_)
+    r.given_virtual_stages_ = v;
+  else
+    r.choice_ = choice_.with_virtual_stages(v);
+  return r;
+}
+
+int ScheduleRequest::virtual_stages() const {
+  return automatic_ ? std::max(given_virtual_stages_, 1) : choice_.virtual_stages();
+}
+
+std::vector<ScheduleChoice> ScheduleRequest::candidates() const {
+  if (!automatic_) return {choice_};
+  std::vector<ScheduleChoice> out;
+  for (const ScheduleEntry& e : registered_schedules())
+    if (e.traits.updates_once_per_step)
+      out.push_back(
+          ScheduleChoice::named(e.name).with_virtual_stages(e.traits.interleaves() ? given_virtual_stages_ : 0));
+  return out;
+}
+
+bool ScheduleRequest::admits(const ScheduleChoice& planned) const {
+  return automatic_ || (choice_.name() == planned.name() && choice_.actions_text() == planned.actions_text());
+}
+
 template <>
 ScheduleChoice from_name<ScheduleChoice>(const std::string& name) {
   return ScheduleChoice::named(name);
+}
+
+template <>
+ScheduleRequest from_name<ScheduleRequest>(const std::string& name) {
+  return ScheduleRequest::named(name);
 }
 
 std::string schedule_choices() {

@@ -39,8 +39,8 @@ void add_communication(Schedule& schedule) {
   }
 }
 
-std::vector<Action> stage_list(const ScheduleTraits& traits, std::vector<Action> actions,
-                               const std::set<int>& holding_tied) {
+std::vector<Action> add_tied_reductions(const ScheduleTraits& traits, std::vector<Action> actions,
+                                        const std::set<int>& holding_tied) {
   if (!traits.updates_once_per_step || holding_tied.empty()) return actions;
   // A rank's updates of a step stand together at its list's end; its tied reductions come
   // before all of them, so that every rank meets its collectives (tied sums, then the norm
@@ -56,6 +56,13 @@ std::vector<Action> stage_list(const ScheduleTraits& traits, std::vector<Action>
     out.push_back(actions[i]);
   }
   return out;
+}
+
+bool holds_tied_across(const std::vector<int>& tied_owner, int begin, int end) {
+  auto inside = [&](int n) { return n >= begin && n < end; };
+  for (int n = 0; n < static_cast<int>(tied_owner.size()); ++n)
+    if (tied_owner[static_cast<size_t>(n)] >= 0 && inside(n) != inside(tied_owner[static_cast<size_t>(n)])) return true;
+  return false;
 }
 
 }  // namespace dawnpiper

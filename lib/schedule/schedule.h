@@ -109,20 +109,20 @@ struct Schedule {
 // receive right before its compute is as late as it can be. Every generator ends with it.
 void add_communication(Schedule& schedule);
 
-// What a run was asked to follow: a registered schedule, or a user's file of actions in the text
-// form (one line per stage, '#' comments; compute actions only, or with every send and receive
-// written out). "auto" is the planner's to resolve (plan/schedule_choice): it names no schedule.
+// A schedule to run: a registered one, or a user's file of actions in the text form (one line
+// per stage, '#' comments; compute actions only, or with every send and receive written out),
+// read once. What a plan holds and the runtime follows; a ScheduleRequest may still be `auto`.
 class ScheduleChoice {
  public:
   ScheduleChoice() = default;  // 1f1b
-  // A registered name, "auto", or "file:PATH". An unknown name is a ConfigError listing the
-  // registered ones; a file whose actions cannot run one naming the stage and the action.
+  // A registered name or "file:PATH". An unknown name is a ConfigError listing the registered
+  // ones ("auto" among them: the request's, plan/plan_request.h); a file whose actions cannot
+  // run one naming the stage and the action.
   static ScheduleChoice named(const std::string& name);
   // A file's actions as read once (plans carry them, so what `plan` read is what `train` runs).
   static ScheduleChoice from_actions(const std::string& name, const std::string& text);
 
   const std::string& name() const { return name_; }
-  bool is_auto() const { return name_ == "auto"; }
   bool is_file() const { return file_ != nullptr; }
   const std::string& actions_text() const { return text_; }      // a file's, empty otherwise
   int file_stages() const { return file_ ? file_->stages : 0; }  // 0: any
@@ -149,12 +149,50 @@ class ScheduleChoice {
   ScheduleTraits file_traits_;  // a file's: synchronous, splitting where it holds an I
   int virtual_stages_ = 1;
 };
-// The choice goes by name in options, plan files and messages, like the enums (util/enum_names.h).
+// The choice goes by name in plan files and messages, like the enums (util/enum_names.h).
 inline const char* name_of(const ScheduleChoice& choice) { return choice.name().c_str(); }
 template <>
 struct has_enum_names<ScheduleChoice> : std::true_type {};
 template <>
 ScheduleChoice from_name<ScheduleChoice>(const std::string& name);
+
+// What --schedule asks for: one ScheduleChoice, or `auto`: the planner plans each candidate and
+// keeps the fastest predicted step that fits (plan/schedule_search.h). Only the planner resolves
+// a request; everything after it reads the plan's ScheduleChoice.
+class ScheduleRequest {
+ public:
+  ScheduleRequest() = default;                                            // 1f1b
+  ScheduleRequest(ScheduleChoice choice) : choice_(std::move(choice)) {}  // NOLINT: a choice is a request for it
+  // "auto", or what ScheduleChoice::named takes.
+  static ScheduleRequest named(const std::string& name);
+
+  bool is_auto() const { return automatic_; }
+  std::string name() const { return automatic_ ? "auto" : choice_.name(); }
+  // The one schedule asked for; a logic error under auto (ask is_auto, or candidates()).
+  const ScheduleChoice& choice() const;
+  // --virtual-stages V (0: each schedule's default), applied to the choice or, under auto, to the
+  // candidates that interleave; V > 1 for a schedule that does not interleave is a ConfigError.
+  ScheduleRequest with_virtual_stages(int v) const;
+  // Stages per rank of the choice; under auto, V as given (1 where not given).
+  int virtual_stages() const;
+  // What the request may resolve to: the choice, or under auto every registered schedule that
+  // updates once per step (PipeDream's async trains another model: stale weights), each with its
+  // virtual stages.
+  std::vector<ScheduleChoice> candidates() const;
+  // Whether a plan made with `planned` is what this asks for (auto: any).
+  bool admits(const ScheduleChoice& planned) const;
+
+ private:
+  bool automatic_ = false;
+  int given_virtual_stages_ = 0;  // under auto
+  ScheduleChoice choice_;
+};
+// A request goes by name on the command line, like the enums (util/enum_names.h).
+inline std::string name_of(const ScheduleRequest& request) { return request.name(); }
+template <>
+struct has_enum_names<ScheduleRequest> : std::true_type {};
+template <>
+ScheduleRequest from_name<ScheduleRequest>(const std::string& name);
 
 // Registered names joined as in errors ("gpipe, 1f1b or async").
 std::string schedule_choices();
@@ -167,7 +205,12 @@ Schedule make_schedule(const std::string& name, int stages, int64_t micro_batche
 // stage's) before its rank's updates of a step, when the schedule updates once per step
 // (PipeDream's updates have no rule for tied weights: each copy is updated with its own stage's
 // gradients). The planner's stage programs and the runtime's lists both come from here.
-std::vector<Action> stage_list(const ScheduleTraits& traits, std::vector<Action> actions,
-                               const std::set<int>& holding_tied);
+std::vector<Action> add_tied_reductions(const ScheduleTraits& traits, std::vector<Action> actions,
+                                        const std::set<int>& holding_tied);
+// Whether stage nodes [begin, end) share a tied weight with a node outside (GPT-2's embedding
+// and LM head), from `tied_owner` (per node, the node owning the tied parameters it reads, -1
+// where none: OpGraph::tied_owners, as the profile records it): the one test of which stages
+// add_tied_reductions gives a ReduceTiedGrads, for the planner's stage programs and the runtime's lists.
+bool holds_tied_across(const std::vector<int>& tied_owner, int begin, int end);
 
 }  // namespace dawnpiper

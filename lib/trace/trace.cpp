@@ -67,7 +67,7 @@ bool is_evictor(ActionKind kind) {
   return kind == ActionKind::SwapOut || kind == ActionKind::SwapIn || kind == ActionKind::Recompute;
 }
 
-bool is_compute(ActionKind kind) {
+bool is_busy_work(ActionKind kind) {
   switch (kind) {
     case ActionKind::Forward:
     case ActionKind::Backward:
@@ -173,8 +173,8 @@ std::vector<StageSummary> summarize(const Trace& t) {
       if (r.action_kind() == ActionKind::Recompute) s.recomputed_bytes += r.memopt_bytes;
       continue;
     }
-    (is_compute(r.action_kind()) ? s.busy_s : s.comm_s) += d;
-    (is_compute(r.action_kind()) ? s.busy_cpu_s : s.comm_cpu_s) += r.cpu_s;
+    (is_busy_work(r.action_kind()) ? s.busy_s : s.comm_s) += d;
+    (is_busy_work(r.action_kind()) ? s.busy_cpu_s : s.comm_cpu_s) += r.cpu_s;
     s.peak_bytes = std::max(s.peak_bytes, r.peak_bytes);
     s.bytes_sent += r.bytes_sent;
     if (r.action_kind() == ActionKind::Forward) ++s.forwards, s.mean_forward_ms += 1e3 * d;

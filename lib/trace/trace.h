@@ -117,7 +117,8 @@ std::vector<StageCompute> measured_stage_compute(const Trace& trace, bool cpu);
 // their wall time also counts the others' turns; with several threads, CPU time counts them all.
 bool cpu_time_is_work(const Trace& trace);
 
-bool is_compute(ActionKind kind);
+// A stage's own work in busy time (compute, swaps and re-runs), against waiting and messages.
+bool is_busy_work(ActionKind kind);
 // SWAP_OUT, SWAP_IN, RECOMPUTE: records nested inside a forward or backward.
 bool is_evictor(ActionKind kind);
 

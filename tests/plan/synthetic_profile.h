@@ -86,7 +86,7 @@ inline Profile random_profile(uint64_t seed, const SyntheticOptions& o) {
   Profile p;
   p.model = "synthetic";
   p.preset = "synthetic-" + std::to_string(seed);
-  p.source = "analytic";
+  p.source = ProfileSource::Analytic;
   p.micro_batch_size = 1;
   p.profiled_batch_sizes = {1, 2};
   int blocks = (o.nodes + o.nodes_per_block - 1) / o.nodes_per_block;

@@ -16,6 +16,7 @@
 #include "plan/calibrate.h"
 #include "plan/cost_model.h"
 #include "plan/planner.h"
+#include "plan/schedule_search.h"
 #include "plan/stage_evaluator.h"
 #include "plan/stage_memory.h"
 #include "plan/zero_baseline.h"
@@ -1012,12 +1013,47 @@ TEST_CASE("a split-backward schedule refuses a stage whose tied weight's readers
   o.micro_batches = 4;
   o.schedule = ScheduleChoice::named("zb-h1");
   CHECK_THROWS_WITH(make_plan(p, o), Catch::Contains("stage 0 cannot split its backward (zb-h1): wte and lm_head"));
-  o.schedule = ScheduleChoice::named("auto");
-  CHECK(make_plan(p, o).options.schedule != ScheduleChoice::named("zb-h1"));
+  PlanRequest any;
+  any.ranks = 1;
+  any.micro_batches = 4;
+  any.schedule = ScheduleRequest::named("auto");
+  CHECK(resolve_plan(p, any).options.schedule != ScheduleChoice::named("zb-h1"));
   o.stages = 2;
   o.schedule = ScheduleChoice::named("zb-h1");
   const Plan two = make_plan(p, o);
   CHECK(split_backward_refusal(p, two).empty());
   CHECK(two.stages[0].weight_ms > 0);
   CHECK(two.stages[0].weight_ms < two.stages[0].compute_ms - two.stages[0].forward_ms);
+}
+
+// A request is resolved by the planner alone: under auto into the fastest fitting candidate's
+// plan (its own schedule, not auto), at every micro-batch size of --max-batch too; a plan's
+// predicted step is simulated once, where it is made, and read back from its JSON unchanged.
+TEST_CASE("a plan request resolves auto into one schedule, at one size and at the largest", "[plan][planner]") {
+  const Profile p = small_profile(3, 30);
+  PlanRequest r;
+  r.ranks = 3;
+  r.micro_batches = 6;
+  r.capacity_bytes = 400000000;
+  r.schedule = ScheduleRequest::named("auto");
+  const std::vector<ScheduleCandidate> candidates = plan_each_schedule(p, r);
+  REQUIRE(candidates.size() == r.schedule.candidates().size());
+  const Plan* fastest = fastest_fitting(candidates);
+  REQUIRE(fastest != nullptr);
+  const Plan chosen = resolve_plan(p, r);
+  CHECK(chosen.options.schedule == fastest->options.schedule);
+  CHECK(chosen.step_ms() == fastest->step_ms());
+  for (const ScheduleCandidate& c : candidates)
+    if (c.plan) CHECK(chosen.step_ms() <= c.plan->step_ms());
+  CHECK(chosen.options.stages == 3 * chosen.options.schedule.virtual_stages());
+  const Plan back = plan_from_json(chosen.to_json());
+  CHECK(back.step_ms() == Approx(chosen.step_ms()));
+  CHECK(back.bubble_fraction() == Approx(chosen.bubble_fraction()));
+
+  const MaxBatch largest = find_max_batch(p, r, 4096);
+  CHECK(largest.micro_batch_size > 1);
+  CHECK(r.schedule.admits(largest.plan.options.schedule));
+  // The search found that no candidate fits the next size.
+  for (const ScheduleChoice& s : r.schedule.candidates())
+    CHECK_FALSE(try_plan(p.at_batch(largest.micro_batch_size + 1), r.options_for(s)).has_value());
 }

@@ -128,7 +128,7 @@ TEST_CASE("batch-size fits across a change of internal buffers", "[profile]") {
   REQUIRE(copies(direct) > 0);
   for (const Profile& fitted :
        {profile_model(c, {1, 2, 3}, quick()), analytic_profile_model(c, {1, 2}, device_spec("a100-40gb"))}) {
-    INFO(fitted.source);
+    INFO(name_of(fitted.source));
     CHECK(copies(fitted) == 0);  // at its own size, 1
     const Profile at6 = fitted.at_batch(6);
     CHECK(copies(at6) == copies(direct));

@@ -7,7 +7,10 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "schedule/registry.h"
 #include "schedule/schedule.h"
@@ -340,4 +343,31 @@ TEST_CASE("zb-h2: its step, its in-flight count, its send depth", "[schedule]") 
   one_send.sends_in_flight = 1;
   CHECK(simulate_times(one_send, unit).step_ms == Approx(16));
   CHECK(simulate_times(make_schedule("zb-h2", 4, 4), unit).step_ms == Approx(15));
+}
+
+// --schedule reads a request: `auto` is the planner's to resolve into one of its candidates and
+// is no schedule to run; a named one is its own only candidate.
+TEST_CASE("a schedule request: auto names its candidates and runs nothing itself", "[schedule]") {
+  CHECK_THROWS_WITH(ScheduleChoice::named("auto"), Catch::Contains("a request the planner resolves"));
+  const ScheduleRequest any = ScheduleRequest::named("auto");
+  CHECK(any.is_auto());
+  CHECK_THROWS_AS(any.choice(), std::logic_error);
+  std::vector<std::string> names;
+  for (const ScheduleChoice& c : any.candidates()) {
+    names.push_back(c.name());
+    CHECK(c.traits().updates_once_per_step);  // PipeDream's async trains another model
+  }
+  CHECK(names == std::vector<std::string>{"gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved"});
+  for (const ScheduleChoice& c : any.with_virtual_stages(3).candidates())
+    CHECK(c.virtual_stages() == (c.traits().interleaves() ? 3 : 1));
+  CHECK(any.admits(ScheduleChoice::named("zb-h2")));
+
+  const ScheduleRequest one = ScheduleRequest::named("zb-h1");
+  CHECK_FALSE(one.is_auto());
+  REQUIRE(one.candidates().size() == 1);
+  CHECK(one.candidates()[0] == ScheduleChoice::named("zb-h1"));
+  CHECK(one.admits(ScheduleChoice::named("zb-h1")));
+  CHECK_FALSE(one.admits(ScheduleChoice::named("1f1b")));
+  CHECK_THROWS_AS(one.with_virtual_stages(2), ConfigError);  // zb-h1 does not interleave
+  CHECK(ScheduleRequest::named("interleaved").with_virtual_stages(4).virtual_stages() == 4);
 }

@@ -183,7 +183,7 @@ TEST_CASE("a trace measures each stage's forward and backward per micro-batch", 
 // (its times are that device's); analytic profiles and older files without a device pass.
 TEST_CASE("a measured profile stands only for runs on its device type", "[profile]") {
   Profile p;
-  p.source = "measured";
+  p.source = ProfileSource::Measured;
   p.device = "cpu";
   CHECK(p.device_mismatch("cpu").empty());
   CHECK(p.device_mismatch("cuda:0") == "the profile was measured on cpu, the run is on cuda:0 (profile on cuda)");
@@ -191,7 +191,7 @@ TEST_CASE("a measured profile stands only for runs on its device type", "[profil
   CHECK(p.device_mismatch("cuda:3").empty());  // the same device type, another index
   CHECK(p.device_mismatch("cpu").find("measured on cuda:0, the run is on cpu") != std::string::npos);
   CHECK(p.device_mismatch("").empty());
-  p.source = "analytic";
+  p.source = ProfileSource::Analytic;
   p.device = "a100-40gb";
   CHECK(p.device_mismatch("cpu").empty());
 }
