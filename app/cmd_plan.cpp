@@ -36,7 +36,6 @@ po::options_description plan_options() {
       ("profile-in", po::value<std::string>(), "profile to plan from (HDF5, `dawnpiper profile --out`)")
       ("device-spec", po::value<std::string>(), "without --profile-in: plan --model from an analytic profile "
                                                 "for this device (a100-40gb | h100-80gb | spec file)")
-      ("memory", po::value<std::string>(), "device memory per stage (default: the device spec's, else unlimited)")
       ("host-bandwidth", po::value<std::string>(), "device<->host bytes/s for swaps, e.g. 24GB")
       ("link-bandwidth", po::value<std::string>(), "stage<->stage bytes/s, e.g. 10GB")
       ("max-batch", po::bool_switch(), "find the largest micro-batch size with a feasible plan")
@@ -106,9 +105,6 @@ Profile profile_and_request(const po::variables_map& vm, int world_size, PlanReq
   } else {
     throw ConfigError("give --profile-in FILE (a profile) or --device-spec NAME (plan --model analytically)");
   }
-  if (vm.count("memory") && vm.count("device-memory"))
-    throw ConfigError("--memory and --device-memory both give the memory per stage: give one");
-  if (vm.count("memory")) o.capacity_bytes = parse_capacity(vm["memory"].as<std::string>(), "--memory");
   if (vm.count("device-memory"))
     o.capacity_bytes = parse_capacity(vm["device-memory"].as<std::string>(), "--device-memory");
   if (vm.count("allocator-headroom") && o.capacity_bytes == kUnlimitedBytes)

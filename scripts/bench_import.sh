@@ -29,7 +29,7 @@ for i in 1 2 3; do /usr/bin/time -f "%e" "$bin" graph --model-file gpt2-124m.dpm
   --warmup 1 --no-step-check --out gpt2-124m.h5 --quiet
 for schedule in 1f1b async; do
   for memopt in none sr; do
-    "$bin" plan --profile-in gpt2-124m.h5 --stages 8 --schedule $schedule --memopt $memopt --memory 1500MiB |
+    "$bin" plan --profile-in gpt2-124m.h5 --stages 8 --schedule $schedule --memopt $memopt --device-memory 1500MiB |
       grep -o 'bottleneck.*' | sed "s/^/8 stages, $schedule, memopt $memopt, 1500 MiB: /"
   done
 done

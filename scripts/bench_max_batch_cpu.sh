@@ -22,7 +22,7 @@ trap 'rm -rf "$work"' EXIT
 measured() {
   local model=$1 cap=$2 schedule=$3 planner=$4 memopt=$5 b predicted
   local plan=(--profile-in "$work/$model.h5" --stages $stages --micro-batches $stages --schedule "$schedule"
-              --planner "$planner" --memopt "$memopt" --memory "$cap" --quiet)
+              --planner "$planner" --memopt "$memopt" --device-memory "$cap" --quiet)
   predicted=$("$bin" plan "${plan[@]}" --max-batch 2>/dev/null | awk '/largest micro-batch/ {print $4}' || true)
   if [ -z "$predicted" ]; then echo "0 0"; return; fi
   for ((b = predicted; b >= 1; --b)); do

@@ -20,7 +20,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 "$bin" plan --profile-in "$profile" --stages "$stages" --micro-batches "$stages" --schedule "$schedule" \
-  --memopt r --memory "$cap" --out "$work/r.json" --quiet >/dev/null
+  --memopt r --device-memory "$cap" --out "$work/r.json" --quiet >/dev/null
 sed -e 's/"action": "recompute"/"action": "keep"/g' "$work/r.json" > "$work/keep.json"
 
 # PLAN STAGE -> "forward+backward-ms recompute-ms" per micro-batch

@@ -29,7 +29,7 @@ for row in $rows; do
   profile="$work/$(tr / _ <<<"$preset").h5"  # (two files of one name: two profiles)
   [ -f "$profile" ] || "$bin" profile "${model[@]}" --micro-batch-size 4 --out "$profile" --quiet >/dev/null
   "$bin" plan --profile-in "$profile" --stages "$stages" --schedule "$schedule" --micro-batches 4 \
-    --memopt "$memopt" --memory "$cap" --out "$work/plan.json" --quiet >/dev/null
+    --memopt "$memopt" --device-memory "$cap" --out "$work/plan.json" --quiet >/dev/null
   mpirun --oversubscribe -np "$stages" "$bin" train "${model[@]}" --steps 3 --schedule "$schedule" \
     --micro-batches 4 --plan-in "$work/plan.json" --trace "$work/trace.h5" --quiet >/dev/null
   "$python" - "$work/trace.h5" "$preset $schedule $memopt $cap" <<'EOF'

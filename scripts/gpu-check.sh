@@ -266,7 +266,7 @@ run() {
     for share in 60 70 80; do
       cap=$((largest * share / 100))
       step "plan-$name-sr" 60 "$DP" plan --profile-in "$work/$name.h5" --stages 4 --schedule 1f1b --micro-batches 4 \
-        --memopt sr --memory $cap --out "$work/$name-sr.json" && break
+        --memopt sr --device-memory $cap --out "$work/$name-sr.json" && break
     done
     echo "$share $cap" >"$work/$name-cap"
     step "train-$name-none" 60 $MPI 4 "$DP" train $spec --plan-in "$work/$name-none.json" --steps 3 --device $device

@@ -40,7 +40,7 @@ po::options_description run_options(const RunOptionSet& set) {
       ("device", po::value<DeviceKind>()->default_value(DeviceKind::Cpu, name_of(DeviceKind::Cpu)), enum_help<DeviceKind>().c_str())
       ("device-memory", po::value<std::string>(), "device memory capacity per rank, e.g. 512MiB, 40GiB (CPU: enforced by the counting allocator; CUDA: the "
                                                      "caching allocator's limit; train on CUDA without it: the GPU's free memory "
-                                                     "shared by its ranks)");
+                                                     "shared by its ranks; plan without it: --device-spec's, else unlimited)");
   // clang-format on
   if (set.quiet) d.add_options()("quiet", po::bool_switch(), "print only errors and the final summary");
   po::options_description all;

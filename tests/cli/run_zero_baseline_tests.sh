@@ -10,7 +10,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$root/tests/cli/cli_lib.sh"
 
-tiny=(plan --model gpt2-tiny --device-spec a100-40gb --data-parallel 4 --memory 3GiB)
+tiny=(plan --model gpt2-tiny --device-spec a100-40gb --data-parallel 4 --device-memory 3GiB)
 for level in 2 3; do
   expect_ok "zero$level max batch" "largest micro-batch size: [0-9]* per GPU (ZeRO-$level over 4 GPUs: global batch" \
     "${tiny[@]}" --planner "zero$level" --max-batch
@@ -25,7 +25,7 @@ for level in 2 3; do
     --micro-batch-size $((per_gpu + 1))
 done
 expect_ok "stages 1 is pure data parallelism" "ZeRO-2 over 4 GPUs" "${tiny[@]}" --planner zero2 --stages 1 --max-batch --quiet
-expect_ok "one GPU: a note" "shards nothing" plan --model gpt2-tiny --device-spec a100-40gb --planner zero3 --memory 3GiB
+expect_ok "one GPU: a note" "shards nothing" plan --model gpt2-tiny --device-spec a100-40gb --planner zero3 --device-memory 3GiB
 expect_fail "zero and stages" "give --stages 1 or leave it out, not 4" "${tiny[@]}" --planner zero2 --stages 4 --max-batch
 expect_fail "zero and memopt" "swaps and recomputes nothing" "${tiny[@]}" --planner zero3 --memopt sr --max-batch
 expect_fail "zero and micro-batches" "leave --micro-batches out" "${tiny[@]}" --planner zero2 --micro-batches 4

@@ -72,7 +72,7 @@ mem=(--model-file "$gpt2" --data "$work/tokens.bin" --micro-batch-size 4 --micro
 "$bin" profile --model-file "$gpt2" --micro-batch-size 4 --out "$work/g4.h5" --quiet >/dev/null 2>&1
 cap=none
 for kib in 2000 1900 1800 1700 1600 1500 1400; do
-  "$bin" plan --profile-in "$work/g4.h5" --stages 2 --schedule 1f1b --micro-batches 4 --memopt sr --memory ${kib}KiB \
+  "$bin" plan --profile-in "$work/g4.h5" --stages 2 --schedule 1f1b --micro-batches 4 --memopt sr --device-memory ${kib}KiB \
     --out "$work/sr.json" >/dev/null 2>&1 || continue
   if grep -q '"action": "\(swap\|recompute\)"' "$work/sr.json"; then cap=${kib}KiB; break; fi
 done
