@@ -61,12 +61,20 @@ void print_schedule_table(std::ostream& out, const std::vector<ScheduleCandidate
   }
 }
 
+namespace {
+// The options whose message explains why a request fits nothing: its one schedule, or under auto
+// 1f1b, the schedule that holds the fewest micro-batches.
+PlanOptions explaining_options(const PlanRequest& request) {
+  return request.options_for(request.schedule.is_auto() ? ScheduleChoice::named("1f1b") : request.schedule.choice());
+}
+}  // namespace
+
 Plan resolve_plan(const Profile& profile, const PlanRequest& request, std::ostream* table) {
   if (!request.schedule.is_auto()) return make_plan(profile, request.options_for(request.schedule.choice()));
   const std::vector<ScheduleCandidate> candidates = plan_each_schedule(profile, request);
   if (table) print_schedule_table(*table, candidates);
   const Plan* best = fastest_fitting(candidates);
-  return best ? *best : make_plan(profile, request.options_for(ScheduleChoice::named("1f1b")));  // says why
+  return best ? *best : make_plan(profile, explaining_options(request));  // says why
 }
 
 std::optional<Plan> try_resolve_plan(const Profile& profile, const PlanRequest& request) {
@@ -77,10 +85,9 @@ std::optional<Plan> try_resolve_plan(const Profile& profile, const PlanRequest& 
 }
 
 MaxBatch find_max_batch(const Profile& profile, const PlanRequest& request, int64_t upper_bound, int threads) {
-  const PlanOptions worded =
-      request.options_for(request.schedule.is_auto() ? ScheduleChoice::named("1f1b") : request.schedule.choice());
   return find_max_batch(
-      profile, worded, [&](const Profile& at) { return try_resolve_plan(at, request); }, upper_bound, threads);
+      profile, explaining_options(request), [&](const Profile& at) { return try_resolve_plan(at, request); },
+      upper_bound, threads);
 }
 
 }  // namespace dawnpiper
