@@ -13,7 +13,7 @@ int cmd_graph(int argc, char** argv, const MpiWorld& world);
 int cmd_profile(int argc, char** argv, const MpiWorld& world);
 int cmd_plan(int argc, char** argv, const MpiWorld& world);
 int cmd_inspect(int argc, char** argv, const MpiWorld& world);
-int cmd_replay_stage(int argc, char** argv, const MpiWorld& world);
+int cmd_run_stage(int argc, char** argv, const MpiWorld& world);
 int cmd_export_weights(int argc, char** argv, const MpiWorld& world);
 
 }  // namespace dawnpiper

@@ -33,7 +33,7 @@ const std::map<std::string, std::pair<Command, const char*>>& commands() {
       {"profile", {dawnpiper::cmd_profile, "measure per-node time and memory into an HDF5 profile"}},
       {"plan", {dawnpiper::cmd_plan, "partition a profiled model into pipeline stages"}},
       {"inspect", {dawnpiper::cmd_inspect, "summarize a training trace per stage"}},
-      {"replay-stage", {dawnpiper::cmd_replay_stage, "run one stage of a plan alone and measure it"}},
+      {"run-stage", {dawnpiper::cmd_run_stage, "run one stage of a plan alone and measure it"}},
       {"export-weights", {dawnpiper::cmd_export_weights, "write a checkpoint's weights as safetensors (CKPT DIR)"}},
   };
   return table;
@@ -44,11 +44,11 @@ void usage() {
   for (const auto& kv : commands()) std::printf("  %-14s %s\n", kv.first.c_str(), kv.second.second);
 }
 
-// Only `train` and `replay-stage` use MPI itself; the other subcommands do their work on rank
+// Only `train` and `run-stage` use MPI itself; the other subcommands do their work on rank
 // 0. Run alone (no launcher), they skip MPI_Init: an Open MPI singleton start costs ~0.5 s,
 // half of a `plan` of a small model.
 bool needs_mpi(const std::string& subcommand) {
-  return dawnpiper::under_mpi_launcher() || subcommand == "train" || subcommand == "replay-stage";
+  return dawnpiper::under_mpi_launcher() || subcommand == "train" || subcommand == "run-stage";
 }
 
 void finalize_mpi() {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Measured vs predicted recomputation overhead. Plans the model with `--memopt r` under a
-# memory cap, then runs every stage alone (replay-stage: its exact action list, stand-in inputs,
+# memory cap, then runs every stage alone (run-stage: its exact action list, stand-in inputs,
 # one intra-op thread) with the plan's decisions and, for comparison, with everything kept.
 # Measured overhead: the time of the evictor's RECOMPUTE actions per micro-batch (traced inside
 # the backward), and the difference in forward+backward time per micro-batch between the two
@@ -25,7 +25,7 @@ sed -e 's/"action": "recompute"/"action": "keep"/g' "$work/r.json" > "$work/keep
 
 # PLAN STAGE -> "forward+backward-ms recompute-ms" per micro-batch
 run_stage() {
-  "$bin" replay-stage --plan "$1" --stage "$2" --steps "$steps" |
+  "$bin" run-stage --plan "$1" --stage "$2" --steps "$steps" |
     awk '/forward\+backward per micro-batch/ {f = $5} /memory optimization per micro-batch/ {r = $6} END {print f, r}'
 }
 fastest() { printf '%s\n' "$@" | sort -g | head -1; }

@@ -2,7 +2,7 @@
 # How even a plan's stages are when measured. For each row: profile the preset with the settings
 # `train` uses (micro-batch 4, one warm-up, three iterations), plan 4 stages of 1f1b with 8
 # micro-batches (calibrated by that many rounds of measuring each stage alone: plan
-# --calibrate-rounds), then run every stage alone (`replay-stage`, stand-in inputs, one intra-op
+# --calibrate-rounds), then run every stage alone (`run-stage`, stand-in inputs, one intra-op
 # thread): each stage's forward+backward per micro-batch, predicted and measured, and the
 # spread (max/min - 1) of both. Alone, so that stages do not share this machine's cores (four
 # ranks on two cores time-share, and a busy time then measures the sharing as much as the plan).
@@ -34,7 +34,7 @@ for row in $rows; do
   predicted=() measured=() cuts=()
   for ((r = 0; r < rounds; ++r)); do
     for ((x = 0; x < stages; ++x)); do
-      out=$("$bin" replay-stage "${model[@]}" --plan "$work/plan.json" --stage "$x" --steps 4)
+      out=$("$bin" run-stage "${model[@]}" --plan "$work/plan.json" --stage "$x" --steps 4)
       line=$(grep 'forward+backward per micro-batch' <<<"$out")
       ms=$(sed -E 's/.*measured ([0-9.]+) ms.*/\1/' <<<"$line")
       if [ "$r" -eq 0 ]; then

@@ -277,7 +277,7 @@ run() {
     step "train-$name-srcap" 60 $MPI 4 "$DP" train $spec --plan-in "$work/$name-sr.json" --steps 3 --device $device \
       --device-memory $cap
     for x in 0 1 2 3; do
-      step "replay-$name-$x" 30 "$DP" replay-stage $spec --plan "$work/$name-sr.json" --stage $x --steps 3 --device $device
+      step "stage-alone-$name-$x" 30 "$DP" run-stage $spec --plan "$work/$name-sr.json" --stage $x --steps 3 --device $device
     done
   done
   # Ranks sharing the device against the same stages in one process, at training size.
@@ -408,7 +408,7 @@ write_report() {
     echo
     echo "Whole step of \`profile --model gpt2-tiny\`: $(grep -o 'predicted peak.*' "$work/profile-tiny.out" 2>/dev/null | head -1)"
     echo
-    echo "## Every stage of the sr plans alone (\`replay-stage --plan PLAN --stage X --steps 3\`)"
+    echo "## Every stage of the sr plans alone (\`run-stage --plan PLAN --stage X --steps 3\`)"
     echo
     echo "| model | stage | measured peak | predicted peak | allocator held | fwd+bwd measured ms | predicted ms | predicted memopt ms | swap copies waited for |"
     echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -416,10 +416,10 @@ write_report() {
     for spec in "$big1" "$big2"; do
       k=$((k + 1))
       for x in 0 1 2 3; do
-        local f=$work/replay-model$k-$x.out
+        local f=$work/stage-alone-model$k-$x.out
         [ -s "$f" ] || continue
         if ! grep -q '^peak memory' "$f"; then
-          echo "| ${spec#--model } | $x | $(status_of "replay-model$k-$x") | | | | | | |"
+          echo "| ${spec#--model } | $x | $(status_of "stage-alone-model$k-$x") | | | | | | |"
           continue
         fi
         local pm tm

@@ -24,7 +24,7 @@ inline int64_t measured_rank_peak(CountingAllocator& counter, const OpGraph& g, 
   const int64_t base = counter.live_bytes();  // not the stand-in's own copies of the inputs
   std::map<int, std::unique_ptr<PipelineStage>> stages;
   for (int x = r; x < static_cast<int>(pc.ranges.size()); x += ranks_of(pc))
-    stages[x] = std::make_unique<PipelineStage>(g, stage_config(pc, x), transport);
+    stages[x] = std::make_unique<PipelineStage>(g, stage_config(g, pc, x), transport);
   counter.reset_peak();
   for (const Action& a : rank_actions(g, pc, r)) stages.at(a.stage)->execute(a);
   return counter.peak_bytes() - base;

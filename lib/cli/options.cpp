@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "util/error.h"
 #include "util/units.h"
@@ -58,6 +59,16 @@ po::options_description allocator_headroom_option() {
   return d;
 }
 
+namespace {
+// The pipeline planners, and the baselines only `plan` computes.
+std::string planner_help() {
+  static const auto pipeline = [](PlannerKind k) { return k != PlannerKind::Zero2 && k != PlannerKind::Zero3; };
+  return enum_help<PlannerKind>(+pipeline) +
+         "; `plan` also: " + enum_help<PlannerKind>(+[](PlannerKind k) { return !pipeline(k); }) +
+         " (ZeRO's data-parallel baseline)";
+}
+}  // namespace
+
 po::options_description planning_options() {
   po::options_description d("Planning options (the same defaults for plan and train)");
   // clang-format off
@@ -69,8 +80,7 @@ po::options_description planning_options() {
       ("data-parallel", po::value<int>(), "pipeline replicas D training on their own shares of the data, their gradients "
                                           "averaged every step (default: the MPI ranks / --stages; `plan` in one process: 1)")
       ("schedule", po::value<ScheduleRequest>()->default_value(ScheduleRequest(), "1f1b"), schedule_help().c_str())
-      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), "dawnpiper | gpipe | pipedream | vpipe | even | exact; `plan` also: zero2 | zero3 "
-                                                                                                   "(ZeRO's data-parallel baseline)")
+      ("planner", po::value<PlannerKind>()->default_value(PlannerKind::DawnPiper, "dawnpiper"), planner_help().c_str())
       ("optimizer", po::value<OptimizerKind>()->default_value(OptimizerKind::Sgd, name_of(OptimizerKind::Sgd)),
        (enum_help<OptimizerKind>() + " (its state is part of each stage's memory; sgd with --momentum)").c_str())
       ("memopt", po::value<MemoptKind>()->default_value(MemoptKind::None, "none"),
@@ -125,6 +135,86 @@ PlanRequest plan_request_from(const po::variables_map& vm) {
     throw ConfigError("--zero-stage " + std::to_string(r.zero_stage) +
                       " runs on the CPU (MPI) so far, not with --device cuda");
   return r;
+}
+
+PlannedRun planned_run(const Plan& plan) {
+  PlannedRun r;
+  static_cast<PlanSettings&>(r.request) = plan.options;
+  r.request.schedule = plan.options.schedule;
+  r.request.ranks = static_cast<int>(plan.stages.size()) / plan.options.schedule.virtual_stages();
+  r.micro_batch_size = plan.micro_batch_size;
+  r.precision = plan.precision;
+  return r;
+}
+
+namespace {
+
+// --schedule auto agrees with the schedule it resolved to; --virtual-stages is compared on its own.
+bool agrees(const ScheduleRequest& given, const ScheduleRequest& planned) { return given.admits(planned.choice()); }
+template <class T>
+bool agrees(const T& given, const T& planned) {
+  return given == planned;
+}
+
+// An option of type T whose plan's value `of` gives.
+template <class T, class Of>
+PlannedOption planned(const std::string& key, bool resumed, Of of) {
+  PlannedOption o;
+  o.key = key;
+  o.resumed = resumed;
+  o.value = [of](const PlannedRun& r) { return boost::any(T(of(r))); };
+  o.agrees = [](const boost::any& given, const boost::any& planned) {
+    return agrees(boost::any_cast<const T&>(given), boost::any_cast<const T&>(planned));
+  };
+  o.text = [](const boost::any& value) {
+    std::ostringstream out;
+    out << boost::any_cast<const T&>(value);
+    return out.str();
+  };
+  o.compared = [text = o.text, value = o.value](const PlannedRun& r) { return text(value(r)); };
+  return o;
+}
+
+std::vector<PlannedOption> make_planned_options() {
+  std::vector<PlannedOption> all;
+  all.push_back(planned<Precision>("precision", false, [](const PlannedRun& r) { return r.precision; }));
+  all.push_back(planned<int>("stages", false, [](const PlannedRun& r) { return r.request.ranks; }));
+  all.push_back(planned<int>("data-parallel", false, [](const PlannedRun& r) { return r.request.data_parallel; }));
+  all.push_back(planned<ScheduleRequest>("schedule", true, [](const PlannedRun& r) { return r.request.schedule; }));
+  all.push_back(
+      planned<int>("virtual-stages", true, [](const PlannedRun& r) { return r.request.schedule.virtual_stages(); }));
+  all.back().with_schedule = true;
+  all.push_back(planned<PlannerKind>("planner", true, [](const PlannedRun& r) { return r.request.planner; }));
+  all.push_back(planned<MemoptKind>("memopt", true, [](const PlannedRun& r) { return r.request.memopt; }));
+  // The plan's memory holds for its micro-batching alone.
+  all.push_back(planned<int64_t>("micro-batch-size", true, [](const PlannedRun& r) { return r.micro_batch_size; }));
+  all.push_back(planned<int64_t>("micro-batches", true, [](const PlannedRun& r) { return r.request.micro_batches; }));
+  all.push_back(planned<OptimizerKind>("optimizer", false, [](const PlannedRun& r) { return r.request.optimizer; }));
+  // Without replicas no level is in effect: a resumed run compares the level in effect.
+  all.push_back(planned<int>("zero-stage", false, [](const PlannedRun& r) { return r.request.zero_stage; }));
+  all.back().compared = [](const PlannedRun& r) { return std::to_string(r.request.sharding()); };
+  // A size is text on the command line: compared by its bytes, and only where both shard.
+  all.push_back(planned<std::string>("bucket-size", false,
+                                     [](const PlannedRun& r) { return std::to_string(r.request.bucket_bytes); }));
+  all.back().agrees = [](const boost::any& given, const boost::any& planned) {
+    return parse_bytes(boost::any_cast<const std::string&>(given), "--bucket-size") ==
+           parse_bytes(boost::any_cast<const std::string&>(planned), "--bucket-size");
+  };
+  all.back().text = [](const boost::any& value) {
+    const std::string& text = boost::any_cast<const std::string&>(value);
+    return text.find_first_not_of("0123456789") == std::string::npos ? text + " bytes" : text;
+  };
+  all.back().compared = [](const PlannedRun& r) {
+    return r.request.sharding() > 0 ? format_bytes(static_cast<double>(r.request.bucket_bytes)) : std::string();
+  };
+  return all;
+}
+
+}  // namespace
+
+const std::vector<PlannedOption>& planned_options() {
+  static const std::vector<PlannedOption> all = make_planned_options();
+  return all;
 }
 
 po::options_description model_override_options() {

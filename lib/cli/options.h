@@ -2,6 +2,7 @@
 // Command-line and .ini options shared by the subcommands (Boost.Program_options). Every option
 // can be given on the command line or in the --config file (same names, "key = value" lines);
 // the command line wins.
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 
 #include "models/model_config.h"
 #include "models/model_source.h"
+#include "plan/plan.h"
 #include "plan/plan_options.h"
 #include "data/token_file.h"
 #include "memory/device_memory.h"
@@ -46,6 +48,29 @@ po::options_description planning_options();
 // --zero-stage outside 0-3 or above 0 under a schedule or device it cannot run on, a bucket below
 // one element, a schedule file written for other sizes.
 PlanRequest plan_request_from(const po::variables_map& vm);
+
+// What a plan fixes of a run: the planning options, the micro-batch size and the precision. A
+// plan's (planned_run), or a run's request, to compare with one.
+struct PlannedRun {
+  PlanRequest request;  // ranks: pipeline ranks; data_parallel: replicas
+  int64_t micro_batch_size = 0;
+  Precision precision = Precision::Fp32;
+};
+PlannedRun planned_run(const Plan& plan);
+// One option a plan fixes, named as the command line names it: `train --plan-in` takes its value
+// into the options (adopt_plan_settings), and a resumed run compares it with its checkpoint's plan
+// (run/agreed_plan.h: resumed_plan_changes).
+struct PlannedOption {
+  std::string key;
+  bool resumed = false;        // a resumed run takes it from its checkpoint's plan where not given
+  bool with_schedule = false;  // ... only with the plan's schedule (its own default under another)
+  std::function<boost::any(const PlannedRun&)> value;  // as the option holds it
+  std::function<bool(const boost::any& given, const boost::any& planned)> agrees;
+  std::function<std::string(const boost::any&)> text;      // for messages
+  std::function<std::string(const PlannedRun&)> compared;  // "": not compared
+};
+// Every one, in the order messages name them. Adding a planning option adds its line here.
+const std::vector<PlannedOption>& planned_options();
 // --layers --decoder-layers --hidden --heads --ffn --vocab --seq-len --image-size --classes
 // --in-features --output-chunks --loss-chunk-tokens --attention --dropout
 po::options_description model_override_options();

@@ -1,8 +1,5 @@
 #include "cli/train_options.h"
 
-#include <sstream>
-#include <type_traits>
-
 #include "data/token_file.h"
 #include "memory/device_memory.h"
 #include "plan/zero_baseline.h"
@@ -237,63 +234,30 @@ TrainOptions read_train_options(const po::variables_map& vm) {
   return o;
 }
 
-namespace {
-// --schedule auto beside --plan-in takes the plan's choice; --virtual-stages is compared on its own.
-bool agrees(const ScheduleRequest& given, const ScheduleRequest& planned) { return given.admits(planned.choice()); }
-template <class T>
-bool agrees(const T& given, const T& planned) {
-  return given == planned;
-}
-}  // namespace
-
 void adopt_plan_settings(const Plan& plan, po::variables_map& vm, bool resumed) {
-  const std::string source = "the plan (--plan-in)";
-  const std::string remedy = "leave the option out or plan again";
-  // True where the command line or config file gives `key` a value that differs from the plan's.
-  auto differs = [&](const char* key, const auto& planned) {
-    using T = std::decay_t<decltype(planned)>;
-    auto found = vm.find(key);
-    return found != vm.end() && !found->second.defaulted() && !agrees(found->second.template as<T>(), planned);
+  const PlannedRun planned = planned_run(plan);
+  // True where the command line or config file gives the option a value that differs from the plan's.
+  auto differs = [&](const PlannedOption& option) {
+    auto found = vm.find(option.key);
+    return found != vm.end() && !found->second.defaulted() &&
+           !option.agrees(found->second.value(), option.value(planned));
   };
-  auto adopt = [&](const char* key, const auto& planned) {
-    if (differs(key, planned)) {
-      if (resumed) return;  // a resumed run keeps the value given and plans anew (run/agreed_plan.h)
-      using T = std::decay_t<decltype(planned)>;
-      std::ostringstream given, wanted;
-      given << vm[key].template as<T>();
-      wanted << planned;
-      throw ConfigError("--" + std::string(key) + " " + given.str() + " contradicts " + source + ", made for " +
-                        wanted.str() + "; " + remedy);
-    }
-    vm.erase(key);
-    vm.insert({key, po::variable_value(boost::any(planned), false)});
-  };
-  const int virtual_stages = plan.options.schedule.virtual_stages();
-  const ScheduleRequest planned(plan.options.schedule);
-  const bool other_schedule = differs("schedule", planned);
-  adopt("schedule", planned);
-  if (!(resumed && other_schedule)) adopt("virtual-stages", virtual_stages);  // another schedule: its own default
-  adopt("planner", plan.options.planner);
-  adopt("memopt", plan.options.memopt);
-  // The plan's memory holds for its micro-batching alone.
-  adopt("micro-batch-size", plan.micro_batch_size);
-  adopt("micro-batches", plan.options.micro_batches);
+  bool other_schedule = false;
+  for (const PlannedOption& option : planned_options())
+    if (option.key == "schedule") other_schedule = differs(option);
   // A resumed run compares the rest with the checkpoint's run (run/resume.h), and the plan's
   // stages, replicas and memory with this run where the plan is agreed (run/agreed_plan.h).
-  if (resumed) return;
-  adopt("stages", static_cast<int>(plan.stages.size()) / virtual_stages);
-  adopt("optimizer", plan.options.optimizer);
-  adopt("precision", plan.precision);
-  adopt("data-parallel", plan.options.data_parallel);
-  adopt("zero-stage", plan.options.zero_stage);
-  // A size is text on the command line: compared by its bytes.
-  if (auto found = vm.find("bucket-size"); found != vm.end()) {
-    const int64_t given = parse_bytes(found->second.as<std::string>(), "--bucket-size");
-    if (!found->second.defaulted() && given != plan.options.bucket_bytes)
-      throw ConfigError("--bucket-size " + found->second.as<std::string>() + " contradicts " + source + ", made for " +
-                        std::to_string(plan.options.bucket_bytes) + " bytes; " + remedy);
-    vm.erase(found);
-    vm.insert({"bucket-size", po::variable_value(boost::any(std::to_string(plan.options.bucket_bytes)), false)});
+  for (const PlannedOption& option : planned_options()) {
+    if (resumed && (!option.resumed || (option.with_schedule && other_schedule))) continue;
+    const boost::any value = option.value(planned);
+    if (differs(option)) {
+      if (resumed) continue;  // a resumed run keeps the value given and plans anew (run/agreed_plan.h)
+      throw ConfigError("--" + option.key + " " + option.text(vm[option.key].value()) +
+                        " contradicts the plan (--plan-in), made for " + option.text(value) +
+                        "; leave the option out or plan again");
+    }
+    vm.erase(option.key);
+    vm.insert({option.key, po::variable_value(value, false)});
   }
 }
 

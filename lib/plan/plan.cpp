@@ -320,6 +320,51 @@ Plan plan_fields(const Json& j) {
   return p;
 }
 
+// Under ZeRO, what a replica holds of each stage's optimizer state (the grad+opt column holds it),
+// gradients and parameters.
+void print_sharding(const Plan& plan, std::ostream& out) {
+  const PlanOptions& options = plan.options;
+  // The stage's parameters (level 3's memory.weights is what a replica holds of them; its
+  // gradient shard is 1/D of them, rounded up).
+  auto whole = [&](const StagePlan& s) {
+    return options.sharding() >= 3 ? s.memory.gradients * options.data_parallel : s.memory.weights;
+  };
+  auto per_stage = [&](const char* what, auto held, auto of) {
+    out << what;
+    for (const StagePlan& s : plan.stages)
+      out << (s.index ? ", " : " ") << s.index << ": " << format_bytes(static_cast<double>(held(s))) << " of "
+          << format_bytes(static_cast<double>(of(s)));
+  };
+  out << "zero-stage " << options.sharding() << " over " << options.data_parallel << " replicas (buckets of "
+      << format_bytes(static_cast<double>(options.bucket_bytes)) << "): ";
+  per_stage(
+      "optimizer state per replica", [](const StagePlan& s) { return s.memory.optimizer; },
+      [&](const StagePlan& s) { return optimizer_state_multiplier(options.optimizer) * whole(s); });
+  if (options.sharding() >= 2)  // and of the gradients (the buckets in flight come on top)
+    per_stage(
+        "; gradient shard per replica", [](const StagePlan& s) { return s.memory.gradients; }, whole);
+  if (options.sharding() >= 3)  // and of the parameters: the shard and about a bucket gathered
+    per_stage(
+        "; parameters held per replica", [](const StagePlan& s) { return s.memory.weights; }, whole);
+  out << "\n";
+}
+
+// Stages that bring every swapped tensor back only when its backward needs it (the planner's
+// last resort, where nothing else fits) wait for those copies: which, "" where none.
+std::string late_swapping_stages(const Plan& plan) {
+  std::string late;
+  for (const StagePlan& s : plan.stages) {
+    bool swaps = false, all_late = true;
+    for (const TensorDecision& d : s.decisions) {
+      if (d.action == TensorAction::Keep) continue;
+      swaps = swaps || d.action == TensorAction::Swap;
+      all_late = all_late && d.action == TensorAction::Swap && d.prefetch_at == d.restore_before;
+    }
+    if (swaps && all_late) late += (late.empty() ? "" : ", ") + std::to_string(s.index);
+  }
+  return late;
+}
+
 }  // namespace
 
 Plan plan_from_json(const std::string& text) {
@@ -376,31 +421,7 @@ void Plan::print_table(std::ostream& out) const {
                 bottleneck_ms(), step_ms(), 100 * bubble_fraction(),
                 format_bytes(static_cast<double>(max_predicted_peak_bytes())).c_str(), planning_ms);
   out << line;
-  if (options.sharding() > 0) {  // the grad+opt column holds a replica's shard of the optimizer state
-    // The stage's parameters (level 3's memory.weights is what a replica holds of them; its
-    // gradient shard is 1/D of them, rounded up).
-    auto whole = [&](const StagePlan& s) {
-      return options.sharding() >= 3 ? s.memory.gradients * options.data_parallel : s.memory.weights;
-    };
-    out << "zero-stage " << options.sharding() << " over " << options.data_parallel << " replicas (buckets of "
-        << format_bytes(static_cast<double>(options.bucket_bytes)) << "): optimizer state per replica";
-    for (const StagePlan& s : stages)
-      out << (s.index ? ", " : " ") << s.index << ": " << format_bytes(static_cast<double>(s.memory.optimizer))
-          << " of " << format_bytes(static_cast<double>(optimizer_state_multiplier(options.optimizer) * whole(s)));
-    if (options.sharding() >= 2) {  // and of the gradients (the buckets in flight come on top)
-      out << "; gradient shard per replica";
-      for (const StagePlan& s : stages)
-        out << (s.index ? ", " : " ") << s.index << ": " << format_bytes(static_cast<double>(s.memory.gradients))
-            << " of " << format_bytes(static_cast<double>(whole(s)));
-    }
-    if (options.sharding() >= 3) {  // and of the parameters: the shard and about a bucket gathered
-      out << "; parameters held per replica";
-      for (const StagePlan& s : stages)
-        out << (s.index ? ", " : " ") << s.index << ": " << format_bytes(static_cast<double>(s.memory.weights))
-            << " of " << format_bytes(static_cast<double>(whole(s)));
-    }
-    out << "\n";
-  }
+  if (options.sharding() > 0) print_sharding(*this, out);
   if (v > 1) {  // a rank holds its stages at once
     out << "per rank (its stages replayed together):";
     const std::vector<int64_t> peaks = rank_peak_bytes(true);
@@ -408,19 +429,7 @@ void Plan::print_table(std::ostream& out) const {
       out << (r ? ", " : " ") << r << ": " << format_bytes(static_cast<double>(peaks[r]));
     out << "\n";
   }
-  // Stages that bring every swapped tensor back only when its backward needs it (the planner's
-  // last resort, where nothing else fits) wait for those copies: say which.
-  std::string late;
-  for (const StagePlan& s : stages) {
-    bool swaps = false, all_late = true;
-    for (const TensorDecision& d : s.decisions) {
-      if (d.action == TensorAction::Keep) continue;
-      swaps = swaps || d.action == TensorAction::Swap;
-      all_late = all_late && d.action == TensorAction::Swap && d.prefetch_at == d.restore_before;
-    }
-    if (swaps && all_late) late += (late.empty() ? "" : ", ") + std::to_string(s.index);
-  }
-  if (!late.empty())
+  if (const std::string late = late_swapping_stages(*this); !late.empty())
     out << "stage(s) " << late << " bring every swapped tensor back only when its backward needs it; the memopt "
         << "column is the wait for those copies\n";
   if (options.data_parallel > 1) {

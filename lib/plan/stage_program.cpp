@@ -181,17 +181,28 @@ std::vector<Eviction> place_evictions(const CostModel& model, int b, int e,
   return out;
 }
 
-StageProgram stage_program(const CostModel& model, int b, int e, int x, const std::vector<TensorDecision>& decisions) {
+bool StageProgram::splits_backward() const {
+  return std::any_of(actions.begin(), actions.end(),
+                     [](const Action& a) { return a.kind == ActionKind::BackwardInput; });
+}
+
+StageProgram stage_program(const ScheduleTraits& traits, std::vector<Action> step_actions,
+                           const std::vector<int>& tied_owner, int b, int e, int x, std::vector<Eviction> evictions) {
   StageProgram program;
   program.stage = x;
   program.begin = b;
   program.end = e;
+  program.actions = add_tied_reductions(traits, std::move(step_actions),
+                                        holds_tied_across(tied_owner, b, e) ? std::set<int>{x} : std::set<int>{});
+  program.evictions = std::move(evictions);
+  return program;
+}
+
+StageProgram stage_program(const CostModel& model, int b, int e, int x, const std::vector<TensorDecision>& decisions) {
   std::vector<int> tied_owner;
   for (const NodeProfile& n : model.profile().nodes) tied_owner.push_back(n.tied_owner);
-  program.actions = add_tied_reductions(model.schedule().traits(), model.actions(x),
-                                        holds_tied_across(tied_owner, b, e) ? std::set<int>{x} : std::set<int>{});
-  program.evictions = place_evictions(model, b, e, decisions);
-  return program;
+  return stage_program(model.schedule().traits(), model.actions(x), tied_owner, b, e, x,
+                       place_evictions(model, b, e, decisions));
 }
 
 }  // namespace dawnpiper

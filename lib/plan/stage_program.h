@@ -3,7 +3,7 @@
 // its schedule's actions and the plan's evictions, each placed where the stage carries it out.
 // The runtime executes it (PipelineStage runs the actions, runtime/evictor the evictions); the
 // planner's memory replay (plan/stage_memory.h), the profile's whole-graph replay and
-// `replay-stage` simulate the very same program. Placement lives here and nowhere else.
+// `run-stage` simulate the very same program. Placement lives here and nowhere else.
 //
 // Placing a decision on stage nodes [b, e):
 //   - the storage leaves after its last reader in the stage (readers of every tensor sharing the
@@ -25,9 +25,18 @@ namespace dawnpiper {
 
 struct StageProgram {
   int stage = 0, begin = 0, end = 0;
-  std::vector<Action> actions;  // the schedule's list for the stage (CostModel::actions)
+  std::vector<Action> actions;  // one step's list for the stage, with its tied reductions
   std::vector<Eviction> evictions;
+  // Whether its backwards split into I and W (zero-bubble schedules).
+  bool splits_backward() const;
 };
+
+// Stage x ([b, e)) running `step_actions` (its list of one step of a schedule with `traits`) and
+// carrying `evictions`: the tied reductions added where it holds a weight tied across stages
+// (holds_tied_across over `tied_owner`, per node). The planner's programs and the runtime's
+// stages (runtime/pipeline.h: stage_config) are both made here.
+StageProgram stage_program(const ScheduleTraits& traits, std::vector<Action> step_actions,
+                           const std::vector<int>& tied_owner, int b, int e, int x, std::vector<Eviction> evictions);
 
 // The evictions carrying out `decisions` (keep entries and autograd-internal buffers kept change
 // nothing) on stage nodes [b, e), in the decisions' order. Throws ConfigError for a decision the

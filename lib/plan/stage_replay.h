@@ -165,6 +165,11 @@ class StageReplay final : public ActionHooks {
   // gradients, and makes no parameter gradient.
   void backward_nodes(int64_t mb, MicroBatch& m, bool input_only = false);
   void backward_node(MicroBatch& m, int i, bool input_only = false);
+  // A concat's gradient read in slices (has_grad 3) at node i: its transient copies, and what I
+  // holds of it for W (slices_held: the whole; slice_copy: a copy of the node's slice).
+  void concat_slice_gradient(MicroBatch& m, int i, bool holds, int64_t& transient, int64_t& slices_held,
+                             int64_t& slice_copy);
+  void loss_gradient_in_input_pass(MicroBatch& m, const NodeProfile& node, int64_t reused);
   void param_gradient(int i, int64_t& grads, int64_t& transient);
   void weight_nodes(int64_t mb, MicroBatch& m);
   void release_graph(MicroBatch& m);  // what the forward saved, the sent tensors, the loss
@@ -295,6 +300,8 @@ class StageReplay final : public ActionHooks {
   };
   BucketCut cut_buckets(const std::vector<int64_t>& param_bytes) const;
   void place_zero_buckets(const std::vector<int64_t>& param_bytes);
+  // tied_users: per tied weight's owner, its users in the stage, last first.
+  void place_gather_reads(const std::map<int, std::vector<int>>& tied_users);
   // Level 2: each micro-batch's gradients are reduce-scattered a bucket at a time as the
   // backward makes them (the last bucket first, each once its nodes have made theirs and the
   // buckets before it started; two in flight), into the shard, whose chunk of a bucket is held

@@ -215,45 +215,7 @@ void StageReplay::place_weights() {
   std::reverse(held_bytes.begin(), held_bytes.end());
   place_average_buckets(held_bytes);
   place_zero_buckets(held_bytes);
-  if (zero_gathers()) {
-    // What each node reads: its own parameters, and a tied weight's owner or the copy here (held
-    // by its last user in the stage).
-    gather_reads_.assign(n_nodes, {});
-    param_reads_.assign(n_nodes, {});
-    next_reader_.assign(n_nodes, -1);
-    next_param_reader_.assign(n_nodes, -1);
-    // A view a parameter reader makes (a position embedding's slice, a transposed weight) and
-    // views of it keep the buckets until their readers have run (the runtime looks at what
-    // the forward still holds).
-    std::map<int, std::vector<int>> views;  // tensor -> the buckets it views
-    for (int n = b_; n < e_; ++n) {
-      std::vector<int>& reads = gather_reads_[at(n - b_)];
-      if (zero_bucket_of_[at(n - b_)] >= 0) reads.push_back(zero_bucket_of_[at(n - b_)]);
-      const int owner = p_.nodes[at(n)].tied_owner;
-      if (owner >= 0) {
-        const int holder = in_range(owner) ? owner : tied_users.at(owner).front();
-        if (zero_bucket_of_[at(holder - b_)] >= 0) reads.push_back(zero_bucket_of_[at(holder - b_)]);
-      }
-      param_reads_[at(n - b_)] = reads;
-      std::sort(param_reads_[at(n - b_)].begin(), param_reads_[at(n - b_)].end());
-      for (int t : model_.inputs(n))
-        if (auto v = views.find(t); v != views.end()) reads.insert(reads.end(), v->second.begin(), v->second.end());
-      std::sort(reads.begin(), reads.end());
-      reads.erase(std::unique(reads.begin(), reads.end()), reads.end());
-      for (int t : p_.nodes[at(n)].outputs)
-        if (!reads.empty() && !model_.is_internal(t) && !model_.owns_storage()[at(t)]) views[t] = reads;
-    }
-    for (int n = e_ - 1, next = -1, next_param = -1; n >= b_; --n) {
-      next_reader_[at(n - b_)] = next;
-      next_param_reader_[at(n - b_)] = next_param;
-      if (!gather_reads_[at(n - b_)].empty()) next = n;
-      if (!param_reads_[at(n - b_)].empty()) next_param = n;
-    }
-    gathered_.assign(zero_buckets_.size(), 0);
-    gather_unmade_.assign(zero_buckets_.size(), 0);
-    for (int k : zero_bucket_of_)
-      if (k >= 0) ++gather_unmade_[at(k)];
-  }
+  if (zero_gathers()) place_gather_reads(tied_users);
   // Once the gradient exists (later micro-batches of a step), autograd sums the contributions
   // of a weight used by several nodes in a buffer before accumulating it: the buffer is filled
   // by the first of them in the backward and held until the last.
@@ -274,6 +236,48 @@ void StageReplay::place_weights() {
     hold_from_[at(users.front() - b_)] += tied;
     hold_to_[at(users.back() - b_)] += tied;
   }
+}
+
+// Level 3: the buckets each node needs gathered, and the next node that needs any.
+void StageReplay::place_gather_reads(const std::map<int, std::vector<int>>& tied_users) {
+  const size_t n_nodes = static_cast<size_t>(e_ - b_);
+  // What each node reads: its own parameters, and a tied weight's owner or the copy here (held
+  // by its last user in the stage).
+  gather_reads_.assign(n_nodes, {});
+  param_reads_.assign(n_nodes, {});
+  next_reader_.assign(n_nodes, -1);
+  next_param_reader_.assign(n_nodes, -1);
+  // A view a parameter reader makes (a position embedding's slice, a transposed weight) and
+  // views of it keep the buckets until their readers have run (the runtime looks at what
+  // the forward still holds).
+  std::map<int, std::vector<int>> views;  // tensor -> the buckets it views
+  for (int n = b_; n < e_; ++n) {
+    std::vector<int>& reads = gather_reads_[at(n - b_)];
+    if (zero_bucket_of_[at(n - b_)] >= 0) reads.push_back(zero_bucket_of_[at(n - b_)]);
+    const int owner = p_.nodes[at(n)].tied_owner;
+    if (owner >= 0) {
+      const int holder = in_range(owner) ? owner : tied_users.at(owner).front();
+      if (zero_bucket_of_[at(holder - b_)] >= 0) reads.push_back(zero_bucket_of_[at(holder - b_)]);
+    }
+    param_reads_[at(n - b_)] = reads;
+    std::sort(param_reads_[at(n - b_)].begin(), param_reads_[at(n - b_)].end());
+    for (int t : model_.inputs(n))
+      if (auto v = views.find(t); v != views.end()) reads.insert(reads.end(), v->second.begin(), v->second.end());
+    std::sort(reads.begin(), reads.end());
+    reads.erase(std::unique(reads.begin(), reads.end()), reads.end());
+    for (int t : p_.nodes[at(n)].outputs)
+      if (!reads.empty() && !model_.is_internal(t) && !model_.owns_storage()[at(t)]) views[t] = reads;
+  }
+  for (int n = e_ - 1, next = -1, next_param = -1; n >= b_; --n) {
+    next_reader_[at(n - b_)] = next;
+    next_param_reader_[at(n - b_)] = next_param;
+    if (!gather_reads_[at(n - b_)].empty()) next = n;
+    if (!param_reads_[at(n - b_)].empty()) next_param = n;
+  }
+  gathered_.assign(zero_buckets_.size(), 0);
+  gather_unmade_.assign(zero_buckets_.size(), 0);
+  for (int k : zero_bucket_of_)
+    if (k >= 0) ++gather_unmade_[at(k)];
 }
 
 void StageReplay::place_evictions() {

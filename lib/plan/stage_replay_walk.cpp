@@ -252,6 +252,47 @@ int64_t StageReplay::backward_workspace(const NodeProfile& node) {
   return std::max(node.bwd_workspace, input_workspace(node));
 }
 
+// A slice of a concat's gradient (find_sliced_gradients) is copied first; the copy of the
+// last slice read frees the whole gradient before the products run.
+// I holds the slices for W: the whole gradient lives until then (freed at this node's W).
+// Where W's readers hold slices that do not cover the whole, I copies them at its end and lets
+// the whole go then (exec/split_backward.cpp): each reader holds its copy, counted from here.
+void StageReplay::concat_slice_gradient(MicroBatch& m, int i, bool holds, int64_t& transient, int64_t& slices_held,
+                                        int64_t& slice_copy) {
+  const int out = model_.graph_output(i);
+  transient += bytes(out);
+  const bool copied = holds && !held_slices_cover(p_.tensors[at(out)].consumers.front());
+  if (copied) slice_copy = bytes(out);
+  if (frees_slices_of_[at(i - b_)] >= 0) {
+    const int concat = model_.graph_output(frees_slices_of_[at(i - b_)]);
+    const int64_t whole = bytes(concat);
+    if (copied) {  // (in the loss's log-probabilities: those go at I's end with its saved tensors)
+      if (!m.grad_in_loss[loc(concat)]) m.slices_until_input_end += whole;
+    } else if (holds && m.grad_in_loss[loc(concat)]) {
+      m.loss_grad_held = true;
+    } else if (holds) {
+      slices_held = whole;
+    } else if (!m.grad_in_loss[loc(concat)]) {  // (else freed with the loss's log-probabilities)
+      note(live_ + bytes(out), i);
+      live_ -= whole;
+    }
+  }
+}
+
+// I's loss node: where the logits' gradient goes (reused: the log-probabilities' bytes).
+void StageReplay::loss_gradient_in_input_pass(MicroBatch& m, const NodeProfile& node, int64_t reused) {
+  if (is_received_[at(key_[at(loss_logits_)])]) {
+    // Received logits: their gradient goes back in the log-probabilities' buffer, which it
+    // owns from here, as in a whole backward.
+    for (int t : node.saved)
+      if (model_.is_internal(t)) for_saver_keys(t, [&](int k) { release(m, k); });
+    m.loss_saved_released = true;
+  } else {  // no storage of its own
+    live_ -= reused;
+    m.grad_in_loss[loc(loss_logits_)] = 1;
+  }
+}
+
 void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   const NodeProfile& node = p_.nodes[at(i)];
   const NodeClass kind = model_.node_class(i);
@@ -283,45 +324,11 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
     reused = bytes(model_.inputs(i)[0]);
   // The loss writes the logits' gradient over its log-probabilities (fp32).
   if (i == loss_node_ && requires_grad_[at(loss_logits_)]) reused = bytes(loss_logits_);
-  // A slice of a concat's gradient (find_sliced_gradients) is copied first; the copy of the
-  // last slice read frees the whole gradient before the products run.
-  // I holds the slices for W: the whole gradient lives until then (freed at this node's W).
-  // Where W's readers hold slices that do not cover the whole, I copies them at its end and lets
-  // the whole go then (exec/split_backward.cpp): each reader holds its copy, counted from here.
   int64_t slices_held = 0, slice_copy = 0;
-  if (out >= 0 && m.has_grad[loc(out)] == 3) {
-    transient += bytes(out);
-    const bool copied = holds && !held_slices_cover(p_.tensors[at(out)].consumers.front());
-    if (copied) slice_copy = bytes(out);
-    if (frees_slices_of_[at(i - b_)] >= 0) {
-      const int concat = model_.graph_output(frees_slices_of_[at(i - b_)]);
-      const int64_t whole = bytes(concat);
-      if (copied) {  // (in the loss's log-probabilities: those go at I's end with its saved tensors)
-        if (!m.grad_in_loss[loc(concat)]) m.slices_until_input_end += whole;
-      } else if (holds && m.grad_in_loss[loc(concat)]) {
-        m.loss_grad_held = true;
-      } else if (holds) {
-        slices_held = whole;
-      } else if (!m.grad_in_loss[loc(concat)]) {  // (else freed with the loss's log-probabilities)
-        note(live_ + bytes(out), i);
-        live_ -= whole;
-      }
-    }
-  }
+  if (out >= 0 && m.has_grad[loc(out)] == 3) concat_slice_gradient(m, i, holds, transient, slices_held, slice_copy);
   note(live_ + grads + transient + backward_workspace(node) - reused, i);
   live_ += grads;
-  if (input_only && i == loss_node_ && reused > 0) {
-    if (is_received_[at(key_[at(loss_logits_)])]) {
-      // Received logits: their gradient goes back in the log-probabilities' buffer, which it
-      // owns from here, as in a whole backward.
-      for (int t : node.saved)
-        if (model_.is_internal(t)) for_saver_keys(t, [&](int k) { release(m, k); });
-      m.loss_saved_released = true;
-    } else {  // no storage of its own
-      live_ -= reused;
-      m.grad_in_loss[loc(loss_logits_)] = 1;
-    }
-  }
+  if (input_only && i == loss_node_ && reused > 0) loss_gradient_in_input_pass(m, node, reused);
   if (holds) {
     // W runs from here (also from a loss: backward_nodes holds its gradient).
     int64_t& held = m.held_for_weights[at(i - b_)];

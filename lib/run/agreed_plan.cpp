@@ -99,24 +99,17 @@ std::string resumed_plan_changes(const Plan& saved, const OpGraph& graph, const 
   if (const std::optional<Json> run = saved_run(o); run && run->contains("sample"))
     if (const std::string was = (*run)["sample"].get<std::string>(), now = sample_shape(graph); was != now)
       changes = "the sample " + was + " -> " + now;
-  compare("precision", name_of(saved.precision), name_of(graph.precision));
+  PlannedRun asked{o.plan, o.micro_batch_size, graph.precision};
+  asked.request.ranks = layout.stages;
+  asked.request.data_parallel = layout.replicas;
+  asked.request.micro_batches = o.config.micro_batches;  // what the trainer steps with
+  asked.request.optimizer = o.config.optimizer.kind;
+  const PlannedRun was = planned_run(saved);
+  for (const PlannedOption& option : planned_options())
+    if (const std::string before = option.compared(was), after = option.compared(asked);
+        !before.empty() && !after.empty())
+      compare(option.key, before, after);
   const PlanOptions& p = saved.options;
-  const int virtual_stages = p.schedule.virtual_stages();
-  compare("stages", std::to_string(static_cast<int>(saved.stages.size()) / virtual_stages),
-          std::to_string(layout.stages));
-  compare("data-parallel", std::to_string(p.data_parallel), std::to_string(layout.replicas));
-  compare("schedule", name_of(p.schedule), name_of(o.plan.schedule));
-  compare("virtual-stages", std::to_string(virtual_stages), std::to_string(o.plan.schedule.virtual_stages()));
-  compare("planner", name_of(p.planner), name_of(o.plan.planner));
-  compare("memopt", name_of(p.memopt), name_of(o.plan.memopt));
-  compare("micro-batch-size", std::to_string(saved.micro_batch_size), std::to_string(o.micro_batch_size));
-  compare("micro-batches", std::to_string(p.micro_batches), std::to_string(o.config.micro_batches));
-  compare("optimizer", name_of(p.optimizer), name_of(o.config.optimizer.kind));
-  const int zero_stage = layout.replicas > 1 ? o.plan.zero_stage : 0;
-  compare("zero-stage", std::to_string(p.sharding()), std::to_string(zero_stage));
-  if (p.sharding() > 0 && zero_stage > 0)
-    compare("bucket-size", format_bytes(static_cast<double>(p.bucket_bytes)),
-            format_bytes(static_cast<double>(o.plan.bucket_bytes)));
   PlanOptions now;
   set_device_memory(now, o.capacity,
                     o.allocator_headroom >= 0 ? o.allocator_headroom : default_allocator_headroom(device.str()));

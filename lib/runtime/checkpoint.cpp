@@ -74,9 +74,9 @@ std::string index_line(const StageConfig& stage, const std::string& file, const 
                        const std::string& dataset, int64_t moment, int64_t offset, int64_t numel) {
   std::string shape;
   for (int64_t d : p.tensor.sizes()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
-  return std::to_string(stage.stage) + "\t" + std::to_string(stage.begin) + "\t" + std::to_string(stage.end) + "\t" +
-         file + "\t" + p.name + "\t" + dataset + "\t" + std::to_string(moment) + "\t" + std::to_string(offset) + "\t" +
-         std::to_string(numel) + "\t" + shape + "\n";
+  return std::to_string(stage.program.stage) + "\t" + std::to_string(stage.program.begin) + "\t" +
+         std::to_string(stage.program.end) + "\t" + file + "\t" + p.name + "\t" + dataset + "\t" +
+         std::to_string(moment) + "\t" + std::to_string(offset) + "\t" + std::to_string(numel) + "\t" + shape + "\n";
 }
 
 // Writes the stage's file; returns its path and its lines of the index.
@@ -84,7 +84,7 @@ std::pair<std::string, std::string> write_stage_file(const std::string& dir, int
                                                      const CheckpointIdentity& id) {
   const auto [zero_stage, replicas] = sharding_of(stage);
   const int replica = zero_stage > 0 ? stage.config().replica : 0;
-  const std::string path = stage_file(dir, next_step, stage.config().stage, replica);
+  const std::string path = stage_file(dir, next_step, stage.config().program.stage, replica);
   write_atomically(path, [&](const std::string& tmp) {
     quiet_errors();
     Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose, "create " + path);
@@ -94,9 +94,9 @@ std::pair<std::string, std::string> write_stage_file(const std::string& dir, int
     write_attr(file, "optimizer", id.optimizer);
     write_attr<int64_t>(file, "nodes", id.nodes);
     write_attr<int64_t>(file, "stages", id.stages);
-    write_attr<int64_t>(file, "stage", stage.config().stage);
-    write_attr<int64_t>(file, "node_begin", stage.config().begin);
-    write_attr<int64_t>(file, "node_end", stage.config().end);
+    write_attr<int64_t>(file, "stage", stage.config().program.stage);
+    write_attr<int64_t>(file, "node_begin", stage.config().program.begin);
+    write_attr<int64_t>(file, "node_end", stage.config().program.end);
     write_attr<int64_t>(file, "next_step", next_step);
     write_attr<int64_t>(file, "optimizer_steps", stage.optimizer().steps());
     write_attr<int64_t>(file, "zero_stage", zero_stage);

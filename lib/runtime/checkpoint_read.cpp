@@ -36,8 +36,8 @@ void read_stage_file(const std::string& path, PipelineStage& stage, const Checkp
     throw mismatch("model", read_attr_string(file, "preset"), id.preset);
   if (read_attr<int64_t>(file, "stages") != id.stages)
     throw mismatch("stages", std::to_string(read_attr<int64_t>(file, "stages")), std::to_string(id.stages));
-  if (read_attr<int64_t>(file, "node_begin") != stage.config().begin ||
-      read_attr<int64_t>(file, "node_end") != stage.config().end)
+  if (read_attr<int64_t>(file, "node_begin") != stage.config().program.begin ||
+      read_attr<int64_t>(file, "node_end") != stage.config().program.end)
     throw ConfigError("checkpoint '" + path +
                       "' holds another split of the model (re-use the plan it was trained with: --plan-in)");
   if (read_attr_string(file, "optimizer") != id.optimizer)
@@ -97,8 +97,8 @@ bool same_split(const std::string& path, PipelineStage& stage, const CheckpointI
   if (H5Fis_hdf5(path.c_str()) <= 0) return false;
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
   return has_attr(file, "stages") && read_attr<int64_t>(file, "stages") == id.stages &&
-         read_attr<int64_t>(file, "node_begin") == stage.config().begin &&
-         read_attr<int64_t>(file, "node_end") == stage.config().end;
+         read_attr<int64_t>(file, "node_begin") == stage.config().program.begin &&
+         read_attr<int64_t>(file, "node_end") == stage.config().program.end;
 }
 
 // A checkpoint of another split (level 0: each file holds its stage's whole optimizer state):
@@ -216,7 +216,7 @@ void read_by_index(const std::string& dir, int64_t step, PipelineStage& stage, c
   };
   // A parameter's copy: the one a stage of this stage's node range wrote (its own copy of a tied
   // weight, which async updates apart), else the lowest stage's.
-  const Json nodes = {stage.config().begin, stage.config().end};
+  const Json nodes = {stage.config().program.begin, stage.config().program.end};
   auto copy_for = [&](const Json& entry) -> const Json& {
     for (const Json& copy : entry["copies"])
       if (copy["nodes"] == nodes) return copy;
@@ -303,9 +303,9 @@ std::string checkpoint_parameter_mismatch(const std::string& dir, int64_t step,
 }
 
 void read_checkpoint(const std::string& dir, int64_t step, PipelineStage& stage, const CheckpointIdentity& id) {
-  const std::string path = stage_file(dir, step, stage.config().stage);
+  const std::string path = stage_file(dir, step, stage.config().program.stage);
   const int replica = stage.zero_shard() ? stage.config().replica : 0;
-  const std::string state_path = replica > 0 ? stage_file(dir, step, stage.config().stage, replica) : "";
+  const std::string state_path = replica > 0 ? stage_file(dir, step, stage.config().program.stage, replica) : "";
   quiet_errors();
   try {
     if (const std::optional<Json> manifest = indexed_manifest(dir, step))

@@ -85,23 +85,15 @@ std::vector<Action> stage_actions(const OpGraph& g, const PipelineConfig& c, int
   return mine;
 }
 
-StageConfig stage_config(const PipelineConfig& c, int stage) {
+StageConfig stage_config(const OpGraph& g, const PipelineConfig& c, int stage) {
   StageConfig s;
-  s.stage = stage;
+  static_cast<StageSettings&>(s) = c;
   s.stages = static_cast<int>(c.ranges.size());
-  s.begin = c.ranges[stage].first;
-  s.end = c.ranges[stage].second;
-  s.schedule = c.schedule;
-  s.micro_batches = c.micro_batches;
-  s.seed = c.seed;
-  s.optimizer = c.optimizer;
-  s.device = c.device;
-  if (static_cast<size_t>(stage) < c.evictions.size()) s.evictions = c.evictions[static_cast<size_t>(stage)];
-  s.data = c.data;
-  s.replica = c.replica;
-  s.replicas = c.replicas;
-  for (const Action& a : c.schedule.make(s.stages, c.micro_batches).stage_actions(stage))
-    s.split_backward = s.split_backward || a.kind == ActionKind::BackwardInput;
+  const auto [begin, end] = c.ranges[static_cast<size_t>(stage)];
+  s.program = stage_program(c.schedule.traits(), c.schedule.make(s.stages, c.micro_batches).stage_actions(stage),
+                            g.tied_owners(), begin, end, stage,
+                            static_cast<size_t>(stage) < c.evictions.size() ? c.evictions[static_cast<size_t>(stage)]
+                                                                            : std::vector<Eviction>{});
   return s;
 }
 
@@ -112,6 +104,37 @@ std::map<std::vector<int>, std::vector<std::string>> tied_across_stages(const Op
   return names;
 }
 
+namespace {
+
+// Where a list of actions ends a training step, for both drivers: a synchronous step ends with
+// `updates_per_step` optimizer steps (a rank's V stages'; every stage's in one process); an
+// asynchronous stage updates after every backward, and the update after a step's last
+// micro-batch ends the step (there, at a drain, nothing is in flight).
+class StepEnds {
+ public:
+  StepEnds(const PipelineConfig& c, int updates_per_step)
+      : micro_batches_(c.micro_batches),
+        per_step_(c.schedule.traits().updates_once_per_step),
+        updates_per_step_(updates_per_step),
+        step_(c.first_step) {}
+  // Follows `a`; true where it ends step(). Fed every action of one rank, or of one stage under
+  // async in one process.
+  bool after(const Action& a) {
+    if (a.micro_batch >= 0) step_ = a.micro_batch / micro_batches_, micro_batch_ = a.micro_batch;
+    if (a.kind != ActionKind::OptimizerStep || ++updates_ % updates_per_step_ != 0) return false;
+    return per_step_ || micro_batch_ % micro_batches_ == micro_batches_ - 1;
+  }
+  int64_t step() const { return step_; }  // of the latest action with a micro-batch (an update belongs to it)
+
+ private:
+  int64_t micro_batches_;
+  bool per_step_;
+  int updates_per_step_;
+  int64_t step_, micro_batch_ = -1, updates_ = 0;
+};
+
+}  // namespace
+
 InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& c,
                                         const std::function<void(const StepReport&)>& on_step) {
   check_ranges(g, c.ranges);
@@ -120,7 +143,7 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   std::vector<std::unique_ptr<PipelineStage>> stage;
   InProcessResult result;
   for (int s = 0; s < stages; ++s) {
-    stage.push_back(std::make_unique<PipelineStage>(g, stage_config(c, s), transport));
+    stage.push_back(std::make_unique<PipelineStage>(g, stage_config(g, c, s), transport));
     stage.back()->set_loss_callback([&](int64_t step, double loss) {
       StepReport r;
       r.step = step;
@@ -144,7 +167,6 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
   // every tied sum first, then the updates.
   const bool once_per_step = c.schedule.traits().updates_once_per_step;
   std::vector<Action> deferred;
-  int updates_reached = 0;
   auto run_deferred = [&] {
     for (const Action& a : deferred)
       if (a.kind == ActionKind::ReduceTiedGrads) stage[a.stage]->execute(a);
@@ -152,7 +174,6 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
       if (a.kind == ActionKind::OptimizerStep) stage[a.stage]->execute(a);
     if (!result.losses.empty()) result.losses.back().grad_norm = stage.front()->last_grad_norm();
     deferred.clear();
-    updates_reached = 0;
   };
   // Losses of steps every stage has finished go to on_step (the last stage computes a step's
   // loss before the earlier stages' backwards of it have run).
@@ -162,20 +183,21 @@ InProcessResult run_pipeline_in_process(const OpGraph& g, const PipelineConfig& 
     synchronize(c.device);
     while (reported < result.losses.size()) on_step(result.losses[reported++]);
   };
-  int64_t first_stage_micro_batch = -1;  // of stage 0's latest action with one
+  // A synchronous step ends with every stage's update; async's with stage 0's after the step's
+  // last micro-batch.
+  StepEnds ends(c, once_per_step ? stages : 1);
   for (const Action& a : simulate_global(schedule)) {
     transport.set_sender(a.stage);
-    if (once_per_step && (a.kind == ActionKind::ReduceTiedGrads || a.kind == ActionKind::OptimizerStep)) {
+    const bool deferred_here =
+        once_per_step && (a.kind == ActionKind::ReduceTiedGrads || a.kind == ActionKind::OptimizerStep);
+    if (deferred_here)
       deferred.push_back(a);
-      if (a.kind == ActionKind::OptimizerStep && ++updates_reached == stages) run_deferred(), report_finished_steps();
-      continue;
-    }
-    stage[a.stage]->execute(a);
-    // Async: stage 0's update after a step's last micro-batch ends that step everywhere.
-    if (a.stage == 0 && a.micro_batch >= 0) first_stage_micro_batch = a.micro_batch;
-    if (a.stage == 0 && a.kind == ActionKind::OptimizerStep &&
-        first_stage_micro_batch % c.micro_batches == c.micro_batches - 1)
+    else
+      stage[a.stage]->execute(a);
+    if ((once_per_step || a.stage == 0) && ends.after(a)) {
+      if (deferred_here) run_deferred();
       report_finished_steps();
+    }
   }
   if (!deferred.empty()) run_deferred();
   report_finished_steps();
@@ -282,7 +304,7 @@ int after_step(RankStages& stages, Transport& transport, const PipelineConfig& c
 // sharing a GPU), the message names the stage.
 std::unique_ptr<PipelineStage> build_stage(const OpGraph& g, const PipelineConfig& c, Transport& transport, int stage) {
   try {
-    return std::make_unique<PipelineStage>(g, stage_config(c, stage), transport);
+    return std::make_unique<PipelineStage>(g, stage_config(g, c, stage), transport);
   } catch (const c10::OutOfMemoryError& e) {
     throw OutOfMemoryError("stage " + std::to_string(stage) + " (nodes [" + std::to_string(c.ranges[stage].first) +
                            ", " + std::to_string(c.ranges[stage].second) +
@@ -290,20 +312,11 @@ std::unique_ptr<PipelineStage> build_stage(const OpGraph& g, const PipelineConfi
   }
 }
 
-// Builds and runs this rank's stages: its action list, the losses sent to rank 0, validation and
-// checkpoints.
-StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI_Comm data_comm, MPI_Comm control_comm,
-                   const RunConfig& options, int rank) {
-  StageRun result;
-  result.next_step = c.steps;
+// This rank's stages: built, sharded over their replicas (ZeRO), and where the run resumes, read
+// from the checkpoint.
+RankStages rank_stages(const OpGraph& g, const PipelineConfig& c, Transport& transport, const RunConfig& options,
+                       const CheckpointIdentity& identity, int rank) {
   const int ranks = ranks_of(c), virtual_stages = c.schedule.virtual_stages();
-  const CheckpointIdentity identity{options.preset, name_of(c.optimizer.kind), g.size(),
-                                    static_cast<int64_t>(c.ranges.size())};
-  PipelineTransport link = make_pipeline_transport(data_comm, c.device, options.transport,
-                                                   LinkNeeds{virtual_stages > 1, c.schedule.traits().sends_in_flight});
-  RoundRobinTransport round_robin(*link.transport, ranks, virtual_stages);
-  Transport& transport = virtual_stages > 1 ? static_cast<Transport&>(round_robin) : *link.transport;
-  result.transport = link.description;
   RankStages stages;
   for (int v = 0; v < virtual_stages; ++v) stages.push_back(build_stage(g, c, transport, v * ranks + rank));
   if (c.zero_stage > 0 && c.replicas > 1) {
@@ -322,21 +335,45 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
       if (ZeroShard* zero = stage->zero_shard()) zero->keep_parameters();
     release_parameters(stages);
   }
+  return stages;
+}
+
+// How the rank's gradients travel between replicas, for the run's transport line.
+std::string replica_traffic(const PipelineConfig& c, const std::vector<std::unique_ptr<ReplicaAverager>>& averagers) {
+  std::string said;
+  if (c.replicas > 1 && c.zero_stage > 0)
+    said += ", ZeRO level " + std::to_string(c.zero_stage) + " over " + std::to_string(c.replicas) +
+            " replicas (gradients reduce-scattered" +
+            (c.zero_stage >= 2 ? std::string(" as each micro-batch's backward produces them") : std::string()) +
+            (c.zero_stage >= 3 ? std::string(", parameters gathered where they are read, by mpi)")
+                               : std::string(", parameters all-gathered by mpi)"));
+  else if (!averagers.empty())
+    said +=
+        ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averagers.front()->description();
+  return said;
+}
+
+// Builds and runs this rank's stages: its action list, the losses sent to rank 0, validation and
+// checkpoints.
+StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI_Comm data_comm, MPI_Comm control_comm,
+                   const RunConfig& options, int rank) {
+  StageRun result;
+  result.next_step = c.steps;
+  const int ranks = ranks_of(c), virtual_stages = c.schedule.virtual_stages();
+  const CheckpointIdentity identity{options.preset, name_of(c.optimizer.kind), g.size(),
+                                    static_cast<int64_t>(c.ranges.size())};
+  PipelineTransport link = make_pipeline_transport(data_comm, c.device, options.transport,
+                                                   LinkNeeds{virtual_stages > 1, c.schedule.traits().sends_in_flight});
+  RoundRobinTransport round_robin(*link.transport, ranks, virtual_stages);
+  Transport& transport = virtual_stages > 1 ? static_cast<Transport&>(round_robin) : *link.transport;
+  result.transport = link.description;
+  RankStages stages = rank_stages(g, c, transport, options, identity, rank);
   std::vector<TieComm> tie_comms = tie_communicators(g, c, comm, rank);
   StageTracer* tracing = nullptr;  // set once the tracer exists
   std::vector<std::unique_ptr<ReplicaAverager>> averagers;
   for (auto& stage : stages)
     if (c.replicas > 1) averagers.push_back(attach_replica_averager(*stage, c, options, tracing));
-  if (c.replicas > 1 && c.zero_stage > 0)
-    result.transport +=
-        ", ZeRO level " + std::to_string(c.zero_stage) + " over " + std::to_string(c.replicas) +
-        " replicas (gradients reduce-scattered" +
-        (c.zero_stage >= 2 ? std::string(" as each micro-batch's backward produces them") : std::string()) +
-        (c.zero_stage >= 3 ? std::string(", parameters gathered where they are read, by mpi)")
-                           : std::string(", parameters all-gathered by mpi)"));
-  else if (!averagers.empty())
-    result.transport +=
-        ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averagers.front()->description();
+  result.transport += replica_traffic(c, averagers);
   attach_reducers(stages, tie_comms, c, comm, std::make_shared<std::pair<int, double>>(0, 0.0));
   StepRelay relay(c, options, control_comm, rank, ranks);
   double step_loss = 0;  // the last stage's, of the latest finished step
@@ -348,22 +385,16 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   for (auto& stage : stages)
     if (stage->evictor())
       stage->evictor()->set_listener(
-          [&tracer, x = stage->config().stage](
+          [&tracer, x = stage->config().program.stage](
               ActionKind kind, int64_t mb, int tensor, int64_t bytes, StageTracer::Clock::time_point start,
               StageTracer::Clock::time_point end) { tracer.record_nested(x, kind, mb, tensor, bytes, start, end); });
-  int64_t step = c.first_step;  // of the latest action with a micro-batch (an update belongs to it)
-  int64_t micro_batch = -1;     // the latest action's
-  int64_t updates = 0;
+  StepEnds ends(c, virtual_stages);  // the rank's updates, one per stage, end a synchronous step
   for (const Action& a : rank_actions(g, c, rank)) {
-    if (a.micro_batch >= 0) step = a.micro_batch / c.micro_batches, micro_batch = a.micro_batch;
+    const bool step_ended = ends.after(a);
+    const int64_t step = ends.step();
     tracer.run(a, step, [&] { stages[static_cast<size_t>(a.stage / ranks)]->execute(a); });
     relay.poll();
-    // A synchronous step ends with the rank's optimizer steps (one per stage): every stage is
-    // between steps there. An asynchronous stage updates after every backward; at the update
-    // after a step's last micro-batch, at a drain, nothing is in flight.
-    const bool step_done =
-        c.schedule.traits().updates_once_per_step || micro_batch % c.micro_batches == c.micro_batches - 1;
-    if (a.kind == ActionKind::OptimizerStep && ++updates % virtual_stages == 0 && step_done) {
+    if (step_ended) {
       relay.send(step, tracer.take_step_peak(), step_loss, stages.front()->last_grad_norm());
       result.stop_signal = after_step(stages, transport, c, options, identity, comm, rank, step, relay);
       if (result.stop_signal) {  // every rank stops after this step: none has begun the next

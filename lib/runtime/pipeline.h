@@ -21,29 +21,24 @@
 
 namespace dawnpiper {
 
-struct PipelineConfig {
-  ScheduleChoice schedule = ScheduleChoice::named("gpipe");
+// A whole run: the settings its stages share, and how the graph is cut and stepped.
+struct PipelineConfig : StageSettings {
   std::vector<std::pair<int, int>> ranges;  // node range [begin, end) of each stage
-  int64_t micro_batches = 1;                // per step
   int64_t steps = 1;                        // train steps first_step .. steps - 1
   int64_t first_step = 0;                   // > 0 when resuming from a checkpoint
   // Async: the pipeline drains after every K steps (where checkpoints are written: there no
   // micro-batch is in flight and no stashed weight version alive); 0: it never drains.
   int64_t drain_every = 0;
-  uint64_t seed = 42;
-  OptimizerConfig optimizer;
-  at::Device device = at::Device(at::kCPU);      // every stage's (each rank's own GPU on CUDA)
   std::vector<std::vector<Eviction>> evictions;  // per stage (the plan's); empty: keep all
-  DataConfig data;
-  int replica = 0, replicas = 1;  // data parallelism (StageConfig)
-  // Sharded data parallelism over each stage's replicas (runtime/zero_shard.h): 0, 1 or 2,
-  // and 0 with one replica; buckets of about bucket_bytes.
+  // Sharded data parallelism over each stage's replicas (runtime/zero_shard.h): 0 to 3, and 0
+  // with one replica; buckets of about bucket_bytes.
   int zero_stage = 0;
   int64_t bucket_bytes = int64_t{25} << 20;
 };
 
-// The configuration of one stage of `config`.
-StageConfig stage_config(const PipelineConfig& config, int stage);
+// The configuration of one stage of `config`: the settings every stage shares and the stage's
+// program, made by the planner's function (plan/stage_program.h) with the graph's tied owners.
+StageConfig stage_config(const OpGraph& graph, const PipelineConfig& config, int stage);
 
 // Names of the parameters several stages hold copies of (weights tied across a cut). The
 // synchronous schedules sum their gradients before every update; the asynchronous one updates
@@ -134,7 +129,7 @@ struct StageRun {
 // The tensors no parameter feeds that a stage starting at node `begin` receives (integer and
 // boolean ones: positions, masks, ids; floating ones: relative-position buckets on their way to
 // an index, rotary tables, additive masks), computed for real on the first micro-batch's
-// synthetic data by running only the nodes they depend on: what a stage run alone (replay-stage)
+// synthetic data by running only the nodes they depend on: what a stage run alone (run-stage)
 // needs besides stand-ins, whose random values would index out of range.
 std::map<int, at::Tensor> exact_constant_inputs(const OpGraph& graph, int begin, uint64_t seed);
 

@@ -77,7 +77,7 @@ void reduce_tied(const std::vector<TieComm>& tie_comms, int stage, RankStages& s
 std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, const PipelineConfig& c,
                                                          const RunConfig& options, StageTracer* const& tracing) {
   if (ZeroShard* zero = stage.zero_shard()) {  // ZeRO: reduce-scattered into the replica's shard
-    const int x = stage.config().stage;
+    const int x = stage.config().program.stage;
     stage.set_replica_reducer([zero, x, &tracing](std::vector<StageParameter>&) {
       const auto start = StageTracer::Clock::now();
       const int64_t bytes = zero->reduce_scatter();
@@ -91,9 +91,9 @@ std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, c
   for (const StageParameter& p : stage.module().parameters()) deferred.push_back(tied.count({p.node, p.index}) > 0);
   std::unique_ptr<ReplicaAverager> averager =
       make_replica_averager(options.replica_comm, c.device, stage.module().parameters(), c.bucket_bytes,
-                            std::move(deferred), stage.config().split_backward);
+                            std::move(deferred), stage.config().program.splits_backward());
   ReplicaAverager* a = averager.get();
-  const int x = stage.config().stage;
+  const int x = stage.config().program.stage;
   stage.set_replica_pass([a](bool last) { a->begin_pass(last); });
   stage.set_replica_starter([a](std::vector<StageParameter>& params) { a->start(params); });
   // Traced: each reduction from its start until seen complete (its bucket as the tensor).
@@ -113,7 +113,7 @@ std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, c
 void attach_reducers(RankStages& stages, const std::vector<TieComm>& tie_comms, const PipelineConfig& c, MPI_Comm comm,
                      std::shared_ptr<std::pair<int, double>> norm) {
   for (auto& stage : stages) {
-    const int x = stage->config().stage;
+    const int x = stage->config().program.stage;
     if (c.schedule.traits().updates_once_per_step && !tie_comms.empty())
       stage->set_tied_reducer(
           [&tie_comms, &stages, x](std::vector<StageParameter>&) { reduce_tied(tie_comms, x, stages); });

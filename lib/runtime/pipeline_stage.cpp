@@ -38,7 +38,7 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
     : graph_(graph),
       config_(config),
       transport_(transport),
-      module_(graph, config.begin, config.end, config.seed, config.device),
+      module_(graph, config.program.begin, config.program.end, config.seed, config.device),
       data_(make_data_source(graph, config.data, config.seed, DataSplit::Train,
                              graph.micro_batch_size * config.micro_batches)) {
   const std::vector<bool> rg = graph.requires_grad();
@@ -47,30 +47,30 @@ PipelineStage::PipelineStage(const OpGraph& graph, const StageConfig& config, Tr
   // Everything that crosses a cut travels over it, also tensors this stage only relays from an
   // earlier stage to a later one (skip connections over a whole stage); their gradients come
   // back the same way.
-  for (const CrossingTensor& c : graph.crossing(config.begin)) {
+  for (const CrossingTensor& c : graph.crossing(config.program.begin)) {
     recv_ids_.push_back(c.tensor);
     recv_specs_.push_back(&graph.tensor(c.tensor));
     recv_requires_grad_.push_back(rg[c.tensor]);
     const std::vector<int>& readers = graph.tensor(c.tensor).consumers;
-    recv_relayed_only_.push_back(
-        std::none_of(readers.begin(), readers.end(), [&](int n) { return n >= config.begin && n < config.end; }));
+    recv_relayed_only_.push_back(std::none_of(
+        readers.begin(), readers.end(), [&](int n) { return n >= config.program.begin && n < config.program.end; }));
   }
   // Gradients travel back only for tensors autograd tracks (not for masks, positions, ids).
-  for (const CrossingTensor& c : graph.crossing(config.end)) {
+  for (const CrossingTensor& c : graph.crossing(config.program.end)) {
     send_ids_.push_back(c.tensor);
     send_requires_grad_.push_back(rg[c.tensor]);
     if (rg[c.tensor]) grad_specs_.push_back(&graph.tensor(c.tensor));
   }
   for (auto& p : module_.parameters()) {
     masters_.push_back(p.tensor);
-    counted_in_norm_.push_back(p.node >= config.begin && p.node < config.end);
+    counted_in_norm_.push_back(p.node >= config.program.begin && p.node < config.program.end);
   }
   last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
   check_grad_clip(config.schedule, config.optimizer.grad_clip);
   optimizer_ = make_optimizer(config.optimizer, masters_);
-  auto evictor = std::make_unique<Evictor>(module_, config.evictions);
+  auto evictor = std::make_unique<Evictor>(module_, config.program.evictions);
   if (evictor->active()) evictor_ = std::move(evictor);
-  if (config.split_backward) split_ = std::make_unique<SplitBackward>(module_, config.stage);
+  if (config.program.splits_backward()) split_ = std::make_unique<SplitBackward>(module_, config.program.stage);
 }
 
 int PipelineStage::weight_versions() const {
@@ -79,7 +79,7 @@ int PipelineStage::weight_versions() const {
 
 void PipelineStage::execute(const Action& a) {
   const auto where = [&] {
-    return "stage " + std::to_string(config_.stage) +
+    return "stage " + std::to_string(config_.program.stage) +
            (config_.replicas > 1 ? " of replica " + std::to_string(config_.replica) : std::string()) + ", action " +
            to_string(a) + ": ";
   };
@@ -102,7 +102,7 @@ void PipelineStage::runtime_action(const Action& a) {
 
 void PipelineStage::receive_activations(int64_t mb) {
   InFlight& f = in_flight_[mb];
-  f.inputs = transport_.recv(config_.stage - 1, MessageKind::Activation, mb, recv_specs_);
+  f.inputs = transport_.recv(config_.program.stage - 1, MessageKind::Activation, mb, recv_specs_);
   for (size_t i = 0; i < f.inputs.size(); ++i) {
     // An imported tensor that is a permuted view in the whole graph gets that layout back, so
     // the stage views and copies where the whole graph does (a reshape of a transposed
@@ -132,7 +132,7 @@ void PipelineStage::send_activations(int64_t mb) {
     check_message_tensor(t, graph_.tensor(send_ids_[i]));
     out.push_back(copy ? t.detach().clone(at::MemoryFormat::Contiguous) : t.detach());
   }
-  transport_.send(config_.stage + 1, MessageKind::Activation, mb, std::move(out));
+  transport_.send(config_.program.stage + 1, MessageKind::Activation, mb, std::move(out));
   if (evictor_) evictor_->after_send(mb);
 }
 
@@ -144,7 +144,7 @@ void PipelineStage::send_gradients(int64_t mb) {
     grads.push_back(f.inputs[i].grad().defined() ? f.inputs[i].grad() : at::zeros_like(f.inputs[i]));
     check_message_tensor(grads.back(), *recv_specs_[i]);
   }
-  transport_.send(config_.stage - 1, MessageKind::Gradient, mb, std::move(grads));
+  transport_.send(config_.program.stage - 1, MessageKind::Gradient, mb, std::move(grads));
   if (!f.weights_pending) {
     in_flight_.erase(mb);  // the micro-batch is done on this stage
   } else {
@@ -160,7 +160,7 @@ void PipelineStage::send_gradients(int64_t mb) {
 void PipelineStage::receive_gradients(int64_t mb) {
   // Kept until Backward: stored as the outputs' pending gradients.
   InFlight& f = in_flight_.at(mb);
-  std::vector<at::Tensor> grads = transport_.recv(config_.stage + 1, MessageKind::Gradient, mb, grad_specs_);
+  std::vector<at::Tensor> grads = transport_.recv(config_.program.stage + 1, MessageKind::Gradient, mb, grad_specs_);
   // A gradient arrives contiguous. Autograd gives a gradient its tensor's layout (a
   // transposed attention output's), and the backward kernels expect that: given another,
   // they copy it while they run.
@@ -303,7 +303,7 @@ void PipelineStage::backward(int64_t mb) {
       stash_users_.erase(f.version);
     }
   }
-  if (config_.stage == 0) in_flight_.erase(mb);  // no gradient to send upstream
+  if (config_.program.stage == 0) in_flight_.erase(mb);  // no gradient to send upstream
   weight_pass_done();
   count_loss(mb);
 }
@@ -351,7 +351,7 @@ void PipelineStage::backward_weight(int64_t mb) {
   split_->weight_pass(f.weight_roots);
   if (evictor_) evictor_->after_backward(mb);
   weight_pass_done();
-  if (config_.stage == 0 || f.inputs_sent) {
+  if (config_.program.stage == 0 || f.inputs_sent) {
     in_flight_.erase(mb);  // the graph goes with the outputs
     return;
   }
@@ -384,8 +384,8 @@ double PipelineStage::evaluate(int64_t id, int64_t index) {
     validation_ = make_data_source(graph_, config_.data, config_.seed, DataSplit::Validation, graph_.micro_batch_size);
   TensorEnv env = module_.make_env();
   validation_->load(env, data_ids_, index * graph_.micro_batch_size, module_.device());
-  if (config_.stage > 0) {
-    std::vector<at::Tensor> in = transport_.recv(config_.stage - 1, MessageKind::Activation, id, recv_specs_);
+  if (config_.program.stage > 0) {
+    std::vector<at::Tensor> in = transport_.recv(config_.program.stage - 1, MessageKind::Activation, id, recv_specs_);
     for (size_t i = 0; i < recv_ids_.size(); ++i) env[recv_ids_[i]] = in[i];
   }
   RunContext ctx{-1, id};
@@ -400,7 +400,7 @@ double PipelineStage::evaluate(int64_t id, int64_t index) {
   if (is_last()) return env[graph_.nodes[graph_.loss_node()].outputs[0]].item<double>();
   std::vector<at::Tensor> out;
   for (int t : send_ids_) out.push_back(env[t]);
-  transport_.send(config_.stage + 1, MessageKind::Activation, id, std::move(out));
+  transport_.send(config_.program.stage + 1, MessageKind::Activation, id, std::move(out));
   return 0;
 }
 

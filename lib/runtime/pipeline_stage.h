@@ -15,6 +15,7 @@
 #include "exec/split_backward.h"
 #include "exec/stage_module.h"
 #include "plan/plan.h"
+#include "plan/stage_program.h"
 #include "runtime/evictor.h"
 #include "runtime/transport.h"
 #include "runtime/zero_shard.h"
@@ -25,24 +26,27 @@
 
 namespace dawnpiper {
 
-struct StageConfig {
-  int stage = 0, stages = 1;
-  int begin = 0, end = 0;  // node range
-  ScheduleChoice schedule = ScheduleChoice::named("gpipe");
+// What every stage of a run shares (PipelineConfig holds it once; each StageConfig its stage's).
+struct StageSettings {
+  ScheduleChoice schedule = ScheduleChoice::named("1f1b");
   int64_t micro_batches = 1;  // per step (sync) / per reported step (async)
   uint64_t seed = 42;
   OptimizerConfig optimizer;
-  at::Device device = at::Device(at::kCPU);  // where the stage's parameters and activations live
-  // The stage program's evictions (the plan's StagePlan::evictions), carried out by an Evictor.
-  std::vector<Eviction> evictions;
-  DataConfig data;  // synthetic, or a token file
+  at::Device device = at::Device(at::kCPU);  // where the stages' parameters and activations live
+  DataConfig data;                           // synthetic, or a token file
   // Data parallelism: this pipeline is replica `replica` of `replicas`. Its micro-batch k is
   // micro-batch k * replicas + replica of the whole job (its samples and its dropout masks), so
   // D replicas of m micro-batches train what one pipeline of D x m micro-batches would.
   int replica = 0, replicas = 1;
-  // The stage's list splits backwards into I and W (zero-bubble schedules): its forwards record
-  // what the weight pass starts from (exec/split_backward.h).
-  bool split_backward = false;
+};
+
+// One stage of a run: the shared settings and the stage's program, made as the planner makes its
+// (plan/stage_program.h): its node range, one step's actions and the plan's evictions, which an
+// Evictor carries out. Where its backwards split into I and W, its forwards record what the
+// weight pass starts from (exec/split_backward.h).
+struct StageConfig : StageSettings {
+  int stages = 1;
+  StageProgram program;
 };
 
 // Throws ConfigError for clipping under async: its stages update on their own, so no norm spans
@@ -101,7 +105,7 @@ class PipelineStage : private ActionHooks {
   // Null when the plan evicts nothing on this stage.
   Evictor* evictor() { return evictor_.get(); }
   const StageConfig& config() const { return config_; }
-  bool is_last() const { return config_.stage == config_.stages - 1; }
+  bool is_last() const { return config_.program.stage == config_.stages - 1; }
   int weight_versions() const;
   // The squared norm of the gradients this stage counts in the global norm: each tied parameter
   // on the stage that owns it only.

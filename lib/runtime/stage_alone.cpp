@@ -13,7 +13,7 @@ StageAloneRun run_stage_alone(const OpGraph& graph, const PipelineConfig& config
   StandInTransport transport(config.device, 7, config.schedule.traits().sends_in_flight);
   if (stage > 0)
     transport.set_exact(exact_constant_inputs(graph, config.ranges[static_cast<size_t>(stage)].first, config.seed));
-  PipelineStage runner(graph, stage_config(config, stage), transport);
+  PipelineStage runner(graph, stage_config(graph, config, stage), transport);
   StageTracer tracer(config.device, transport, StageTracer::Clock::now(), /*keep_records=*/true);
   if (runner.evictor())
     runner.evictor()->set_listener([&tracer, stage](ActionKind kind, int64_t mb, int tensor, int64_t bytes,

@@ -1,7 +1,7 @@
 #pragma once
 // One stage of a pipeline run alone in this process: its exact action list, stand-in tensors for
 // what it would receive (positions, masks and ids computed for real, as stand-ins could index out
-// of range) and sends that go nowhere. What `replay-stage` reports and what calibrated planning
+// of range) and sends that go nowhere. What `run-stage` reports and what calibrated planning
 // (plan/calibrate.h) measures: a stage's time without the other stages sharing the machine.
 #include <cstdint>
 #include <vector>

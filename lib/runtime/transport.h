@@ -74,7 +74,7 @@ class RoundRobinTransport final : public Transport {
   int ranks_, virtual_stages_;
 };
 
-// For running one stage alone (replay-stage): receives return stand-in tensors of the right
+// For running one stage alone (run-stage): receives return stand-in tensors of the right
 // shapes and dtypes (small positive random values; zeros for integers unless set_exact gives them), sends are counted
 // and held until the next send (the latest an MPI send completes, as the planner's memory replay assumes; with
 // `sends_in_flight` sends going on at once, until that many later sends), as contiguous copies where MPI would need

@@ -100,7 +100,13 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
     piece_counted_.push_back(counted.empty() || counted[piece.param]);
   }
   chunk_grad_.resize(layout_.buckets.size());
-  if (level_ < 2) return;
+  if (level_ >= 2) stream_buckets(deferred);
+  if (level_ >= 3) gather_where_read(reads);
+}
+
+// Level 2: each bucket reduce-scattered once autograd has accumulated all its parameters, the
+// deferred ones (tied across stages) last, after their sum.
+void ZeroShard::stream_buckets(const std::vector<bool>& deferred) {
   const size_t buckets = layout_.buckets.size();
   bucket_of_.assign(params_.size(), -1);
   deferred_.assign(buckets, 0);
@@ -120,7 +126,12 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
   for (size_t p = 0; p < params_.size(); ++p)
     if (hooked(p))
       torch::autograd::impl::set_post_acc_grad_hooks(params_[p], std::make_unique<AccumulatedHook>(this, p));
-  if (level_ < 3) return;
+}
+
+// Level 3: buckets gathered before the nodes that read them (`reads`: per node offset, its
+// parameters) and let go after.
+void ZeroShard::gather_where_read(const std::vector<std::vector<int>>& reads) {
+  const size_t buckets = layout_.buckets.size();
   // A bucket's parameters move into one storage of the bucket's padded size, empty until
   // gathered: the all-gather receives into it (nothing autograd saved is copied over).
   for (size_t b = 0; b < buckets; ++b) {

@@ -168,9 +168,11 @@ class ZeroShard {
   void start_gather(size_t bucket);                // its all-gather under way (gathering_)
   void gather(size_t bucket);                      // started if not, and complete
   void release(size_t bucket);
-  void count_parameters();                               // unaccumulated_ for a new micro-batch
-  bool hooked(size_t param) const;                       // told when autograd accumulates it
-  bool views(const at::Tensor& t, size_t bucket) const;  // t lies in the bucket's storage
+  void stream_buckets(const std::vector<bool>& deferred);              // level 2's set-up
+  void gather_where_read(const std::vector<std::vector<int>>& reads);  // level 3's
+  void count_parameters();                                             // unaccumulated_ for a new micro-batch
+  bool hooked(size_t param) const;                                     // told when autograd accumulates it
+  bool views(const at::Tensor& t, size_t bucket) const;                // t lies in the bucket's storage
 
   // Level 2: one micro-batch's streaming.
   struct Travelling {

@@ -52,13 +52,15 @@ std::string enum_choices() {
   return text;
 }
 
-// "a | b (b does this) | c": the choices as an option's help lists them, with their meanings.
+// "a | b (b does this) | c": the choices as an option's help lists them, with their meanings;
+// those `keep` keeps where given.
 template <class E>
-std::string enum_help() {
+std::string enum_help(bool (*keep)(E) = nullptr) {
   const auto& table = EnumNames<E>::table;
   std::string text;
   for (size_t i = 0; i < table.size(); ++i) {
-    text += (i == 0 ? "" : " | ") + std::string(table[i].second);
+    if (keep && !keep(table[i].first)) continue;
+    text += (text.empty() ? "" : " | ") + std::string(table[i].second);
     if constexpr (has_enum_meaning<E>::value) {
       static_assert(EnumNames<E>::meaning.size() == EnumNames<E>::table.size(), "one meaning per value");
       if (*EnumNames<E>::meaning[i]) text += " (" + std::string(EnumNames<E>::meaning[i]) + ")";

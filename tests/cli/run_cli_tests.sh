@@ -281,7 +281,7 @@ expect_fail "graph takes no seed" "unrecognised option '--seed'" graph --model m
 expect_fail "graph takes no weights" "unrecognised option '--init-from'" graph --model mlp-tiny --init-from w.safetensors
 expect_fail "profile takes no micro-batch count" "unrecognised option '--micro-batches'" profile --model mlp-tiny \
   --micro-batches 8 --out "$work/unused.h5"
-expect_fail "replay-stage takes no --quiet" "unrecognised option '--quiet'" replay-stage --plan "$work/plan2.json" \
+expect_fail "run-stage takes no --quiet" "unrecognised option '--quiet'" run-stage --plan "$work/plan2.json" \
   --stage 0 --quiet
 expect_fail "profile at two batch sizes" "--batch-sizes profiles at its first size, 2, not --micro-batch-size 8" \
   profile --model mlp-tiny --micro-batch-size 8 --batch-sizes 2,4 --out "$work/unused.h5"
@@ -385,8 +385,8 @@ if [ -n "$aresumed" ] && [ "$aresumed" = "$(echo "$afull" | tail -2)" ] && [ "$(
   passed=$((passed + 1)); else
   echo "FAIL: resumed async losses differ"; echo "$afull"; echo "--"; echo "$aresumed"; cat "$work/err"; failed=$((failed + 1)); fi
 # Stage replay: one stage of a plan alone, stand-in inputs.
-expect_ok "replay a stage" "peak memory: measured" replay-stage --plan "$work/plan2.json" --stage 1 --steps 2
-expect_fail "replay a missing stage" "the plan has stages 0..1" replay-stage --plan "$work/plan2.json" --stage 2
+expect_ok "run a stage alone" "peak memory: measured" run-stage --plan "$work/plan2.json" --stage 1 --steps 2
+expect_fail "run a missing stage alone" "the plan has stages 0..1" run-stage --plan "$work/plan2.json" --stage 2
 # A NaN loss on the last stage ends the job with the step, stage and action named.
 $mpi 2 "$bin" train --model gpt2-tiny --lr 1e9 --steps 6 --quiet >/dev/null 2>"$work/err"
 code=$?

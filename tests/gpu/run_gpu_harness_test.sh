@@ -32,7 +32,7 @@ grep -q 'masks drawn on the cpu.*' "$report" && grep -A1 'masks drawn on the cpu
   fail "planned stage rows"
 # Every stage of the sr plans alone.
 [ "$(grep -cE '^\| (gpt2|bert)-tiny \| [0-3] \| [0-9.]+ [KMG]iB \| [0-9.]+ [KMG]iB \(.*\) \| +\| [0-9.]+ \| [0-9.]+ \(.*\) \| [0-9.]+ \|' "$report")" -eq 8 ] ||
-  fail "replay-stage rows"
+  fail "run-stage rows"
 # Step times: DawnPiper and eager for both precisions, the preset for both.
 [ "$(grep -cE '^\| imported GPT-2 .* \| (fp32|bf16) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.e+-]+ TFLOP/s .*\|$' "$report")" -eq 2 ] ||
   fail "imported GPT-2 rows"

@@ -126,7 +126,7 @@ expect_ok "inspect an imported model's trace" "gpt2.dpm, gpipe schedule, 2 stage
 # Profile and plan an imported model; replay one of its stages.
 expect_ok "profile an imported model" "wrote" profile --model-file "$gpt2" --micro-batch-size 2 --out "$work/p.h5" --quiet
 expect_ok "plan an imported model" "bottleneck" plan --profile-in "$work/p.h5" --stages 2 --schedule 1f1b --out "$work/p.json"
-expect_ok "replay a stage of an imported model" "peak memory: measured" replay-stage --model-file "$gpt2" --plan "$work/p.json" --stage 1 --steps 2
+expect_ok "run a stage of an imported model alone" "peak memory: measured" run-stage --model-file "$gpt2" --plan "$work/p.json" --stage 1 --steps 2
 
 # Bad input: one line each, exit != 0, nothing half-written.
 "$python" "$root/tests/import/bad_inputs.py" "$gpt2" "$work/bad" >/dev/null

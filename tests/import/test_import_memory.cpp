@@ -37,7 +37,7 @@ int64_t measured_stage_peak(CountingAllocator& counter, const OpGraph& g, const 
   StandInTransport transport(at::Device(at::kCPU), 7, pc.schedule.traits().sends_in_flight);
   if (x > 0) transport.set_exact(exact_constant_inputs(g, pc.ranges[static_cast<size_t>(x)].first, pc.seed));
   const int64_t base = counter.live_bytes();  // not the stand-in's own copies of the inputs
-  PipelineStage stage(g, stage_config(pc, x), transport);
+  PipelineStage stage(g, stage_config(g, pc, x), transport);
   counter.reset_peak();
   for (const Action& a : stage_actions(g, pc, x)) stage.execute(a);
   return counter.peak_bytes() - base;

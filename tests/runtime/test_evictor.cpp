@@ -62,7 +62,7 @@ std::vector<std::vector<Eviction>> decide(const CostModel& model, const Plan& pl
 int64_t measured_stage_peak(CountingAllocator& counter, const OpGraph& g, const PipelineConfig& pc, int x) {
   const int64_t base = counter.live_bytes();
   StandInTransport transport(at::Device(at::kCPU), 7, pc.schedule.traits().sends_in_flight);
-  PipelineStage stage(g, stage_config(pc, x), transport);
+  PipelineStage stage(g, stage_config(g, pc, x), transport);
   counter.reset_peak();
   for (const Action& a : stage_actions(g, pc, x)) stage.execute(a);
   return counter.peak_bytes() - base;
@@ -75,7 +75,7 @@ int64_t run_program(CountingAllocator& counter, const OpGraph& g, const Pipeline
                     std::vector<Action>& events, std::vector<int64_t>* event_live = nullptr) {
   const int64_t base = counter.live_bytes();
   StandInTransport transport(at::Device(at::kCPU), 7, pc.schedule.traits().sends_in_flight);
-  PipelineStage stage(g, stage_config(pc, program.stage), transport);
+  PipelineStage stage(g, stage_config(g, pc, program.stage), transport);
   if (stage.evictor())
     stage.evictor()->set_listener(
         [&](ActionKind kind, int64_t mb, int tensor, int64_t, Evictor::Clock::time_point, Evictor::Clock::time_point) {

@@ -1,4 +1,4 @@
-// dawnpiper replay-stage: runs one stage of a plan alone, with its exact action list, stand-in
+// dawnpiper run-stage: runs one stage of a plan alone, with its exact action list, stand-in
 // tensors for what it would receive and sends that go nowhere, and reports its measured time
 // and peak memory against the plan's prediction. Validates a multi-device plan on one device.
 #include <cinttypes>
@@ -20,8 +20,8 @@ namespace dawnpiper {
 
 namespace {
 
-po::options_description replay_options() {
-  po::options_description own("Replay options");
+po::options_description stage_alone_options() {
+  po::options_description own("Stage options");
   // clang-format off
   own.add_options()
       ("plan", po::value<std::string>(), "plan JSON (`dawnpiper plan --out` or `train --plan-out`); required")
@@ -38,7 +38,8 @@ po::options_description replay_options() {
 }
 
 // Measured against predicted, over the steady state (every step after the first).
-void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineConfig& pc, const StageAloneRun& run) {
+void print_stage_alone(const Plan& plan, int x, const OpGraph& graph, const PipelineConfig& pc,
+                       const StageAloneRun& run) {
   double step_s = 0, recompute = 0, swap = 0;
   int64_t bwds = 0, all_bwds = 0;  // of the measured steps; of every step (the swap waits cover all)
   const int64_t from = pc.steps > 1 ? 1 : 0;
@@ -86,11 +87,11 @@ void print_replay(const Plan& plan, int x, const OpGraph& graph, const PipelineC
 
 }  // namespace
 
-int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
+int cmd_run_stage(int argc, char** argv, const MpiWorld& world) {
   po::variables_map vm;
-  if (!parse_options(argc, argv, "replay-stage",
+  if (!parse_options(argc, argv, "run-stage",
                      "Runs one stage of a plan alone with stand-in inputs; measures its time and peak memory.",
-                     replay_options(), vm))
+                     stage_alone_options(), vm))
     return 0;
   if (!vm.count("plan") || !vm.count("stage")) throw ConfigError("--plan FILE and --stage X are required");
   if (world.rank != 0) return 0;
@@ -114,7 +115,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
       vm["micro-batch-size"].defaulted() ? plan.micro_batch_size : vm["micro-batch-size"].as<int64_t>();
   const OpGraph graph = model.graph(batch);
   if (graph.precision != plan.precision)
-    throw ConfigError("the plan was made for " + std::string(name_of(plan.precision)) + ", this replay builds " +
+    throw ConfigError("the plan was made for " + std::string(name_of(plan.precision)) + ", this run builds " +
                       name_of(graph.precision) + " (leave --precision out, or plan again)");
   if (graph.size() != plan.nodes)
     throw ConfigError("the plan is for " + std::to_string(plan.nodes) + " nodes, " + graph.preset + " has " +
@@ -130,7 +131,7 @@ int cmd_replay_stage(int argc, char** argv, const MpiWorld& world) {
   CountingAllocator::install();
   if (vm.count("device-memory"))
     DeviceMemory::set_capacity(device, parse_capacity(vm["device-memory"].as<std::string>(), "--device-memory"));
-  print_replay(plan, x, graph, pc, run_stage_alone(graph, pc, x));
+  print_stage_alone(plan, x, graph, pc, run_stage_alone(graph, pc, x));
   return 0;
 }
 
