@@ -67,9 +67,11 @@ TEST_CASE("train --plan-in takes the plan's settings and refuses a given one tha
   vm = parsed({"--schedule", "auto", "--micro-batches", "6", "--bucket-size", "1MiB"});
   CHECK_NOTHROW(adopt_plan_settings(plan, vm));
   vm = parsed({"--bucket-size", "2MiB"});
-  CHECK_THROWS_WITH(adopt_plan_settings(plan, vm),
-                    Catch::Contains("--bucket-size 2MiB contradicts the plan (--plan-in), made for 1048576 bytes; leave the option out "
-                    "or plan again"));
+  CHECK_THROWS_WITH(
+      adopt_plan_settings(plan, vm),
+      Catch::Contains(
+          "--bucket-size 2MiB contradicts the plan (--plan-in), made for 1048576 bytes; leave the option out "
+          "or plan again"));
   vm = parsed({"--optimizer", "sgd"});
   CHECK_THROWS_WITH(adopt_plan_settings(plan, vm), Catch::Contains("--optimizer sgd contradicts the plan (--plan-in), "
                                                                    "made for adamw"));
