@@ -127,10 +127,7 @@ PlanRequest plan_request_from(const po::variables_map& vm) {
                                                       : ""));
   if (r.zero_stage == 0) return r;
   for (const ScheduleChoice& s : r.schedule.candidates())
-    if (!s.traits().updates_once_per_step)
-      throw ConfigError("--zero-stage " + std::to_string(r.zero_stage) + " under --schedule " + name_of(s) +
-                        " is not implemented yet: its stages update after every backward, with stashed weight "
-                        "versions (use gpipe, 1f1b, zb-h1, zb-h2 or interleaved)");
+    if (const std::string refusal = zero_refusal(r.zero_stage, s); !refusal.empty()) throw ConfigError(refusal);
   if (vm.count("device") && vm["device"].as<DeviceKind>() != DeviceKind::Cpu)
     throw ConfigError("--zero-stage " + std::to_string(r.zero_stage) +
                       " runs on the CPU (MPI) so far, not with --device cuda");

@@ -415,9 +415,11 @@ double CostModel::allreduce_ms(int b, int e) const {
   if (data_parallel_ <= 1) return 0;
   const double d = static_cast<double>(data_parallel_);
   // Passes over the parameters' bytes per update (a step's micro-batches under a synchronous
-  // schedule; the levels above 0 run synchronous schedules only).
+  // schedule, one under async, which runs levels 0 and 1 only: plan_options.h's zero_refusal).
+  // The levels above 0 gather the parameters in the compute precision: bf16, half the bytes.
   const double m = static_cast<double>(micro_batches_);
-  const double passes = zero_stage_ >= 3 ? 3 * m : zero_stage_ == 2 ? m + 1 : 2;
+  const double gather = zero_stage_ > 0 && profile_->precision == Precision::Bf16 ? 0.5 : 1;
+  const double passes = zero_stage_ >= 3 ? (1 + 2 * gather) * m : zero_stage_ == 2 ? m + gather : 1 + gather;
   return passes * (d - 1) / d * link_ms(param_bytes(b, e));
 }
 

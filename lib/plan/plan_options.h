@@ -79,6 +79,10 @@ struct PlanSettings {
   int sharding() const { return data_parallel > 1 ? zero_stage : 0; }
 };
 
+// Why ZeRO level `level` cannot run under `schedule` (one line naming both), or "" where it can.
+// Async (PipeDream's weight stashing) runs level 1 only.
+std::string zero_refusal(int level, const ScheduleChoice& schedule);
+
 // One search's inputs, as the plan records them: the schedule resolved.
 struct PlanOptions : PlanSettings {
   int stages = 1;  // to cut: ranks x the schedule's virtual stages

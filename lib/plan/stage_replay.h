@@ -353,17 +353,29 @@ class StageReplay final : public ActionHooks {
   // offset the buckets it reads and the next node reading any; per bucket whether it is
   // gathered and its nodes still to make their gradients. The forward gathers one reader ahead
   // (ZeroShard::before_forward_node): a node reading parameters of its own (param_reads_, not
-  // through a view) gathers the next such node's buckets too, kept until that node has run.
+  // through a view) gathers the next such node's buckets too, kept until that node has run; the
+  // backward likewise (ZeroShard::before_backward_node): a node gathering anything gathers the
+  // previous such node's buckets, held as any gathered in the backward. A split backward's input
+  // pass (ZeroShard::inputs_gradient_made) lets a bucket go where every node that gathered it in
+  // the pass has run: where the gradient of one of the node's inputs made here is complete (at
+  // that input's producer), unless the bucket was gathered ahead for the next reader.
   bool zero_gathers() const { return model_.zero_stage() >= 3; }
   void gather_read(int i);
   void gather_buckets(const std::vector<int>& buckets, int node);
   void gather_forward(int i);
+  void gather_backward(int i, bool input_only);
+  void input_pass_begins();
+  void readers_ran(int i);  // input pass: node i's output gradient is complete
   void after_forward_node(int i);
   void gather_released(int i);  // node i made its gradients
   void release_gathered();
   std::vector<std::vector<int>> gather_reads_;
   std::vector<std::vector<int>> param_reads_;
-  std::vector<int> next_reader_, next_param_reader_, gather_unmade_;
+  std::vector<int> next_reader_, next_param_reader_, previous_param_reader_, gather_unmade_;
+  std::vector<std::vector<int>> readers_of_output_;  // per node offset: the gathering nodes reading its outputs
+  std::vector<char> input_pass_node_;                // per node offset: 0 not gathered, 1 gathered, 2 ran
+  std::vector<int> input_pass_readers_;              // per bucket: nodes gathered in the pass, not yet run
+  int ahead_reader_ = -1;
   std::vector<char> gathered_;
   int64_t version_ = 0;
   std::map<int64_t, int> version_users_;

@@ -247,6 +247,7 @@ void StageReplay::place_gather_reads(const std::map<int, std::vector<int>>& tied
   param_reads_.assign(n_nodes, {});
   next_reader_.assign(n_nodes, -1);
   next_param_reader_.assign(n_nodes, -1);
+  previous_param_reader_.assign(n_nodes, -1);
   // A view a parameter reader makes (a position embedding's slice, a transposed weight) and
   // views of it keep the buckets until their readers have run (the runtime looks at what
   // the forward still holds).
@@ -273,6 +274,21 @@ void StageReplay::place_gather_reads(const std::map<int, std::vector<int>>& tied
     next_param_reader_[at(n - b_)] = next_param;
     if (!gather_reads_[at(n - b_)].empty()) next = n;
     if (!param_reads_[at(n - b_)].empty()) next_param = n;
+  }
+  for (int n = b_, previous = -1; n < e_; ++n) {
+    previous_param_reader_[at(n - b_)] = previous;
+    if (!param_reads_[at(n - b_)].empty()) previous = n;
+  }
+  // (the runtime hooks each input a gathering node computes from that autograd tracks here)
+  readers_of_output_.assign(n_nodes, {});
+  for (int n = b_; n < e_; ++n) {
+    if (gather_reads_[at(n - b_)].empty()) continue;
+    for (int t : model_.inputs(n)) {
+      const int producer = p_.tensors[at(t)].producer;
+      if (!in_range(producer) || !requires_grad_[at(t)]) continue;
+      std::vector<int>& readers = readers_of_output_[at(producer - b_)];
+      if (std::find(readers.begin(), readers.end(), n) == readers.end()) readers.push_back(n);
+    }
   }
   gathered_.assign(zero_buckets_.size(), 0);
   gather_unmade_.assign(zero_buckets_.size(), 0);

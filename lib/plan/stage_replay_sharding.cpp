@@ -170,6 +170,39 @@ void StageReplay::gather_forward(int i) {
   if (const int ahead = next_param_reader_[at(i - b_)]; ahead >= 0) gather_buckets(param_reads_[at(ahead - b_)], i);
 }
 
+void StageReplay::gather_backward(int i, bool input_only) {
+  gather_read(i);
+  if (gather_reads_[at(i - b_)].empty()) return;
+  if (input_only && input_pass_node_[at(i - b_)] == 0) {
+    input_pass_node_[at(i - b_)] = 1;
+    for (int k : gather_reads_[at(i - b_)]) ++input_pass_readers_[at(k)];
+  }
+  ahead_reader_ = previous_param_reader_[at(i - b_)];
+  if (ahead_reader_ >= 0) gather_buckets(param_reads_[at(ahead_reader_ - b_)], i);
+}
+
+void StageReplay::input_pass_begins() {
+  input_pass_node_.assign(gather_reads_.size(), 0);
+  input_pass_readers_.assign(zero_buckets_.size(), 0);
+  ahead_reader_ = -1;
+}
+
+void StageReplay::readers_ran(int i) {
+  for (int n : readers_of_output_[at(i - b_)]) {
+    if (input_pass_node_[at(n - b_)] != 1) continue;
+    input_pass_node_[at(n - b_)] = 2;
+    const bool ahead_waits = ahead_reader_ >= 0 && input_pass_node_[at(ahead_reader_ - b_)] == 0;
+    for (int k : gather_reads_[at(n - b_)]) {
+      if (--input_pass_readers_[at(k)] > 0 || !gathered_[at(k)]) continue;
+      if (ahead_waits && std::binary_search(param_reads_[at(ahead_reader_ - b_)].begin(),
+                                            param_reads_[at(ahead_reader_ - b_)].end(), k))
+        continue;
+      live_ -= zero_buckets_[at(k)];
+      gathered_[at(k)] = 0;
+    }
+  }
+}
+
 void StageReplay::after_forward_node(int i) {
   if (gather_reads_[at(i - b_)].empty()) return;
   const int next = next_reader_[at(i - b_)], ahead = next_param_reader_[at(i - b_)];
@@ -232,16 +265,13 @@ void StageReplay::optimizer_step() {
   live_ -= param_grads_;
   param_grads_ = 0;
   if (zero) {
-    // The shard's gradients go; the parameters are all-gathered a bucket at a time, each
-    // bucket's chunk and gathered buffer with the previous bucket's still travelling (level 3:
-    // where they are read).
+    // The shard's gradients go; the parameters are all-gathered a bucket at a time in the
+    // compute precision (bf16: half the bytes), each bucket's buffer with the previous bucket's
+    // still travelling (level 3: where they are read, into the bucket's own storage).
     live_ -= zero_shard_;
-    const int64_t d = model_.data_parallel();
-    for (size_t k = 0; k < (zero_gathers() ? 0 : zero_buckets_.size()); ++k) {
-      int64_t held = zero_buckets_[k] + zero_buckets_[k] / d;
-      if (k > 0) held += zero_buckets_[k - 1] + zero_buckets_[k - 1] / d;
-      note(live_ + held, -1);
-    }
+    const int64_t halves = p_.precision == Precision::Bf16 ? 2 : 1;
+    for (size_t k = 0; k < (zero_gathers() ? 0 : zero_buckets_.size()); ++k)
+      note(live_ + (zero_buckets_[k] + (k > 0 ? zero_buckets_[k - 1] : 0)) / halves, -1);
   }
   std::fill(grad_done_.begin(), grad_done_.end(), 0);
   backward_in_step_ = false;

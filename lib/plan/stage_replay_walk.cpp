@@ -78,11 +78,13 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
   const int64_t roots = last_ ? 2 * bytes(loss_) : 0;
   const int loss_producer = last_ ? p_.tensors[at(loss_)].producer : -1;
   live_ += roots;
+  if (input_only && zero_gathers()) input_pass_begins();
   for (int i = e_ - 1; i >= b_; --i) {
     if (!model_.has_backward(i)) continue;
     // Autograd runs in I only what leads to a tracked input: the rest waits for W.
     if (!input_only || !weight_only_[at(i - b_)]) restore_for(m, mb, i, next_due);
-    if (zero_gathers()) gather_read(i);  // where its output's gradient arrives
+    if (zero_gathers()) gather_backward(i, input_only);  // where its output's gradient arrives
+    if (input_only && zero_gathers()) readers_ran(i);
     const int64_t loss_grad = i == loss_producer ? bytes(loss_) : 0;
     live_ += loss_grad;
     backward_node(m, i, input_only);
@@ -138,7 +140,7 @@ void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
     const int64_t held = m.held_for_weights[at(i - b_)];
     if (held < 0) continue;
     if (weight_only_[at(i - b_)]) restore_for(m, mb, i, next_due);  // what I left evicted
-    if (zero_gathers()) gather_read(i);
+    if (zero_gathers()) gather_backward(i, false);
     int64_t grads = 0, transient = tied_sum_at_[at(i - b_)];
     param_gradient(i, grads, transient);
     note(live_ + grads + transient + p_.nodes[at(i)].bwd_workspace, i);

@@ -222,9 +222,8 @@ PipelineConfig pipeline_config(const Plan& plan, const OpGraph& graph, const Ran
   pc.first_step = first_step;
   pc.zero_stage = layout.replicas > 1 ? o.plan.zero_stage : 0;
   pc.bucket_bytes = o.plan.bucket_bytes;
-  if (pc.zero_stage > 0 && !pc.schedule.traits().updates_once_per_step)  // a plan file written by hand
-    throw ConfigError("--zero-stage " + std::to_string(pc.zero_stage) + " under --schedule " + name_of(pc.schedule) +
-                      " is not implemented yet (use gpipe, 1f1b, zb-h1, zb-h2 or interleaved)");
+  if (const std::string refusal = zero_refusal(pc.zero_stage, pc.schedule); !refusal.empty())
+    throw ConfigError(refusal);  // a plan file written by hand
   // A pipeline that does not drain every step drains where it writes a checkpoint and where it
   // evaluates (PipelineConfig::drain_every).
   if (!pc.schedule.traits().drains_every_step) {

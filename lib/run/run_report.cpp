@@ -112,7 +112,7 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayo
   const std::vector<int64_t> predicted = plan.rank_peak_bytes(true);
   if (!o.in_process)
     for (const RankPeak& r : peaks)
-      std::printf("  %s %d%s: measured peak %s (predicted %s)%s%s\n", interleaved ? "rank" : "stage", r.stage,
+      std::printf("  %s %d%s: measured peak %s (predicted %s)%s%s%s\n", interleaved ? "rank" : "stage", r.stage,
                   layout.replicas > 1 ? (" of replica " + std::to_string(r.replica)).c_str() : "",
                   format_bytes(double(r.peak_bytes)).c_str(),
                   format_bytes(double(predicted[static_cast<size_t>(r.stage)])).c_str(),
@@ -122,7 +122,9 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayo
                   // Replicas: what each holds of the optimizer state (a shard under ZeRO), in bytes.
                   layout.replicas > 1
                       ? (", optimizer state " + std::to_string(r.optimizer_state_bytes) + " bytes").c_str()
-                      : "");
+                      : "",
+                  // ZeRO: what its all-gathers received (in the compute precision).
+                  r.gathered_bytes > 0 ? (", gathered " + std::to_string(r.gathered_bytes) + " bytes").c_str() : "");
   // The schedule's timed simulation of the plan's stage times beside what the steps took.
   if (!o.in_process && layout.stages > 1 && progress.steady_samples_per_second() > 0)
     std::printf(

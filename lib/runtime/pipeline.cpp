@@ -339,14 +339,16 @@ RankStages rank_stages(const OpGraph& g, const PipelineConfig& c, Transport& tra
 }
 
 // How the rank's gradients travel between replicas, for the run's transport line.
-std::string replica_traffic(const PipelineConfig& c, const std::vector<std::unique_ptr<ReplicaAverager>>& averagers) {
+std::string replica_traffic(const PipelineConfig& c, Precision precision,
+                            const std::vector<std::unique_ptr<ReplicaAverager>>& averagers) {
   std::string said;
   if (c.replicas > 1 && c.zero_stage > 0)
     said += ", ZeRO level " + std::to_string(c.zero_stage) + " over " + std::to_string(c.replicas) +
             " replicas (gradients reduce-scattered" +
             (c.zero_stage >= 2 ? std::string(" as each micro-batch's backward produces them") : std::string()) +
-            (c.zero_stage >= 3 ? std::string(", parameters gathered where they are read, by mpi)")
-                               : std::string(", parameters all-gathered by mpi)"));
+            (c.zero_stage >= 3 ? std::string(", parameters gathered where they are read")
+                               : std::string(", parameters all-gathered")) +
+            (precision == Precision::Bf16 ? " in bf16" : "") + " by mpi)";
   else if (!averagers.empty())
     said +=
         ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averagers.front()->description();
@@ -373,7 +375,7 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   std::vector<std::unique_ptr<ReplicaAverager>> averagers;
   for (auto& stage : stages)
     if (c.replicas > 1) averagers.push_back(attach_replica_averager(*stage, c, options, tracing));
-  result.transport += replica_traffic(c, averagers);
+  result.transport += replica_traffic(c, g.precision, averagers);
   attach_reducers(stages, tie_comms, c, comm, std::make_shared<std::pair<int, double>>(0, 0.0));
   StepRelay relay(c, options, control_comm, rank, ranks);
   double step_loss = 0;  // the last stage's, of the latest finished step
@@ -411,6 +413,8 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   transport.flush();
   relay.finish(result.next_step);
   for (TieComm& tie : tie_comms) MPI_Comm_free(&tie.comm);
+  for (auto& stage : stages)
+    if (ZeroShard* zero = stage->zero_shard()) result.gathered_bytes += zero->take_gathered_bytes();
   gather_parameters(stages);  // what the run returns is whole
   for (auto& stage : stages)
     for (const StageParameter& p : stage->module().parameters()) result.parameters.push_back(p);

@@ -120,6 +120,7 @@ struct StageRun {
   int64_t peak_bytes = 0;                  // measured over the run's actions
   int64_t reserved_peak_bytes = 0;         // the device allocator's most held (DeviceMemory::reserved_peak_bytes)
   int64_t optimizer_state_bytes = 0;       // the rank's optimizer state after the run (a shard of it under ZeRO)
+  int64_t gathered_bytes = 0;              // ZeRO: what the rank's all-gathers received (checkpoints' too)
   double wall_s = 0;                       // common start to this stage's last action's end
   std::string transport;                   // what carried the tensors (PipelineTransport::description)
   int stop_signal = 0;                     // the signal that stopped the run early, or 0

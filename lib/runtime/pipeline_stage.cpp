@@ -233,11 +233,18 @@ void PipelineStage::sharded_node_ran(int n, TensorEnv& env) {
   // Its backward gathers them again before its functions run: they follow the output
   // gradients' arrival.
   ZeroShard* zero = zero_.get();
+  const size_t node = static_cast<size_t>(n - module_.begin());
   for (int t : graph_.nodes[n].outputs) {
     const at::Tensor& out = env.at(static_cast<size_t>(t));
     if (out.defined() && out.requires_grad() && !out.is_leaf())
-      out.register_hook([zero, read](const at::TensorBase&) { zero->gather(read); });
+      out.register_hook([zero, read, node](const at::TensorBase&) { zero->before_backward_node(node, read); });
   }
+  // A split backward's input pass lets them go once the node's functions ran: where the gradient
+  // of an input it computed from is complete.
+  if (!split_) return;
+  for (const at::Tensor& in : inputs)
+    if (in.defined() && in.requires_grad() && !in.is_leaf())
+      in.register_hook([zero, read, node](const at::TensorBase&) { zero->inputs_gradient_made(node, read); });
 }
 
 void PipelineStage::backward_roots(InFlight& f, std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& grads) {
@@ -330,13 +337,14 @@ void PipelineStage::backward_input(int64_t mb) {
   std::vector<size_t> tracked;  // received inputs autograd tracks
   for (size_t i = 0; i < f.inputs.size(); ++i)
     if (recv_requires_grad_[i] && f.inputs[i].requires_grad()) tracked.push_back(i), inputs.push_back(f.inputs[i]);
+  // ZeRO level 3: the input pass gathers what its nodes read and lets it go as they run; the
+  // weight pass gathers node by node again (the hooks on their outputs run before their functions).
+  if (zero_) zero_->begin_input_pass();
   if (!outputs.empty()) {
     std::vector<at::Tensor> got = split_->input_pass(outputs, grads, inputs, f.weight_roots);
     for (size_t k = 0; k < tracked.size(); ++k) f.inputs[tracked[k]].mutable_grad() = std::move(got[k]);
   }
-  // ZeRO level 3: the input pass gathered what its nodes read; the weight pass gathers node by
-  // node again (the hooks on their outputs run before their functions).
-  if (zero_) zero_->release_all();
+  if (zero_) zero_->end_input_pass();
   // The outputs (and the loss) keep the graph until W; the received gradients are done with,
   // but for what the weight pass holds of them.
   f.outputs.resize(send_ids_.size());
@@ -410,8 +418,8 @@ double PipelineStage::grad_square_sum() const {
 }
 
 void PipelineStage::shard_optimizer(MPI_Comm replicas, int64_t bucket_bytes, int level, std::vector<bool> deferred) {
-  if (!config_.schedule.traits().updates_once_per_step)
-    throw std::logic_error("ZeRO shards the updates of a synchronous schedule");
+  if (const std::string refusal = zero_refusal(level, config_.schedule); !refusal.empty())
+    throw std::logic_error(refusal);
   module_.set_parameter_gate({});
   zero_.reset();  // (its hooks go first)
   std::vector<int> nodes;
@@ -419,8 +427,9 @@ void PipelineStage::shard_optimizer(MPI_Comm replicas, int64_t bucket_bytes, int
   std::vector<std::vector<int>> reads;
   if (level >= 3)
     for (int n = module_.begin(); n < module_.end(); ++n) reads.push_back(module_.parameters_read(n));
+  // Gathered in the compute precision (the parameters are cast to it at each use).
   zero_ = std::make_unique<ZeroShard>(masters_, counted_in_norm_, replicas, bucket_bytes, level, std::move(deferred),
-                                      nodes, reads);
+                                      nodes, reads, graph_.precision == Precision::Bf16 ? at::kBFloat16 : at::kFloat);
   optimizer_ = make_optimizer(config_.optimizer, zero_->pieces());
   if (level >= 3)
     module_.set_parameter_gate([zero = zero_.get()](int param) { zero->gather_param(static_cast<size_t>(param)); });

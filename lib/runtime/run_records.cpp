@@ -63,16 +63,17 @@ std::vector<RankPeak> gather_peaks(const StageRun& mine, const RankLayout& layou
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  constexpr int kFields = 5;
-  const int64_t record[kFields] = {layout.replica, layout.stage, mine.peak_bytes, mine.reserved_peak_bytes,
-                                   mine.optimizer_state_bytes};
+  constexpr int kFields = 6;
+  const int64_t record[kFields] = {
+      layout.replica,     layout.stage, mine.peak_bytes, mine.reserved_peak_bytes, mine.optimizer_state_bytes,
+      mine.gathered_bytes};
   std::vector<int64_t> all(kFields * static_cast<size_t>(size));
   MPI_Gather(record, kFields, MPI_INT64_T, all.data(), kFields, MPI_INT64_T, 0, world);
   std::vector<RankPeak> peaks;
   if (rank != 0) return peaks;
   for (int r = 0; r < size; ++r) {
     const int64_t* f = &all[static_cast<size_t>(kFields * r)];
-    peaks.push_back({static_cast<int>(f[0]), static_cast<int>(f[1]), f[2], f[3], f[4]});
+    peaks.push_back({static_cast<int>(f[0]), static_cast<int>(f[1]), f[2], f[3], f[4], f[5]});
   }
   return peaks;
 }

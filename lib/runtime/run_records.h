@@ -22,7 +22,7 @@ void write_pipeline_trace(const OpGraph& graph, const Plan& plan, const Pipeline
 struct RankPeak {
   int replica = 0, stage = 0;
   int64_t peak_bytes = 0, reserved_peak_bytes = 0;
-  int64_t optimizer_state_bytes = 0;
+  int64_t optimizer_state_bytes = 0, gathered_bytes = 0;
 };
 // Per rank, in rank order, on rank 0 (empty elsewhere).
 std::vector<RankPeak> gather_peaks(const StageRun& mine, const RankLayout& layout, MPI_Comm world);

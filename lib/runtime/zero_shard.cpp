@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include <climits>
+#include <cstring>
 #include <deque>
 #include <stdexcept>
 #include <string>
@@ -60,6 +61,29 @@ int mpi_count(int64_t n) {
 // At most two buckets in flight: one is filled (or emptied) while the one before travels.
 constexpr size_t kInFlight = 2;
 
+// The gathers move elements, never add them: bf16 travels as its 16 bits.
+MPI_Datatype mpi_type(at::ScalarType type) {
+  if (type == at::kFloat) return MPI_FLOAT;
+  if (type == at::kBFloat16) return MPI_UINT16_T;
+  throw std::logic_error("ZeRO gathers fp32 or bf16");
+}
+
+// The `n` bf16 values that an all-gather wrote into the upper half of an fp32 bucket's `n`
+// elements become those fp32 elements, in place, front to back: a block is copied out before
+// its fp32 elements are written, and elements [i, i + m) in fp32 overwrite only bf16 elements
+// below 2i + 2m - n <= i + m, all read already.
+void widen_in_place(void* bucket, int64_t n) {
+  auto* out = static_cast<float*>(bucket);
+  const auto* in = static_cast<const unsigned char*>(bucket) + 2 * n;
+  constexpr int64_t kBlock = 2048;
+  c10::BFloat16 block[kBlock];
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t m = std::min(kBlock, n - i);
+    std::memcpy(block, in + 2 * i, static_cast<size_t>(m) * sizeof(c10::BFloat16));
+    for (int64_t j = 0; j < m; ++j) out[i + j] = static_cast<float>(block[j]);
+  }
+}
+
 // Level 2: tells the shard that autograd accumulated its parameter's gradient.
 class AccumulatedHook final : public torch::autograd::PostAccumulateGradHook {
  public:
@@ -75,9 +99,10 @@ class AccumulatedHook final : public torch::autograd::PostAccumulateGradHook {
 
 ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes,
                      int level, std::vector<bool> deferred, const std::vector<int>& nodes,
-                     const std::vector<std::vector<int>>& reads)
-    : params_(std::move(params)), comm_(replicas), level_(level) {
+                     const std::vector<std::vector<int>>& reads, at::ScalarType gather_type)
+    : params_(std::move(params)), comm_(replicas), level_(level), gather_type_(gather_type) {
   if (level_ < 1 || level_ > 3) throw std::logic_error("ZeroShard: level 1, 2 or 3");
+  static_cast<void>(mpi_type(gather_type_));  // (checked)
   int rank = 0, size = 1;
   MPI_Comm_rank(comm_, &rank);
   MPI_Comm_size(comm_, &size);
@@ -148,6 +173,7 @@ void ZeroShard::gather_where_read(const std::vector<std::vector<int>>& reads) {
     bucket_storage_.push_back(std::move(storage));
   }
   gathered_.assign(buckets, 0);
+  narrow_.assign(buckets, 0);
   gathering_.assign(buckets, MPI_REQUEST_NULL);
   released_on_.assign(params_.size(), 0);
   node_buckets_.resize(reads.size());
@@ -159,9 +185,14 @@ void ZeroShard::gather_where_read(const std::vector<std::vector<int>>& reads) {
     node_buckets_[n].erase(std::unique(node_buckets_[n].begin(), node_buckets_[n].end()), node_buckets_[n].end());
   }
   next_reader_.assign(reads.size(), -1);
+  previous_reader_.assign(reads.size(), -1);
   for (int n = static_cast<int>(reads.size()) - 1, next = -1; n >= 0; --n) {
     next_reader_[static_cast<size_t>(n)] = next;
     if (!node_buckets_[static_cast<size_t>(n)].empty()) next = n;
+  }
+  for (int n = 0, previous = -1; n < static_cast<int>(reads.size()); ++n) {
+    previous_reader_[static_cast<size_t>(n)] = previous;
+    if (!node_buckets_[static_cast<size_t>(n)].empty()) previous = n;
   }
   count_parameters();
 }
@@ -187,26 +218,53 @@ void ZeroShard::count_parameters() {
     if (b >= 0) ++unaccumulated_[static_cast<size_t>(b)];
 }
 
-void ZeroShard::start_gather(size_t bucket) {
+void ZeroShard::start_gather(size_t bucket, at::ScalarType type) {
   if (gathered_[bucket]) return;
   const ShardLayout::Bucket& b = layout_.buckets[bucket];
+  const int64_t n = b.chunk * layout_.replicas;
   c10::StorageImpl* storage = bucket_storage_[bucket].unsafeGetStorageImpl();
-  at::native::resize_bytes_cpu(storage, static_cast<size_t>(b.chunk * layout_.replicas) * sizeof(float));
-  MPI_Iallgather(shard_.data_ptr<float>() + b.shard_offset, mpi_count(b.chunk), MPI_FLOAT, storage->mutable_data(),
-                 mpi_count(b.chunk), MPI_FLOAT, comm_, &gathering_[bucket]);
+  at::native::resize_bytes_cpu(storage, static_cast<size_t>(n) * sizeof(float));
+  const at::Tensor own = shard_.narrow(0, b.shard_offset, b.chunk);
+  if (type == at::kFloat) {
+    MPI_Iallgather(own.data_ptr<float>(), mpi_count(b.chunk), MPI_FLOAT, storage->mutable_data(), mpi_count(b.chunk),
+                   MPI_FLOAT, comm_, &gathering_[bucket]);
+  } else {  // into the upper half, this replica's chunk in its place
+    char* upper = static_cast<char*>(storage->mutable_data()) + n * at::elementSize(type);
+    at::NoGradGuard no_grad;
+    at::from_blob(upper, {n}, at::TensorOptions(type)).narrow(0, layout_.replica * b.chunk, b.chunk).copy_(own);
+    MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, upper, mpi_count(b.chunk), mpi_type(type), comm_,
+                   &gathering_[bucket]);
+    narrow_[bucket] = 1;
+  }
+  gathered_bytes_ += n * static_cast<int64_t>(at::elementSize(type));
   gathered_[bucket] = 1;
 }
 
 void ZeroShard::gather(size_t bucket) {
-  start_gather(bucket);
+  start_gather(bucket, gather_type_);
   if (gathering_[bucket] != MPI_REQUEST_NULL) wait_quietly(gathering_[bucket]);
+  if (narrow_[bucket]) {
+    widen_in_place(bucket_storage_[bucket].unsafeGetStorageImpl()->mutable_data(),
+                   layout_.buckets[bucket].chunk * layout_.replicas);
+    narrow_[bucket] = 0;
+  }
 }
 
 void ZeroShard::release(size_t bucket) {
   if (!gathered_[bucket]) return;
   if (gathering_[bucket] != MPI_REQUEST_NULL) wait_quietly(gathering_[bucket]);  // (never read: a reader skipped)
   at::native::resize_bytes_cpu(bucket_storage_[bucket].unsafeGetStorageImpl(), 0);
-  gathered_[bucket] = 0;
+  gathered_[bucket] = narrow_[bucket] = 0;
+}
+
+void ZeroShard::test_gathers() {
+  // Open MPI advances a non-blocking collective only inside MPI calls: the gathers under way
+  // move on between nodes.
+  for (MPI_Request& r : gathering_)
+    if (r != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    }
 }
 
 void ZeroShard::gather_param(size_t param) {
@@ -228,18 +286,45 @@ bool ZeroShard::views(const at::Tensor& t, size_t bucket) const {
          t.storage().unsafeGetStorageImpl() == bucket_storage_[bucket].unsafeGetStorageImpl();
 }
 
-void ZeroShard::gather(const std::vector<size_t>& buckets) {
+void ZeroShard::before_backward_node(size_t node, const std::vector<size_t>& buckets) {
+  test_gathers();
   for (size_t b : buckets) gather(b);
+  if (input_pass_ && input_pass_node_.at(node) == 0) {
+    input_pass_node_[node] = 1;
+    for (size_t b : buckets) ++input_pass_readers_[b];
+  }
+  // One reader ahead: autograd runs the stage's nodes from the last, so the next to read
+  // parameters is the reader before this one.
+  ahead_reader_ = previous_reader_.at(node);
+  if (ahead_reader_ >= 0)
+    for (size_t b : node_buckets_[static_cast<size_t>(ahead_reader_)]) start_gather(b, gather_type_);
+}
+
+void ZeroShard::begin_input_pass() {
+  input_pass_ = true;
+  input_pass_node_.assign(node_buckets_.size(), 0);
+  input_pass_readers_.assign(layout_.buckets.size(), 0);
+  ahead_reader_ = -1;
+}
+
+void ZeroShard::end_input_pass() {
+  input_pass_ = false;
+  release_all();
+}
+
+void ZeroShard::inputs_gradient_made(size_t node, const std::vector<size_t>& buckets) {
+  if (!input_pass_ || input_pass_node_.at(node) != 1) return;
+  input_pass_node_[node] = 2;
+  const bool ahead_waits = ahead_reader_ >= 0 && input_pass_node_[static_cast<size_t>(ahead_reader_)] == 0;
+  for (size_t b : buckets) {
+    if (--input_pass_readers_[b] > 0) continue;
+    const std::vector<size_t>* ahead = ahead_waits ? &node_buckets_[static_cast<size_t>(ahead_reader_)] : nullptr;
+    if (!ahead || !std::binary_search(ahead->begin(), ahead->end(), b)) release(b);
+  }
 }
 
 void ZeroShard::before_forward_node(size_t node, const std::vector<at::Tensor>& env) {
-  // Open MPI advances a non-blocking collective only inside MPI calls: the gathers under way
-  // move on between nodes.
-  for (MPI_Request& r : gathering_)
-    if (r != MPI_REQUEST_NULL) {
-      int done = 0;
-      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-    }
+  test_gathers();
   const bool reads = node < next_reader_.size() && !node_buckets_[node].empty();
   const int next = node < next_reader_.size() ? (reads ? static_cast<int>(node) : next_reader_[node]) : -1;
   // One reader ahead: a reader's buckets, and those of the reader after it, which travel while
@@ -255,12 +340,18 @@ void ZeroShard::before_forward_node(size_t node, const std::vector<at::Tensor>& 
     if (std::none_of(env.begin(), env.end(), [&](const at::Tensor& t) { return views(t, b); })) release(b);
   }
   if (!reads) return;
-  for (size_t b : node_buckets_[node]) start_gather(b);  // (its parameter gate waits for them)
+  for (size_t b : node_buckets_[node]) start_gather(b, gather_type_);  // (its parameter gate waits for them)
   if (ahead >= 0)
-    for (size_t b : node_buckets_[static_cast<size_t>(ahead)]) start_gather(b);
+    for (size_t b : node_buckets_[static_cast<size_t>(ahead)]) start_gather(b, gather_type_);
 }
 
 void ZeroShard::gather_all() {
+  if (gather_type_ == at::kFloat && level_ < 3) return;  // the parameters are the masters
+  if (level_ < 3) return gather_chunks(at::kFloat);
+  for (size_t b = 0; b < gathered_.size(); ++b) {
+    if (gather_type_ != at::kFloat) release(b);  // again, in fp32
+    start_gather(b, at::kFloat);
+  }
   for (size_t b = 0; b < gathered_.size(); ++b) gather(b);
 }
 
@@ -376,40 +467,49 @@ double ZeroShard::grad_square_sum() const {
   return sum;
 }
 
-int64_t ZeroShard::all_gather() {
+void ZeroShard::all_gather() {
   at::NoGradGuard no_grad;
   // The optimizer has let go of the pieces' gradients; the shard's buffer goes with them.
   for (at::Tensor& piece : pieces_) piece.mutable_grad() = at::Tensor();
   for (at::Tensor& chunk : chunk_grad_) chunk = at::Tensor();
-  if (level_ >= 3) return 0;  // each use gathers
+  if (level_ < 3) gather_chunks(gather_type_);  // (level 3: each use gathers)
+}
+
+void ZeroShard::gather_chunks(at::ScalarType type) {
+  at::NoGradGuard no_grad;
   struct Gathering {
     const ShardLayout::Bucket* bucket;
-    at::Tensor send, receive;
+    at::Tensor buffer;  // every replica's chunk, this one's sent from its place
     MPI_Request request;
   };
   std::deque<Gathering> gathering;
   auto finish = [&](Gathering& g) {
     wait_quietly(g.request);
     const ShardLayout::Bucket& b = *g.bucket;
-    for (size_t p = b.first_param; p < b.end_param; ++p)
-      params_[p].detach().view({-1}).copy_(g.receive.narrow(0, layout_.param_offset[p] - b.begin, params_[p].numel()));
+    // This replica's chunk is its masters (the pieces view the parameters): written around.
+    const int64_t own = b.begin + layout_.replica * b.chunk;
+    for (size_t p = b.first_param; p < b.end_param; ++p) {
+      const int64_t begin = layout_.param_offset[p], end = begin + params_[p].numel();
+      const at::Tensor flat = params_[p].detach().view({-1});
+      for (const auto& [from, to] :
+           {std::pair{begin, std::min(end, own)}, std::pair{std::max(begin, own + b.chunk), end}})
+        if (from < to) flat.narrow(0, from - begin, to - from).copy_(g.buffer.narrow(0, from - b.begin, to - from));
+    }
   };
-  int64_t bytes = 0;
   size_t k = 0;  // the next piece, in flat order
   for (const ShardLayout::Bucket& b : layout_.buckets) {
-    at::Tensor send = at::zeros({b.chunk}, at::kFloat);
+    at::Tensor buffer = at::empty({b.chunk * layout_.replicas}, at::TensorOptions(type));
+    at::Tensor mine = buffer.narrow(0, layout_.replica * b.chunk, b.chunk).zero_();
     for (; k < pieces_.size() && layout_.pieces[k].shard_offset < b.shard_offset + b.chunk; ++k)
-      send.narrow(0, layout_.pieces[k].shard_offset - b.shard_offset, layout_.pieces[k].numel)
+      mine.narrow(0, layout_.pieces[k].shard_offset - b.shard_offset, layout_.pieces[k].numel)
           .copy_(pieces_[k].reshape({-1}));
-    at::Tensor receive = at::empty({b.chunk * layout_.replicas}, at::kFloat);
-    gathering.push_back({&b, send, receive, MPI_REQUEST_NULL});
-    MPI_Iallgather(send.data_ptr<float>(), mpi_count(b.chunk), MPI_FLOAT, receive.data_ptr<float>(), mpi_count(b.chunk),
-                   MPI_FLOAT, comm_, &gathering.back().request);
-    bytes += receive.nbytes();
+    gathering.push_back({&b, buffer, MPI_REQUEST_NULL});
+    MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data_ptr(), mpi_count(b.chunk), mpi_type(type), comm_,
+                   &gathering.back().request);
+    gathered_bytes_ += buffer.nbytes();
     if (gathering.size() >= kInFlight) finish(gathering.front()), gathering.pop_front();
   }
   for (Gathering& g : gathering) finish(g);
-  return bytes;
 }
 
 }  // namespace dawnpiper

@@ -38,13 +38,23 @@
 // the node's functions run after it) and lets a bucket go once autograd has accumulated every
 // parameter in it (no function that saved one runs after its accumulation), the rest at the
 // end of the micro-batch. A split backward's input pass (zero-bubble schedules) gathers as a
-// backward does and lets everything go at its end (nothing accumulates there); its weight pass
-// gathers node by node again, released as in a backward. Saved tensors are the parameters or
-// views of them: they share the storage, which a gather fills again before a function reads it.
-// The forward gathers one reader ahead: before a node that reads parameters, its buckets' and
-// the next reader's all-gathers start (non-blocking), and the parameter gate waits for its own;
-// the next reader's travel while it computes. The backward's gathers are blocking (its order is
-// autograd's).
+// backward does; nothing accumulates there, so a bucket goes once every node that gathered it in
+// the pass has run its functions (a hook on each of the node's inputs: their gradient is complete
+// once every function reading them ran), unless it was gathered ahead for the next reader; the
+// rest at its end. Its weight pass gathers node by node again, released as in a backward. Saved tensors are the
+// parameters or views of them: they share the storage, which a gather fills again before a function reads it. The
+// forward gathers one reader ahead: before a node that reads parameters, its buckets' and the next reader's all-gathers
+// start (non-blocking), and the parameter gate waits for its own; the next reader's travel while it computes. The
+// backward gathers one reader ahead too: where a node's output gradient arrives, its buckets are gathered (waited for)
+// and those of the reader before it in the stage start, the node autograd runs next that reads parameters.
+//
+// Gathers travel in the compute precision (`gather_type`: bf16 runs gather bf16, half the
+// bytes). The runtime computes with each parameter cast to bf16 at its use, and an fp32 copy of
+// a bf16 value casts back to that value, so a replica computes what level 0 computes. At levels
+// 1-2 a replica's own chunk keeps its masters (the gather writes around it); at level 3 the bf16
+// values land in the upper half of the bucket's fp32 storage and are widened in place when
+// first waited for, so a gathered bucket takes no more memory than in fp32. A checkpoint and the
+// run's end gather the fp32 masters themselves (gather_all).
 //
 // MPI on host memory (the CPU path). Every call is collective over the replicas, in the same
 // order on every replica.
@@ -52,6 +62,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -93,9 +104,10 @@ class ZeroShard {
   // reduce-scattered once per step; `nodes` (levels 2-3, per parameter): buckets close only
   // between two nodes' parameters (a node's gradients come together; the planner's replay counts
   // so). `reads` (level 3, per node of the stage): the parameters it reads, in stage order.
+  // `gather_type`: the compute precision, in which the parameters travel (kFloat or kBFloat16).
   ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes,
             int level = 1, std::vector<bool> deferred = {}, const std::vector<int>& nodes = {},
-            const std::vector<std::vector<int>>& reads = {});
+            const std::vector<std::vector<int>>& reads = {}, at::ScalarType gather_type = at::kFloat);
   ~ZeroShard();
   ZeroShard(const ZeroShard&) = delete;
   ZeroShard& operator=(const ZeroShard&) = delete;
@@ -120,9 +132,11 @@ class ZeroShard {
   // Collective: the squared gradient norm of the counted parameters over every replica's shard
   // (the pieces' gradients), summed in double, as level 0 computes it on whole gradients.
   double grad_square_sum() const;
-  // Collective: every replica's updated pieces into every replica's parameters. Returns the
-  // bytes this replica received. Level 3: nothing (each use gathers).
-  int64_t all_gather();
+  // Collective: every replica's updated pieces into every replica's parameters, in the gather
+  // type. Level 3: nothing (each use gathers).
+  void all_gather();
+  // The bytes this replica received in all-gathers since the last call (every level's).
+  int64_t take_gathered_bytes() { return std::exchange(gathered_bytes_, 0); }
 
   // Level 3, each collective where it gathers (every replica runs the same program, so they
   // gather in the same order). Parameter `param` is about to be read.
@@ -130,15 +144,24 @@ class ZeroShard {
   // The buckets node `node` (offset in the stage) reads: its parameters', and those that
   // `inputs` view (a parameter's slice or transpose an earlier node made).
   std::vector<size_t> buckets_read(size_t node, const std::vector<at::Tensor>& inputs) const;
-  // The backward is about to run functions that read `buckets` (a node's output gradient came).
-  void gather(const std::vector<size_t>& buckets);
+  // The backward is about to run node `node`'s functions, which read `buckets` (its output
+  // gradient came): they are gathered, and the all-gathers of the reader before it start.
+  void before_backward_node(size_t node, const std::vector<size_t>& buckets);
+  // A split backward's input pass begins / ends (the end lets every bucket go).
+  void begin_input_pass();
+  void end_input_pass();
+  // In an input pass: a gradient of node `node`'s inputs is complete, so its functions, which
+  // read `buckets`, ran.
+  void inputs_gradient_made(size_t node, const std::vector<size_t>& buckets);
   // A forward is about to run node `node` (past the last: its end): the buckets that neither the
   // next node reading parameters reads (nor, where `node` reads them, the reader after it) nor a
   // tensor of `env` views go; where `node` reads parameters, its buckets' all-gathers and the
   // next reader's start.
   void before_forward_node(size_t node, const std::vector<at::Tensor>& env);
-  // Every bucket gathered (a checkpoint, the run's end), or every one let go. Below level 3
-  // these and keep_parameters do nothing.
+  // Every parameter whole and equal to its fp32 masters (a checkpoint, the run's end): level 3
+  // gathers every bucket in fp32, levels 1-2 gather their chunks again where they travelled in
+  // bf16. release_all lets every gathered bucket go; below level 3 it and keep_parameters do
+  // nothing.
   void gather_all();
   void release_all();
   // After the parameters were overwritten (a checkpoint read into them, gathered): the shard
@@ -155,18 +178,30 @@ class ZeroShard {
   // allocates each as its bucket first starts, so the shard grows as the backward goes.
   std::vector<at::Tensor> chunk_grad_;
   int level_ = 1;
-  int64_t sent_bytes_ = 0;  // since the last update
+  at::ScalarType gather_type_ = at::kFloat;
+  int64_t sent_bytes_ = 0;      // since the last update
+  int64_t gathered_bytes_ = 0;  // since take_gathered_bytes
+  // Levels 1-2: every replica's chunks into the parameters in `type`, this replica's own left.
+  void gather_chunks(at::ScalarType type);
 
   // Level 3.
-  at::Tensor shard_;                               // the replica's fp32 masters, padded
-  std::vector<c10::Storage> bucket_storage_;       // per bucket: its parameters' storage, empty but gathered
-  std::vector<std::vector<size_t>> node_buckets_;  // per node offset: the buckets it reads
-  std::vector<int> next_reader_;                   // per node offset: the next node reading parameters from it, -1
-  std::vector<char> gathered_, released_on_;       // per bucket / per parameter (accumulated this micro-batch)
-  std::vector<MPI_Request> gathering_;             // per bucket: its all-gather while under way
-  std::vector<int> unaccumulated_;                 // per bucket: its parameters not yet accumulated
-  void start_gather(size_t bucket);                // its all-gather under way (gathering_)
-  void gather(size_t bucket);                      // started if not, and complete
+  at::Tensor shard_;                                // the replica's fp32 masters, padded
+  std::vector<c10::Storage> bucket_storage_;        // per bucket: its parameters' storage, empty but gathered
+  std::vector<std::vector<size_t>> node_buckets_;   // per node offset: the buckets it reads
+  std::vector<int> next_reader_, previous_reader_;  // per node offset: the next / previous node reading parameters, -1
+  std::vector<char> gathered_, released_on_;        // per bucket / per parameter (accumulated this micro-batch)
+  std::vector<char> narrow_;                        // per bucket: gathered in bf16, not yet widened
+  std::vector<MPI_Request> gathering_;              // per bucket: its all-gather while under way
+  std::vector<int> unaccumulated_;                  // per bucket: its parameters not yet accumulated
+  // An input pass: per node offset 0 (not gathered in it), 1 (gathered, not run), 2 (ran); per
+  // bucket the nodes gathered in it and not yet run; the reader last gathered ahead.
+  bool input_pass_ = false;
+  std::vector<char> input_pass_node_;
+  std::vector<int> input_pass_readers_;
+  int ahead_reader_ = -1;
+  void start_gather(size_t bucket, at::ScalarType type);  // its all-gather under way (gathering_)
+  void gather(size_t bucket);                             // started if not (in the gather type), and complete
+  void test_gathers();                                    // MPI advances the gathers under way
   void release(size_t bucket);
   void stream_buckets(const std::vector<bool>& deferred);              // level 2's set-up
   void gather_where_read(const std::vector<std::vector<int>>& reads);  // level 3's
