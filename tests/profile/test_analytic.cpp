@@ -1,6 +1,7 @@
 // The analytic profile knows from shapes alone what the measured profiler reads off autograd.
 #include "torch_test.h"
 
+#include <algorithm>
 #include <set>
 
 #include "chunked_preset.h"
@@ -84,11 +85,14 @@ TEST_CASE("a fused LM loss's workspace: analytic against measured, and across ba
     WARN(preset << " workspace forward measured " << measured.fwd_workspace << " analytic " << analytic.fwd_workspace
                 << ", backward measured " << measured.bwd_workspace << " analytic " << analytic.bwd_workspace);
     CHECK(std::abs(double(analytic.fwd_workspace) / double(measured.fwd_workspace) - 1) < 0.1);
-    // bf16 on this CPU: the backward's bf16 product holds one more copy of the bf16 weight
+    // bf16 on some CPUs: the backward's bf16 product holds one more copy of the bf16 weight
     // (65,536 bytes here; the CPU GEMM's packing, presumably), which the formula, made for a
-    // GPU, leaves out. The gap is that copy and no more.
+    // GPU, leaves out. Seen on an AVX-512 machine, not on an AMD EPYC without it (139,264
+    // measured against 145,408): the measured workspace is the formula's, with that copy or
+    // without it.
     const int64_t cpu_packing = bf16 ? g.nodes[static_cast<size_t>(g.loss_node())].params[0].bytes() / 2 : 0;
-    CHECK(std::abs(double(analytic.bwd_workspace + cpu_packing) / double(measured.bwd_workspace) - 1) < 0.1);
+    auto off = [&](int64_t predicted) { return std::abs(double(predicted) / double(measured.bwd_workspace) - 1); };
+    CHECK(std::min(off(analytic.bwd_workspace), off(analytic.bwd_workspace + cpu_packing)) < 0.1);
   }
   // 100 positions a chunk, 32 a sample: full from micro-batch 3.125 on. Profiled at 1 and 2 (one
   // chunk each, growing), evaluated at 8: the workspace of a full chunk.
