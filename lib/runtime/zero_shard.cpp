@@ -315,12 +315,11 @@ void ZeroShard::end_input_pass() {
 void ZeroShard::inputs_gradient_made(size_t node, const std::vector<size_t>& buckets) {
   if (!input_pass_ || input_pass_node_.at(node) != 1) return;
   input_pass_node_[node] = 2;
+  // (the buckets gathered ahead for a reader that has not gathered yet stay)
   const bool ahead_waits = ahead_reader_ >= 0 && input_pass_node_[static_cast<size_t>(ahead_reader_)] == 0;
-  for (size_t b : buckets) {
-    if (--input_pass_readers_[b] > 0) continue;
-    const std::vector<size_t>* ahead = ahead_waits ? &node_buckets_[static_cast<size_t>(ahead_reader_)] : nullptr;
-    if (!ahead || !std::binary_search(ahead->begin(), ahead->end(), b)) release(b);
-  }
+  const std::vector<size_t>* ahead = ahead_waits ? &node_buckets_[static_cast<size_t>(ahead_reader_)] : nullptr;
+  for (size_t b : buckets)
+    if (--input_pass_readers_[b] == 0 && (!ahead || !std::binary_search(ahead->begin(), ahead->end(), b))) release(b);
 }
 
 void ZeroShard::before_forward_node(size_t node, const std::vector<at::Tensor>& env) {
@@ -346,8 +345,10 @@ void ZeroShard::before_forward_node(size_t node, const std::vector<at::Tensor>& 
 }
 
 void ZeroShard::gather_all() {
-  if (gather_type_ == at::kFloat && level_ < 3) return;  // the parameters are the masters
-  if (level_ < 3) return gather_chunks(at::kFloat);
+  if (level_ < 3) {  // in fp32 the parameters are the masters already
+    if (gather_type_ != at::kFloat) gather_chunks(at::kFloat);
+    return;
+  }
   for (size_t b = 0; b < gathered_.size(); ++b) {
     if (gather_type_ != at::kFloat) release(b);  // again, in fp32
     start_gather(b, at::kFloat);
