@@ -95,11 +95,13 @@ void StageReplay::reset_walk() {
   pending_sends_.clear();
   own_sends_.order.clear();
   param_grads_ = version_ = 0;
-  avg_passes_ = 0;
+  weight_passes_ = 0;
   std::fill(avg_packed_.begin(), avg_packed_.end(), 0);
   losses_held_ = held_loss_bytes_ = 0;
   optimizer_state_ = backward_in_step_ = false;
   std::fill(zero_chunk_held_.begin(), zero_chunk_held_.end(), 0);
+  zero_travelling_.clear();
+  avg_armed_ = zero_armed_ = false;
   version_users_.clear();
   for (Walk* w :
        {&forward_walk_, &backward_walk_[0], &backward_walk_[1], &input_walk_, &weight_walk_[0], &weight_walk_[1]})

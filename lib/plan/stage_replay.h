@@ -308,8 +308,10 @@ class StageReplay final : public ActionHooks {
   // from the bucket's first start in a step to the update. Buckets of weights tied across stages
   // wait for the update. Per node offset its bucket (-1: no parameter), per bucket its
   // gradients' bytes, whether it waits, its nodes still to make theirs in this micro-batch and
-  // whether its chunk is held.
+  // whether its chunk is held. Level 1 streams so only in the step's last weight pass (over
+  // the gradients the step summed), and its last two buckets travel on until the update.
   bool zero_streams() const { return model_.zero_stage() >= 2; }
+  bool zero_streaming() const { return zero_streams() || zero_armed_; }
   // Level 0 with replicas on MPI (runtime/replica_averager.h): the step's last weight pass packs
   // each bucket's gradients into a buffer of their bytes (the last bucket first, each once its
   // nodes have made theirs in the pass and the buckets before it are packed), the buffer beside
@@ -322,7 +324,7 @@ class StageReplay final : public ActionHooks {
     return model_.zero_stage() == 0 && model_.data_parallel() > 1 && model_.bucket_bytes() > 0;
   }
   void place_average_buckets(const std::vector<int64_t>& param_bytes);
-  bool begin_weight_pass();  // whether it is the step's last, packing as it goes
+  bool begin_weight_pass();  // whether it is the step's last, packing (level 0) or streaming (1) as it goes
   void average_gradient_made(int i);
   void average_pack(size_t bucket);
   void average_pass_end();
@@ -331,8 +333,8 @@ class StageReplay final : public ActionHooks {
   std::vector<char> avg_deferred_, avg_packed_;
   std::vector<size_t> avg_order_;
   size_t avg_next_ = 0;
-  int64_t avg_passes_per_step_ = 0, avg_passes_ = 0;
-  bool avg_armed_ = false;
+  int64_t weight_passes_per_step_ = 0, weight_passes_ = 0;  // (counted where the last packs or streams)
+  bool avg_armed_ = false, zero_armed_ = false;
   bool zero_streamed(int i) const {
     const int k = zero_bucket_of_.empty() ? -1 : zero_bucket_of_[at(i - b_)];
     return zero_streams() && (k < 0 || !zero_deferred_[at(k)]);

@@ -63,11 +63,12 @@ void StageReplay::place_average_buckets(const std::vector<int64_t>& param_bytes)
   avg_deferred_.clear();
   avg_order_.clear();
   avg_bucket_of_.assign(param_bytes.size(), -1);
-  avg_passes_per_step_ = 0;
-  if (!averages_buckets()) return;
-  if (model_.schedule().traits().updates_once_per_step && !stream_)
+  weight_passes_per_step_ = 0;
+  // The step's last weight pass: level 0's packs its buckets, level 1's streams them.
+  if ((averages_buckets() || model_.zero_stage() == 1) && model_.schedule().traits().updates_once_per_step && !stream_)
     for (const Action& a : actions_)
-      avg_passes_per_step_ += a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight;
+      weight_passes_per_step_ += a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight;
+  if (!averages_buckets()) return;
   // A bucket holding a weight tied across stages waits for the pass's end.
   BucketCut cut = cut_buckets(param_bytes);
   avg_bucket_of_ = std::move(cut.bucket_of);
@@ -82,10 +83,10 @@ void StageReplay::place_average_buckets(const std::vector<int64_t>& param_bytes)
 }
 
 bool StageReplay::begin_weight_pass() {
-  avg_armed_ = false;
-  if (avg_buckets_.empty() || avg_passes_per_step_ == 0) return false;
-  const bool last = ++avg_passes_ == avg_passes_per_step_;
-  if (!last) return false;
+  avg_armed_ = zero_armed_ = false;
+  if (weight_passes_per_step_ == 0 || ++weight_passes_ != weight_passes_per_step_) return false;
+  if (model_.zero_stage() == 1) return zero_armed_ = true;
+  if (avg_buckets_.empty()) return false;
   avg_armed_ = true;
   avg_next_ = 0;
   std::fill(avg_waiting_.begin(), avg_waiting_.end(), 0);
@@ -113,7 +114,7 @@ void StageReplay::average_pack(size_t k) {
 }
 
 void StageReplay::average_pass_end() {
-  if (avg_passes_per_step_ == 0 || avg_passes_ != avg_passes_per_step_ || avg_next_ > avg_order_.size()) return;
+  if (!avg_armed_ || avg_next_ > avg_order_.size()) return;
   for (size_t k : avg_order_)
     if (!avg_packed_[k]) average_pack(k);
   avg_armed_ = false;
@@ -140,12 +141,15 @@ void StageReplay::zero_start(size_t k) {
   if (zero_travelling_.size() >= 2) live_ -= zero_travelling_.front(), zero_travelling_.pop_front();
 }
 
-// After a micro-batch's weight gradients (ZeroShard::end_micro_batch): what has not started
-// starts, and everything completes.
+// After a weight pass that streamed (ZeroShard::end_micro_batch): what has not started starts,
+// and everything completes (level 1: at the update).
 void StageReplay::zero_end_micro_batch() {
-  if (!zero_streams()) return;
-  while (zero_next_ < zero_order_.size()) zero_start(zero_order_[zero_next_++]);
-  while (!zero_travelling_.empty()) live_ -= zero_travelling_.front(), zero_travelling_.pop_front();
+  if (zero_streaming()) {
+    while (zero_next_ < zero_order_.size()) zero_start(zero_order_[zero_next_++]);
+    if (zero_streams())
+      while (!zero_travelling_.empty()) live_ -= zero_travelling_.front(), zero_travelling_.pop_front();
+  }
+  zero_armed_ = false;
   zero_next_ = 0;
   std::fill(zero_made_.begin(), zero_made_.end(), 0);
   std::fill(zero_waiting_.begin(), zero_waiting_.end(), 0);
@@ -238,21 +242,28 @@ void StageReplay::optimizer_step() {
   for (size_t k : avg_order_)  // the averaging packs what no pass packed, then waits
     if (!avg_packed_[k]) average_pack(k);
   std::fill(avg_packed_.begin(), avg_packed_.end(), 0);
-  avg_passes_ = 0;
+  weight_passes_ = 0;
+  avg_armed_ = false;
   const bool zero = model_.zero_stage() > 0;
   if (zero) {
     // The gradients reduce-scattered into the shard a bucket at a time: bucket k's buffer with
     // k - 1's still travelling, whose gradients (about its size) are released by then.
     // From the second step on the optimizer state is there already (this pass is walked once).
-    // Level 2: only the buckets that waited for the update; the shard is there already where
-    // a bucket streamed.
-    int64_t largest = 0;
+    // Only the buckets that did not stream (the deferred ones; level 1's where the step has no
+    // last weight pass); the shard is there already where a bucket streamed.
+    int64_t largest = 0, shard = zero_shard_;
     for (size_t k = 0; k < zero_buckets_.size(); ++k)
-      if (!zero_streams() || zero_deferred_[k]) largest = std::max(largest, zero_buckets_[k]);
-    int64_t shard = zero_shard_;
-    for (size_t k = 0; k < zero_buckets_.size(); ++k)
-      if (zero_streams() && !zero_deferred_[k]) shard -= zero_buckets_[k] / model_.data_parallel();
-    note(live_ + shard + largest + (optimizer_state_ ? 0 : optimizer_state_bytes()), -1);
+      if (zero_chunk_held_[k] || (zero_streams() && !zero_deferred_[k]))  // (a repeated walk sets no flag)
+        shard -= zero_buckets_[k] / model_.data_parallel();
+      else
+        largest = std::max(largest, zero_buckets_[k]);
+    // Level 1: the bucket the last weight pass left travelling completes as the first one here
+    // starts (two in flight), or before the optimizer's state is allocated.
+    int64_t travelling = 0;
+    for (int64_t bytes : zero_travelling_) travelling += bytes;
+    zero_travelling_.clear();
+    note(live_ + travelling + shard + largest + (optimizer_state_ ? 0 : optimizer_state_bytes()), -1);
+    live_ -= travelling;
     live_ += shard - param_grads_;
     param_grads_ = 0;
     std::fill(zero_chunk_held_.begin(), zero_chunk_held_.end(), 0);

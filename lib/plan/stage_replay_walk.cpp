@@ -146,7 +146,7 @@ void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
     note(live_ + grads + transient + p_.nodes[at(i)].bwd_workspace, i);
     live_ += grads;
     if (zero_gathers()) gather_released(i);
-    if (zero_streams()) zero_gradient_made(i);  // (the weight pass still holds the output's gradient)
+    if (zero_streaming()) zero_gradient_made(i);  // (the weight pass still holds the output's gradient)
     average_gradient_made(i);
     live_ -= held;
   }
@@ -360,7 +360,7 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   // Autograd accumulates the parameters' gradients once the node's function has let its
   // inputs and saved tensors go.
   if (!input_only && zero_gathers()) gather_released(i);
-  if (!input_only && zero_streams()) zero_gradient_made(i);
+  if (!input_only && zero_streaming()) zero_gradient_made(i);
   if (!input_only) average_gradient_made(i);
 }
 

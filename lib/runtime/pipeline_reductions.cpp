@@ -78,6 +78,10 @@ std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, c
                                                          const RunConfig& options, StageTracer* const& tracing) {
   if (ZeroShard* zero = stage.zero_shard()) {  // ZeRO: reduce-scattered into the replica's shard
     const int x = stage.config().program.stage;
+    zero->set_listener(
+        [x, &tracing](int bucket, int64_t bytes, ZeroShard::Clock::time_point start, ZeroShard::Clock::time_point end) {
+          if (tracing) tracing->record_nested(x, ActionKind::AllReduce, -1, bucket, bytes, start, end);
+        });
     stage.set_replica_reducer([zero, x, &tracing](std::vector<StageParameter>&) {
       const auto start = StageTracer::Clock::now();
       const int64_t bytes = zero->reduce_scatter();

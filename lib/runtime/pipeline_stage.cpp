@@ -316,13 +316,14 @@ void PipelineStage::backward(int64_t mb) {
 }
 
 void PipelineStage::weight_pass_begins() {
-  if (!begin_replica_pass_) return;
-  begin_replica_pass_(config_.schedule.traits().updates_once_per_step && !replicas_averaged_ &&
-                      weight_passes_ + 1 == config_.micro_batches);
+  const bool last = config_.schedule.traits().updates_once_per_step && !replicas_averaged_ &&
+                    weight_passes_ + 1 == config_.micro_batches;
+  if (zero_) zero_->begin_pass(last);  // level 1 streams in the step's last
+  if (begin_replica_pass_) begin_replica_pass_(last);
 }
 
 void PipelineStage::weight_pass_done() {
-  if (zero_) zero_->end_micro_batch();  // level 2: this micro-batch's gradients are in the shard
+  if (zero_) zero_->end_micro_batch();  // where it streamed: this pass's buckets are under way
   if (!config_.schedule.traits().updates_once_per_step || ++weight_passes_ < config_.micro_batches) return;
   weight_passes_ = 0;
   if (start_replicas_ && !replicas_averaged_) start_replicas_(module_.parameters());

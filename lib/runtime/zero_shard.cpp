@@ -112,8 +112,8 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
       throw std::logic_error("ZeRO shards contiguous fp32 parameters in host memory");
     numels.push_back(p.numel());
   }
-  layout_ = shard_layout(numels, std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float))), size, rank,
-                         level_ >= 2 ? nodes : std::vector<int>{});
+  layout_ =
+      shard_layout(numels, std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float))), size, rank, nodes);
   at::NoGradGuard no_grad;
   if (level_ >= 3) shard_ = at::zeros({layout_.shard_numel}, at::kFloat);
   for (const ShardLayout::Piece& piece : layout_.pieces) {
@@ -125,7 +125,8 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
     piece_counted_.push_back(counted.empty() || counted[piece.param]);
   }
   chunk_grad_.resize(layout_.buckets.size());
-  if (level_ >= 2) stream_buckets(deferred);
+  armed_ = level_ >= 2;  // level 1: in the step's last weight pass (begin_pass)
+  stream_buckets(deferred);
   if (level_ >= 3) gather_where_read(reads);
 }
 
@@ -147,7 +148,7 @@ void ZeroShard::stream_buckets(const std::vector<bool>& deferred) {
       }
   for (size_t b = buckets; b-- > 0;)
     if (!deferred_[b]) order_.push_back(b);
-  end_micro_batch();  // (nothing has started: sets the counts)
+  restart_streaming();
   for (size_t p = 0; p < params_.size(); ++p)
     if (hooked(p))
       torch::autograd::impl::set_post_acc_grad_hooks(params_[p], std::make_unique<AccumulatedHook>(this, p));
@@ -369,7 +370,7 @@ void ZeroShard::keep_parameters() {
   }
 }
 
-void ZeroShard::start(size_t bucket, bool accumulate) {
+void ZeroShard::start(size_t bucket) {
   at::NoGradGuard no_grad;
   const ShardLayout::Bucket& b = layout_.buckets[bucket];
   at::Tensor buffer = at::empty({b.chunk * layout_.replicas}, at::kFloat);
@@ -383,19 +384,32 @@ void ZeroShard::start(size_t bucket, bool accumulate) {
     params_[p].mutable_grad() = at::Tensor();  // the bucket holds it now
   }
   buffer.narrow(0, b.numel, buffer.numel() - b.numel).zero_();
-  // The reduction overwrites this replica's chunk of the shard: its sum so far travels along.
+  // The reduction overwrites this replica's chunk of the shard: its sum so far in the step travels
+  // along. The chunk is allocated at the bucket's first start in the step.
   at::Tensor& chunk = chunk_grad_[bucket];
-  if (accumulate && !chunk.defined()) chunk = at::zeros({b.chunk}, at::kFloat);
-  if (accumulate) buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(chunk);
-  travelling_.push_back({buffer, chunk, MPI_REQUEST_NULL});
+  if (chunk.defined()) {
+    for (Travelling& t : travelling_)  // (a bucket going again: its first reduction lands first)
+      if (t.chunk.is_same(chunk)) wait(t);
+    buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(chunk);
+  } else
+    chunk = at::empty({b.chunk}, at::kFloat);
+  travelling_.push_back({buffer, chunk, MPI_REQUEST_NULL, bucket, Clock::now(), {}});
   MPI_Ireduce_scatter_block(buffer.data_ptr<float>(), chunk.data_ptr<float>(), mpi_count(b.chunk), MPI_FLOAT, MPI_SUM,
                             comm_, &travelling_.back().request);
   sent_bytes_ += buffer.nbytes();
   if (travelling_.size() >= kInFlight) finish_oldest();
 }
 
+void ZeroShard::wait(Travelling& t) {
+  if (t.end != Clock::time_point{}) return;
+  wait_quietly(t.request);
+  t.end = Clock::now();
+}
+
 void ZeroShard::finish_oldest() {
-  wait_quietly(travelling_.front().request);
+  Travelling& t = travelling_.front();
+  wait(t);
+  if (listener_) listener_(static_cast<int>(t.bucket), t.buffer.nbytes(), t.start, t.end);
   travelling_.pop_front();
 }
 
@@ -407,24 +421,46 @@ void ZeroShard::accumulated(size_t param) {
     released_on_[param] = 1;
     if (--unaccumulated_[bucket] == 0) release(bucket);
   }
-  if (deferred_[bucket]) return;  // (level 3 hooks them too) they wait for the update
-  if (started_[bucket]) {         // accumulated again (a parameter two weight passes reach): goes again
+  if (deferred_[bucket] || !armed_) return;  // (level 3 hooks them too) they wait for the update
+  test_travelling();
+  if (started_[bucket]) {  // accumulated again (a parameter two weight passes reach): goes again
     again_[bucket] = 1;
     return;
   }
   if (!ready_[param]) ready_[param] = 1, --waiting_[bucket];
   while (next_ < order_.size() && waiting_[order_[next_]] == 0) {
     started_[order_[next_]] = 1;
-    start(order_[next_++], true);
+    start(order_[next_++]);
   }
 }
 
+void ZeroShard::test_travelling() {
+  // (Open MPI advances them only inside MPI calls: between two accumulations)
+  for (Travelling& t : travelling_) {
+    if (t.end != Clock::time_point{}) continue;
+    int done = 0;
+    MPI_Test(&t.request, &done, MPI_STATUS_IGNORE);
+    if (done) t.end = Clock::now();
+  }
+}
+
+void ZeroShard::begin_pass(bool last) {
+  if (level_ == 1) armed_ = last;
+}
+
 void ZeroShard::end_micro_batch() {
-  if (level_ < 2) return;
-  for (; next_ < order_.size(); ++next_) started_[order_[next_]] = 1, start(order_[next_], true);
+  if (!armed_) return;  // level 1: not the step's last weight pass
+  for (; next_ < order_.size(); ++next_) started_[order_[next_]] = 1, start(order_[next_]);
   for (size_t b : order_)
-    if (again_[b]) start(b, true);
-  while (!travelling_.empty()) finish_oldest();
+    if (again_[b]) start(b);
+  // Level 1: the last buckets travel while the pipeline drains; the update waits for them.
+  if (level_ >= 2)
+    while (!travelling_.empty()) finish_oldest();
+  if (level_ == 1) armed_ = false;
+  restart_streaming();
+}
+
+void ZeroShard::restart_streaming() {
   next_ = 0;
   std::fill(started_.begin(), started_.end(), 0);
   std::fill(again_.begin(), again_.end(), 0);
@@ -438,18 +474,10 @@ void ZeroShard::end_micro_batch() {
 
 int64_t ZeroShard::reduce_scatter() {
   at::NoGradGuard no_grad;
-  const size_t buckets = layout_.buckets.size();
-  if (level_ >= 2) {
-    // The streamed buckets are in the shard already; the deferred ones join it.
-    for (size_t b = 0; b < buckets; ++b)
-      if (deferred_[b] || !chunk_grad_[b].defined()) start(b, true);
-  } else {
-    // Every element is received: the chunks view one flat shard.
-    const at::Tensor shard = at::empty({layout_.shard_numel}, at::kFloat);
-    for (size_t b = 0; b < buckets; ++b)
-      chunk_grad_[b] = shard.narrow(0, layout_.buckets[b].shard_offset, layout_.buckets[b].chunk);
-    for (size_t b = 0; b < buckets; ++b) start(b, false);
-  }
+  // The streamed buckets are in the shard already (level 1: those of the step's last weight pass,
+  // some still travelling); the deferred ones, and every bucket where nothing streamed, join it.
+  for (size_t b = 0; b < layout_.buckets.size(); ++b)
+    if (deferred_[b] || !chunk_grad_[b].defined()) start(b);
   while (!travelling_.empty()) finish_oldest();
   for (at::Tensor& chunk : chunk_grad_) chunk.div_(static_cast<double>(layout_.replicas));
   for (size_t k = 0; k < pieces_.size(); ++k) {

@@ -6,7 +6,9 @@
 // bucket (each replica receives the sum of its chunks, then divides by D: the mean level 0's
 // allreduce gives), each replica's optimizer updates only its chunks (it holds their state
 // alone: 1/D of level 0's), and the updated chunks are all-gathered back into every replica's
-// parameters, bucket by bucket.
+// parameters, bucket by bucket. The reduce-scatters stream as level 2's below, but only in the
+// step's last weight pass, over the gradients its micro-batches summed: they travel while the
+// pipeline drains, and the update waits for what is still under way.
 //
 // The fp32 master weights are the parameters themselves (the runtime keeps them in fp32 and
 // casts at each use, bf16 included), so a replica's master shard is a set of views of its
@@ -60,8 +62,10 @@
 // order on every replica.
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -100,10 +104,10 @@ class ZeroShard {
  public:
   // `params`: the stage's fp32 master parameters (contiguous), `counted`: which count in the
   // global gradient norm (each tied parameter on its owner's stage only).
-  // `level`: 1, 2 or 3; `deferred` (levels 2-3, per parameter, empty: none): whose buckets are
-  // reduce-scattered once per step; `nodes` (levels 2-3, per parameter): buckets close only
-  // between two nodes' parameters (a node's gradients come together; the planner's replay counts
-  // so). `reads` (level 3, per node of the stage): the parameters it reads, in stage order.
+  // `level`: 1, 2 or 3; `deferred` (per parameter, empty: none): whose buckets are
+  // reduce-scattered at the update; `nodes` (per parameter): buckets close only between two
+  // nodes' parameters (a node's gradients come together; the planner's replay counts so).
+  // `reads` (level 3, per node of the stage): the parameters it reads, in stage order.
   // `gather_type`: the compute precision, in which the parameters travel (kFloat or kBFloat16).
   ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes,
             int level = 1, std::vector<bool> deferred = {}, const std::vector<int>& nodes = {},
@@ -112,6 +116,11 @@ class ZeroShard {
   ZeroShard(const ZeroShard&) = delete;
   ZeroShard& operator=(const ZeroShard&) = delete;
   int level() const { return level_; }
+  // A reduce-scatter's time in flight: bucket `bucket` of `bytes` from its start until it was seen
+  // complete (by the tests between accumulations, else where waited for).
+  using Clock = std::chrono::steady_clock;
+  using Listener = std::function<void(int bucket, int64_t bytes, Clock::time_point start, Clock::time_point end)>;
+  void set_listener(Listener listener) { listener_ = std::move(listener); }
 
   // The views the replica's optimizer updates (make_optimizer over them).
   const std::vector<at::Tensor>& pieces() const { return pieces_; }
@@ -119,15 +128,19 @@ class ZeroShard {
 
   // Collective: the parameters' gradients (zeros where undefined) reduce-scattered into the
   // pieces' gradients as the mean over the replicas; the parameters' own gradients are released
-  // bucket by bucket. Level 2: only the deferred buckets, whose sums join the shard's. Returns the
-  // bytes this replica sent since the last update.
+  // bucket by bucket. Only the buckets that did not stream (the deferred ones, and level 1's
+  // where the step had no last weight pass: async), whose sums join the shard's; the streamed ones
+  // still travelling complete. Returns the bytes this replica sent since the last update.
   int64_t reduce_scatter();
-  // Level 2, collective: after each micro-batch's weight gradients (B, or W of a split
-  // backward): the streamed buckets not yet started start now (zeros for parameters without a
-  // gradient), a bucket a parameter of which accumulated again after its start goes again, and
-  // every one completes.
+  // A weight pass (B, or W of a split backward) begins; `last`: the step's last, in which level 1
+  // streams.
+  void begin_pass(bool last);
+  // Collective, after each weight pass where it streams (level 2: every one; level 1: the step's
+  // last): the streamed buckets not yet started start now (zeros for parameters without a
+  // gradient), and a bucket a parameter of which accumulated again after its start goes again.
+  // Level 2: every one completes; level 1: the last two travel on until the update.
   void end_micro_batch();
-  // Level 2: autograd accumulated parameter `param`'s gradient (its hook).
+  // Autograd accumulated parameter `param`'s gradient (its hook).
   void accumulated(size_t param);
   // Collective: the squared gradient norm of the counted parameters over every replica's shard
   // (the pieces' gradients), summed in double, as level 0 computes it on whole gradients.
@@ -174,8 +187,8 @@ class ZeroShard {
   MPI_Comm comm_;
   ShardLayout layout_;
   // Per bucket, this replica's chunk of the summed gradient: from the bucket's first reduction
-  // in a step (level 1: the update's) until the update; the pieces' gradients view them. Level 2
-  // allocates each as its bucket first starts, so the shard grows as the backward goes.
+  // in a step until the update; the pieces' gradients view them. Each is allocated as its bucket
+  // first starts, so the shard grows as the backward goes.
   std::vector<at::Tensor> chunk_grad_;
   int level_ = 1;
   at::ScalarType gather_type_ = at::kFloat;
@@ -209,15 +222,22 @@ class ZeroShard {
   bool hooked(size_t param) const;                                     // told when autograd accumulates it
   bool views(const at::Tensor& t, size_t bucket) const;                // t lies in the bucket's storage
 
-  // Level 2: one micro-batch's streaming.
+  // One weight pass's streaming (level 2: every one; level 1: the step's last).
   struct Travelling {
     at::Tensor buffer, chunk;  // what it sends, where it lands
     MPI_Request request;
+    size_t bucket;
+    Clock::time_point start, end;  // end: once seen complete
   };
-  // Packs bucket b's gradients (releasing them) and starts its reduce-scatter into the shard:
-  // adding this replica's running sum into its own chunk first where `accumulate`.
-  void start(size_t bucket, bool accumulate);
+  // Packs bucket b's gradients (releasing them) and starts its reduce-scatter into the shard,
+  // this replica's sum so far in the step added into its own chunk first.
+  void start(size_t bucket);
   void finish_oldest();
+  void test_travelling();    // MPI advances the reductions under way
+  void wait(Travelling& t);  // seen complete
+  Listener listener_;
+  void restart_streaming();                    // the counts for the next pass
+  bool armed_ = false;                         // streaming in this pass
   std::vector<int> bucket_of_;                 // per parameter: its bucket, -1: none (no elements)
   std::vector<char> deferred_;                 // per bucket
   std::vector<size_t> order_;                  // the streamed buckets, in the order they start

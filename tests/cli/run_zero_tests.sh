@@ -3,7 +3,8 @@
 # (AdamW with weight decay and clipping, 10 steps, within 1e-6) on 2 stages x 2 replicas (1f1b,
 # zb-h1, interleaved, gpipe, zb-h2; gpt2's embedding tied across the cut) and 1 stage x 4
 # replicas, bf16 within 1e-3 (its parameters gathered in bf16: half fp32's bytes), while each
-# replica holds 1/D of level 0's optimizer state; every stage's measured peak is within 5% below
+# replica holds 1/D of level 0's optimizer state; level 1's reduce-scatters travel during the
+# step's last weight pass, before the update; every stage's measured peak is within 5% below
 # its predicted one (at most 64 bytes above), level 3 with recomputation and swaps too, bf16
 # too; level-1, 2 and 3 checkpoints resume bitwise (bf16's too: they hold the fp32 masters) and
 # move to another level, replica count and split within 1e-6 (those written before the index
@@ -81,6 +82,19 @@ for layout in "--stages 2 --data-parallel 2 --schedule 1f1b --micro-batches 2" \
       failed=$((failed + 1)); echo "FAIL: level $level measured peaks against the plan ($layout)"; cat "$work/fit"; fi
   done
 done
+# Level 1 reduce-scatters its buckets as the step's last weight pass makes them (B under 1f1b, W
+# under zb-h1), not at the update: the trace holds each bucket's flight, and the update waits for
+# less than they took on every stage (inspect's "hidden" share above 0).
+for schedule in 1f1b zb-h1; do
+  $mpi 4 "$bin" "${common[@]}" --stages 2 --data-parallel 2 --schedule $schedule --micro-batches 4 --zero-stage 1 \
+    --trace "$work/z1.h5" >"$work/z1.out" 2>&1
+  "$bin" inspect "$work/z1.h5" >"$work/z1.inspect" 2>&1
+  if grep "reductions in flight" "$work/z1.inspect" | grep -o '[0-9.]*% hidden' |
+     awk '{ if ($1 + 0 <= 0) bad = 1 } END { exit bad || NR != 2 }'; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: level 1's reduce-scatters travel before the update ($schedule)"
+    grep "allreduce\|in flight" "$work/z1.inspect"; tail -3 "$work/z1.out"; fi
+done
+
 # Async (PipeDream's weight stashing, an update after every backward) at level 1: level 0's losses
 # (each micro-batch's gradient averaged, then its update) within 1e-6, 1/D of its optimizer state,
 # the peaks as planned. Levels 2 and 3 refuse it (below).
