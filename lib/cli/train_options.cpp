@@ -143,7 +143,7 @@ void read_placement(const po::variables_map& vm, TrainOptions& o) {
   o.profile_cache = vm["profile-cache"].as<std::string>();
   if (vm.count("calibrate-trace")) o.calibrate_traces = vm["calibrate-trace"].as<std::vector<std::string>>();
   if (!o.plan_in.empty())
-    for (const char* planning : {"profile-in", "profile-cache", "allocator-headroom"})
+    for (const char* planning : {"profile-in", "profile-cache", "allocator-headroom", "replica-bandwidth"})
       if (vm.count(planning) && !vm[planning].defaulted())
         throw ConfigError("--" + std::string(planning) +
                           " shapes the plan a run makes; --plan-in gives one made before");

@@ -99,13 +99,14 @@ bool CostModel::split_refused(int b, int e) const {
 void CostModel::take_options(const PlanOptions& options) {
   if (stages_ < 1) throw ConfigError("the number of stages must be at least 1");
   if (options.micro_batches < 1) throw ConfigError("the number of micro-batches must be >= 1");
-  if (!(options.host_bandwidth > 0) || !(options.link_bandwidth > 0))
-    throw ConfigError("host and link bandwidths must be positive");
+  if (!(options.host_bandwidth > 0) || !(options.link_bandwidth > 0) || options.replica_bandwidth < 0)
+    throw ConfigError("host, link and replica bandwidths must be positive");
   schedule_ = options.schedule;
   host_bw_ = options.host_bandwidth;
   if (!options.host_bandwidth_given)
     host_link_ = options.host_link.measured() ? options.host_link : profile_->host_link;
   link_bw_ = options.link_bandwidth;
+  replica_bw_ = options.replica_bandwidth > 0 ? options.replica_bandwidth : options.link_bandwidth;
   if (options.data_parallel < 1) throw ConfigError("data parallelism must be at least 1");
   data_parallel_ = options.data_parallel;
   zero_stage_ = options.sharding();
@@ -420,7 +421,7 @@ double CostModel::allreduce_ms(int b, int e) const {
   const double m = static_cast<double>(micro_batches_);
   const double gather = zero_stage_ > 0 && profile_->precision == Precision::Bf16 ? 0.5 : 1;
   const double passes = zero_stage_ >= 3 ? (1 + 2 * gather) * m : zero_stage_ == 2 ? m + gather : 1 + gather;
-  return passes * (d - 1) / d * link_ms(param_bytes(b, e));
+  return passes * (d - 1) / d * replica_link_ms(param_bytes(b, e));
 }
 
 double CostModel::allreduce_per_micro_batch_ms(int b, int e) const {

@@ -85,6 +85,7 @@ class CostModel {
   }
   const HostLink& host_link() const { return host_link_; }
   double link_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / link_bw_; }
+  double replica_link_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / replica_bw_; }
   // Data parallelism: the collectives between a stage's replicas over one update, and their
   // share per micro-batch. A ring moves (D - 1) / D of what it reduces or gathers over the link:
   // levels 0-1 twice the stage's parameter bytes per update (an allreduce, or a reduce-scatter
@@ -190,7 +191,7 @@ class CostModel {
   OptimizerKind optimizer_ = OptimizerKind::Sgd;
   std::vector<char> requires_grad_;
   std::vector<NodeClass> node_classes_;
-  double host_bw_ = 0, link_bw_ = 0;
+  double host_bw_ = 0, link_bw_ = 0, replica_bw_ = 0;
   HostLink host_link_;  // empty: host_bw_
   int data_parallel_ = 1;
   int zero_stage_ = 0;

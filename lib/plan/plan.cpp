@@ -180,6 +180,7 @@ void input_fields(P& p, Field&& field) {
   field("allocator_headroom_bytes", p.options.allocator_headroom_bytes, kOptionalField);
   field("host_bandwidth", p.options.host_bandwidth);
   field("link_bandwidth", p.options.link_bandwidth);
+  field("replica_bandwidth", p.options.replica_bandwidth, kOptionalField);
   field("memopt", p.options.memopt);
   field("data_parallel", p.options.data_parallel, kOptionalField);
   field("zero_stage", p.options.zero_stage, kOptionalField);
@@ -438,10 +439,12 @@ void Plan::print_table(std::ostream& out) const {
     const double samples = static_cast<double>(options.data_parallel * options.micro_batches * micro_batch_size);
     std::snprintf(
         line, sizeof line,
-        "data parallel %d x %zu stages: replicas' collectives up to %.3f ms per update; predicted step %.3f ms, "
-        "%.1f samples/s over %lld samples\n",
-        options.data_parallel, stages.size(), allreduce, step_ms(), samples / (step_ms() / 1e3),
-        static_cast<long long>(samples));
+        "data parallel %d x %zu stages: replicas' collectives up to %.3f ms per update (replica link %s/s%s); "
+        "predicted step %.3f ms, %.1f samples/s over %lld samples\n",
+        options.data_parallel, stages.size(), allreduce,
+        format_bytes(options.replica_bandwidth > 0 ? options.replica_bandwidth : options.link_bandwidth).c_str(),
+        options.replica_bandwidth > 0 ? "" : ", the link bandwidth: not measured", step_ms(),
+        samples / (step_ms() / 1e3), static_cast<long long>(samples));
     out << line;
   }
 }

@@ -59,6 +59,9 @@ struct PlanSettings {
   HostLink host_link;
   bool host_bandwidth_given = false;
   double link_bandwidth = 10e9;  // bytes/s, stage <-> stage
+  // Bytes/s between a stage's replicas, which their gradient collectives cross: what `train`
+  // measured (runtime/replica_link.h) or --replica-bandwidth gave; 0: link_bandwidth.
+  double replica_bandwidth = 0;
   PlannerKind planner = PlannerKind::DawnPiper;
   MemoptKind memopt = MemoptKind::None;
   // The search decides with the cost model's memory formula; the replay of each stage's action
@@ -67,7 +70,7 @@ struct PlanSettings {
   // by the overshoot. Unset, plans are the search's own (its tests check it against the formula).
   bool fit_replayed = false;
   // Pipelines training in parallel on their shares of the data: each stage averages its
-  // gradients with its replicas (a ring allreduce over link_bandwidth) before every update.
+  // gradients with its replicas (a ring allreduce over the replica link) before every update.
   int data_parallel = 1;
   // Sharded data parallelism within each stage's replicas (DeepSpeed's levels 0-3): at 1 a
   // replica holds the optimizer state of 1/D of the stage's parameters, at 2 of its gradients

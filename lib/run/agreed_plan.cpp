@@ -16,6 +16,7 @@
 #include "run/resume.h"
 #include "runtime/checkpoint.h"
 #include "runtime/mpi_wait.h"
+#include "runtime/replica_link.h"
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -51,8 +52,10 @@ Profile measured_profile(const TrainOptions& o, const OpGraph& graph, c10::Devic
   return profile;
 }
 
-// Rank 0: a plan made from a loaded or freshly measured profile, as JSON.
-std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const RankLayout& layout, c10::Device device) {
+// Rank 0: a plan made from a loaded or freshly measured profile, as JSON; `replica_bandwidth`:
+// the link between a stage's replicas (0: the link bandwidth).
+std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const RankLayout& layout, c10::Device device,
+                          double replica_bandwidth) {
   Profile profile;
   if (!o.profile_in.empty()) {
     profile = read_profile(o.profile_in);
@@ -77,6 +80,7 @@ std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const Ran
   PlanRequest request = o.plan;
   request.ranks = layout.stages;
   request.data_parallel = layout.replicas;
+  request.replica_bandwidth = replica_bandwidth;
   set_device_memory(request, o.capacity,
                     o.allocator_headroom >= 0 ? o.allocator_headroom : default_allocator_headroom(device.str()));
   return resolve_plan(profile, request, o.quiet ? nullptr : &std::cout).to_json();
@@ -163,6 +167,14 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
   if (given) {
     plan_json = given->json;
   } else {
+    // The link the replicas' gradient collectives cross, measured by every rank at once where
+    // the run has replicas and --replica-bandwidth does not say.
+    double replica_bandwidth = o.plan.replica_bandwidth;
+    if (layout.replicas > 1 && !(replica_bandwidth > 0)) {
+      const ReplicaLink link = measure_replica_link(MPI_COMM_WORLD, layout.stage, layout.replicas, o.plan.bucket_bytes);
+      replica_bandwidth = link.bandwidth;
+      if (rank == 0 && !o.quiet) std::printf("replica link: %s\n", link.summary().c_str());
+    }
     // A resumed run keeps the plan its checkpoint was written with where it asks for nothing
     // else and its memory still holds; otherwise it plans anew, and each stage reads its tensors
     // by name.
@@ -185,7 +197,7 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
               "parameters and optimizer state by name\n",
               saved_plan.c_str(), changes.c_str());
       }
-      plan_json = keep_saved ? read_text_file(saved_plan) : plan_on_rank0(o, graph, layout, device);
+      plan_json = keep_saved ? read_text_file(saved_plan) : plan_on_rank0(o, graph, layout, device, replica_bandwidth);
     }
     broadcast_string_quietly(plan_json, 0, MPI_COMM_WORLD);  // the others wait while rank 0 plans
   }

@@ -87,13 +87,23 @@ done
 # less than they took on every stage (inspect's "hidden" share above 0).
 for schedule in 1f1b zb-h1; do
   $mpi 4 "$bin" "${common[@]}" --stages 2 --data-parallel 2 --schedule $schedule --micro-batches 4 --zero-stage 1 \
-    --trace "$work/z1.h5" >"$work/z1.out" 2>&1
+    --trace "$work/z1.h5" --plan-out "$work/z1.json" >"$work/z1.out" 2>&1
   "$bin" inspect "$work/z1.h5" >"$work/z1.inspect" 2>&1
   if grep "reductions in flight" "$work/z1.inspect" | grep -o '[0-9.]*% hidden' |
      awk '{ if ($1 + 0 <= 0) bad = 1 } END { exit bad || NR != 2 }'; then passed=$((passed + 1)); else
     failed=$((failed + 1)); echo "FAIL: level 1's reduce-scatters travel before the update ($schedule)"
     grep "allreduce\|in flight" "$work/z1.inspect"; tail -3 "$work/z1.out"; fi
 done
+# The replicas' link: measured before planning, and the plan's collectives take it;
+# --replica-bandwidth gives it instead.
+replica_bw() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["inputs"]["replica_bandwidth"])' "$1"; }
+if grep -q "^replica link: measured .* (a 1.00 MiB allreduce over 2 replicas took" "$work/z1.out" &&
+   python3 -c 'import sys; sys.exit(not float(sys.argv[1]) > 0)' "$(replica_bw "$work/z1.json")"; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: the replica link measured"; head -5 "$work/z1.out"; fi
+$mpi 4 "$bin" train --model gpt2-tiny --steps 2 --stages 2 --data-parallel 2 --replica-bandwidth 123456789 \
+  --plan-out "$work/given.json" >"$work/given.out" 2>&1
+if ! grep -q "replica link: measured" "$work/given.out" && [ "$(replica_bw "$work/given.json")" = "123456789.0" ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --replica-bandwidth given"; tail -3 "$work/given.out"; fi
 
 # Async (PipeDream's weight stashing, an update after every backward) at level 1: level 0's losses
 # (each micro-batch's gradient averaged, then its update) within 1e-6, 1/D of its optimizer state,
@@ -158,6 +168,12 @@ one_error "level 3 under async" "under --schedule async cannot run: .* where lev
   "$bin" plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --data-parallel 2 --schedule async --zero-stage 3
 one_error "negative level" "--zero-stage -1 is no level" "$bin" plan --model gpt2-tiny --device-spec a100-40gb \
   --stages 2 --zero-stage -1
+one_error "no replica bandwidth" "--replica-bandwidth must be positive" "$bin" plan --model gpt2-tiny \
+  --device-spec a100-40gb --stages 2 --data-parallel 2 --replica-bandwidth 0
+one_error "a replica bandwidth beside a given plan" "--replica-bandwidth shapes the plan a run makes; --plan-in gives one" \
+  $mpi 4 "$bin" train --model gpt2-tiny --data-parallel 2 --plan-in "$work/given.json" --replica-bandwidth 1GB
+expect_ok "plan with a replica bandwidth" "(replica link 1.86 GiB/s)" \
+  plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --data-parallel 2 --replica-bandwidth 2GB
 # One replica: a note, and level 0's training.
 $mpi 2 "$bin" train --model gpt2-tiny --steps 3 --zero-stage 1 >"$work/one.out" 2>&1
 $mpi 2 "$bin" train --model gpt2-tiny --steps 3 >"$work/zero.out" 2>&1

@@ -670,6 +670,21 @@ TEST_CASE("ZeRO's collectives in a stage's time: per update at levels 0-1, also 
     CHECK(model.allreduce_ms(0, cut) == Approx(passes[level] * pass));
     CHECK(model.allreduce_per_micro_batch_ms(0, cut) == Approx(passes[level] * pass / 4));
   }
+  // The replicas' link (train measures it) replaces the link bandwidth there, and only there.
+  opt.zero_stage = 1;
+  opt.replica_bandwidth = 0.5e9;
+  const CostModel slow(p, opt);
+  CHECK(slow.allreduce_ms(0, cut) == Approx(2 * pass * 20));
+  CHECK(slow.link_ms(1000) == Approx(level0.link_ms(1000)));
+  const Plan plan = make_plan(p, opt);
+  CHECK(plan_from_json(plan.to_json()).options.replica_bandwidth == 0.5e9);
+  std::ostringstream table;
+  plan.print_table(table);
+  CHECK_THAT(table.str(), Catch::Contains("replica link 476.84 MiB/s"));
+  opt.replica_bandwidth = 0;
+  std::ostringstream unmeasured;
+  make_plan(p, opt).print_table(unmeasured);
+  CHECK_THAT(unmeasured.str(), Catch::Contains("the link bandwidth: not measured"));
 }
 
 TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "[plan]") {
