@@ -38,6 +38,9 @@ po::options_description plan_options() {
                                                 "for this device (a100-40gb | h100-80gb | spec file)")
       ("host-bandwidth", po::value<std::string>(), "device<->host bytes/s for swaps, e.g. 24GB")
       ("link-bandwidth", po::value<std::string>(), "stage<->stage bytes/s, e.g. 10GB")
+      ("replica-bandwidth", po::value<std::string>(), "bytes/s between a stage's replicas for their gradient "
+                                                      "collectives (default: --link-bandwidth; `train` measures it), "
+                                                      "e.g. 2GB")
       ("max-batch", po::bool_switch(), "find the largest micro-batch size with a feasible plan")
       ("calibrate-rounds", po::value<int>()->default_value(0), "plan, run every stage alone here, scale its nodes' times by "
                                                                "measured / predicted and plan again, this many times; keep the "
@@ -119,6 +122,7 @@ Profile profile_and_request(const po::variables_map& vm, int world_size, PlanReq
   }
   if (vm.count("link-bandwidth"))
     o.link_bandwidth = static_cast<double>(parse_bytes(vm["link-bandwidth"].as<std::string>(), "--link-bandwidth"));
+  o.replica_bandwidth = replica_bandwidth_option(vm);
   return profile;
 }
 

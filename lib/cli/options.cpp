@@ -93,12 +93,17 @@ po::options_description planning_options() {
                                                          "where it is read and let go after")
       ("bucket-size", po::value<std::string>()->default_value("25MiB"), "gradients travel between replicas in flat buckets "
                                                                          "of about this size (every --zero-stage; 0 at "
-                                                                         "level 0: parameter by parameter)")
-      ("replica-bandwidth", po::value<std::string>(), "bytes/s between a stage's replicas, which the plan's gradient "
-                                                      "collectives take (default: `train` measures it over MPI before "
-                                                      "planning; `plan` takes --link-bandwidth), e.g. 2GB");
+                                                                         "level 0: parameter by parameter)");
   // clang-format on
   return d;
+}
+
+double replica_bandwidth_option(const po::variables_map& vm) {
+  if (!vm.count("replica-bandwidth")) return 0;
+  const double bandwidth =
+      static_cast<double>(parse_bytes(vm["replica-bandwidth"].as<std::string>(), "--replica-bandwidth"));
+  if (!(bandwidth > 0)) throw ConfigError("--replica-bandwidth must be positive (bytes/s, e.g. 2GB)");
+  return bandwidth;
 }
 
 PlanRequest plan_request_from(const po::variables_map& vm) {
@@ -122,11 +127,6 @@ PlanRequest plan_request_from(const po::variables_map& vm) {
     throw ConfigError("--zero-stage " + std::to_string(r.zero_stage) +
                       " is no level of sharded data parallelism: 0 (none), 1, 2 or 3 (DeepSpeed's)");
   r.bucket_bytes = parse_bytes(vm["bucket-size"].as<std::string>(), "--bucket-size");
-  if (vm.count("replica-bandwidth")) {
-    r.replica_bandwidth =
-        static_cast<double>(parse_bytes(vm["replica-bandwidth"].as<std::string>(), "--replica-bandwidth"));
-    if (!(r.replica_bandwidth > 0)) throw ConfigError("--replica-bandwidth must be positive (bytes/s, e.g. 2GB)");
-  }
   // 0: level 0 averages parameter by parameter (the averaging before buckets, to compare with).
   if (r.bucket_bytes < 4 && !(r.bucket_bytes == 0 && r.zero_stage == 0))
     throw ConfigError("--bucket-size must hold at least one fp32 element (4 bytes)" +

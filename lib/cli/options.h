@@ -48,6 +48,9 @@ po::options_description planning_options();
 // --zero-stage outside 0-3 or above 0 under a schedule or device it cannot run on, a bucket below
 // one element, a schedule file written for other sizes.
 PlanRequest plan_request_from(const po::variables_map& vm);
+// --replica-bandwidth, `train`'s and `plan`'s own option (train measures the link where it is not
+// given, plan takes --link-bandwidth; no plan fixes it): bytes/s, 0 where not given.
+double replica_bandwidth_option(const po::variables_map& vm);
 
 // What a plan fixes of a run: the planning options, the micro-batch size and the precision. A
 // plan's (planned_run), or a run's request, to compare with one.

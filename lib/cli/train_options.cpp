@@ -131,6 +131,7 @@ void read_files(const po::variables_map& vm, TrainOptions& o) {
 // Where and how the stages run, and what the plan is made from.
 void read_placement(const po::variables_map& vm, TrainOptions& o) {
   o.plan = plan_request_from(vm);
+  o.plan.replica_bandwidth = replica_bandwidth_option(vm);
   if (is_zero_baseline(o.plan.planner))
     throw ConfigError(std::string("--planner ") + name_of(o.plan.planner) +
                       " is ZeRO's data-parallel baseline that `dawnpiper plan` computes, no pipeline plan to train");
@@ -168,6 +169,9 @@ po::options_description train_options() {
        "where measured profiles are kept and reused: a directory, or off (default: $DAWNPIPER_CACHE, else "
        "$XDG_CACHE_HOME/dawnpiper or ~/.cache/dawnpiper)")
       ("plan-out", po::value<std::string>(), "write the plan used to this file")
+      ("replica-bandwidth", po::value<std::string>(), "bytes/s between a stage's replicas, which the plan's gradient "
+                                                      "collectives take, instead of measuring it over MPI before "
+                                                      "planning, e.g. 2GB")
       ("transport", po::value<TransportKind>()->default_value(TransportKind::Auto, "auto"), enum_help<TransportKind>().c_str())
       ("in-process", po::bool_switch(), "run every stage in this one process (validates a plan without MPI)")
       ("threads", po::value<int>()->default_value(0), "intra-op threads per rank (default: OMP_NUM_THREADS if set, else "
