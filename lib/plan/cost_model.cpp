@@ -106,7 +106,7 @@ void CostModel::take_options(const PlanOptions& options) {
   if (!options.host_bandwidth_given)
     host_link_ = options.host_link.measured() ? options.host_link : profile_->host_link;
   link_bw_ = options.link_bandwidth;
-  replica_bw_ = options.replica_bandwidth > 0 ? options.replica_bandwidth : options.link_bandwidth;
+  replica_bw_ = options.replica_link_bandwidth();
   if (options.data_parallel < 1) throw ConfigError("data parallelism must be at least 1");
   data_parallel_ = options.data_parallel;
   zero_stage_ = options.sharding();

@@ -441,8 +441,7 @@ void Plan::print_table(std::ostream& out) const {
         line, sizeof line,
         "data parallel %d x %zu stages: replicas' collectives up to %.3f ms per update (replica link %s/s%s); "
         "predicted step %.3f ms, %.1f samples/s over %lld samples\n",
-        options.data_parallel, stages.size(), allreduce,
-        format_bytes(options.replica_bandwidth > 0 ? options.replica_bandwidth : options.link_bandwidth).c_str(),
+        options.data_parallel, stages.size(), allreduce, format_bytes(options.replica_link_bandwidth()).c_str(),
         options.replica_bandwidth > 0 ? "" : ", the link bandwidth: not measured", step_ms(),
         samples / (step_ms() / 1e3), static_cast<long long>(samples));
     out << line;

@@ -80,6 +80,8 @@ struct PlanSettings {
   int64_t bucket_bytes = int64_t{25} << 20;
   // The level that takes effect: zero_stage with replicas to shard over, else 0.
   int sharding() const { return data_parallel > 1 ? zero_stage : 0; }
+  // The bytes/s the replicas' collectives take: replica_bandwidth where known, else the link's.
+  double replica_link_bandwidth() const { return replica_bandwidth > 0 ? replica_bandwidth : link_bandwidth; }
 };
 
 // Why ZeRO level `level` cannot run under `schedule` (one line naming both), or "" where it can.

@@ -76,12 +76,14 @@ void reduce_tied(const std::vector<TieComm>& tie_comms, int stage, RankStages& s
 
 std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, const PipelineConfig& c,
                                                          const RunConfig& options, StageTracer* const& tracing) {
+  const int x = stage.config().program.stage;
+  // Traced: each reduction from its start until seen complete (its bucket as the tensor).
+  auto flight = [x, &tracing](int bucket, int64_t bytes, StageTracer::Clock::time_point start,
+                              StageTracer::Clock::time_point end) {
+    if (tracing) tracing->record_nested(x, ActionKind::AllReduce, -1, bucket, bytes, start, end);
+  };
   if (ZeroShard* zero = stage.zero_shard()) {  // ZeRO: reduce-scattered into the replica's shard
-    const int x = stage.config().program.stage;
-    zero->set_listener(
-        [x, &tracing](int bucket, int64_t bytes, ZeroShard::Clock::time_point start, ZeroShard::Clock::time_point end) {
-          if (tracing) tracing->record_nested(x, ActionKind::AllReduce, -1, bucket, bytes, start, end);
-        });
+    zero->set_listener(flight);
     stage.set_replica_reducer([zero, x, &tracing](std::vector<StageParameter>&) {
       const auto start = StageTracer::Clock::now();
       const int64_t bytes = zero->reduce_scatter();
@@ -97,14 +99,9 @@ std::unique_ptr<ReplicaAverager> attach_replica_averager(PipelineStage& stage, c
       make_replica_averager(options.replica_comm, c.device, stage.module().parameters(), c.bucket_bytes,
                             std::move(deferred), stage.config().program.splits_backward());
   ReplicaAverager* a = averager.get();
-  const int x = stage.config().program.stage;
   stage.set_replica_pass([a](bool last) { a->begin_pass(last); });
   stage.set_replica_starter([a](std::vector<StageParameter>& params) { a->start(params); });
-  // Traced: each reduction from its start until seen complete (its bucket as the tensor).
-  a->set_listener([x, &tracing](int bucket, int64_t bytes, StageTracer::Clock::time_point start,
-                                StageTracer::Clock::time_point end) {
-    if (tracing) tracing->record_nested(x, ActionKind::AllReduce, -1, bucket, bytes, start, end);
-  });
+  a->set_listener(flight);
   // Traced: what the update waits for (the averaging started after the step's last backward).
   stage.set_replica_reducer([a, x, &tracing](std::vector<StageParameter>& params) {
     const auto start = StageTracer::Clock::now();
