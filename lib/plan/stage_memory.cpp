@@ -39,6 +39,8 @@ MicroBatch& StageReplay::state(int64_t mb) {
   m.permuted.assign(static_cast<size_t>(locals_), 0);
   m.grad_in_loss.assign(static_cast<size_t>(locals_), 0);
   m.grad_views.assign(static_cast<size_t>(locals_), 0);
+  m.grad_owner.assign(static_cast<size_t>(locals_), -1);
+  m.grad_holders.assign(static_cast<size_t>(locals_), 0);
   m.held_for_weights.assign(static_cast<size_t>(e_ - b_), -1);
   m.weights_pending = m.gradients_sent = m.loss_grad_held = m.loss_saved_released = false;
   m.loss_read = m.loss_pending = false;

@@ -33,7 +33,12 @@ struct MicroBatch {
   // I: the gradient is (a view of) the logits' gradient that the loss wrote over the
   // log-probabilities it saved, which hold it: no bytes of its own.
   std::vector<char> grad_in_loss;
-  std::vector<char> grad_views;        // its gradient is a view (a linear's of its input: see input_gradients)
+  std::vector<char> grad_views;  // its gradient is a view (a linear's of its input: see input_gradients)
+  // One gradient buffer that several tensors hold: a node that hands its output's gradient
+  // itself to its inputs (NodeProfile::passes_gradient: a residual add, a clone) makes them
+  // holders of the output's. Per local: the tensor whose bytes stand for its gradient's buffer
+  // (-1: a buffer of its own, alone); per such tensor, the holders left (W's holds among them).
+  std::vector<int> grad_owner, grad_holders;
   int64_t received_grads = 0;          // gradients received for the backward
   int64_t input_grads = 0;             // gradients of received activations, until they are sent back
   int64_t slices_until_input_end = 0;  // I: concats' gradients whose held slices it copies at its end
@@ -168,9 +173,15 @@ class StageReplay final : public ActionHooks {
   // A concat's gradient read in slices (has_grad 3) at node i: its transient copies, and what I
   // holds of it for W (slices_held: the whole; slice_copy: a copy of the node's slice).
   void concat_slice_gradient(MicroBatch& m, int i, bool holds, int64_t& transient, int64_t& slices_held,
-                             int64_t& slice_copy);
+                             int64_t& slice_copy, int64_t& freed_after);
   void loss_gradient_in_input_pass(MicroBatch& m, const NodeProfile& node, int64_t reused);
   void param_gradient(int i, int64_t& grads, int64_t& transient);
+  // Tensor t's gradient let go: the bytes its buffer frees (none while another holder has it).
+  int64_t gradient_released(MicroBatch& m, int t);
+  bool gradient_shared(const MicroBatch& m, int t) const {
+    const int owner = m.grad_owner[loc(t)];
+    return owner >= 0 && m.grad_holders[loc(owner)] > 1;
+  }
   void weight_nodes(int64_t mb, MicroBatch& m);
   void release_graph(MicroBatch& m);  // what the forward saved, the sent tensors, the loss
   void backward_slices(MicroBatch& m, int i);

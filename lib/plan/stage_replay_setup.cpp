@@ -98,9 +98,10 @@ void StageReplay::find_in_place_gradients() {
 // whole gradient lives until the last slice is consumed. A slice is not contiguous unless it is
 // cut along the first dimension: a linear's or a convolution's backward copies it, and so does
 // the gradient of a received input (autograd gives a leaf a gradient of its own layout); the
-// copy is counted as a transient of the node reading it. Counted so for concats whose inputs are
-// each read by the concat alone and made by a node of the stage (an LM head's chunks: the zoo's
-// --output-chunks, an export's; AmoebaNet's cell outputs) or received; other concats keep the
+// copy is counted as a transient of the node reading it (concat_slice_gradient). Counted so for
+// concats whose inputs are each read by the concat alone and made by a node of the stage (an LM
+// head's chunks: the zoo's --output-chunks, an export's; AmoebaNet's cell outputs; a rotary
+// embedding's halves) or received; other concats keep the
 // rule of a node allocating its inputs' gradients. slices_gradient_: 1, freed after the backward
 // of the first input's producer (the last to run); 2, all received: freed once their copies are
 // made.
@@ -114,9 +115,13 @@ void StageReplay::find_sliced_gradients() {
     int64_t input_bytes = 0;
     for (int t : model_.inputs(i)) {
       const TensorProfile& tp = p_.tensors[at(t)];
-      // Made by a node whose backward reads t's gradient as its own output's (not another output).
-      const bool made_here = tp.producer >= b_ && tp.producer < i && model_.owns_storage()[at(t)] &&
-                             model_.graph_output(tp.producer) == t && model_.has_backward(tp.producer);
+      // Made by a node whose backward reads t's gradient as its own output's (not another output)
+      // and makes its input's gradient from it: a storage of its own, or a slice (Llama's and
+      // GPT-NeoX's rotary halves).
+      const bool made_here =
+          tp.producer >= b_ && tp.producer < i &&
+          (model_.owns_storage()[at(t)] || model_.node_class(tp.producer) == NodeClass::ViewAllocatingGradient) &&
+          model_.graph_output(tp.producer) == t && model_.has_backward(tp.producer);
       slices = slices && (made_here || is_received_[at(t)]) && tp.consumers.size() == 1 && requires_grad_[at(t)];
       if (made_here) first = std::min(first, tp.producer);
       input_bytes += bytes(t);

@@ -135,6 +135,10 @@ struct NodeProfile {
   // backward, whole or I, the larger of the two (plan/stage_replay_walk.cpp).
   int64_t bwd_input_workspace = -1;
   LinearFit bwd_input_workspace_fit{-1, 0};
+  // Its backward hands the output's gradient itself to every tracked input (an add, a clone):
+  // one buffer for all of them, as measured (the stage replay's grad_owner). False where not
+  // measured (analytic profiles, older files): a buffer each, an overestimate.
+  bool passes_gradient = false;
   // The micro-batch size (maybe fractional) from which the workspace stops growing: a fused LM
   // loss (OpGraph's LinearCrossEntropy) holds one chunk of positions at a time. at_batch
   // evaluates the workspace fits at no larger a size. 0: it grows with the batch.

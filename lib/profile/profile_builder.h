@@ -37,6 +37,7 @@ struct KeptFacts {
   std::vector<Strides> output_strides;  // per output: its strides, as the kernel made them
   int64_t internal_bytes = 0, fwd_workspace = 0, bwd_workspace = 0;
   int64_t bwd_input_workspace = -1;  // NodeProfile::bwd_input_workspace; -1: not measured
+  bool passes_gradient = false;      // NodeProfile::passes_gradient
 };
 using MeasureNode = std::function<KeptFacts(const OpGraph& graph, int node)>;
 

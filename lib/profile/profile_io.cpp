@@ -54,6 +54,7 @@ const std::vector<Column<NodeProfile>>& node_columns() {
                              member("fwd_workspace", &N::fwd_workspace),
                              member("bwd_workspace", &N::bwd_workspace),
                              member("bwd_input_workspace", &N::bwd_input_workspace, true),
+                             member("passes_gradient", &N::passes_gradient, true),
                              member("workspace_full_at", &N::workspace_full_at, true),
                              member("weight_share", &N::weight_share, true)};
     add_fit(c, "fwd_ms", &N::fwd_ms_fit);

@@ -139,7 +139,6 @@ class NodeMeasurer {
     else
       leaf.fill_(type == at::kBool ? 1 : 0);
     if (rg_[t]) leaf.requires_grad_(true);
-    leaves_.push_back(leaf);
     // A non-leaf handle: autograd's references to it show. A plain view where the layout is
     // contiguous or permuted: as_strided's backward would add a gradient buffer of its own.
     return contiguous || permuted ? leaf.view(info.shape) : leaf.as_strided(info.shape, layout);
@@ -161,8 +160,8 @@ class NodeMeasurer {
   const c10::Device dev_;
   StageModule module_;
   TensorEnv env_;
-  std::vector<int> ins_;                     // distinct inputs, ascending
-  std::vector<at::Tensor> inputs_, leaves_;  // per input: what the node reads; the leaves under them
+  std::vector<int> ins_;            // distinct inputs, ascending
+  std::vector<at::Tensor> inputs_;  // per input: what the node reads (a view of its leaf)
   NodeMeasurement m_;
 };
 
@@ -253,12 +252,15 @@ void NodeMeasurer::record_kept(const Outputs& o, int64_t held, const std::vector
 // storage-sized buffers). What it peaks at above those is the node's I workspace; a node made
 // of several autograd functions keeps what each saved until the end, where a whole backward
 // frees it function by function.
+torch::autograd::edge_list gradient_edges(const std::vector<at::Tensor>& tensors) {
+  torch::autograd::edge_list edges;
+  for (const at::Tensor& x : tensors)
+    if (x.requires_grad()) edges.push_back(torch::autograd::impl::gradient_edge(x));
+  return edges;
+}
+
 void NodeMeasurer::input_pass(const std::vector<at::Tensor>& with_grad, const std::vector<at::Tensor>& grads) {
-  using torch::autograd::impl::gradient_edge;
-  torch::autograd::edge_list roots, to;
-  for (const at::Tensor& y : with_grad) roots.push_back(gradient_edge(y));
-  for (const at::Tensor& x : inputs_)
-    if (x.requires_grad()) to.push_back(gradient_edge(x));
+  const torch::autograd::edge_list roots = gradient_edges(with_grad), to = gradient_edges(inputs_);
   if (to.empty()) {  // I runs nothing of a node reading no tracked input
     m_.kept.bwd_input_workspace = 0;
     return;
@@ -273,6 +275,12 @@ void NodeMeasurer::input_pass(const std::vector<at::Tensor>& with_grad, const st
     synchronize(dev_);
     peak = DeviceMemory::peak_bytes(dev_) - lb0;
     held = DeviceMemory::live_bytes(dev_) - lb0;  // the inputs' gradients
+    // Whether each input got the output's gradient itself (AddBackward0, CloneBackward0).
+    const at::Tensor& out_grad = grads.front();
+    m_.kept.passes_gradient = grads.size() == 1 && std::all_of(got.begin(), got.end(), [&](const at::Tensor& x) {
+                                return x.defined() && x.data_ptr() == out_grad.data_ptr() &&
+                                       x.sizes().equals(out_grad.sizes()) && x.strides().equals(out_grad.strides());
+                              });
   }
   m_.kept.bwd_input_workspace = std::max<int64_t>(0, peak - held);
 }
@@ -289,12 +297,34 @@ void NodeMeasurer::backward(const Outputs& o, bool measured, bool input_only) {
     input_pass(with_grad, grads);
     return;
   }
+  // The inputs' gradients are captured as they leave the node, as a stage hands them to the
+  // nodes before: accumulated into the leaves, a leaf laid out as a strided view (GPT-NeoX's
+  // split of its fused query-key-value product) would add a copy in its layout that no stage
+  // makes. The parameters' gradients go through their accumulators, as in a stage.
+  const torch::autograd::edge_list roots = gradient_edges(with_grad);
+  torch::autograd::edge_list to = gradient_edges(inputs_);
+  const size_t first_param = to.size();
+  std::vector<at::Tensor> params;
+  for (const auto& p : module_.parameters())
+    if (p.tensor.requires_grad()) params.push_back(p.tensor);
+  for (const torch::autograd::Edge& e : gradient_edges(params)) to.push_back(e);
   synchronize(dev_);
   const int64_t lb0 = DeviceMemory::live_bytes(dev_);
   DeviceMemory::reset_peak(dev_);
   // Keep the graph (and so the saved tensors) alive until we have read the memory: what remains
   // allocated beyond it are the gradients.
-  const double bwd = time_ms(dev_, [&] { torch::autograd::backward(with_grad, grads, /*retain_graph=*/true); });
+  std::vector<at::Tensor> got;
+  const double bwd = time_ms(dev_, [&] {
+    got = torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/true,
+                                                                /*create_graph=*/false, /*accumulate_grad=*/false, to);
+    const at::NoGradGuard as_in_the_engine;  // (else the accumulator copies what it could keep)
+    for (size_t k = first_param; k < got.size(); ++k) {
+      if (!got[k].defined()) continue;
+      torch::autograd::variable_list grad;  // the only reference, so the accumulator keeps it
+      grad.push_back(std::move(got[k]));
+      (*torch::autograd::impl::grad_accumulator(params[k - first_param]))(std::move(grad));
+    }
+  });
   synchronize(dev_);
   const int64_t bwd_peak = DeviceMemory::peak_bytes(dev_) - lb0;
   const int64_t grad_bytes = DeviceMemory::live_bytes(dev_) - lb0;
@@ -302,7 +332,6 @@ void NodeMeasurer::backward(const Outputs& o, bool measured, bool input_only) {
     m_.bwd_ms.push_back(bwd);
     m_.kept.bwd_workspace = std::max(m_.kept.bwd_workspace, bwd_peak - grad_bytes);
   }
-  for (at::Tensor& leaf : leaves_) leaf.mutable_grad() = at::Tensor();
   for (auto& p : module_.parameters()) p.tensor.mutable_grad() = at::Tensor();
 }
 
@@ -439,6 +468,7 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
     np.fwd_workspace = std::max<int64_t>(0, m.kept.fwd_workspace);
     np.bwd_workspace = std::max<int64_t>(0, m.kept.bwd_workspace);
     np.bwd_input_workspace = m.kept.bwd_input_workspace;
+    np.passes_gradient = m.kept.passes_gradient;
     p.nodes.push_back(np);
     for (size_t k = 0; k < m.kept.output_alias_of.size(); ++k) {
       if (m.kept.output_alias_of[k] >= 0) p.tensors[n.outputs[k]].alias_of = m.kept.output_alias_of[k];

@@ -87,8 +87,8 @@ TEST_CASE("imported profiles have the layouts the stage's kernels make", "[impor
 TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[import]") {
   at::set_num_threads(1);
   CountingAllocator& counter = CountingAllocator::install();
-  for (const char* name :
-       {"gpt2", "bert", "t5", "llama", "gemma", "falcon", "gpt_bigcode", "gpt2_bf16", "gpt2_fused", "gpt2_chunked"}) {
+  for (const char* name : {"gpt2", "bert", "t5", "llama", "gemma", "falcon", "gpt_bigcode", "gpt_neox", "gpt2_bf16",
+                           "gpt2_fused", "gpt2_chunked"}) {
     const OpGraph g = build_imported(*read_model_file(test_model(name)), 4);
     const Profile profile = quick_profile(g);
     std::mt19937 rng(5);
@@ -191,12 +191,35 @@ TEST_CASE("a stage of one concat of received tensors measures its replay", "[imp
   }
 }
 
+// A residual add and an exported dropout (a clone) hand their output's gradient itself to their
+// inputs, which the stage replay counts as one buffer with several holders; a product, a norm or
+// a concat makes new gradients.
+TEST_CASE("the profile says which nodes hand their output's gradient to their inputs", "[import]") {
+  at::set_num_threads(1);
+  const OpGraph g = build_imported(*read_model_file(test_model("gpt_neox")), 4);
+  const Profile profile = quick_profile(g);
+  int passing = 0;
+  for (const NodeProfile& node : profile.nodes) {
+    const bool tracked = std::any_of(g.nodes[static_cast<size_t>(node.id)].inputs.begin(),
+                                     g.nodes[static_cast<size_t>(node.id)].inputs.end(),
+                                     [&](int t) { return profile.tensors[static_cast<size_t>(t)].requires_grad == 1; });
+    INFO(node.name << " " << node.kind);
+    if (tracked && (node.kind == "aten::add.Tensor" || node.kind == "aten::clone")) {
+      CHECK(node.passes_gradient);
+      ++passing;
+    }
+    for (const char* makes_new : {"aten::linear", "aten::mul.Tensor", "aten::layer_norm", "aten::cat", "aten::neg"})
+      if (node.kind == makes_new) CHECK_FALSE(node.passes_gradient);
+  }
+  CHECK(passing >= 10);  // two layers' residual adds, rotary sums and dropouts
+}
+
 // What `train` plans is what its ranks hold: the planner's own plans of imported GPT-2, GPT-NeoX
 // and T5 (the loss head on the last stage) on 2 and 4 ranks, under the schedules with a split
 // backward or several stages a rank, keeping everything and then (memopt sr) under the largest
 // budget below that plan's largest stage (times the stages a rank) at which the plan swaps or
 // recomputes; every rank, run alone through two steps, measures at most its predicted peak and
-// at least 97% of it (less for three models, below). DEBUG_MEMORY=1 prints them
+// at least 97% of it (less for GPT-2 with attention dropout, below). DEBUG_MEMORY=1 prints them
 // (docs/benchmarks.md). And GPT-2 with attention dropout, whose attention a split backward's I
 // runs as several autograd functions.
 TEST_CASE("planned imported pipelines measure at most their predicted rank peaks", "[import]") {
@@ -273,28 +296,14 @@ TEST_CASE("planned imported pipelines measure at most their predicted rank peaks
             // runtime held a step's losses until it read them together, commit fea121c, before
             // the replay held them too.)
             CHECK(measured <= expected);
-            // At most 3% below (T5), except where the replay over-counts what it does not yet
-            // model (docs/benchmarks.md, traced action by action on GPT-NeoX):
-            // - a residual add hands its output's gradient itself to both branches, and a clone
-            //   (an exported dropout) hands it on: in I the captured output gradients of the
-            //   branch's last product, the residual's and the received inputs' gradients are one
-            //   buffer, which the replay counts once per holder (GPT-NeoX's last stage: 48 KiB
-            //   each I, held until W). Counted once, T5 measured 0.36% above its replay (16 KiB
-            //   more during its decoder's first attention's I, not found): not counted yet;
-            // - the profiled whole-backward workspace, which the replay charges in I too, holds a
-            //   copy no stage makes (the profiler accumulates a node's input gradients into leaves
-            //   laid out as in the stage; autograd copies a gradient into a strided leaf's layout):
-            //   GPT-NeoX's split of its fused query-key-value projection, 48 KiB (its I workspace
-            //   is 0; charged I's alone, other stages measure up to 9% above their replay);
-            // - GPT-2 with attention dropout: a whole backward is charged the attention's I
-            //   workspace (384 KiB: I keeps its functions' saved tensors to its end), more than a
-            //   whole backward needs.
-            // GPT-2 4.0%, GPT-NeoX 6%, GPT-2 with dropout 7% (measured down to 3.3%, 5.7%, 6.8%).
+            // At most 3% below, as the issue's models (GPT-2, GPT-NeoX, T5) measure since the
+            // replay counts one buffer for a gradient an add or a clone hands to several holders
+            // (NodeProfile::passes_gradient), the profiler's whole backward no longer copies its
+            // inputs' gradients into strided leaves, and a rotary embedding's concat hands out
+            // slices (before: GPT-NeoX down to 5.7%, GPT-2 3.3%). GPT-2 with attention dropout
+            // 7% (measured down to 6.8%, interleaved ranks, not traced yet).
             const std::string model_name = name;
-            const double below = model_name == "gpt2"           ? 0.96
-                                 : model_name == "gpt_neox"     ? 0.94
-                                 : model_name == "gpt2_dropout" ? 0.93
-                                                                : 0.97;
+            const double below = model_name == "gpt2_dropout" ? 0.93 : 0.97;
             CHECK(double(measured) >= below * double(expected));
           }
         }
