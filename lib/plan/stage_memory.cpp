@@ -41,6 +41,8 @@ MicroBatch& StageReplay::state(int64_t mb) {
   m.grad_views.assign(static_cast<size_t>(locals_), 0);
   m.grad_owner.assign(static_cast<size_t>(locals_), -1);
   m.grad_holders.assign(static_cast<size_t>(locals_), 0);
+  m.grad_sent.assign(static_cast<size_t>(locals_), 0);
+  m.send_held_freed = 0;
   m.held_for_weights.assign(static_cast<size_t>(e_ - b_), -1);
   m.weights_pending = m.gradients_sent = m.loss_grad_held = m.loss_saved_released = false;
   m.loss_read = m.loss_pending = false;
@@ -73,7 +75,7 @@ void StageReplay::evict(MicroBatch& m, int64_t mb, int index) {
 // Receives allocate the tensors they receive. A send keeps what it sends referenced until MPI
 // completes it: found done by the send sends_in_flight later (the next one for most schedules; the
 // receiver may not have taken it earlier), on a rank of several stages whichever stage sends.
-void StageReplay::send(int64_t held_by_send, int64_t originals_of) {
+void StageReplay::send(int64_t held_by_send, int64_t originals_of, int64_t gradients_of) {
   if (segment_ == 0) segment_ = 1;
   RankSends& rank = sends();
   while (rank.order.size() >= rank.depth) {
@@ -81,7 +83,20 @@ void StageReplay::send(int64_t held_by_send, int64_t originals_of) {
     rank.order.pop_front();
   }
   rank.order.push_back(this);
-  pending_sends_.push_back({held_by_send, originals_of});
+  pending_sends_.push_back({held_by_send, originals_of, gradients_of});
+}
+
+// W let go of gradient buffers a send of the micro-batch's input gradients also holds: still
+// under way, the send holds their bytes until it completes; done, they go now.
+void StageReplay::settle_sent_gradients(int64_t mb, MicroBatch& m) {
+  if (m.send_held_freed == 0) return;
+  auto sending = std::find_if(pending_sends_.begin(), pending_sends_.end(),
+                              [&](const PendingSend& p) { return p.gradients_of == mb; });
+  if (sending != pending_sends_.end())
+    sending->bytes += m.send_held_freed;
+  else
+    live_ -= m.send_held_freed;
+  m.send_held_freed = 0;
 }
 
 void StageReplay::complete_oldest_send() {
@@ -190,7 +205,19 @@ void StageReplay::send_grad(const Action& a) {
   // Every received activation autograd tracks gets a gradient back (zeros where none flowed); the
   // sent gradients live until the send completes.
   live_ += received_grad_bytes_ - m.input_grads;
-  send(received_grad_bytes_, std::numeric_limits<int64_t>::min());
+  // A gradient I handed a received input as one buffer with other holders (input_gradients):
+  // the send holds it, as the last holder in place of the buffer's bytes; else one holder more,
+  // whose bytes the others count until the last of them (settle_sent_gradients).
+  int64_t held_by_others = 0;
+  for (const TensorBytes& t : received_) {
+    const int owner = m.grad_owner[loc(t.tensor)];
+    if (owner < 0) continue;
+    if (gradient_shared(m, t.tensor)) held_by_others += t.bytes, m.grad_sent[loc(owner)] = 1;
+    live_ += t.bytes - gradient_released(m, t.tensor);
+  }
+  live_ -= held_by_others + m.send_held_freed;  // (the last holders here: the send's bytes now)
+  m.send_held_freed = 0;
+  send(received_grad_bytes_ - held_by_others, std::numeric_limits<int64_t>::min(), a.micro_batch);
   note(live_ + relaid_input_grad_bytes_, -1);
   // Autograd holds the received tensors it tracks (their gradients' accumulators do) as long as
   // the graph lives: after a split backward's I, until its W.
@@ -268,6 +295,7 @@ void StageReplay::backward_weight(const Action& a) {
     weight_nodes(a.micro_batch, m);
   else
     walk_once(weight_walk_[backward_in_step_ ? 1 : 0], m, /*backward=*/true, [&] { weight_nodes(a.micro_batch, m); });
+  settle_sent_gradients(a.micro_batch, m);
   backward_in_step_ = true;
   graph_released(a.micro_batch, m);
   if (b_ > 0 && sent) retire(a.micro_batch);

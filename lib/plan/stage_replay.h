@@ -39,6 +39,10 @@ struct MicroBatch {
   // holders of the output's. Per local: the tensor whose bytes stand for its gradient's buffer
   // (-1: a buffer of its own, alone); per such tensor, the holders left (W's holds among them).
   std::vector<int> grad_owner, grad_holders;
+  // Per owner: a send of the micro-batch's input gradients holds the buffer too (send_grad); its
+  // last other holder then leaves the bytes to the send (send_held_freed, settled after W).
+  std::vector<char> grad_sent;
+  int64_t send_held_freed = 0;
   int64_t received_grads = 0;          // gradients received for the backward
   int64_t input_grads = 0;             // gradients of received activations, until they are sent back
   int64_t slices_until_input_end = 0;  // I: concats' gradients whose held slices it copies at its end
@@ -96,6 +100,7 @@ class StageReplay final : public ActionHooks {
   void step(const Action& a, int index, int64_t others_live);
   int64_t live() const { return live_; }
   void complete_oldest_send();
+  void settle_sent_gradients(int64_t mb, MicroBatch& m);
 
  private:
   size_t at(int t) const { return static_cast<size_t>(t); }
@@ -130,7 +135,7 @@ class StageReplay final : public ActionHooks {
   void sort_copies_back(std::vector<int>& evictions) const;
   void restore_with_rerun(MicroBatch& m, int64_t mb, int node);
   void note_rerun(int node);
-  void send(int64_t held_by_send, int64_t originals_of);
+  void send(int64_t held_by_send, int64_t originals_of, int64_t gradients_of = std::numeric_limits<int64_t>::min());
   void reset_walk();
   // The list's actions (schedule/interpreter.h).
   void forward(const Action& a) override;
@@ -284,6 +289,7 @@ class StageReplay final : public ActionHooks {
   struct PendingSend {
     int64_t bytes = 0;
     int64_t originals_of = std::numeric_limits<int64_t>::min();
+    int64_t gradients_of = std::numeric_limits<int64_t>::min();  // the micro-batch whose input gradients
   };
   std::deque<PendingSend> pending_sends_;
   int64_t pending_send_bytes() const {

@@ -213,10 +213,10 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
     if (!requires_grad_[at(t)] || (viewed >= 0 && t != viewed)) continue;
     char& g = m.has_grad[loc(t)];
     if (g && !view && gradient_shared(m, t)) {
-      // Summed into a buffer another holder has: not in place there, but into this node's
-      // contribution where it alone holds that (a linear's is a view: a new buffer beside).
+      // Summed into a buffer another holder has: autograd sums in place only into the existing
+      // gradient, so the sum is a new buffer, beside this node's contribution until it is made.
       gradient_released(m, t);
-      if (kind == NodeClass::Linear) r.transient += bytes(t);
+      if (!passes) r.transient += bytes(t);
       r.grads += bytes(t);
       m.grad_views[loc(t)] = 0;
       continue;
@@ -240,7 +240,10 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
       continue;
     }
     r.passed_on = true;
-    if (passes && !is_received_[at(t)] && bytes(t) == bytes(out)) {  // one more holder of the output's
+    // (A received input's gradient in I is captured as it is, and sent so: send_grad. A whole
+    // backward accumulates it into the received leaf, which copies a buffer others hold.)
+    if (passes && (input_only || !is_received_[at(t)]) && bytes(t) == bytes(out)) {  // one more holder
+      if (is_received_[at(t)]) m.input_grads += bytes(t);
       if (m.grad_owner[loc(out)] < 0) {
         m.grad_owner[loc(out)] = out, m.grad_holders[loc(out)] = 1;
         if (out_grad == 2) m.received_grads -= bytes(out);  // (released as a holder: backward_nodes)
@@ -415,7 +418,11 @@ int64_t StageReplay::gradient_released(MicroBatch& m, int t) {
   const int owner = m.grad_owner[loc(t)];
   if (owner < 0) return bytes(t);
   m.grad_owner[loc(t)] = -1;
-  return --m.grad_holders[loc(owner)] == 0 ? bytes(owner) : 0;
+  if (--m.grad_holders[loc(owner)] > 0) return 0;
+  if (!m.grad_sent[loc(owner)]) return bytes(owner);
+  m.grad_sent[loc(owner)] = 0;  // a send holds it too: settled after W (settle_sent_gradients)
+  m.send_held_freed += bytes(owner);
+  return 0;
 }
 
 void StageReplay::param_gradient(int i, int64_t& grads, int64_t& transient) {
