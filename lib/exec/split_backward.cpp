@@ -1,6 +1,8 @@
 #include "exec/split_backward.h"
 
 #include <map>
+#include <set>
+#include <utility>
 
 #include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/engine.h>
@@ -86,20 +88,31 @@ std::vector<at::Tensor> SplitBackward::input_pass(const std::vector<at::Tensor>&
 
 // What the input pass leaves is held past it: the inputs' gradients until their send, the roots'
 // until W. A gradient that is a slice of a larger one (at::cat's backward hands out slices of its
-// output's gradient) would hold all of it that long, though the rest was read in the pass. So the
-// inputs' slices are copied now, and the roots' where the held slices do not cover their buffer
-// (the replay, plan/stage_memory.cpp, frees a concat's gradient once its slices are read or
-// copied).
+// output's gradient, and an add hands a slice on to both its inputs) would hold all of it that
+// long, though the rest was read in the pass. So the inputs' slices are copied now, and the roots'
+// where the regions they hold, each counted once, do not cover their buffer: one copy per region,
+// which the inputs and roots holding it share (the replay, plan/stage_replay_walk.cpp, counts the whole
+// until the end of the pass, and the copies as the buffers the concat's inputs got).
 void SplitBackward::own_slices(std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& roots) {
   at::NoGradGuard no_grad;
+  using Region = std::pair<const void*, size_t>;  // where a slice starts, its bytes
+  std::map<Region, at::Tensor> copies;
+  const auto own = [&](at::Tensor& g) {
+    at::Tensor& copy = copies[{g.data_ptr(), g.nbytes()}];
+    if (!copy.defined()) copy = g.clone(at::MemoryFormat::Contiguous);
+    g = copy;
+  };
   for (at::Tensor& g : inputs)
-    if (g.defined() && g.nbytes() < g.storage().nbytes()) g = g.clone(at::MemoryFormat::Contiguous);
-  std::map<const void*, int64_t> held;  // bytes of each buffer the roots' slices cover
+    if (g.defined() && g.nbytes() < g.storage().nbytes()) own(g);
+  std::map<const void*, std::set<Region>> held;  // per buffer, the regions the roots hold
   for (const at::Tensor& g : roots)
-    if (g.defined()) held[g.storage().data()] += g.nbytes();
-  for (at::Tensor& g : roots)
-    if (g.defined() && held[g.storage().data()] < static_cast<int64_t>(g.storage().nbytes()))
-      g = g.clone(at::MemoryFormat::Contiguous);
+    if (g.defined()) held[g.storage().data()].insert({g.data_ptr(), g.nbytes()});
+  for (at::Tensor& g : roots) {
+    if (!g.defined()) continue;
+    size_t covered = 0;
+    for (const Region& r : held[g.storage().data()]) covered += r.second;
+    if (covered < g.storage().nbytes()) own(g);
+  }
 }
 
 void SplitBackward::release_unread(const edge_list& from, const WeightRoots& roots) const {

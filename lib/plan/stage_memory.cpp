@@ -44,6 +44,7 @@ MicroBatch& StageReplay::state(int64_t mb) {
   m.grad_sent.assign(static_cast<size_t>(locals_), 0);
   m.send_held_freed = 0;
   m.held_for_weights.assign(static_cast<size_t>(e_ - b_), -1);
+  m.wholes_due.assign(static_cast<size_t>(e_ - b_), 0);
   m.weights_pending = m.gradients_sent = m.loss_grad_held = m.loss_saved_released = false;
   m.loss_read = m.loss_pending = false;
   return m;

@@ -45,12 +45,13 @@ struct MicroBatch {
   int64_t send_held_freed = 0;
   int64_t received_grads = 0;          // gradients received for the backward
   int64_t input_grads = 0;             // gradients of received activations, until they are sent back
-  int64_t slices_until_input_end = 0;  // I: concats' gradients whose held slices it copies at its end
+  int64_t slices_until_input_end = 0;  // I: concats' gradients living until its end (slices held or captured)
   int64_t version = 0;
   std::vector<int> out;  // evictions whose storage is off the device, in program order
   // Split backward: per node offset, the bytes of its outputs' gradients held from I until W
   // (-1: none arrived); whether W is still to come (the state outlives the gradients' send).
   std::vector<int64_t> held_for_weights;
+  std::vector<int64_t> wholes_due;  // per node offset: concats' gradients freed after its backward
   bool weights_pending = false;
   bool gradients_sent = false;
   // I: a parameter reader holds (a view of) the logits' gradient in the loss's log-probabilities
@@ -115,6 +116,9 @@ class StageReplay final : public ActionHooks {
   void place_storages();
   void find_in_place_gradients();
   void find_sliced_gradients();
+  void find_concat_wholes();
+  // Where node c's (a concat's) whole gradient goes, in place of the rule at node i.
+  bool whole_goes_later(MicroBatch& m, int c, int i, bool input_only, int64_t whole);
   void number_locals();
   void count_references();
   void place_weights();
@@ -177,7 +181,7 @@ class StageReplay final : public ActionHooks {
   void backward_node(MicroBatch& m, int i, bool input_only = false);
   // A concat's gradient read in slices (has_grad 3) at node i: its transient copies, and what I
   // holds of it for W (slices_held: the whole; slice_copy: a copy of the node's slice).
-  void concat_slice_gradient(MicroBatch& m, int i, bool holds, int64_t& transient, int64_t& slices_held,
+  void concat_slice_gradient(MicroBatch& m, int i, bool input_only, int64_t& transient, int64_t& slices_held,
                              int64_t& slice_copy, int64_t& freed_after);
   void loss_gradient_in_input_pass(MicroBatch& m, const NodeProfile& node, int64_t reused);
   void param_gradient(int i, int64_t& grads, int64_t& transient);
@@ -189,7 +193,7 @@ class StageReplay final : public ActionHooks {
   }
   void weight_nodes(int64_t mb, MicroBatch& m);
   void release_graph(MicroBatch& m);  // what the forward saved, the sent tensors, the loss
-  void backward_slices(MicroBatch& m, int i);
+  void backward_slices(MicroBatch& m, int i, bool input_only);
   bool held_slices_cover(int concat) const;
   struct InputGradients {
     int64_t grads = 0, transient = 0;  // allocated for the inputs; held while the node runs
@@ -235,6 +239,11 @@ class StageReplay final : public ActionHooks {
   // gradient the node's backward (its first input's producer, the last to run) frees, -1 none.
   std::vector<char> slices_gradient_;
   std::vector<int> frees_slices_of_;
+  // Per node offset (find_concat_wholes): for a concat, whether I may hold a slice of its
+  // gradient for W (the whole then lives until I ends), and the node after whose backward the
+  // whole goes otherwise (-1: the rules of find_sliced_gradients alone).
+  std::vector<char> whole_held_in_input_;
+  std::vector<int> whole_freed_after_;
   // The stage's loss node where it may write over fp32 logits (find_loss), else -1; the
   // logits, and the bytes overwriting them saves.
   int loss_node_ = -1, loss_logits_ = -1;

@@ -43,6 +43,7 @@ StageReplay::StageReplay(const CostModel& model, int b, int e, int x, const std:
   number_locals();
   count_references();
   place_weights();
+  find_concat_wholes();
   measure_messages();
 }
 void StageReplay::place_storages() {
@@ -131,6 +132,47 @@ void StageReplay::find_sliced_gradients() {
     if (!slices || input_bytes != bytes(model_.graph_output(i))) continue;
     slices_gradient_[at(i - b_)] = first < e_ ? 1 : 2;
     if (first < e_) frees_slices_of_[at(first - b_)] = i;
+  }
+}
+
+// at::cat's backward hands out slices of one gradient, whatever the replay counts (see above),
+// and an add hands a slice on to its inputs as it is: the whole lives until the last slice is
+// let go, at the latest once the earliest node a slice reaches so has run its backward. Where a
+// slice reaches a parameter reader's output, I captures it for W and the whole lives until I
+// ends; there the runtime copies the regions W holds, unless they cover it
+// (exec/split_backward.cpp). (AmoebaNet's cells: their sums pass slices to batch norms.)
+void StageReplay::find_concat_wholes() {
+  whole_held_in_input_.assign(static_cast<size_t>(e_ - b_), 0);
+  whole_freed_after_.assign(static_cast<size_t>(e_ - b_), -1);
+  std::vector<int> stack;
+  for (int c = b_; c < e_; ++c) {
+    if (model_.node_class(c) != NodeClass::Concat || model_.inputs(c).size() < 2) continue;
+    std::vector<int> inputs = model_.inputs(c);
+    int64_t input_bytes = 0;
+    for (int t : inputs) input_bytes += bytes(t);
+    std::sort(inputs.begin(), inputs.end());
+    const bool distinct = std::adjacent_find(inputs.begin(), inputs.end()) == inputs.end();
+    if (!distinct || input_bytes != bytes(model_.graph_output(c))) continue;  // (the sliced ones' rule)
+    int earliest = e_;
+    bool passed = false;
+    stack = inputs;
+    while (!stack.empty()) {
+      const int t = stack.back();
+      stack.pop_back();
+      const int producer = p_.tensors[at(t)].producer;
+      if (!requires_grad_[at(t)] || !in_range(producer) || !model_.has_backward(producer)) continue;
+      earliest = std::min(earliest, producer);
+      if (reads_params_[at(producer - b_)]) {
+        whole_held_in_input_[at(c - b_)] = 1;
+      } else if (p_.nodes[at(producer)].passes_gradient) {
+        passed = true;
+        for (int u : model_.inputs(producer))
+          if (bytes(u) == bytes(t)) stack.push_back(u);
+      }
+    }
+    // A sliced concat's whole goes after its first input's producer (find_sliced_gradients)
+    // unless an add hands a slice further on.
+    if (earliest < e_ && (passed || !slices_gradient_[at(c - b_)])) whole_freed_after_[at(c - b_)] = earliest;
   }
 }
 

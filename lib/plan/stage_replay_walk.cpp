@@ -88,6 +88,8 @@ void StageReplay::backward_nodes(int64_t mb, MicroBatch& m, bool input_only) {
     const int64_t loss_grad = i == loss_producer ? bytes(loss_) : 0;
     live_ += loss_grad;
     backward_node(m, i, input_only);
+    live_ -= m.wholes_due[at(i - b_)];
+    m.wholes_due[at(i - b_)] = 0;
     if (loss_grad > 0 && input_only && reads_params_[at(i - b_)])
       m.held_for_weights[at(i - b_)] += loss_grad;  // a fused head's W starts from it
     else
@@ -168,8 +170,9 @@ void StageReplay::weight_nodes(int64_t mb, MicroBatch& m) {
 // Node i's backward: the gradients of its inputs and parameters appear, its output's gradient
 // is consumed, what it saved is released.
 // A node whose backward slices the gradient it made (find_sliced_gradients): its inputs get
-// slices, the received ones copies held until sent back.
-void StageReplay::backward_slices(MicroBatch& m, int i) {
+// slices, the received ones copies held until sent back. (I captures the received ones' slices
+// and copies them at its end: the whole lives until then.)
+void StageReplay::backward_slices(MicroBatch& m, int i, bool input_only) {
   const int out = model_.graph_output(i);
   int64_t copies = 0;  // received inputs' gradients, held until sent back
   for (int t : model_.inputs(i)) {
@@ -179,7 +182,11 @@ void StageReplay::backward_slices(MicroBatch& m, int i) {
   note(live_ + copies + p_.nodes[at(i)].bwd_workspace, i);
   live_ += copies;
   m.input_grads += copies;
-  if (slices_gradient_[at(i - b_)] == 2 && !m.grad_in_loss[loc(out)]) live_ -= bytes(out);
+  if (slices_gradient_[at(i - b_)] != 2 || m.grad_in_loss[loc(out)]) return;
+  if (input_only)
+    m.slices_until_input_end += bytes(out);
+  else
+    live_ -= bytes(out);
 }
 
 // Whether the slices of concat node c's gradient that W holds (those of its inputs made by
@@ -302,8 +309,9 @@ int64_t StageReplay::backward_workspace(const NodeProfile& node) {
 // I holds the slices for W: the whole gradient lives until then (freed at this node's W).
 // Where W's readers hold slices that do not cover the whole, I copies them at its end and lets
 // the whole go then (exec/split_backward.cpp): each reader holds its copy, counted from here.
-void StageReplay::concat_slice_gradient(MicroBatch& m, int i, bool holds, int64_t& transient, int64_t& slices_held,
+void StageReplay::concat_slice_gradient(MicroBatch& m, int i, bool input_only, int64_t& transient, int64_t& slices_held,
                                         int64_t& slice_copy, int64_t& freed_after) {
+  const bool holds = input_only && reads_params_[at(i - b_)];
   const int out = model_.graph_output(i);
   const NodeClass kind = model_.node_class(i);
   if (kind != NodeClass::ViewAllocatingGradient) transient += bytes(out);
@@ -319,6 +327,7 @@ void StageReplay::concat_slice_gradient(MicroBatch& m, int i, bool holds, int64_
     } else if (holds) {
       slices_held = whole;
     } else if (m.grad_in_loss[loc(concat)]) {  // freed with the loss's log-probabilities
+    } else if (whole_goes_later(m, frees_slices_of_[at(i - b_)], i, input_only, whole)) {
     } else if (kind == NodeClass::Linear) {
       note(live_ + bytes(out), i);
       live_ -= whole;
@@ -348,7 +357,7 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   const int out = model_.graph_output(i);
   // Slices of the gradient it made (not of one other holders have: else new buffers, as a rule).
   if (slices_gradient_[at(i - b_)] && m.has_grad[loc(out)] == 1 && m.grad_owner[loc(out)] < 0) {
-    backward_slices(m, i);
+    backward_slices(m, i, input_only);
     return;
   }
   // A view hands its output's gradient on as a view, unless its backward allocates one of the
@@ -377,7 +386,7 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   if (i == loss_node_ && requires_grad_[at(loss_logits_)]) reused = bytes(loss_logits_);
   int64_t slices_held = 0, slice_copy = 0, freed_after = 0;
   if (out >= 0 && m.has_grad[loc(out)] == 3)
-    concat_slice_gradient(m, i, holds, transient, slices_held, slice_copy, freed_after);
+    concat_slice_gradient(m, i, input_only, transient, slices_held, slice_copy, freed_after);
   note(live_ + grads + transient + backward_workspace(node) - reused, i);
   live_ += grads - freed_after;
   if (input_only && i == loss_node_ && reused > 0) loss_gradient_in_input_pass(m, node, reused);
@@ -401,9 +410,12 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
     }
     return;  // what it saved stays for W
   }
-  for (int o : node.outputs)  // the graph outputs' gradients have been consumed
+  // The graph outputs' gradients have been consumed (a concat's lives on in slices:
+  // find_concat_wholes).
+  for (int o : node.outputs)
     if (!model_.is_internal(o) && m.has_grad[loc(o)] == 1 && (!view || copied_view) && !is_received_[at(o)] &&
-        !m.grad_in_loss[loc(o)])  // (that one goes with the loss's log-probabilities)
+        !m.grad_in_loss[loc(o)] &&  // (that one goes with the loss's log-probabilities)
+        !(m.grad_owner[loc(o)] < 0 && whole_goes_later(m, i, i, input_only, bytes(o))))
       live_ -= gradient_released(m, o);
   if (!input_only)  // I lets them go at its end (backward_nodes)
     for (int t : node.saved) for_saver_keys(t, [&](int k) { release(m, k); });
@@ -412,6 +424,19 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   if (!input_only && zero_gathers()) gather_released(i);
   if (!input_only && zero_streaming()) zero_gradient_made(i);
   if (!input_only) average_gradient_made(i);
+}
+
+// Concat c's whole gradient, let go at node i by the rules of find_sliced_gradients: kept until
+// I ends or until a later node's backward (find_concat_wholes), or false (it goes at i).
+bool StageReplay::whole_goes_later(MicroBatch& m, int c, int i, bool input_only, int64_t whole) {
+  if (input_only && whole_held_in_input_[at(c - b_)]) {
+    m.slices_until_input_end += whole;
+    return true;
+  }
+  const int after = whole_freed_after_[at(c - b_)];
+  if (after < 0 || after == i) return false;
+  m.wholes_due[at(after - b_)] += whole;
+  return true;
 }
 
 int64_t StageReplay::gradient_released(MicroBatch& m, int t) {
