@@ -139,8 +139,9 @@ void CostModel::index_nodes() {
     bwd_[i + 1] = bwd_[i] + node.bwd_ms;
     weight_[i + 1] = weight_[i] + node.bwd_ms * weight_share(node);
     params_[i + 1] = params_[i] + node.param_bytes;
-    // (A split backward's I keeps what the node's functions saved until its end; the stage
-    // replay takes it for a whole backward too: StageReplay::backward_workspace.)
+    // (A split backward's I keeps what the node's functions saved until its end: the larger of
+    // the two backward workspaces, whatever the schedule; the stage replay charges a whole
+    // backward its own: StageReplay::backward_workspace.)
     transient[static_cast<size_t>(i)] = std::max({node.fwd_workspace, node.bwd_workspace, input_workspace(node)});
     if (node.constant_bytes > 0) constant_nodes_.push_back(i);
   }

@@ -201,7 +201,7 @@ class StageReplay final : public ActionHooks {
     bool copied_view = false;          // ... unless it must copy it first
   };
   InputGradients input_gradients(MicroBatch& m, int i, bool view, bool input_only);
-  static int64_t backward_workspace(const NodeProfile& node);
+  static int64_t backward_workspace(const NodeProfile& node, bool input_only);
   void find_loss();
   int64_t overwritten_logits(const MicroBatch& m, int n) const;
   void optimizer_step();

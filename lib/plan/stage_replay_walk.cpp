@@ -287,15 +287,13 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
   return r;
 }
 
-// The larger of the node's whole-backward and I workspaces, in B and in I. I keeps what the
-// node's autograd functions saved until its end (GPT-2's attention with dropout on CPU, several
-// functions: its I workspace is 6x its whole backward's); a whole backward frees that as it
-// goes. Each charged its own is what the profile says, but then AmoebaNet-tiny's stages measure
-// up to 0.83% above their replay (cuts 53 to 132, under 1f1b, zb-h1 and zb-h2): something its
-// cells' backward holds that neither workspace counts, not found. (Imported models' stages,
-// the stage-alone and planned tests, measure within their replay either way.)
-int64_t StageReplay::backward_workspace(const NodeProfile& node) {
-  return std::max(node.bwd_workspace, input_workspace(node));
+// B: the node's whole-backward workspace, measured as a whole backward lets the graph go (a node of
+// several autograd functions frees what each saved as it goes: GPT-2's attention with dropout on
+// CPU, 128 KiB). I: the larger of that and its I workspace; I keeps what those functions saved
+// until its end (384 KiB for that attention). (Charged the larger in B too, that GPT-2's
+// interleaved ranks measured up to 6.8% below their replay.)
+int64_t StageReplay::backward_workspace(const NodeProfile& node, bool input_only) {
+  return input_only ? std::max(node.bwd_workspace, input_workspace(node)) : node.bwd_workspace;
 }
 
 // A slice of a concat's gradient (find_sliced_gradients), which is not contiguous, as node i's
@@ -387,7 +385,7 @@ void StageReplay::backward_node(MicroBatch& m, int i, bool input_only) {
   int64_t slices_held = 0, slice_copy = 0, freed_after = 0;
   if (out >= 0 && m.has_grad[loc(out)] == 3)
     concat_slice_gradient(m, i, input_only, transient, slices_held, slice_copy, freed_after);
-  note(live_ + grads + transient + backward_workspace(node) - reused, i);
+  note(live_ + grads + transient + backward_workspace(node, input_only) - reused, i);
   live_ += grads - freed_after;
   if (input_only && i == loss_node_ && reused > 0) loss_gradient_in_input_pass(m, node, reused);
   if (holds) {

@@ -311,11 +311,12 @@ void NodeMeasurer::backward(const Outputs& o, bool measured, bool input_only) {
   synchronize(dev_);
   const int64_t lb0 = DeviceMemory::live_bytes(dev_);
   DeviceMemory::reset_peak(dev_);
-  // Keep the graph (and so the saved tensors) alive until we have read the memory: what remains
-  // allocated beyond it are the gradients.
+  // The graph let go as a stage's whole backward lets it go: a node of several autograd
+  // functions (an attention with dropout on CPU) frees what each saved as it goes, and peaks
+  // above that (its saved bytes are in the replay's live bytes until the node's backward ends).
   std::vector<at::Tensor> got;
   const double bwd = time_ms(dev_, [&] {
-    got = torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/true,
+    got = torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false,
                                                                 /*create_graph=*/false, /*accumulate_grad=*/false, to);
     const at::NoGradGuard as_in_the_engine;  // (else the accumulator copies what it could keep)
     for (size_t k = first_param; k < got.size(); ++k) {
@@ -327,7 +328,19 @@ void NodeMeasurer::backward(const Outputs& o, bool measured, bool input_only) {
   });
   synchronize(dev_);
   const int64_t bwd_peak = DeviceMemory::peak_bytes(dev_) - lb0;
-  const int64_t grad_bytes = DeviceMemory::live_bytes(dev_) - lb0;
+  // The gradients it made: new storages (not the output's gradient handed on, or a view of it).
+  std::vector<const c10::StorageImpl*> seen;
+  for (const at::Tensor& x : grads) seen.push_back(x.storage().unsafeGetStorageImpl());
+  int64_t grad_bytes = 0;
+  auto count = [&](const at::Tensor& x) {
+    if (!x.defined()) return;
+    const c10::StorageImpl* st = x.storage().unsafeGetStorageImpl();
+    if (std::find(seen.begin(), seen.end(), st) != seen.end()) return;
+    seen.push_back(st);
+    grad_bytes += static_cast<int64_t>(x.storage().nbytes());
+  };
+  for (size_t k = 0; k < first_param; ++k) count(got[k]);
+  for (const at::Tensor& p : params) count(p.grad());
   if (measured) {
     m_.bwd_ms.push_back(bwd);
     m_.kept.bwd_workspace = std::max(m_.kept.bwd_workspace, bwd_peak - grad_bytes);

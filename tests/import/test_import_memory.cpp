@@ -219,7 +219,7 @@ TEST_CASE("the profile says which nodes hand their output's gradient to their in
 // backward or several stages a rank, keeping everything and then (memopt sr) under the largest
 // budget below that plan's largest stage (times the stages a rank) at which the plan swaps or
 // recomputes; every rank, run alone through two steps, measures at most its predicted peak and
-// at least 97% of it (less for GPT-2 with attention dropout, below). DEBUG_MEMORY=1 prints them
+// at least 97% of it. DEBUG_MEMORY=1 prints them
 // (docs/benchmarks.md). And GPT-2 with attention dropout, whose attention a split backward's I
 // runs as several autograd functions.
 TEST_CASE("planned imported pipelines measure at most their predicted rank peaks", "[import]") {
@@ -300,11 +300,10 @@ TEST_CASE("planned imported pipelines measure at most their predicted rank peaks
             // replay counts one buffer for a gradient an add or a clone hands to several holders
             // (NodeProfile::passes_gradient), the profiler's whole backward no longer copies its
             // inputs' gradients into strided leaves, and a rotary embedding's concat hands out
-            // slices (before: GPT-NeoX down to 5.7%, GPT-2 3.3%). GPT-2 with attention dropout
-            // 7% (measured down to 6.8%, interleaved ranks, not traced yet).
-            const std::string model_name = name;
-            const double below = model_name == "gpt2_dropout" ? 0.93 : 0.97;
-            CHECK(double(measured) >= below * double(expected));
+            // slices (before: GPT-NeoX down to 5.7%, GPT-2 3.3%); and GPT-2 with attention
+            // dropout since a whole backward is charged the workspace the profiler measures as
+            // it lets the graph go (before: down to 6.8%, interleaved ranks).
+            CHECK(double(measured) >= 0.97 * double(expected));
           }
         }
       }
