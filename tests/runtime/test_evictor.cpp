@@ -382,7 +382,7 @@ TEST_CASE("interleaved: a rank's stages replayed together predict its measured p
           const int64_t measured = test::measured_rank_peak(counter, g, pc, r);
           INFO(preset << " shift " << shift << " round " << round << " rank " << r << ": measured " << measured
                       << " predicted " << predicted);
-          CHECK(double(measured) <= 1.005 * double(predicted));
+          CHECK(measured <= predicted);
           CHECK(double(measured) >= 0.95 * double(predicted));
         }
       }
@@ -427,7 +427,7 @@ TEST_CASE("a stage receiving a matmul operand and relaying a tensor it reads pea
     const int64_t predicted = replay_stage_memory(model, b, e, 1, {}).peak;
     const int64_t measured = measured_stage_peak(counter, g, pc, 1);
     INFO(name_of(kind) << ": measured " << measured << " predicted " << predicted);
-    CHECK(double(measured) <= 1.005 * double(predicted));
+    CHECK(measured <= predicted);
     CHECK(double(measured) >= 0.955 * double(predicted));  // before: 0.94 (gpipe), 0.93 (async)
   }
 }
@@ -495,7 +495,7 @@ TEST_CASE("block-level recompute and swap plans of gpipe and vpipe run bitwise u
           const int64_t measured = measured_stage_peak(counter, g, evicting, x);
           INFO("stage " << x << ": measured " << measured << ", replayed "
                         << plan->stages[static_cast<size_t>(x)].memory.replayed_peak);
-          CHECK(double(measured) <= 1.005 * double(plan->stages[static_cast<size_t>(x)].memory.replayed_peak));
+          CHECK(measured <= plan->stages[static_cast<size_t>(x)].memory.replayed_peak);
         }
       }
   }
