@@ -152,7 +152,7 @@ void StageReplay::find_concat_wholes() {
     for (int t : inputs) input_bytes += bytes(t);
     std::sort(inputs.begin(), inputs.end());
     const bool distinct = std::adjacent_find(inputs.begin(), inputs.end()) == inputs.end();
-    if (!distinct || input_bytes != bytes(model_.graph_output(c))) continue;  // (the sliced ones' rule)
+    if (!distinct || input_bytes != bytes(model_.graph_output(c))) continue;  // (not one buffer in slices)
     int earliest = e_;
     bool passed = false;
     stack = inputs;
