@@ -242,6 +242,12 @@ run() {
   step "dropout-pipe" 45 $MPI 2 "$DP" train $tiny --schedule 1f1b --device $device --plan-out "$work/plan-dropout.json"
   step "dropout-inproc" 45 "$DP" train $tiny --in-process --device $device --plan-in "$work/plan-dropout.json"
   step "inproc-4" 45 "$DP" train $tiny --schedule 1f1b --stages 4 --in-process --device $device
+  # ZeRO levels 1-3 on the device: 2 replicas of one stage sharing it (MPI through host memory),
+  #    against level 0 (dropout 0, 64KiB buckets: several per stage).
+  for z in 0 1 2 3; do
+    step "zero-$z" 45 $MPI 2 "$DP" train $tiny --dropout 0 --stages 1 --data-parallel 2 --zero-stage $z \
+      --bucket-size 64KiB --optimizer adamw --weight-decay 0.1 --grad-clip 0.5 --device $device
+  done
   # 2. The profile's whole step: predicted peak (with the device runtime's bytes) against measured.
   step "profile-tiny" 60 "$DP" profile --model gpt2-tiny --device $device --iterations 2 --out "$work/gpt2-tiny.h5"
   # One process, the preset at training size (dropout on: masks on the device), fp32 and bf16.
@@ -364,6 +370,19 @@ write_report() {
     echo "max rel. loss difference $d ($(verdict "$d" 1e-5))."
     echo "Four stages in one process: $(status_of inproc-4), $(rate inproc-4) samples/s, step times"
     echo "$(grep -o 'time [0-9.]*s' "$work/inproc-4.out" 2>/dev/null | awk '{print $2}' | tr '\n' ' ')."
+    echo
+    echo "## ZeRO levels on one device: 2 replicas of one stage"
+    echo
+    echo "\`mpirun -np 2 dawnpiper train --config inputs/gpt2-tiny.ini --steps 6 --dropout 0 --stages 1 --data-parallel 2"
+    echo "--zero-stage L --bucket-size 64KiB --optimizer adamw --weight-decay 0.1 --grad-clip 0.5 --device $device\`: the"
+    echo "replicas share the device, so the collectives go over MPI through host memory; losses against level 0."
+    echo
+    echo "| level | max rel. loss difference from level 0 | losses | peak (replica 0) | samples/s |"
+    echo "| --- | --- | --- | --- | --- |"
+    for z in 0 1 2 3; do
+      d=$(max_rel "zero-$z" zero-0)
+      echo "| $z | $d | $(verdict "$d" 1e-5) | $(grep -m1 -o 'measured peak .*)' "$work/zero-$z.out" 2>/dev/null) | $(rate "zero-$z") |"
+    done
     echo
     echo "## One process: CPU reference trainer against the $device (dropout 0)"
     echo

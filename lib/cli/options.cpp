@@ -136,9 +136,6 @@ PlanRequest plan_request_from(const po::variables_map& vm) {
   if (r.zero_stage == 0) return r;
   for (const ScheduleChoice& s : r.schedule.candidates())
     if (const std::string refusal = zero_refusal(r.zero_stage, s); !refusal.empty()) throw ConfigError(refusal);
-  if (vm.count("device") && vm["device"].as<DeviceKind>() != DeviceKind::Cpu)
-    throw ConfigError("--zero-stage " + std::to_string(r.zero_stage) +
-                      " runs on the CPU (MPI) so far, not with --device cuda");
   return r;
 }
 

@@ -45,7 +45,7 @@ po::options_description planning_options();
 // --micro-batches. ranks and data_parallel are --stages and --data-parallel, 0
 // where not given (the MPI ranks decide); the capacity and the links are the device's, set where
 // it is known. Checked before any work (ConfigError): --stages or --data-parallel below 1, a
-// --zero-stage outside 0-3 or above 0 under a schedule or device it cannot run on, a bucket below
+// --zero-stage outside 0-3 or above 0 under a schedule it cannot run, a bucket below
 // one element, a schedule file written for other sizes.
 PlanRequest plan_request_from(const po::variables_map& vm);
 // --replica-bandwidth, `train`'s and `plan`'s own option (train measures the link where it is not

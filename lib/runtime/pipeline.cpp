@@ -339,7 +339,7 @@ RankStages rank_stages(const OpGraph& g, const PipelineConfig& c, Transport& tra
 }
 
 // How the rank's gradients travel between replicas, for the run's transport line.
-std::string replica_traffic(const PipelineConfig& c, Precision precision,
+std::string replica_traffic(const PipelineConfig& c, Precision precision, const RankStages& stages,
                             const std::vector<std::unique_ptr<ReplicaAverager>>& averagers) {
   std::string said;
   if (c.replicas > 1 && c.zero_stage > 0)
@@ -348,7 +348,8 @@ std::string replica_traffic(const PipelineConfig& c, Precision precision,
             (c.zero_stage >= 2 ? std::string(" as each micro-batch's backward produces them") : std::string()) +
             (c.zero_stage >= 3 ? std::string(", parameters gathered where they are read")
                                : std::string(", parameters all-gathered")) +
-            (precision == Precision::Bf16 ? " in bf16" : "") + " by mpi)";
+            (precision == Precision::Bf16 ? " in bf16" : "") + " by mpi" +
+            (stages.front()->zero_shard()->staged() ? " through host memory)" : ")");
   else if (!averagers.empty())
     said +=
         ", gradients averaged over " + std::to_string(c.replicas) + " replicas by " + averagers.front()->description();
@@ -375,7 +376,7 @@ StageRun run_stage(const OpGraph& g, const PipelineConfig& c, MPI_Comm comm, MPI
   std::vector<std::unique_ptr<ReplicaAverager>> averagers;
   for (auto& stage : stages)
     if (c.replicas > 1) averagers.push_back(attach_replica_averager(*stage, c, options, tracing));
-  result.transport += replica_traffic(c, g.precision, averagers);
+  result.transport += replica_traffic(c, g.precision, stages, averagers);
   attach_reducers(stages, tie_comms, c, comm, std::make_shared<std::pair<int, double>>(0, 0.0));
   StepRelay relay(c, options, control_comm, rank, ranks);
   double step_loss = 0;  // the last stage's, of the latest finished step

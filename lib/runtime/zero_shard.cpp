@@ -2,16 +2,17 @@
 
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/function_hook.h>
-#include <ATen/native/Resize.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "runtime/mpi_wait.h"
 #include "train/grad_norm.h"
@@ -84,6 +85,13 @@ void widen_in_place(void* bucket, int64_t n) {
   }
 }
 
+// A level-3 bucket's storage takes `bytes` of fresh memory from its own allocator (0: none),
+// on its device; what it held goes (a gather overwrites all of it).
+void set_storage_bytes(c10::StorageImpl* storage, size_t bytes) {
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
 // Level 2: tells the shard that autograd accumulated its parameter's gradient.
 class AccumulatedHook final : public torch::autograd::PostAccumulateGradHook {
  public:
@@ -107,15 +115,19 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
   MPI_Comm_rank(comm_, &rank);
   MPI_Comm_size(comm_, &size);
   std::vector<int64_t> numels;
+  if (!params_.empty()) device_ = params_.front().device();
   for (const at::Tensor& p : params_) {
-    if (p.scalar_type() != at::kFloat || !p.is_contiguous() || !p.device().is_cpu())
-      throw std::logic_error("ZeRO shards contiguous fp32 parameters in host memory");
+    if (p.scalar_type() != at::kFloat || !p.is_contiguous() || p.device() != device_)
+      throw std::logic_error("ZeRO shards contiguous fp32 parameters on one device");
     numels.push_back(p.numel());
   }
+  // DAWNPIPER_ZERO_STAGED=1 stages on the CPU too: the tests run the GPU's path there.
+  const char* force = std::getenv("DAWNPIPER_ZERO_STAGED");
+  staged_ = !device_.is_cpu() || (force != nullptr && std::string(force) == "1");
   layout_ =
       shard_layout(numels, std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float))), size, rank, nodes);
   at::NoGradGuard no_grad;
-  if (level_ >= 3) shard_ = at::zeros({layout_.shard_numel}, at::kFloat);
+  if (level_ >= 3) shard_ = at::zeros({layout_.shard_numel}, on_device());
   for (const ShardLayout::Piece& piece : layout_.pieces) {
     const at::Tensor& p = params_[piece.param];
     at::Tensor view = p.detach().view({-1}).narrow(0, piece.offset, piece.numel);
@@ -164,18 +176,19 @@ void ZeroShard::gather_where_read(const std::vector<std::vector<int>>& reads) {
     const ShardLayout::Bucket& bucket = layout_.buckets[b];
     // (allocated while the views are set: they must lie inside it)
     c10::Storage storage(c10::Storage::use_byte_size_t(),
-                         static_cast<size_t>(bucket.chunk * layout_.replicas) * sizeof(float), c10::GetCPUAllocator(),
-                         /*resizable=*/true);
+                         static_cast<size_t>(bucket.chunk * layout_.replicas) * sizeof(float),
+                         shard_.storage().allocator(), /*resizable=*/true);  // (the device's)
     for (size_t p = bucket.first_param; p < bucket.end_param; ++p)
       if (params_[p].numel() > 0)
         params_[p].set_(storage, layout_.param_offset[p] - bucket.begin, params_[p].sizes(),
                         c10::contiguous_strides(params_[p].sizes()));
-    at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), 0);
+    set_storage_bytes(storage.unsafeGetStorageImpl(), 0);
     bucket_storage_.push_back(std::move(storage));
   }
   gathered_.assign(buckets, 0);
   narrow_.assign(buckets, 0);
   gathering_.assign(buckets, MPI_REQUEST_NULL);
+  landing_.resize(buckets);
   released_on_.assign(params_.size(), 0);
   node_buckets_.resize(reads.size());
   for (size_t n = 0; n < reads.size(); ++n) {
@@ -201,7 +214,7 @@ void ZeroShard::gather_where_read(const std::vector<std::vector<int>>& reads) {
 ZeroShard::~ZeroShard() {
   for (Travelling& t : travelling_)  // (an error unwinds the stage)
     if (t.request != MPI_REQUEST_NULL) keep_until_exit(std::move(t));
-  if (any_in_flight(gathering_)) keep_until_exit(std::make_pair(shard_, bucket_storage_));
+  if (any_in_flight(gathering_)) keep_until_exit(std::make_tuple(shard_, bucket_storage_, landing_));
   for (size_t p = 0; p < bucket_of_.size(); ++p)
     if (hooked(p)) torch::autograd::impl::set_post_acc_grad_hooks(params_[p], nullptr);
 }
@@ -224,9 +237,15 @@ void ZeroShard::start_gather(size_t bucket, at::ScalarType type) {
   const ShardLayout::Bucket& b = layout_.buckets[bucket];
   const int64_t n = b.chunk * layout_.replicas;
   c10::StorageImpl* storage = bucket_storage_[bucket].unsafeGetStorageImpl();
-  at::native::resize_bytes_cpu(storage, static_cast<size_t>(n) * sizeof(float));
+  set_storage_bytes(storage, static_cast<size_t>(n) * sizeof(float));
   const at::Tensor own = shard_.narrow(0, b.shard_offset, b.chunk);
-  if (type == at::kFloat) {
+  if (staged_) {  // into host memory, this replica's chunk in its place; gather() copies it over
+    at::NoGradGuard no_grad;
+    landing_[bucket] = at::empty({n}, at::TensorOptions(type));
+    landing_[bucket].narrow(0, layout_.replica * b.chunk, b.chunk).copy_(own);
+    MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, landing_[bucket].data_ptr(), mpi_count(b.chunk), mpi_type(type),
+                   comm_, &gathering_[bucket]);
+  } else if (type == at::kFloat) {
     MPI_Iallgather(own.data_ptr<float>(), mpi_count(b.chunk), MPI_FLOAT, storage->mutable_data(), mpi_count(b.chunk),
                    MPI_FLOAT, comm_, &gathering_[bucket]);
   } else {  // into the upper half, this replica's chunk in its place
@@ -244,6 +263,14 @@ void ZeroShard::start_gather(size_t bucket, at::ScalarType type) {
 void ZeroShard::gather(size_t bucket) {
   start_gather(bucket, gather_type_);
   if (gathering_[bucket] != MPI_REQUEST_NULL) wait_quietly(gathering_[bucket]);
+  if (landing_[bucket].defined()) {  // staged: onto the device, widened to fp32 on the way
+    at::NoGradGuard no_grad;
+    const int64_t n = layout_.buckets[bucket].chunk * layout_.replicas;
+    at::Tensor whole = at::empty({0}, on_device());
+    whole.set_(bucket_storage_[bucket], 0, {n}, {1});
+    whole.copy_(landing_[bucket]);
+    landing_[bucket] = at::Tensor();
+  }
   if (narrow_[bucket]) {
     widen_in_place(bucket_storage_[bucket].unsafeGetStorageImpl()->mutable_data(),
                    layout_.buckets[bucket].chunk * layout_.replicas);
@@ -254,7 +281,8 @@ void ZeroShard::gather(size_t bucket) {
 void ZeroShard::release(size_t bucket) {
   if (!gathered_[bucket]) return;
   if (gathering_[bucket] != MPI_REQUEST_NULL) wait_quietly(gathering_[bucket]);  // (never read: a reader skipped)
-  at::native::resize_bytes_cpu(bucket_storage_[bucket].unsafeGetStorageImpl(), 0);
+  landing_[bucket] = at::Tensor();
+  set_storage_bytes(bucket_storage_[bucket].unsafeGetStorageImpl(), 0);
   gathered_[bucket] = narrow_[bucket] = 0;
 }
 
@@ -373,6 +401,7 @@ void ZeroShard::keep_parameters() {
 void ZeroShard::start(size_t bucket) {
   at::NoGradGuard no_grad;
   const ShardLayout::Bucket& b = layout_.buckets[bucket];
+  // (staged: packed in host memory, where MPI reads it)
   at::Tensor buffer = at::empty({b.chunk * layout_.replicas}, at::kFloat);
   for (size_t p = b.first_param; p < b.end_param; ++p) {
     at::Tensor part = buffer.narrow(0, layout_.param_offset[p] - b.begin, params_[p].numel());
@@ -389,12 +418,14 @@ void ZeroShard::start(size_t bucket) {
   at::Tensor& chunk = chunk_grad_[bucket];
   if (chunk.defined()) {
     for (Travelling& t : travelling_)  // (a bucket going again: its first reduction lands first)
-      if (t.chunk.is_same(chunk)) wait(t);
-    buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(chunk);
+      if (t.chunk.is_same(chunk)) land(t);
+    buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(staged_ ? chunk.cpu() : chunk);
   } else
-    chunk = at::empty({b.chunk}, at::kFloat);
-  travelling_.push_back({buffer, chunk, MPI_REQUEST_NULL, bucket, Clock::now(), {}});
-  MPI_Ireduce_scatter_block(buffer.data_ptr<float>(), chunk.data_ptr<float>(), mpi_count(b.chunk), MPI_FLOAT, MPI_SUM,
+    chunk = at::empty({b.chunk}, on_device());
+  // Staged: received in host memory, copied onto the device where it lands.
+  const at::Tensor landing = staged_ ? at::empty({b.chunk}, at::kFloat) : chunk;
+  travelling_.push_back({buffer, chunk, landing, MPI_REQUEST_NULL, bucket, Clock::now(), {}, false});
+  MPI_Ireduce_scatter_block(buffer.data_ptr<float>(), landing.data_ptr<float>(), mpi_count(b.chunk), MPI_FLOAT, MPI_SUM,
                             comm_, &travelling_.back().request);
   sent_bytes_ += buffer.nbytes();
   if (travelling_.size() >= kInFlight) finish_oldest();
@@ -406,9 +437,19 @@ void ZeroShard::wait(Travelling& t) {
   t.end = Clock::now();
 }
 
+void ZeroShard::land(Travelling& t) {
+  wait(t);
+  if (t.landed) return;
+  if (!t.landing.is_same(t.chunk)) {
+    at::NoGradGuard no_grad;
+    t.chunk.copy_(t.landing);
+  }
+  t.landed = true;
+}
+
 void ZeroShard::finish_oldest() {
   Travelling& t = travelling_.front();
-  wait(t);
+  land(t);
   if (listener_) listener_(static_cast<int>(t.bucket), t.buffer.nbytes(), t.start, t.end);
   travelling_.pop_front();
 }
@@ -527,7 +568,7 @@ void ZeroShard::gather_chunks(at::ScalarType type) {
   };
   size_t k = 0;  // the next piece, in flat order
   for (const ShardLayout::Bucket& b : layout_.buckets) {
-    at::Tensor buffer = at::empty({b.chunk * layout_.replicas}, at::TensorOptions(type));
+    at::Tensor buffer = at::empty({b.chunk * layout_.replicas}, at::TensorOptions(type));  // (host memory)
     at::Tensor mine = buffer.narrow(0, layout_.replica * b.chunk, b.chunk).zero_();
     for (; k < pieces_.size() && layout_.pieces[k].shard_offset < b.shard_offset + b.chunk; ++k)
       mine.narrow(0, layout_.pieces[k].shard_offset - b.shard_offset, layout_.pieces[k].numel)

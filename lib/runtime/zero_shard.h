@@ -58,8 +58,16 @@
 // first waited for, so a gathered bucket takes no more memory than in fp32. A checkpoint and the
 // run's end gather the fp32 masters themselves (gather_all).
 //
-// MPI on host memory (the CPU path). Every call is collective over the replicas, in the same
-// order on every replica.
+// MPI over host memory. On the CPU the collectives read and write the tensors themselves; with
+// the parameters on a GPU they go through host memory (staged): a bucket's gradients are packed
+// into a host buffer, its reduce-scatter lands in host memory and is copied into the device's
+// chunk where waited for, a level-3 gather lands in host memory (in the gather type) and is
+// copied into the bucket's device storage, widened to fp32 on the way, where waited for, and
+// levels 1-2's gathers pack and unpack host buffers. The device then holds less than on the CPU
+// (no packed buffer, no bf16 upper half), which the replay, counting the CPU's, over-predicts.
+// NCCL between replicas on GPUs of their own is not built. DAWNPIPER_ZERO_STAGED=1 stages on the
+// CPU too, where the tests check that path (bitwise the same losses). Every call is collective over the
+// replicas, in the same order on every replica.
 #include <mpi.h>
 
 #include <chrono>
@@ -116,6 +124,7 @@ class ZeroShard {
   ZeroShard(const ZeroShard&) = delete;
   ZeroShard& operator=(const ZeroShard&) = delete;
   int level() const { return level_; }
+  bool staged() const { return staged_; }  // the collectives go through host memory
   // A reduce-scatter's time in flight: bucket `bucket` of `bytes` from its start until it was seen
   // complete (by the tests between accumulations, else where waited for).
   using Clock = std::chrono::steady_clock;
@@ -183,6 +192,9 @@ class ZeroShard {
 
  private:
   std::vector<at::Tensor> params_, pieces_;
+  c10::Device device_ = at::kCPU;  // the parameters'
+  bool staged_ = false;            // the collectives go through host memory (parameters on a GPU)
+  at::TensorOptions on_device() const { return at::TensorOptions(at::kFloat).device(device_); }
   std::vector<bool> piece_counted_;
   MPI_Comm comm_;
   ShardLayout layout_;
@@ -205,6 +217,7 @@ class ZeroShard {
   std::vector<char> gathered_, released_on_;        // per bucket / per parameter (accumulated this micro-batch)
   std::vector<char> narrow_;                        // per bucket: gathered in bf16, not yet widened
   std::vector<MPI_Request> gathering_;              // per bucket: its all-gather while under way
+  std::vector<at::Tensor> landing_;                 // per bucket, staged: the host memory it gathers into
   std::vector<int> unaccumulated_;                  // per bucket: its parameters not yet accumulated
   // An input pass: per node offset 0 (not gathered in it), 1 (gathered, not run), 2 (ran); per
   // bucket the nodes gathered in it and not yet run; the reader last gathered ahead.
@@ -225,9 +238,11 @@ class ZeroShard {
   // One weight pass's streaming (level 2: every one; level 1: the step's last).
   struct Travelling {
     at::Tensor buffer, chunk;  // what it sends, where it lands
+    at::Tensor landing;        // where MPI receives it: chunk, or (staged) host memory
     MPI_Request request;
     size_t bucket;
     Clock::time_point start, end;  // end: once seen complete
+    bool landed;                   // in chunk
   };
   // Packs bucket b's gradients (releasing them) and starts its reduce-scatter into the shard,
   // this replica's sum so far in the step added into its own chunk first.
@@ -235,6 +250,7 @@ class ZeroShard {
   void finish_oldest();
   void test_travelling();    // MPI advances the reductions under way
   void wait(Travelling& t);  // seen complete
+  void land(Travelling& t);  // complete and in its chunk
   Listener listener_;
   void restart_streaming();                    // the counts for the next pass
   bool armed_ = false;                         // streaming in this pass

@@ -8,7 +8,8 @@
 # its predicted one (at most 64 bytes above), level 3 with recomputation and swaps too, bf16
 # too; level-1, 2 and 3 checkpoints resume bitwise (bf16's too: they hold the fp32 masters) and
 # move to another level, replica count and split within 1e-6 (those written before the index
-# refuse another layout); a failing replica ends with its error; bad levels are one line, exit 2.
+# refuse another layout); the GPU's path through host memory trains the same losses (on the CPU,
+# DAWNPIPER_ZERO_STAGED=1); a failing replica ends with its error; bad levels are one line, exit 2.
 # usage: run_zero_tests.sh path/to/dawnpiper
 set -u
 bin="$1"
@@ -145,6 +146,24 @@ for level in 1 2 3; do
      awk 'NF != 2 || $2 <= 0 || $1 != 2 * $2 { bad = 1 } END { exit bad || NR != 4 }'; then passed=$((passed + 1)); else
     failed=$((failed + 1)); echo "FAIL: level $level gathers half the bytes in bf16"
     paste <(gathered "$work/fp32-l$level.out") <(gathered "$work/b$level.out"); fi
+done
+
+# The GPU's path (collectives through host memory, DAWNPIPER_ZERO_STAGED=1 on the CPU): the same
+# losses, bitwise, as the levels' runs above (fp32 1f1b on 2 x 2; bf16's level 3, widened to
+# fp32 where copied over).
+for run in "fp32-l1 ${common[*]} --stages 2 --data-parallel 2 --schedule 1f1b --micro-batches 2 --zero-stage 1" \
+  "fp32-l2 ${common[*]} --stages 2 --data-parallel 2 --schedule 1f1b --micro-batches 2 --zero-stage 2" \
+  "fp32-l3 ${common[*]} --stages 2 --data-parallel 2 --schedule 1f1b --micro-batches 2 --zero-stage 3" \
+  "b3 ${bf[*]} --zero-stage 3"; do
+  set -- $run
+  ref=$1
+  shift
+  $mpi 4 -x DAWNPIPER_ZERO_STAGED=1 "$bin" "$@" >"$work/staged.out" 2>&1
+  l=$(losses <"$work/staged.out")
+  if [ "$(echo "$l" | wc -l)" -eq 10 ] && [ "$l" = "$(losses <"$work/$ref.out")" ] &&
+     grep -q "by mpi through host memory" "$work/staged.out"; then passed=$((passed + 1)); else
+    failed=$((failed + 1)); echo "FAIL: staged through host memory ($ref)"
+    paste <(losses <"$work/$ref.out") <(echo "$l"); tail -3 "$work/staged.out"; fi
 done
 
 # Bad input: one line, exit 2, before any profiling.

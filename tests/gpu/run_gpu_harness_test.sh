@@ -26,6 +26,8 @@ grep -q 'masks drawn on the cpu.*' "$report" && grep -A1 'masks drawn on the cpu
   fail "dropout row"
 [ "$(grep -cE '^\| (gpt2|bert)-tiny \| [0-9.e+-]+ \| equal \| [0-9.]+ \| [0-9.]+ \|$' "$report")" -eq 2 ] ||
   fail "one-process rows"
+# ZeRO levels 0-3 on the device, each training level 0's losses.
+[ "$(grep -cE '^\| [0-3] \| [0-9.e+-]+ \| equal \| measured peak .* \| [0-9.]+ \|$' "$report")" -eq 4 ] || fail "ZeRO rows"
 # Planned stages: 4 stages x (none, sr, sr under its cap) x 2 models with a measured and a predicted peak.
 # (The allocator's reserved peak, the last column, is CUDA's alone.)
 [ "$(grep -cE '^\| (gpt2|bert)-tiny \| (none|sr) \| .* \| [0-3] \| [0-9.]+ [KMG]iB \| [0-9.]+ [KMG]iB \| [+-][0-9.]+% \| +\|$' "$report")" -eq 24 ] ||
