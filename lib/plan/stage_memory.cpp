@@ -232,9 +232,11 @@ void StageReplay::send_activations(int64_t mb) {
   MicroBatch& m = state(mb);
   // The activations stay referenced by the micro-batch anyway; sent tensors the evictor empties
   // next are sent as copies.
-  const int64_t copies = evict_after_send_.empty() ? permuted_sent_bytes_ : sent_bytes_;
+  // Level 3 sends the views of parameters as copies too (ZeroShard::views_gathered).
+  const int64_t copies = evict_after_send_.empty() ? permuted_sent_bytes_ + sent_param_view_copies_ : sent_bytes_;
   live_ += copies;
   send(copies, evict_after_send_.empty() ? mb : std::numeric_limits<int64_t>::min());
+  if (zero_gathers()) sent_views_copied();
   for (int i : evict_after_send_) evict(m, mb, i);
 }
 

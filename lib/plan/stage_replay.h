@@ -168,6 +168,7 @@ class StageReplay final : public ActionHooks {
     int64_t high = 0;             // the highest point noted, above the start (the first of equals)
     int node = -1;                // ... and where
     std::vector<char> grad_done;  // backward: which parameters have their gradient after it
+    std::vector<char> gathered;   // level 3: which buckets are gathered after it
     MicroBatch after;
   };
   template <class Body>
@@ -396,6 +397,7 @@ class StageReplay final : public ActionHooks {
   void readers_ran(int i);  // input pass: node i's output gradient is complete
   void after_forward_node(int i);
   void gather_released(int i);  // node i made its gradients
+  void sent_views_copied();     // the send copied the sent views of parameters: their buckets go
   void release_gathered();
   std::vector<std::vector<int>> gather_reads_;
   std::vector<std::vector<int>> param_reads_;
@@ -405,6 +407,12 @@ class StageReplay final : public ActionHooks {
   std::vector<int> input_pass_readers_;              // per bucket: nodes gathered in the pass, not yet run
   int ahead_reader_ = -1;
   std::vector<char> gathered_;
+  // A sent view of parameters (a transposed weight the next stage reads) keeps its buckets from
+  // its producer (per bucket; INT_MAX: none) until the send, which sends it as a copy (the
+  // contiguous ones too: sent_param_view_copies_, beside the permuted ones), then they go.
+  std::vector<int> sent_view_from_;
+  std::vector<int> sent_param_views_;  // the sent tensors that view parameters
+  int64_t sent_param_view_copies_ = 0;
   int64_t version_ = 0;
   std::map<int64_t, int> version_users_;
   int64_t* rank_peak_ = nullptr;     // a rank's stages replayed together: their peak
@@ -434,6 +442,7 @@ void StageReplay::walk_once(Walk& w, MicroBatch& m, bool backward, Body body) {
     live_ += w.delta;
     param_grads_ += w.param_grads;
     if (backward) grad_done_ = w.grad_done;
+    gathered_ = w.gathered;
     const int64_t version = m.version;
     const bool loss_read = m.loss_read;
     m = w.after;
@@ -448,6 +457,7 @@ void StageReplay::walk_once(Walk& w, MicroBatch& m, bool backward, Body body) {
   w.delta = live_ - walk_start_;
   w.param_grads = param_grads_ - grads;
   if (backward) w.grad_done = grad_done_;
+  w.gathered = gathered_;
   w.after = m;
   w.done = true;
 }

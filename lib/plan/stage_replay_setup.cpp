@@ -337,6 +337,15 @@ void StageReplay::place_gather_reads(const std::map<int, std::vector<int>>& tied
       if (std::find(readers.begin(), readers.end(), n) == readers.end()) readers.push_back(n);
     }
   }
+  sent_view_from_.assign(zero_buckets_.size(), std::numeric_limits<int>::max());
+  sent_param_views_.clear();
+  for (const TensorBytes& s : sent_) {
+    const auto v = views.find(s.tensor);
+    if (v == views.end()) continue;
+    sent_param_views_.push_back(s.tensor);
+    for (int k : v->second)
+      sent_view_from_[at(k)] = std::min(sent_view_from_[at(k)], p_.tensors[at(s.tensor)].producer);
+  }
   gathered_.assign(zero_buckets_.size(), 0);
   gather_unmade_.assign(zero_buckets_.size(), 0);
   for (int k : zero_bucket_of_)
@@ -403,6 +412,9 @@ void StageReplay::measure_messages() {
     if (requires_grad_[at(r.tensor)]) relaid_input_grad_bytes_ += r.bytes;
   }
   for (const TensorBytes& s : sent_) {
+    if (!permuted(s.tensor) &&
+        std::find(sent_param_views_.begin(), sent_param_views_.end(), s.tensor) != sent_param_views_.end())
+      sent_param_view_copies_ += s.bytes;
     if (permuted(s.tensor)) {
       permuted_sent_bytes_ += s.bytes;
       // Its gradient arrives contiguous; the runtime gives it the tensor's layout where that is a

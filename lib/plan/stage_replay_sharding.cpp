@@ -216,10 +216,17 @@ void StageReplay::after_forward_node(int i) {
     return std::binary_search(keep.begin(), keep.end(), static_cast<int>(k));
   };
   for (size_t k = 0; k < gathered_.size(); ++k) {
-    if (!gathered_[k] || kept(next, gather_reads_, k) || kept(ahead, param_reads_, k)) continue;
+    if (!gathered_[k] || kept(next, gather_reads_, k) || kept(ahead, param_reads_, k) || i >= sent_view_from_[k])
+      continue;
     live_ -= zero_buckets_[k];
     gathered_[k] = 0;
   }
+}
+
+void StageReplay::sent_views_copied() {
+  for (size_t k = 0; k < gathered_.size(); ++k)
+    if (gathered_[k] && sent_view_from_[k] != std::numeric_limits<int>::max())
+      live_ -= zero_buckets_[k], gathered_[k] = 0;
 }
 
 void StageReplay::gather_released(int i) {

@@ -124,15 +124,20 @@ void PipelineStage::receive_activations(int64_t mb) {
 void PipelineStage::send_activations(int64_t mb) {
   // Copies when the evictor empties sent storages next: the transport may still read them.
   // Contiguous ones, which the transport sends as they are.
+  // Level 3: views of gathered parameters (a transposed weight the next stage reads) too, and
+  // their buckets go once copied.
   const bool copy = evictor_ && evictor_->evicts_after_send();
-  std::vector<at::Tensor> out;
+  std::vector<at::Tensor> out, gathered_views;
   const std::vector<at::Tensor>& outputs = in_flight_.at(mb).outputs;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const at::Tensor& t = outputs[i];
     check_message_tensor(t, graph_.tensor(send_ids_[i]));
-    out.push_back(copy ? t.detach().clone(at::MemoryFormat::Contiguous) : t.detach());
+    const bool views = zero_ && zero_->level() >= 3 && zero_->views_gathered(t);
+    if (views) gathered_views.push_back(t);
+    out.push_back(copy || views ? t.detach().clone(at::MemoryFormat::Contiguous) : t.detach());
   }
   transport_.send(config_.program.stage + 1, MessageKind::Activation, mb, std::move(out));
+  if (!gathered_views.empty()) zero_->let_go_viewed(gathered_views);
   if (evictor_) evictor_->after_send(mb);
 }
 

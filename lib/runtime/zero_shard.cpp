@@ -315,6 +315,18 @@ bool ZeroShard::views(const at::Tensor& t, size_t bucket) const {
          t.storage().unsafeGetStorageImpl() == bucket_storage_[bucket].unsafeGetStorageImpl();
 }
 
+bool ZeroShard::views_gathered(const at::Tensor& t) const {
+  for (size_t b = 0; b < gathered_.size(); ++b)
+    if (gathered_[b] && views(t, b)) return true;
+  return false;
+}
+
+void ZeroShard::let_go_viewed(const std::vector<at::Tensor>& tensors) {
+  for (size_t b = 0; b < gathered_.size(); ++b)
+    if (gathered_[b] && std::any_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) { return views(t, b); }))
+      release(b);
+}
+
 void ZeroShard::before_backward_node(size_t node, const std::vector<size_t>& buckets) {
   test_gathers();
   for (size_t b : buckets) gather(b);

@@ -180,6 +180,10 @@ class ZeroShard {
   // tensor of `env` views go; where `node` reads parameters, its buckets' all-gathers and the
   // next reader's start.
   void before_forward_node(size_t node, const std::vector<at::Tensor>& env);
+  // Level 3: whether `t` views a gathered bucket (a transposed weight the stage sends: it is sent
+  // as a copy, and its buckets go once the copy is made: let_go_viewed).
+  bool views_gathered(const at::Tensor& t) const;
+  void let_go_viewed(const std::vector<at::Tensor>& tensors);
   // Every parameter whole and equal to its fp32 masters (a checkpoint, the run's end): level 3
   // gathers every bucket in fp32, levels 1-2 gather their chunks again where they travelled in
   // bf16. release_all lets every gathered bucket go; below level 3 it and keep_parameters do
