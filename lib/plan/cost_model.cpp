@@ -139,6 +139,7 @@ void CostModel::index_nodes() {
     bwd_[i + 1] = bwd_[i] + node.bwd_ms;
     weight_[i + 1] = weight_[i] + node.bwd_ms * weight_share(node);
     params_[i + 1] = params_[i] + node.param_bytes;
+    if (node.tied_owner >= 0) tied_users_.push_back(i);
     // (A split backward's I keeps what the node's functions saved until its end: the larger of
     // the two backward workspaces, whatever the schedule; the stage replay charges a whole
     // backward its own: StageReplay::backward_workspace.)
@@ -422,7 +423,62 @@ double CostModel::allreduce_ms(int b, int e) const {
   const double m = static_cast<double>(micro_batches_);
   const double gather = zero_stage_ > 0 && profile_->precision == Precision::Bf16 ? 0.5 : 1;
   const double passes = zero_stage_ >= 3 ? (1 + 2 * gather) * m : zero_stage_ == 2 ? m + gather : 1 + gather;
-  return passes * (d - 1) / d * replica_link_ms(param_bytes(b, e));
+  return passes * (d - 1) / d * replica_link_ms(reduced_bytes(b, e));
+}
+
+int64_t CostModel::tied_copy_bytes(int b, int e) const {
+  int64_t bytes = 0;
+  std::set<int> counted;  // owners
+  for (int u : tied_users_) {
+    const NodeProfile& user = profile_->nodes[static_cast<size_t>(u)];
+    if (u >= b && u < e && (user.tied_owner < b || user.tied_owner >= e) && counted.insert(user.tied_owner).second)
+      bytes += user.tied_bytes;
+  }
+  return bytes;
+}
+
+int64_t CostModel::tied_across_bytes(int b, int e) const {
+  int64_t bytes = tied_copy_bytes(b, e);
+  std::set<int> counted;  // owners here read elsewhere
+  for (int u : tied_users_) {
+    const NodeProfile& user = profile_->nodes[static_cast<size_t>(u)];
+    if ((u < b || u >= e) && user.tied_owner >= b && user.tied_owner < e && counted.insert(user.tied_owner).second)
+      bytes += user.tied_bytes;
+  }
+  return bytes;
+}
+
+CostModel::Collectives CostModel::collectives(int b, int e) const {
+  Collectives c;
+  if (data_parallel_ <= 1) return c;
+  const double d = static_cast<double>(data_parallel_);
+  auto pass = [&](int64_t bytes) { return (d - 1) / d * replica_link_ms(bytes); };
+  const int64_t all = reduced_bytes(b, e), tied = std::min(all, tied_across_bytes(b, e)), streamed = all - tied;
+  const double gather = zero_stage_ > 0 && profile_->precision == Precision::Bf16 ? 0.5 : 1;
+  // The last bucket starts when the pass ends (at the latest; parameter by parameter, all of it).
+  const double tail = bucket_bytes_ > 0 && streamed > 0
+                          ? std::min(1.0, static_cast<double>(bucket_bytes_) / static_cast<double>(streamed))
+                          : 1;
+  switch (zero_stage_) {
+    case 0:  // (the tied weights' buckets start when the pass ends)
+      c.reduce_ms = 2 * pass(all);
+      c.reduce_tail_ms = 2 * pass(tied) + tail * 2 * pass(streamed);
+      break;
+    case 1:
+      c.reduce_ms = pass(streamed);
+      c.reduce_tail_ms = tail * pass(streamed);
+      c.at_update_ms = pass(tied) + gather * pass(all);
+      break;
+    case 2:
+      c.pass_ms = pass(streamed);
+      c.at_update_ms = pass(tied) + gather * pass(all);
+      break;
+    default:
+      c.gather_ms = gather * pass(all);
+      c.pass_ms = gather * pass(all) + pass(streamed);
+      c.at_update_ms = pass(tied);
+  }
+  return c;
 }
 
 double CostModel::allreduce_per_micro_batch_ms(int b, int e) const {

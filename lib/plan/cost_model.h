@@ -88,11 +88,28 @@ class CostModel {
   double replica_link_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / replica_bw_; }
   // Data parallelism: the collectives between a stage's replicas over one update, and their
   // share per micro-batch. A ring moves (D - 1) / D of what it reduces or gathers over the link:
-  // levels 0-1 twice the stage's parameter bytes per update (an allreduce, or a reduce-scatter
-  // and an all-gather), level 2 a reduce-scatter per micro-batch and an all-gather per update,
-  // level 3 a gather in each micro-batch's forward and backward and a reduce-scatter.
+  // levels 0-1 twice the stage's parameter bytes (reduced_bytes: tied copies included) per update (an allreduce, or a
+  // reduce-scatter and an all-gather), level 2 a reduce-scatter per micro-batch and an all-gather per update, level 3 a
+  // gather in each micro-batch's forward and backward and a reduce-scatter.
   double allreduce_ms(int b, int e) const;
   double allreduce_per_micro_batch_ms(int b, int e) const;
+  // Where those collectives run in a step, as the runtime starts them (schedule/simulate.h's
+  // StageTimes fields of the same names): level 0's allreduce and level 1's reduce-scatter
+  // streamed from the step's last weight pass, their last bucket (and level 0's tied weights')
+  // after it ends; the buckets of weights tied across stages (levels 1-3) and levels 1-2's
+  // all-gather in the update; level 2's reduce-scatter in every weight pass; level 3's gathers in
+  // every pass and its reduce-scatter in every weight pass.
+  struct Collectives {
+    double reduce_ms = 0, reduce_tail_ms = 0, at_update_ms = 0, gather_ms = 0, pass_ms = 0;
+  };
+  Collectives collectives(int b, int e) const;
+  // The bytes of a stage's parameters tied across its ends (an embedding and the head reading it
+  // on another stage): their gradients are summed over the stages before the replicas reduce them.
+  int64_t tied_across_bytes(int b, int e) const;
+  // Of those, the copies a stage holds of weights another stage owns (an LM head's embedding):
+  // parameters of its own, reduced over its replicas as the others.
+  int64_t tied_copy_bytes(int b, int e) const;
+  int64_t reduced_bytes(int b, int e) const { return param_bytes(b, e) + tied_copy_bytes(b, e); }
 
   // --- memory (bytes) ---
   int64_t param_bytes(int b, int e) const { return params_[e] - params_[b]; }
@@ -200,6 +217,7 @@ class CostModel {
 
   std::vector<double> fwd_, bwd_, weight_;  // prefix sums, size n+1
   std::vector<int64_t> params_;             // prefix sums
+  std::vector<int> tied_users_;             // the nodes reading a weight another node owns
   std::vector<int> constant_nodes_;         // nodes with a stage constant, ascending
   std::vector<int64_t> saved_sum_;          // prefix sums of each node's distinct saved bytes
   DominanceSum saved_repeats_;              // consecutive savers of one tensor, to count it once

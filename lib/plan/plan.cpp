@@ -23,15 +23,17 @@ void Plan::time_step() {
     return;
   }
   std::vector<StageTimes> times;
-  double allreduce = 0;
+  double allreduce = 0;  // (plans without the collectives' placement)
   for (const StagePlan& s : stages) {
     StageTimes t;
     t.forward_ms = s.forward_ms;
     t.backward_ms = s.compute_ms - s.forward_ms + s.memopt_ms;  // recomputation and swap stalls wait in backward
     t.weight_ms = s.weight_ms;
     t.send_ms = static_cast<double>(s.crossing_bytes) / options.link_bandwidth * 1e3;
+    t.reduce_ms = s.reduce_ms, t.reduce_tail_ms = s.reduce_tail_ms, t.at_update_ms = s.at_update_ms;
+    t.gather_ms = s.gather_ms, t.pass_ms = s.pass_ms;
     times.push_back(t);
-    allreduce = std::max(allreduce, s.allreduce_ms);
+    if (s.reduce_ms + s.at_update_ms + s.pass_ms == 0) allreduce = std::max(allreduce, s.allreduce_ms);
   }
   const TimedRun run =
       simulate_times(options.schedule.make(static_cast<int>(stages.size()), options.micro_batches), times);
@@ -152,6 +154,11 @@ void stage_fields(S& s, Field&& field) {
   field("memopt_ms", s.memopt_ms);
   field("allreduce_ms", s.allreduce_ms, kOptionalField);
   field("allreduce_per_micro_batch_ms", s.allreduce_per_micro_batch_ms, kOptionalField);
+  field("reduce_ms", s.reduce_ms, kOptionalField);
+  field("reduce_tail_ms", s.reduce_tail_ms, kOptionalField);
+  field("at_update_ms", s.at_update_ms, kOptionalField);
+  field("gather_ms", s.gather_ms, kOptionalField);
+  field("pass_ms", s.pass_ms, kOptionalField);
 }
 
 template <class S, class Field>

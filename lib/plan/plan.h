@@ -112,6 +112,8 @@ struct StagePlan {
   // allreduce, or ZeRO's reduce-scatters and gathers), and their share per micro-batch (a
   // step's m micro-batches share one update under gpipe / 1f1b; async updates every time).
   double allreduce_ms = 0, allreduce_per_micro_batch_ms = 0;
+  // ... and where in the step they run (CostModel::collectives): what Plan::time_step simulates.
+  double reduce_ms = 0, reduce_tail_ms = 0, at_update_ms = 0, gather_ms = 0, pass_ms = 0;
   double time_ms() const { return compute_ms + memopt_ms + allreduce_per_micro_batch_ms; }
   MemoryBreakdown memory;                    // after memory optimization
   int64_t peak_without_memopt = 0;           // the formula's, as the search sees it
@@ -139,7 +141,9 @@ struct Plan {
 
   // One training step as the schedule's action lists run it (simulate_times): every stage's
   // forwards and backwards (with its evictions' stalls) in the list's order, each message one
-  // link transfer of the cut's bytes, then the slowest gradient allreduce. A stream that never
+  // link transfer of the cut's bytes, and the replicas' collectives on their own link where the
+  // runtime starts them (StagePlan::reduce_ms ...: the update waits for what the drain did not
+  // hide; plans written before them add the slowest stage's whole allreduce instead). A stream that never
   // drains (async) takes m periods of the slowest stage in its steady state. Simulated once, by
   // time_step, where the plan is made and where it is read.
   double step_ms() const { return timed_step_ms; }

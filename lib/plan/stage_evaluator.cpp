@@ -192,6 +192,9 @@ StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
   s.memopt_ms = m.overhead_ms;
   s.allreduce_ms = model_.allreduce_ms(b, e);
   s.allreduce_per_micro_batch_ms = model_.allreduce_per_micro_batch_ms(b, e);
+  const CostModel::Collectives c = model_.collectives(b, e);
+  s.reduce_ms = c.reduce_ms, s.reduce_tail_ms = c.reduce_tail_ms, s.at_update_ms = c.at_update_ms;
+  s.gather_ms = c.gather_ms, s.pass_ms = c.pass_ms;
   s.memory = model_.memory(b, e, x, m.activation_per_micro_batch);
   s.memory.replayed_peak = replayed;
   s.peak_without_memopt = m.peak_before;

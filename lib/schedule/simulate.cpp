@@ -292,13 +292,24 @@ class TimedWalk final : public ActionHooks {
         depth_(sends_in_flight),
         clock_(ranks, 0.0),
         busy_(ranks, 0.0),
+        last_weight_pass_(times.size(), {0.0, 0.0}),
         received_(ranks) {}
 
-  void forward(const Action& a) override { compute(a, times_[at(a)].forward_ms); }
-  void backward(const Action& a) override { compute(a, times_[at(a)].backward_ms); }
-  void backward_input(const Action& a) override { compute(a, times_[at(a)].backward_ms - times_[at(a)].weight_ms); }
-  void backward_weight(const Action& a) override { compute(a, times_[at(a)].weight_ms); }
-  void optimizer_step(const Action& a) override { compute(a, times_[at(a)].update_ms); }
+  void forward(const Action& a) override { compute(a, std::max(times_[at(a)].forward_ms, times_[at(a)].gather_ms)); }
+  void backward(const Action& a) override { weight_pass(a, times_[at(a)].backward_ms); }
+  void backward_input(const Action& a) override {
+    compute(a, std::max(times_[at(a)].backward_ms - times_[at(a)].weight_ms, times_[at(a)].gather_ms));
+  }
+  void backward_weight(const Action& a) override { weight_pass(a, times_[at(a)].weight_ms); }
+  void optimizer_step(const Action& a) override {
+    // The reductions streamed from the step's last weight pass (the last one seen: the update
+    // follows it) finish before the update's own collectives and the optimizer run.
+    const StageTimes& t = times_[at(a)];
+    const auto& [start, end] = last_weight_pass_[at(a)];
+    double& clock = clock_[rank(a.stage)];
+    if (t.reduce_ms > 0) clock = std::max({clock, start + t.reduce_ms, end + t.reduce_tail_ms});
+    compute(a, t.at_update_ms + t.update_ms);
+  }
   void send_activation(const Action& a) override { send(a, times_[at(a)].send_ms); }
   void send_grad(const Action& a) override { send(a, times_[at(a) - 1].send_ms); }  // over the cut before
   void recv_activation(const Action& a) override { receive(a, a.stage - 1, ActionKind::SendActivation); }
@@ -319,6 +330,11 @@ class TimedWalk final : public ActionHooks {
   static size_t at(const Action& a) { return static_cast<size_t>(a.stage); }
   size_t rank(int stage) const { return static_cast<size_t>(stage % ranks_); }
   void compute(const Action& a, double ms) { clock_[rank(a.stage)] += ms, busy_[rank(a.stage)] += ms; }
+  void weight_pass(const Action& a, double compute_ms) {
+    const double start = clock_[rank(a.stage)];
+    compute(a, std::max(compute_ms, times_[at(a)].pass_ms));
+    last_weight_pass_[at(a)] = {start, clock_[rank(a.stage)]};
+  }
   void send(const Action& a, double link_ms) {
     double& clock = clock_[rank(a.stage)];
     std::vector<double>& received = received_[rank(a.stage)];
@@ -336,8 +352,9 @@ class TimedWalk final : public ActionHooks {
 
   const std::vector<StageTimes>& times_;
   const int ranks_, depth_;
-  std::vector<double> clock_, busy_;           // per rank
-  std::vector<std::vector<double>> received_;  // per rank, per send in order: when it was received
+  std::vector<double> clock_, busy_;                         // per rank
+  std::vector<std::pair<double, double>> last_weight_pass_;  // per stage: the latest B or W, start and end
+  std::vector<std::vector<double>> received_;                // per rank, per send in order: when it was received
   // Each send's arrival and its index among its rank's sends, keyed by (sending stage, kind,
   // micro-batch).
   std::map<std::tuple<int, int, int64_t>, std::pair<double, size_t>> sends_;

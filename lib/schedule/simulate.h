@@ -61,6 +61,13 @@ struct StageTimes {
   double forward_ms = 0, backward_ms = 0, update_ms = 0;
   double send_ms = 0;    // a message over the cut after this stage, either way: its send to its arrival
   double weight_ms = 0;  // backward_ms's weight-gradient part: a W takes it, an I the rest
+  // Data parallelism, on the replicas' own link beside the compute. reduce_ms: what the update
+  // waits for, streamed from the start of the stage's last weight pass (B or W) of the step, its
+  // last bucket (reduce_tail_ms) not before that pass ends; at_update_ms: what runs in the update
+  // itself (the buckets of weights tied across stages, the all-gather after the optimizer).
+  // A pass takes at least its own collectives: gather_ms in a forward or an input pass (ZeRO
+  // level 3's gathers), pass_ms in a weight pass (level 2-3's reduce-scatters, level 3's gathers).
+  double reduce_ms = 0, reduce_tail_ms = 0, at_update_ms = 0, gather_ms = 0, pass_ms = 0;
 };
 struct TimedRun {
   double step_ms = 0;           // until the last stage's last action ends

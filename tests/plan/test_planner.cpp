@@ -660,7 +660,7 @@ TEST_CASE("ZeRO's collectives in a stage's time: per update at levels 0-1, also 
   const CostModel level0(p, opt);
   const int cut = level0.size() / 2;
   // One pass of the stage's parameter bytes over a ring of 4.
-  const double pass = 3.0 / 4 * 1e3 * static_cast<double>(level0.param_bytes(0, cut)) / 10e9;
+  const double pass = 3.0 / 4 * 1e3 * static_cast<double>(level0.reduced_bytes(0, cut)) / 10e9;
   CHECK(level0.allreduce_ms(0, cut) == Approx(2 * pass));
   const double passes[] = {2, 2, 4 + 1, 3 * 4};  // level 2: m reduce-scatters, 1 all-gather
   for (int level = 1; level <= 3; ++level) {
@@ -669,6 +669,25 @@ TEST_CASE("ZeRO's collectives in a stage's time: per update at levels 0-1, also 
     const CostModel model(p, opt);
     CHECK(model.allreduce_ms(0, cut) == Approx(passes[level] * pass));
     CHECK(model.allreduce_per_micro_batch_ms(0, cut) == Approx(passes[level] * pass / 4));
+  }
+  // Where they run: the embedding tied across the cut waits for the update (after the stages'
+  // sum) at levels 1-3, the rest streams; each level moves what allreduce_ms counts, but the
+  // tied weight's reduce-scatter, once a step rather than per micro-batch at levels 2-3.
+  const int64_t tied = level0.tied_across_bytes(0, cut);
+  CHECK(tied > 0);
+  CHECK(tied == level0.tied_across_bytes(cut, level0.size()));
+  CHECK(level0.tied_copy_bytes(0, cut) == 0);
+  CHECK(level0.tied_copy_bytes(cut, level0.size()) == tied);  // the head's copy
+  CHECK(level0.tied_across_bytes(0, level0.size()) == 0);
+  const double tied_pass = pass * static_cast<double>(tied) / static_cast<double>(level0.reduced_bytes(0, cut));
+  CHECK(level0.collectives(0, cut).reduce_ms == Approx(2 * pass));
+  for (int level = 1; level <= 3; ++level) {
+    INFO("level " << level);
+    opt.zero_stage = level;
+    const CostModel::Collectives c = CostModel(p, opt).collectives(0, cut);
+    const double moved = c.reduce_ms + c.at_update_ms + 4 * (c.pass_ms + c.gather_ms);
+    CHECK(moved == Approx(level == 1 ? passes[1] * pass : passes[level] * pass - 3 * tied_pass));
+    CHECK(c.at_update_ms >= tied_pass);
   }
   // The replicas' link (train measures it) replaces the link bandwidth there, and only there.
   opt.zero_stage = 1;
@@ -703,13 +722,32 @@ TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "
     const CostModel model(p, opt);
     for (const StagePlan& s : replicated.stages) {
       // A ring allreduce moves 2 (D - 1) / D of the stage's gradients over the link per update.
-      const double expected = 2.0 * 3 / 4 * 1e3 * static_cast<double>(model.param_bytes(s.begin, s.end)) / 10e9;
+      // (the copy of a tied weight a stage holds included: the last stage's decoder)
+      const double expected = 2.0 * 3 / 4 * 1e3 * static_cast<double>(model.reduced_bytes(s.begin, s.end)) / 10e9;
       CHECK(s.allreduce_ms == Approx(expected));
       CHECK(s.allreduce_per_micro_batch_ms ==
             Approx(schedule == ScheduleChoice::named("async") ? expected : expected / 4));
       CHECK(s.time_ms() == Approx(s.compute_ms + s.memopt_ms + s.allreduce_per_micro_batch_ms));
     }
     CHECK(replicated.bottleneck_ms() > alone.bottleneck_ms());
+    // The step hides what the drain can of the reductions: no longer than the simulated step with
+    // the slowest stage's whole allreduce after it (plans without the placement), no shorter
+    // than without data parallelism's collectives.
+    Plan unplaced = replicated, free = replicated;
+    double slowest = 0;
+    for (StagePlan& s : unplaced.stages) {
+      s.reduce_ms = s.reduce_tail_ms = s.at_update_ms = s.gather_ms = s.pass_ms = 0;
+      slowest = std::max(slowest, s.allreduce_ms);
+    }
+    for (StagePlan& s : free.stages) s.reduce_ms = s.reduce_tail_ms = s.allreduce_ms = 0;
+    unplaced.time_step();
+    free.time_step();
+    CHECK(replicated.step_ms() <= unplaced.step_ms());
+    CHECK(replicated.step_ms() >= free.step_ms());
+    if (schedule == ScheduleChoice::named("1f1b")) {
+      CHECK(unplaced.step_ms() == Approx(free.step_ms() + slowest));
+      CHECK(replicated.step_ms() < unplaced.step_ms());  // the later stages' reductions hide
+    }
     const Plan back = plan_from_json(replicated.to_json());
     CHECK(back.options.data_parallel == 4);
     CHECK(back.stages[0].allreduce_ms == replicated.stages[0].allreduce_ms);

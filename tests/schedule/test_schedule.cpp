@@ -215,6 +215,37 @@ TEST_CASE("the timed simulation gives the textbook bubble", "[schedule]") {
   CHECK_THROWS_AS(simulate_times(s, std::vector<StageTimes>(3)), ScheduleError);
 }
 
+// The replicas' collectives on their own link: streamed from the stage's last backward of the
+// step, the update waits only for what that backward and the drain after it (stage x finishes
+// x backwards before stage 0) did not hide; the update's own collectives and a pass's add to them.
+TEST_CASE("the timed simulation hides the replicas' reductions behind the drain", "[schedule]") {
+  const double f = 1.0, b = 2.0;
+  const int l = 4, m = 4;
+  const double T = (m + l - 1) * (f + b);
+  const Schedule s = make_schedule("1f1b", l, m);
+  auto step = [&](StageTimes t) { return simulate_times(s, std::vector<StageTimes>(l, t)).step_ms; };
+  StageTimes t{f, b, 0.0, 0.0};
+  CHECK(step(t) == Approx(T));
+  t.reduce_ms = b;  // within stage 0's own last backward
+  CHECK(step(t) == Approx(T));
+  t.reduce_ms = 3 * b;  // stage 0 waits 2b; stage 1's drains b longer, and so on
+  CHECK(step(t) == Approx(T + 2 * b));
+  t.reduce_ms = b, t.reduce_tail_ms = 0.5;  // the last bucket leaves when the backward ends
+  CHECK(step(t) == Approx(T + 0.5));
+  t.at_update_ms = 0.25;  // in the update itself
+  CHECK(step(t) == Approx(T + 0.75));
+  // Stage 3 alone reduces 4b: its last backward ends 3b before stage 0's, so b shows.
+  std::vector<StageTimes> one(l, StageTimes{f, b, 0.0, 0.0});
+  one[3].reduce_ms = 4 * b;
+  CHECK(simulate_times(s, one).step_ms == Approx(T));
+  one[3].reduce_ms = 5 * b;
+  CHECK(simulate_times(s, one).step_ms == Approx(T + b));
+  // A backward takes at least its pass's collectives, a forward its gathers.
+  StageTimes slow{f, b, 0.0, 0.0};
+  slow.pass_ms = 3.0, slow.gather_ms = 1.5;
+  CHECK(step(slow) == Approx((m + l - 1) * (1.5 + 3.0)));
+}
+
 // Uniform stages, free communication, the backward split into I (input gradients) and W
 // (weights'): zb-h1 takes m (f + i + w) + (l - 1)(f + i - w) (Qi et al., ZB-H1), 1F1B's
 // (m + l - 1)(f + i + w) less (l - 1)(2 w), holding min(l, m) micro-batches on every stage.
