@@ -139,7 +139,13 @@ void CostModel::index_nodes() {
     bwd_[i + 1] = bwd_[i] + node.bwd_ms;
     weight_[i + 1] = weight_[i] + node.bwd_ms * weight_share(node);
     params_[i + 1] = params_[i] + node.param_bytes;
-    if (node.tied_owner >= 0) tied_users_.push_back(i);
+    if (node.tied_owner >= 0) {  // (users come in order: each weight's list ascends)
+      auto w = std::find_if(tied_weights_.begin(), tied_weights_.end(),
+                            [&](const TiedWeight& t) { return t.owner == node.tied_owner; });
+      if (w == tied_weights_.end())
+        w = tied_weights_.insert(tied_weights_.end(), {node.tied_owner, {}, node.tied_bytes});
+      w->users.push_back(i);
+    }
     // (A split backward's I keeps what the node's functions saved until its end: the larger of
     // the two backward workspaces, whatever the schedule; the stage replay charges a whole
     // backward its own: StageReplay::backward_workspace.)
@@ -428,23 +434,17 @@ double CostModel::allreduce_ms(int b, int e) const {
 
 int64_t CostModel::tied_copy_bytes(int b, int e) const {
   int64_t bytes = 0;
-  std::set<int> counted;  // owners
-  for (int u : tied_users_) {
-    const NodeProfile& user = profile_->nodes[static_cast<size_t>(u)];
-    if (u >= b && u < e && (user.tied_owner < b || user.tied_owner >= e) && counted.insert(user.tied_owner).second)
-      bytes += user.tied_bytes;
+  for (const TiedWeight& w : tied_weights_) {  // owned elsewhere, read here
+    const auto user = std::lower_bound(w.users.begin(), w.users.end(), b);
+    if ((w.owner < b || w.owner >= e) && user != w.users.end() && *user < e) bytes += w.bytes;
   }
   return bytes;
 }
 
 int64_t CostModel::tied_across_bytes(int b, int e) const {
   int64_t bytes = tied_copy_bytes(b, e);
-  std::set<int> counted;  // owners here read elsewhere
-  for (int u : tied_users_) {
-    const NodeProfile& user = profile_->nodes[static_cast<size_t>(u)];
-    if ((u < b || u >= e) && user.tied_owner >= b && user.tied_owner < e && counted.insert(user.tied_owner).second)
-      bytes += user.tied_bytes;
-  }
+  for (const TiedWeight& w : tied_weights_)  // owned here, read elsewhere
+    if (w.owner >= b && w.owner < e && (w.users.front() < b || w.users.back() >= e)) bytes += w.bytes;
   return bytes;
 }
 

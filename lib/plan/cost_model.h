@@ -217,10 +217,15 @@ class CostModel {
 
   std::vector<double> fwd_, bwd_, weight_;  // prefix sums, size n+1
   std::vector<int64_t> params_;             // prefix sums
-  std::vector<int> tied_users_;             // the nodes reading a weight another node owns
-  std::vector<int> constant_nodes_;         // nodes with a stage constant, ascending
-  std::vector<int64_t> saved_sum_;          // prefix sums of each node's distinct saved bytes
-  DominanceSum saved_repeats_;              // consecutive savers of one tensor, to count it once
+  struct TiedWeight {
+    int owner = -1;
+    std::vector<int> users;  // the nodes reading it, ascending
+    int64_t bytes = 0;
+  };
+  std::vector<TiedWeight> tied_weights_;  // weights other nodes read too
+  std::vector<int> constant_nodes_;       // nodes with a stage constant, ascending
+  std::vector<int64_t> saved_sum_;        // prefix sums of each node's distinct saved bytes
+  DominanceSum saved_repeats_;            // consecutive savers of one tensor, to count it once
   RangeMax transient_;
   RangeMax forward_need_;
   std::vector<int64_t> cross_count_, cross_bytes_;  // per cut 0..n

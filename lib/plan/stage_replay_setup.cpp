@@ -412,9 +412,6 @@ void StageReplay::measure_messages() {
     if (requires_grad_[at(r.tensor)]) relaid_input_grad_bytes_ += r.bytes;
   }
   for (const TensorBytes& s : sent_) {
-    if (!permuted(s.tensor) &&
-        std::find(sent_param_views_.begin(), sent_param_views_.end(), s.tensor) != sent_param_views_.end())
-      sent_param_view_copies_ += s.bytes;
     if (permuted(s.tensor)) {
       permuted_sent_bytes_ += s.bytes;
       // Its gradient arrives contiguous; the runtime gives it the tensor's layout where that is a
@@ -423,8 +420,11 @@ void StageReplay::measure_messages() {
         relaid_grads_.insert(std::upper_bound(relaid_grads_.begin(), relaid_grads_.end(), s.tensor), s.tensor);
         largest_permuted_grad_ = std::max(largest_permuted_grad_, s.bytes);
       }
-    } else if (std::find(sent_originals_.begin(), sent_originals_.end(), key_[at(s.tensor)]) == sent_originals_.end()) {
-      sent_originals_.push_back(key_[at(s.tensor)]);
+    } else {
+      if (std::find(sent_param_views_.begin(), sent_param_views_.end(), s.tensor) != sent_param_views_.end())
+        sent_param_view_copies_ += s.bytes;
+      if (std::find(sent_originals_.begin(), sent_originals_.end(), key_[at(s.tensor)]) == sent_originals_.end())
+        sent_originals_.push_back(key_[at(s.tensor)]);
     }
   }
 }

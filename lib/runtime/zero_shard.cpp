@@ -431,7 +431,7 @@ void ZeroShard::start(size_t bucket) {
   if (chunk.defined()) {
     for (Travelling& t : travelling_)  // (a bucket going again: its first reduction lands first)
       if (t.chunk.is_same(chunk)) land(t);
-    buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(staged_ ? chunk.cpu() : chunk);
+    buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(chunk.cpu());  // (a host chunk as it is)
   } else
     chunk = at::empty({b.chunk}, on_device());
   // Staged: received in host memory, copied onto the device where it lands.

@@ -144,6 +144,19 @@ TEST_CASE("a tied weight's owner holds its own gradient (twice after an fp32 lin
   CHECK(peak("linear", "bf16") == embedding);
 }
 
+// 2 stages x 2 replicas at ZeRO level `level`, 4 micro-batches of Adam.
+PlanOptions zero_options(const char* schedule, int level, int64_t bucket_bytes) {
+  PlanOptions o;
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.schedule = ScheduleChoice::named(schedule);
+  o.optimizer = OptimizerKind::Adam;
+  o.data_parallel = 2;
+  o.zero_stage = level;
+  o.bucket_bytes = bucket_bytes;
+  return o;
+}
+
 TEST_CASE("ZeRO levels 1-3: the replay's shortcuts give what walking everything gives", "[plan][replay][zero]") {
   // Level 2's buckets start as the backward makes their gradients and hold their chunk of the
   // shard from the step's first start; level 3 gathers buckets in the forward and the backward
@@ -157,15 +170,7 @@ TEST_CASE("ZeRO levels 1-3: the replay's shortcuts give what walking everything 
       int64_t peaks[4] = {0, 0, 0, 0};
       const bool splits = std::string(schedule) == "zb-h1";
       for (int level = 0; level <= 3; ++level) {
-        PlanOptions o;
-        o.stages = 2;
-        o.micro_batches = 4;
-        o.schedule = ScheduleChoice::named(schedule);
-        o.optimizer = OptimizerKind::Adam;
-        o.data_parallel = 2;
-        o.zero_stage = level;
-        o.bucket_bytes = 64 << 10;
-        const CostModel model(p, o);
+        const CostModel model(p, zero_options(schedule, level, 64 << 10));
         const int cut = model.size() / 2;
         for (int x : {0, 1}) {
           const int b = x == 0 ? 0 : cut, e = x == 0 ? cut : model.size();
@@ -205,15 +210,7 @@ TEST_CASE("ZeRO level 3: a stage sending a view of a parameter holds its bucket 
   for (const char* schedule : {"1f1b", "zb-h1", "interleaved"}) {
     int64_t peaks[2] = {0, 0};
     for (int64_t bucket : {int64_t{1} << 10, int64_t{1} << 20}) {
-      PlanOptions o;
-      o.stages = 2;
-      o.micro_batches = 4;
-      o.schedule = ScheduleChoice::named(schedule);
-      o.optimizer = OptimizerKind::Adam;
-      o.data_parallel = 2;
-      o.zero_stage = 3;
-      o.bucket_bytes = bucket;
-      const CostModel model(p, o);
+      const CostModel model(p, zero_options(schedule, 3, bucket));
       INFO(schedule << ", buckets of " << bucket << " bytes");
       const StageMemoryReplay derived = replay_stage_memory(model, 0, 3, 0, {});
       std::vector<Action> events;
