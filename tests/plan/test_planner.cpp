@@ -751,6 +751,8 @@ TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "
     const Plan back = plan_from_json(replicated.to_json());
     CHECK(back.options.data_parallel == 4);
     CHECK(back.stages[0].allreduce_ms == replicated.stages[0].allreduce_ms);
+    CHECK(back.stages[0].reduce_ms == replicated.stages[0].reduce_ms);
+    CHECK(back.step_ms() == Approx(replicated.step_ms()));  // what train --plan-in predicts
     std::ostringstream table;
     replicated.print_table(table);
     CHECK_THAT(table.str(), Catch::Contains("data parallel 4 x 4 stages"));
