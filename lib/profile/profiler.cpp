@@ -73,9 +73,7 @@ class NodeMeasurer {
         opt_(opt),
         dev_(opt.device),
         module_(g, n, n + 1, opt.seed, opt.device),
-        env_(g.tensors.size()) {
-    // No internal-buffer slots in env_ (StageModule::internal_slot): what the node keeps is
-    // autograd's alone, and nothing of one iteration outlives it into the next one's measurement.
+        env_(module_.make_env()) {
     ins_.assign(node_.inputs.begin(), node_.inputs.end());
     std::sort(ins_.begin(), ins_.end());
     ins_.erase(std::unique(ins_.begin(), ins_.end()), ins_.end());
@@ -144,6 +142,24 @@ class NodeMeasurer {
     return contiguous || permuted ? leaf.view(info.shape) : leaf.as_strided(info.shape, layout);
   }
 
+  // The buffers the node exposes in its internal slots (StageModule::internal_slot; a loss's
+  // log-probabilities, a dropout's mask) leave env_ at once: what the node keeps is autograd's
+  // alone, and nothing of one iteration outlives it into the next one's measurement. They are
+  // remembered weakly: a backward that writes a gradient over one (the loss over its
+  // log-probabilities) makes no new buffer.
+  void take_internals() {
+    internals_.clear();
+    for (size_t slot = g_.tensors.size(); slot < env_.size(); ++slot)
+      if (env_[slot].defined()) {
+        internals_.push_back(env_[slot].storage().getWeakStorageImpl());
+        env_[slot] = at::Tensor();
+      }
+  }
+  bool is_internal(const c10::StorageImpl* storage) const {
+    return std::any_of(internals_.begin(), internals_.end(),
+                       [&](const c10::weak_intrusive_ptr<c10::StorageImpl>& w) { return w.lock().get() == storage; });
+  }
+
   // input_only: a forward and the node's part of I (input_pass) instead of its backward.
   void iteration(int it, bool measured, bool last, bool input_only = false);
   Outputs outputs() const;
@@ -162,6 +178,7 @@ class NodeMeasurer {
   TensorEnv env_;
   std::vector<int> ins_;            // distinct inputs, ascending
   std::vector<at::Tensor> inputs_;  // per input: what the node reads (a view of its leaf)
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> internals_;  // this iteration's (take_internals)
   NodeMeasurement m_;
 };
 
@@ -175,6 +192,7 @@ void NodeMeasurer::iteration(int it, bool measured, bool last, bool input_only) 
   const int64_t live0 = DeviceMemory::live_bytes(dev_);
   DeviceMemory::reset_peak(dev_);
   const double fwd = time_ms(dev_, [&] { module_.run_node(n_, env_, RunContext{0, it}); });
+  take_internals();
   synchronize(dev_);
   const Outputs o = outputs();
   const int64_t fwd_peak = DeviceMemory::peak_bytes(dev_) - live0;
@@ -328,14 +346,15 @@ void NodeMeasurer::backward(const Outputs& o, bool measured, bool input_only) {
   });
   synchronize(dev_);
   const int64_t bwd_peak = DeviceMemory::peak_bytes(dev_) - lb0;
-  // The gradients it made: new storages (not the output's gradient handed on, or a view of it).
+  // The gradients it made: new storages (not the output's gradient handed on, or a view of it,
+  // nor an internal buffer written over).
   std::vector<const c10::StorageImpl*> seen;
   for (const at::Tensor& x : grads) seen.push_back(x.storage().unsafeGetStorageImpl());
   int64_t grad_bytes = 0;
   auto count = [&](const at::Tensor& x) {
     if (!x.defined()) return;
     const c10::StorageImpl* st = x.storage().unsafeGetStorageImpl();
-    if (std::find(seen.begin(), seen.end(), st) != seen.end()) return;
+    if (std::find(seen.begin(), seen.end(), st) != seen.end() || is_internal(st)) return;
     seen.push_back(st);
     grad_bytes += static_cast<int64_t>(x.storage().nbytes());
   };

@@ -59,7 +59,7 @@ class NcclLink final : public Transport {
     // The previous send's buffers go now, as the planner's memory replay assumes; the caching
     // allocator reuses them only after the send stream is done with them (recordStream).
     pending_.clear();
-    for (at::Tensor& t : tensors) t = t.contiguous();
+    dense_once_per_view(tensors, [](const at::Tensor& t) { return t.contiguous(); });
     const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
     at::cuda::CUDAEvent ready;
     ready.record(compute);

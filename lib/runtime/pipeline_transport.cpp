@@ -9,7 +9,7 @@
 namespace dawnpiper {
 
 void HostStagedTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std::vector<at::Tensor> tensors) {
-  for (at::Tensor& t : tensors) t = t.to(at::kCPU).contiguous();
+  dense_once_per_view(tensors, [](const at::Tensor& t) { return t.to(at::kCPU).contiguous(); });
   mpi_.send(to_stage, kind, micro_batch, std::move(tensors));
   bytes_sent_ = mpi_.bytes_sent();
 }

@@ -51,10 +51,8 @@ std::vector<at::Tensor> RoundRobinTransport::recv(int from_stage, MessageKind ki
 void StandInTransport::send(int, MessageKind, int64_t, std::vector<at::Tensor> tensors) {
   // As MpiTransport: the oldest send completes before this one copies anything.
   while (in_flight_.size() >= sends_in_flight_) in_flight_.pop_front();
-  for (at::Tensor& t : tensors) {
-    t = t.contiguous();
-    bytes_sent_ += t.numel() * t.element_size();
-  }
+  dense_once_per_view(tensors, [](const at::Tensor& t) { return t.contiguous(); });
+  for (const at::Tensor& t : tensors) bytes_sent_ += t.numel() * t.element_size();
   in_flight_.push_back(std::move(tensors));
 }
 
@@ -121,8 +119,8 @@ void MpiTransport::send(int to_stage, MessageKind kind, int64_t micro_batch, std
   // Straight from each tensor's storage (no packed copy), in chunks that MPI keeps in order; the
   // tensor stays referenced until its chunks are done.
   Pending& sent = pending_.emplace_back();
-  for (const at::Tensor& t : tensors) {
-    at::Tensor buffer = t.contiguous();
+  dense_once_per_view(tensors, [](const at::Tensor& t) { return t.contiguous(); });
+  for (at::Tensor& buffer : tensors) {
     const int64_t n = buffer.numel() * buffer.element_size();
     auto* bytes = static_cast<const char*>(buffer.data_ptr());
     for (int64_t offset = 0, c = 0; c < chunk_count(n); ++c, offset += kMessageChunkBytes) {

@@ -19,6 +19,24 @@ namespace dawnpiper {
 // dtypes from the graph, so only raw data travels.
 enum class MessageKind { Activation = 0, Gradient = 1 };
 
+// Replaces each of a message's tensors by dense(tensor) (a contiguous copy, a host copy), once
+// per distinct view: an add hands its output's gradient itself to both of its inputs, and where
+// that gradient is a permuted view (the halves of a rotary sum received from the stage before)
+// one copy serves both, as the planner's replay counts (two were held until the send completed).
+template <class Dense>
+void dense_once_per_view(std::vector<at::Tensor>& tensors, Dense dense) {
+  auto same_view = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.storage().is_alias_of(b.storage()) && a.storage_offset() == b.storage_offset() &&
+           a.sizes().equals(b.sizes()) && a.strides().equals(b.strides());
+  };
+  const std::vector<at::Tensor> views = tensors;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    size_t k = 0;
+    while (k < i && !same_view(views[k], views[i])) ++k;
+    tensors[i] = k < i ? tensors[k] : dense(views[i]);
+  }
+}
+
 class Transport {
  public:
   virtual ~Transport() = default;

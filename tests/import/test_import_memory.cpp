@@ -97,10 +97,30 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
     // view and loads no data, so a decision to evict the data it saves through it changes
     // nothing; the first stage sends the view, so it empties the data only after the send (it
     // emptied it before and sent freed memory: a crash).
+    std::set<int> after_data_views;
     for (int n = 1; n + 1 < g.size(); ++n) {
       const int alias = profile.tensors[static_cast<size_t>(g.nodes[static_cast<size_t>(n)].outputs[0])].alias_of;
-      if (alias >= 0 && profile.tensors[static_cast<size_t>(alias)].is_data) cuts.insert(n + 1);
+      if (alias >= 0 && profile.tensors[static_cast<size_t>(alias)].is_data) after_data_views.insert(n + 1);
     }
+    cuts.insert(after_data_views.begin(), after_data_views.end());
+    // The first rotary sum (a query's), its halves received: the add hands its gradient itself
+    // to both, a permuted view, which the transports sent as two copies (Qwen2 64 KiB above
+    // under zb-h1) before one copy served both.
+    for (int n = 2; n < g.size(); ++n)
+      if (profile.nodes[static_cast<size_t>(n)].kind == "aten::add.Tensor" &&
+          profile.nodes[static_cast<size_t>(n) - 2].kind == "aten::cat") {
+        cuts.insert(n);
+        break;
+      }
+    // The loss head alone after the last projection, its logits received: the loss's backward
+    // is the stage's peak, and its workspace (the labels' masks and scales) measured 3,344 B
+    // above on OPT's and Phi's interleaved last stages before the profiler took the gradient
+    // the loss writes over its log-probabilities for a new buffer (workspace 0).
+    for (int n = g.size() - 1; n > 0; --n)
+      if (profile.nodes[static_cast<size_t>(n)].kind == "aten::linear") {
+        cuts.insert(n + 1);
+        break;
+      }
     for (int cut : cuts)
       for (ScheduleChoice kind :
            {ScheduleChoice::named("gpipe"), ScheduleChoice::named("1f1b"), ScheduleChoice::named("async"),
@@ -132,21 +152,24 @@ TEST_CASE("the stage memory replay predicts imported stages' measured peaks", "[
             INFO(name << " cut " << cut << " (" << g.nodes[static_cast<size_t>(cut)].name << ") " << name_of(kind)
                       << " round " << round << " stage " << x << ": measured " << measured << " predicted "
                       << predicted);
-            // Never above, but for 1 KiB: a first stage that only views the input ids and sends
-            // the view holds one micro-batch's ids (512 bytes) more or less than the replay,
-            // whose moments of releasing data and sent views differ from the stand-in
-            // transport's (not explained). Before: up to +0.3%, and Gemma +1.2% at cut 69 (a
-            // sum of two linears' input gradients, each a view: a buffer of its own, now
-            // counted); +2.0% and +3.4% before the stand-in transport drew received gradients
-            // in place (BERT's loss alone on the second stage, GPT-2 cut after its first MLP
-            // projection, both under 1f1b); T5 evicting at random +5.1% before its profile had
-            // the layouts of the kernels that run (see the test above); BERT cut 54 +1.1%
-            // before a received gradient got its tensor's layout. A split backward (zb-h1,
-            // zb-h2) measured up to 24% above before the replay's I held the gradients a
-            // parameter's view gets (Falcon's transposed weights, a bf16 cast, a chunked head's
-            // split) and let go of the log-probabilities no reader holds (an imported head's
-            // reshape of the logits, a bf16 cast, received logits).
-            CHECK(measured <= predicted + 1024);
+            // Never above, but for 1 KiB after a view of the data: a first stage that only views
+            // the input ids and sends the view holds one micro-batch's ids (512 bytes) more or
+            // less than the replay, whose moments of releasing data and sent views differ from
+            // the stand-in transport's; T5 cut in its labels' shift (a received slice, cloned)
+            // +952 B under gpipe (neither explained). Before: every stage of the loss head
+            // alone up to +848 B (its backward's workspace, counted 0: the profiler took the
+            // gradient written over the log-probabilities for a new buffer); up to +0.3%, and
+            // Gemma +1.2% at cut 69 (a sum of two linears' input gradients, each a view: a
+            // buffer of its own, now counted); +2.0% and +3.4% before the stand-in transport
+            // drew received gradients in place (BERT's loss alone on the second stage, GPT-2
+            // cut after its first MLP projection, both under 1f1b); T5 evicting at random +5.1%
+            // before its profile had the layouts of the kernels that run (see the test above);
+            // BERT cut 54 +1.1% before a received gradient got its tensor's layout. A split
+            // backward (zb-h1, zb-h2) measured up to 24% above before the replay's I held the
+            // gradients a parameter's view gets (Falcon's transposed weights, a bf16 cast, a
+            // chunked head's split) and let go of the log-probabilities no reader holds (an
+            // imported head's reshape of the logits, a bf16 cast, received logits).
+            CHECK(measured <= predicted + (after_data_views.count(cut) ? 1024 : 0));
             CHECK(double(measured) >= 0.93 * double(predicted) - 1024);
           }
         }
