@@ -33,7 +33,7 @@ struct MicroBatch {
   // I: the gradient is (a view of) the logits' gradient that the loss wrote over the
   // log-probabilities it saved, which hold it: no bytes of its own.
   std::vector<char> grad_in_loss;
-  std::vector<char> grad_views;  // its gradient is a view (a linear's of its input: see input_gradients)
+  std::vector<char> grad_views;  // its gradient is a view, summed into out of place (input_gradients)
   // One gradient buffer that several tensors hold: a node that hands its output's gradient
   // itself to its inputs (NodeProfile::passes_gradient: a residual add, a clone) makes them
   // holders of the output's. Per local: the tensor whose bytes stand for its gradient's buffer

@@ -230,14 +230,14 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
     }
     if (g) {  // this node's contribution is summed into the existing gradient
       if (view) continue;
-      // Autograd sums in place into either gradient where it alone holds its buffer, which a
-      // view does not: a linear's input gradient views its 2-D product where it folds the
-      // batch (an input of more than two dimensions, as in every transformer). A sum of two
-      // such is a new buffer beside both; later sums go into it (T5's q, k and v projections).
-      // A passed gradient (held by the output too) is no new buffer: summed into the existing
-      // one unless that is a view.
+      // Autograd sums in place only into the existing gradient, and only where it alone holds
+      // its storage, which a view made in the backward does not: the view keeps its base alive.
+      // A linear's input gradient views its 2-D product where it folds the batch (an input of
+      // more than two dimensions, as in every transformer), a reshape's views its output's. A
+      // sum into such is a new buffer beside both; later sums go into it (T5's q, k and v
+      // projections). A passed gradient (held by the output too) is no new buffer.
       if (!passes) r.transient += bytes(t);
-      if (g == 1 && m.grad_views[loc(t)] && (kind == NodeClass::Linear || passes)) r.transient += bytes(t);
+      if (g == 1 && m.grad_views[loc(t)]) r.transient += bytes(t);
       m.grad_views[loc(t)] = 0;
       if (g == 2) {  // out of place: the stage still holds the received one
         r.grads += bytes(t), g = 1;
@@ -281,6 +281,7 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
       const bool relaid =
           input_only && out_grad == 2 && std::binary_search(relaid_grads_.begin(), relaid_grads_.end(), out);
       m.permuted[loc(t)] = !relaid && (m.permuted[loc(out)] || kind == NodeClass::Permute);
+      m.grad_views[loc(t)] = 1;
       m.grad_in_loss[loc(t)] = m.grad_in_loss[loc(out)];  // an imported head's reshape of the logits
     }
   }
