@@ -294,8 +294,10 @@ void CostModel::index_gradients() {
   // Which tensors carry gradients: outputs of nodes with parameters or with such inputs, unless
   // the profile says.
   node_classes_.assign(profile.nodes.size(), NodeClass::Other);
-  for (const NodeProfile& node : profile.nodes)
+  for (const NodeProfile& node : profile.nodes) {
     node_classes_[static_cast<size_t>(node.id)] = dawnpiper::node_class(node.kind);
+    imported_ = imported_ || imported_kind(node.kind);
+  }
   requires_grad_.assign(profile.tensors.size(), 0);
   for (const NodeProfile& node : profile.nodes) {
     bool rg = (node.param_bytes > 0 || node.param_grad_bytes > 0 || node.tied_bytes > 0) &&
@@ -411,7 +413,19 @@ bool CostModel::is_data(int tensor) const { return profile_->tensors[static_cast
 
 bool CostModel::copy_not_made(int tensor, int b) const {
   const int source = profile_->tensors[static_cast<size_t>(tensor)].copy_of;
-  return source >= 0 && !is_data(source) && producer(source) < b;
+  return source >= 0 && !is_data(source) && producer(source) < b && !relaid_on_receipt(source);
+}
+
+bool CostModel::permuted(int tensor) const {
+  const int contiguous = profile_->tensors[static_cast<size_t>(tensor)].contiguous;
+  if (contiguous >= 0) return contiguous == 0;                                          // the profile says
+  for (int t = tensor; t >= 0; t = profile_->tensors[static_cast<size_t>(t)].alias_of)  // older profiles
+    if (producer(t) >= 0 && node_class(producer(t)) == NodeClass::Permute) return true;
+  return false;
+}
+
+bool CostModel::relaid_on_receipt(int tensor) const {
+  return imported_ && permuted(tensor) && tensor_bytes(tensor) == tensor_bytes(alias_root(tensor));
 }
 
 double CostModel::recompute_ms(int node) const {

@@ -164,8 +164,16 @@ class CostModel {
   // matmul's operand copy is not made where the operand arrives from an earlier stage.
   bool evictable(int tensor) const { return evictable_[static_cast<size_t>(tensor)] != 0; }
   // A contiguous copy (TensorProfile::copy_of) that a stage starting at node b does not make:
-  // its source arrives from an earlier stage, contiguous.
+  // its source arrives from an earlier stage, contiguous (not relaid_on_receipt).
   bool copy_not_made(int tensor, int b) const;
+  // Whether `tensor` is not contiguous in the whole graph (a transposed view is sent as a
+  // contiguous copy: MPI reads one dense buffer).
+  bool permuted(int tensor) const;
+  // Whether a stage receiving `tensor` lays it out again as the whole graph had it: an imported
+  // graph's permuted view of all of its storage (runtime/pipeline_stage.cpp), so that the stage
+  // copies and views where the whole graph does (a matmul's operand copy is made). A zoo graph's
+  // arrives contiguous.
+  bool relaid_on_receipt(int tensor) const;
   int64_t tensor_bytes(int tensor) const { return bytes_[static_cast<size_t>(tensor)]; }
   double recompute_ms(int node) const;
   // Storage sharing, for the replays: the tensors whose alias_of is `tensor`, those that are
@@ -208,6 +216,7 @@ class CostModel {
   OptimizerKind optimizer_ = OptimizerKind::Sgd;
   std::vector<char> requires_grad_;
   std::vector<NodeClass> node_classes_;
+  bool imported_ = false;  // a graph with the export's layouts (imported_kind)
   double host_bw_ = 0, link_bw_ = 0, replica_bw_ = 0;
   HostLink host_link_;  // empty: host_bw_
   int data_parallel_ = 1;

@@ -52,7 +52,8 @@ void StageReplay::place_storages() {
   is_received_.assign(at(T_), 0);
   for (const TensorBytes& r : received_) is_received_[at(r.tensor)] = 1;
   // From the graph's owners, patched where a received tensor (a fresh copy) starts a storage of
-  // its own: its views share it, and the copy the whole graph makes of it is not made.
+  // its own: its views share it, and the copy the whole graph makes of it is not made (it arrives
+  // contiguous), but where the stage lays it out again as a permuted view.
   key_ = model_.alias_roots();
   storage_ = model_.owns_storage();
   std::vector<int> stack;
@@ -68,7 +69,8 @@ void StageReplay::place_storages() {
     }
   }
   for (const TensorBytes& r : received_)
-    for (int c : model_.copies_of(r.tensor)) storage_[at(c)] = 0;
+    if (!model_.relaid_on_receipt(r.tensor))
+      for (int c : model_.copies_of(r.tensor)) storage_[at(c)] = 0;
   // Received views: the stage's savers of the sender-side owner save the received copy.
   for (const TensorBytes& r : received_) {
     const int o = model_.alias_root(r.tensor);
@@ -398,21 +400,13 @@ void StageReplay::measure_messages() {
   // Gradients travel back only for tensors autograd tracks.
   for (const TensorBytes& r : received_)
     if (requires_grad_[at(r.tensor)]) received_grad_bytes_ += r.bytes;
-  // A transposed view is sent as a contiguous copy (MPI reads one dense buffer).
-  auto permuted = [&](int tensor) {
-    const int contiguous = p_.tensors[at(tensor)].contiguous;
-    if (contiguous >= 0) return contiguous == 0;                  // the profile says
-    for (int t = tensor; t >= 0; t = p_.tensors[at(t)].alias_of)  // older profiles
-      if (model_.node_class(p_.tensors[at(t)].producer) == NodeClass::Permute) return true;
-    return false;
-  };
   for (const TensorBytes& r : received_) {
-    if (!permuted(r.tensor) || r.bytes != bytes(model_.alias_roots()[at(r.tensor)])) continue;
+    if (!model_.relaid_on_receipt(r.tensor)) continue;
     largest_relaid_input_ = std::max(largest_relaid_input_, r.bytes);
     if (requires_grad_[at(r.tensor)]) relaid_input_grad_bytes_ += r.bytes;
   }
   for (const TensorBytes& s : sent_) {
-    if (permuted(s.tensor)) {
+    if (model_.permuted(s.tensor)) {
       permuted_sent_bytes_ += s.bytes;
       // Its gradient arrives contiguous; the runtime gives it the tensor's layout where that is a
       // permutation of all of its storage (not of a slice: a fused projection's query).

@@ -27,6 +27,8 @@ std::string op_of(const std::string& kind) {
 }
 }  // namespace
 
+bool imported_kind(const std::string& kind) { return kind.rfind("aten::", 0) == 0; }
+
 NodeClass node_class(const std::string& kind) {
   static const std::map<std::string, NodeClass> classes{{"input", NodeClass::Input},
 #ifdef DAWNPIPER_IN_PLACE_GRADIENTS

@@ -79,6 +79,9 @@ enum class NodeClass : char {
   Linear,
 };
 NodeClass node_class(const std::string& kind);
+// Whether a node of this kind was imported (an ATen operator, "aten::matmul"): only imported
+// graphs carry the export's layouts, which a stage receiving a permuted view lays out again.
+bool imported_kind(const std::string& kind);
 struct Profile;
 // Whether the executor keeps a handle on internal buffer `t` (exec/stage_module.cpp), so that
 // the evictor can swap or recompute it like a graph tensor: a zoo dropout's mask, a zoo

@@ -27,6 +27,12 @@ MODELS = {
                              "max_position_embeddings=64,hidden_dropout=0,attention_dropout=0"),
     "gpt_bigcode": ("gpt_bigcode", "n_layer=2,n_embd=64,n_head=4,vocab_size=256,n_positions=64,resid_pdrop=0,embd_pdrop=0,"
                                    "attn_pdrop=0"),
+    # GPT-J's attention multiplies by its value as a permuted view (a stage receiving it lays it
+    # out so again, and the matmul copies it there too); Mixtral routes tokens to experts.
+    "gptj": ("gptj", "n_layer=2,n_embd=64,n_head=4,vocab_size=256,n_positions=64,rotary_dim=8,resid_pdrop=0,embd_pdrop=0,"
+                     "attn_pdrop=0"),
+    "mixtral": ("mixtral", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,intermediate_size=128,vocab_size=256,"
+                           "max_position_embeddings=64,num_key_value_heads=2,num_local_experts=4,num_experts_per_tok=2"),
 }
 
 
