@@ -229,7 +229,20 @@ StageReplay::InputGradients StageReplay::input_gradients(MicroBatch& m, int i, b
       continue;
     }
     if (g) {  // this node's contribution is summed into the existing gradient
-      if (view) continue;
+      if (view) {
+        // A view of the output's gradient, summed in place into an existing gradient that alone
+        // holds its storage; else into a new buffer: beside a received gradient the stage holds
+        // until the backward ends (Mixtral's hidden states, sent on and read by its router), or
+        // beside a view.
+        if (g == 2) {
+          r.grads += bytes(t), g = 1;
+          if (is_received_[at(t)]) m.input_grads += bytes(t);
+        } else if (m.grad_views[loc(t)]) {
+          r.transient += bytes(t);
+        }
+        m.grad_views[loc(t)] = 0;
+        continue;
+      }
       // Autograd sums in place only into the existing gradient, and only where it alone holds
       // its storage, which a view made in the backward does not: the view keeps its base alive.
       // A linear's input gradient views its 2-D product where it folds the batch (an input of
