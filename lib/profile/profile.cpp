@@ -30,37 +30,39 @@ std::string op_of(const std::string& kind) {
 bool imported_kind(const std::string& kind) { return kind.rfind("aten::", 0) == 0; }
 
 NodeClass node_class(const std::string& kind) {
-  static const std::map<std::string, NodeClass> classes{{"input", NodeClass::Input},
+  static const std::map<std::string, NodeClass> classes{
+      {"input", NodeClass::Input},
 #ifdef DAWNPIPER_IN_PLACE_GRADIENTS
-                                                        {"softmax", NodeClass::InPlaceGradient},
+      {"softmax", NodeClass::InPlaceGradient},
 #endif
-                                                        {"cross_entropy", NodeClass::InPlaceLoss},
-                                                        {"concat", NodeClass::Concat},
-                                                        {"aten::cat", NodeClass::Concat},
-                                                        {"linear", NodeClass::Linear},
-                                                        {"aten::linear", NodeClass::Linear},
-                                                        {"transpose", NodeClass::Permute},
-                                                        {"aten::transpose", NodeClass::Permute},
-                                                        {"aten::permute", NodeClass::Permute},
-                                                        {"aten::t", NodeClass::Permute},
-                                                        {"aten::swapaxes", NodeClass::Permute},
-                                                        {"aten::movedim", NodeClass::Permute},
-                                                        {"reshape", NodeClass::Reshape},
-                                                        {"aten::reshape", NodeClass::Reshape},
-                                                        {"aten::view", NodeClass::Reshape},
-                                                        {"aten::_unsafe_view", NodeClass::Reshape},
-                                                        {"aten::flatten", NodeClass::Reshape},
-                                                        {"aten::slice", NodeClass::ViewAllocatingGradient},
-                                                        {"aten::select", NodeClass::ViewAllocatingGradient},
-                                                        {"aten::narrow", NodeClass::ViewAllocatingGradient},
-                                                        {"aten::expand", NodeClass::ViewAllocatingGradient},
-                                                        {"aten::split", NodeClass::ViewAllocatingGradient},
-                                                        {"aten::split_with_sizes", NodeClass::ViewAllocatingGradient},
-                                                        {"aten::unbind", NodeClass::ViewAllocatingGradient},
-                                                        {"aten::chunk", NodeClass::ViewAllocatingGradient},
-                                                        {"aten::as_strided", NodeClass::ViewAllocatingGradient},
-                                                        {"aten::diagonal", NodeClass::ViewAllocatingGradient},
-                                                        {"aten::unfold", NodeClass::ViewAllocatingGradient}};
+      {"cross_entropy", NodeClass::InPlaceLoss},
+      {"concat", NodeClass::Concat},
+      {"aten::cat", NodeClass::Concat},
+      {"aten::stack", NodeClass::Concat},  // its inputs' gradients: views too
+      {"linear", NodeClass::Linear},
+      {"aten::linear", NodeClass::Linear},
+      {"transpose", NodeClass::Permute},
+      {"aten::transpose", NodeClass::Permute},
+      {"aten::permute", NodeClass::Permute},
+      {"aten::t", NodeClass::Permute},
+      {"aten::swapaxes", NodeClass::Permute},
+      {"aten::movedim", NodeClass::Permute},
+      {"reshape", NodeClass::Reshape},
+      {"aten::reshape", NodeClass::Reshape},
+      {"aten::view", NodeClass::Reshape},
+      {"aten::_unsafe_view", NodeClass::Reshape},
+      {"aten::flatten", NodeClass::Reshape},
+      {"aten::slice", NodeClass::ViewAllocatingGradient},
+      {"aten::select", NodeClass::ViewAllocatingGradient},
+      {"aten::narrow", NodeClass::ViewAllocatingGradient},
+      {"aten::expand", NodeClass::ViewAllocatingGradient},
+      {"aten::split", NodeClass::ViewAllocatingGradient},
+      {"aten::split_with_sizes", NodeClass::ViewAllocatingGradient},
+      {"aten::unbind", NodeClass::ViewAllocatingGradient},
+      {"aten::chunk", NodeClass::ViewAllocatingGradient},
+      {"aten::as_strided", NodeClass::ViewAllocatingGradient},
+      {"aten::diagonal", NodeClass::ViewAllocatingGradient},
+      {"aten::unfold", NodeClass::ViewAllocatingGradient}};
   auto it = classes.find(op_of(kind));
   return it == classes.end() ? NodeClass::Other : it->second;
 }

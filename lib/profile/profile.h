@@ -73,7 +73,7 @@ enum class NodeClass : char {
   // logits' storage where the logits die there (one chunk of rows more, not a second buffer),
   // and its backward writes the logits' gradient over them.
   InPlaceLoss,
-  Concat,  // the zoo's concat, aten::cat (any overload): its backward hands out slices
+  Concat,  // the zoo's concat, aten::cat and aten::stack (any overload): its backward hands out slices
   // Its weight's gradient reaches the weight as a view (of the transposed product), which
   // autograd does not sum another gradient into: a sum with it is a buffer of its own.
   Linear,
