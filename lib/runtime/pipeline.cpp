@@ -348,7 +348,7 @@ std::string replica_traffic(const PipelineConfig& c, Precision precision, const 
             (c.zero_stage >= 2 ? std::string(" as each micro-batch's backward produces them") : std::string()) +
             (c.zero_stage >= 3 ? std::string(", parameters gathered where they are read")
                                : std::string(", parameters all-gathered")) +
-            (precision == Precision::Bf16 ? " in bf16" : "") + " by mpi" +
+            (precision == Precision::Bf16 ? " in bf16" : "") + " by " + stages.front()->zero_shard()->collectives() +
             (stages.front()->zero_shard()->staged() ? " through host memory)" : ")");
   else if (!averagers.empty())
     said +=

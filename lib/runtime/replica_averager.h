@@ -1,22 +1,21 @@
 #pragma once
 // Averaging a stage's gradients over its data-parallel replicas (one rank per replica in the
-// communicator): NCCL on CUDA when every replica has a GPU of its own (a build with NCCL), else
-// through host memory over MPI (the CPU, and replicas sharing a GPU, which NCCL refuses in one
-// communicator).
+// communicator), ZeRO level 0: through runtime/replica_collectives.h, NCCL on the device where
+// every replica has a GPU of its own (a build with NCCL), else MPI through host memory (the CPU,
+// and replicas sharing a GPU, which NCCL refuses in one communicator).
 //
-// On MPI (ZeRO level 0) the gradients travel in flat buckets of whole parameters, about
-// `bucket_bytes` each, closed only between two nodes' parameters (ZeRO's shard_layout with one
-// replica: the planner's replay places them alike). During the step's last weight pass (B, or W
-// of a split backward) autograd's post-accumulate hooks count each parameter's accumulations; a
-// bucket is packed into one buffer (its gradients released) and its MPI_Iallreduce started once
-// every parameter in it has all of its accumulations of the pass and every bucket before it in a
-// fixed order (the last bucket first, as a backward makes them) has started, so that the
-// replicas start the same collectives in the same order. The buckets holding a weight tied
-// across stages (`deferred`), and those the hooks did not start, start when that pass ends.
-// average() waits for them, divides by D, and the gradients become views of the buffers: what
-// each element sums is what one allreduce per parameter sums. A bucket size of 0 averages
-// parameter by parameter in place, each allreduce started when the pass ends (the averaging
-// before buckets: kept to compare with).
+// The gradients travel in flat buckets of whole parameters, about `bucket_bytes` each, closed
+// only between two nodes' parameters (ZeRO's shard_layout with one replica: the planner's
+// replay places them alike). During the step's last weight pass (B, or W of a split backward)
+// autograd's post-accumulate hooks count each parameter's accumulations; a bucket is packed
+// into one buffer (its gradients released) and its allreduce started once every parameter in it
+// has all of its accumulations of the pass and every bucket before it in a fixed order (the last
+// bucket first, as a backward makes them) has started, so that the replicas start the same
+// collectives in the same order. The buckets holding a weight tied across stages (`deferred`),
+// and those the hooks did not start, start when that pass ends. average() waits for them,
+// divides by D, and the gradients become views of the buffers: what each element sums is what
+// one allreduce per parameter sums. A bucket size of 0 averages parameter by parameter in place,
+// each allreduce started when the pass ends (the averaging before buckets: kept to compare with).
 #include <mpi.h>
 
 #include <chrono>
@@ -51,7 +50,7 @@ class ReplicaAverager {
   // what was not started). The default starts nothing.
   virtual void start(std::vector<StageParameter>& /*parameters*/) {}
   virtual void set_listener(Listener /*listener*/) {}
-  virtual std::string description() const = 0;  // "mpi" | "mpi, N buckets" | "nccl"
+  virtual std::string description() const = 0;  // "mpi in N buckets", "nccl, parameter by parameter", ...
 };
 
 // Collective over `replicas`. `parameters`: the stage's (their hooks are set here, MPI only);

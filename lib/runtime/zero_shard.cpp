@@ -5,16 +5,12 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-
-#include <climits>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 
-#include "runtime/mpi_wait.h"
+#include "runtime/replica_collectives.h"
 #include "train/grad_norm.h"
 #include "train/optimizer.h"
 
@@ -53,37 +49,8 @@ ShardLayout shard_layout(const std::vector<int64_t>& numels, int64_t bucket_nume
 
 namespace {
 
-int mpi_count(int64_t n) {
-  if (n > INT_MAX)
-    throw std::runtime_error("a ZeRO bucket chunk of " + std::to_string(n) + " elements: lower --bucket-size");
-  return static_cast<int>(n);
-}
-
 // At most two buckets in flight: one is filled (or emptied) while the one before travels.
 constexpr size_t kInFlight = 2;
-
-// The gathers move elements, never add them: bf16 travels as its 16 bits.
-MPI_Datatype mpi_type(at::ScalarType type) {
-  if (type == at::kFloat) return MPI_FLOAT;
-  if (type == at::kBFloat16) return MPI_UINT16_T;
-  throw std::logic_error("ZeRO gathers fp32 or bf16");
-}
-
-// The `n` bf16 values that an all-gather wrote into the upper half of an fp32 bucket's `n`
-// elements become those fp32 elements, in place, front to back: a block is copied out before
-// its fp32 elements are written, and elements [i, i + m) in fp32 overwrite only bf16 elements
-// below 2i + 2m - n <= i + m, all read already.
-void widen_in_place(void* bucket, int64_t n) {
-  auto* out = static_cast<float*>(bucket);
-  const auto* in = static_cast<const unsigned char*>(bucket) + 2 * n;
-  constexpr int64_t kBlock = 2048;
-  c10::BFloat16 block[kBlock];
-  for (int64_t i = 0; i < n; i += kBlock) {
-    const int64_t m = std::min(kBlock, n - i);
-    std::memcpy(block, in + 2 * i, static_cast<size_t>(m) * sizeof(c10::BFloat16));
-    for (int64_t j = 0; j < m; ++j) out[i + j] = static_cast<float>(block[j]);
-  }
-}
 
 // A level-3 bucket's storage takes `bytes` of fresh memory from its own allocator (0: none),
 // on its device; what it held goes (a gather overwrites all of it).
@@ -105,15 +72,25 @@ class AccumulatedHook final : public torch::autograd::PostAccumulateGradHook {
 
 }  // namespace
 
+// Front to back in blocks whose bf16 source and fp32 destination never overlap, each half of what is left.
+// Elements [i, i + m) in fp32 take bytes [4i, 4i + 4m), below the bf16 still unread (from byte
+// 2n + 2i) where m <= (n - i) / 2; the last element goes through a copy.
+void widen_bf16_in_place(const c10::Storage& storage, int64_t n, c10::Device device) {
+  at::Tensor out = at::empty({0}, at::TensorOptions(at::kFloat).device(device));
+  at::Tensor in = at::empty({0}, at::TensorOptions(at::kBFloat16).device(device));
+  out.set_(storage, 0, {n}, {1});
+  in.set_(storage, n, {n}, {1});  // (bf16 elements: byte 2n on)
+  int64_t i = 0;
+  for (int64_t m = n / 2; m >= 1; i += m, m = (n - i) / 2) out.narrow(0, i, m).copy_(in.narrow(0, i, m));
+  if (i < n) out.narrow(0, i, n - i).copy_(in.narrow(0, i, n - i).clone());
+}
+
 ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, MPI_Comm replicas, int64_t bucket_bytes,
                      int level, std::vector<bool> deferred, const std::vector<int>& nodes,
                      const std::vector<std::vector<int>>& reads, at::ScalarType gather_type)
     : params_(std::move(params)), comm_(replicas), level_(level), gather_type_(gather_type) {
   if (level_ < 1 || level_ > 3) throw std::logic_error("ZeroShard: level 1, 2 or 3");
-  static_cast<void>(mpi_type(gather_type_));  // (checked)
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm_, &rank);
-  MPI_Comm_size(comm_, &size);
+  if (gather_type_ != at::kFloat && gather_type_ != at::kBFloat16) throw std::logic_error("ZeRO gathers fp32 or bf16");
   std::vector<int64_t> numels;
   if (!params_.empty()) device_ = params_.front().device();
   for (const at::Tensor& p : params_) {
@@ -121,11 +98,12 @@ ZeroShard::ZeroShard(std::vector<at::Tensor> params, std::vector<bool> counted, 
       throw std::logic_error("ZeRO shards contiguous fp32 parameters on one device");
     numels.push_back(p.numel());
   }
-  // DAWNPIPER_ZERO_STAGED=1 stages on the CPU too: the tests run the GPU's path there.
+  collectives_ = make_replica_collectives(comm_, device_);
+  // DAWNPIPER_ZERO_STAGED=1 stages on the CPU too: the tests run the GPU's MPI path there.
   const char* force = std::getenv("DAWNPIPER_ZERO_STAGED");
-  staged_ = !device_.is_cpu() || (force != nullptr && std::string(force) == "1");
-  layout_ =
-      shard_layout(numels, std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float))), size, rank, nodes);
+  staged_ = !collectives_->on_device() && (!device_.is_cpu() || (force != nullptr && std::string(force) == "1"));
+  layout_ = shard_layout(numels, std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float))),
+                         collectives_->replicas(), collectives_->replica(), nodes);
   at::NoGradGuard no_grad;
   if (level_ >= 3) shard_ = at::zeros({layout_.shard_numel}, on_device());
   for (const ShardLayout::Piece& piece : layout_.pieces) {
@@ -187,7 +165,7 @@ void ZeroShard::gather_where_read(const std::vector<std::vector<int>>& reads) {
   }
   gathered_.assign(buckets, 0);
   narrow_.assign(buckets, 0);
-  gathering_.assign(buckets, MPI_REQUEST_NULL);
+  gathering_.resize(buckets);
   landing_.resize(buckets);
   released_on_.assign(params_.size(), 0);
   node_buckets_.resize(reads.size());
@@ -212,9 +190,7 @@ void ZeroShard::gather_where_read(const std::vector<std::vector<int>>& reads) {
 }
 
 ZeroShard::~ZeroShard() {
-  for (Travelling& t : travelling_)  // (an error unwinds the stage)
-    if (t.request != MPI_REQUEST_NULL) keep_until_exit(std::move(t));
-  if (any_in_flight(gathering_)) keep_until_exit(std::make_tuple(shard_, bucket_storage_, landing_));
+  // (An error unwinds the stage: the collectives under way keep their tensors.)
   for (size_t p = 0; p < bucket_of_.size(); ++p)
     if (hooked(p)) torch::autograd::impl::set_post_acc_grad_hooks(params_[p], nullptr);
 }
@@ -236,33 +212,26 @@ void ZeroShard::start_gather(size_t bucket, at::ScalarType type) {
   if (gathered_[bucket]) return;
   const ShardLayout::Bucket& b = layout_.buckets[bucket];
   const int64_t n = b.chunk * layout_.replicas;
-  c10::StorageImpl* storage = bucket_storage_[bucket].unsafeGetStorageImpl();
-  set_storage_bytes(storage, static_cast<size_t>(n) * sizeof(float));
-  const at::Tensor own = shard_.narrow(0, b.shard_offset, b.chunk);
-  if (staged_) {  // into host memory, this replica's chunk in its place; gather() copies it over
-    at::NoGradGuard no_grad;
-    landing_[bucket] = at::empty({n}, at::TensorOptions(type));
-    landing_[bucket].narrow(0, layout_.replica * b.chunk, b.chunk).copy_(own);
-    MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, landing_[bucket].data_ptr(), mpi_count(b.chunk), mpi_type(type),
-                   comm_, &gathering_[bucket]);
-  } else if (type == at::kFloat) {
-    MPI_Iallgather(own.data_ptr<float>(), mpi_count(b.chunk), MPI_FLOAT, storage->mutable_data(), mpi_count(b.chunk),
-                   MPI_FLOAT, comm_, &gathering_[bucket]);
-  } else {  // into the upper half, this replica's chunk in its place
-    char* upper = static_cast<char*>(storage->mutable_data()) + n * at::elementSize(type);
-    at::NoGradGuard no_grad;
-    at::from_blob(upper, {n}, at::TensorOptions(type)).narrow(0, layout_.replica * b.chunk, b.chunk).copy_(own);
-    MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, upper, mpi_count(b.chunk), mpi_type(type), comm_,
-                   &gathering_[bucket]);
-    narrow_[bucket] = 1;
+  const c10::Storage& storage = bucket_storage_[bucket];
+  set_storage_bytes(storage.unsafeGetStorageImpl(), static_cast<size_t>(n) * sizeof(float));
+  at::NoGradGuard no_grad;
+  at::Tensor all;  // where it gathers, this replica's chunk in its place
+  if (staged_) {   // into host memory; gather() copies it over
+    all = landing_[bucket] = at::empty({n}, at::TensorOptions(type));
+  } else {  // into the storage (bf16: its upper half, widened where waited for)
+    all = at::empty({0}, at::TensorOptions(type).device(device_));
+    all.set_(storage, type == at::kFloat ? 0 : n, {n}, {1});
+    narrow_[bucket] = type != at::kFloat;
   }
+  all.narrow(0, layout_.replica * b.chunk, b.chunk).copy_(shard_.narrow(0, b.shard_offset, b.chunk));
+  gathering_[bucket] = collectives_->all_gather(all);
   gathered_bytes_ += n * static_cast<int64_t>(at::elementSize(type));
   gathered_[bucket] = 1;
 }
 
 void ZeroShard::gather(size_t bucket) {
   start_gather(bucket, gather_type_);
-  if (gathering_[bucket] != MPI_REQUEST_NULL) wait_quietly(gathering_[bucket]);
+  if (gathering_[bucket]) gathering_[bucket]->wait(), gathering_[bucket].reset();
   if (landing_[bucket].defined()) {  // staged: onto the device, widened to fp32 on the way
     at::NoGradGuard no_grad;
     const int64_t n = layout_.buckets[bucket].chunk * layout_.replicas;
@@ -272,15 +241,15 @@ void ZeroShard::gather(size_t bucket) {
     landing_[bucket] = at::Tensor();
   }
   if (narrow_[bucket]) {
-    widen_in_place(bucket_storage_[bucket].unsafeGetStorageImpl()->mutable_data(),
-                   layout_.buckets[bucket].chunk * layout_.replicas);
+    at::NoGradGuard no_grad;
+    widen_bf16_in_place(bucket_storage_[bucket], layout_.buckets[bucket].chunk * layout_.replicas, device_);
     narrow_[bucket] = 0;
   }
 }
 
 void ZeroShard::release(size_t bucket) {
   if (!gathered_[bucket]) return;
-  if (gathering_[bucket] != MPI_REQUEST_NULL) wait_quietly(gathering_[bucket]);  // (never read: a reader skipped)
+  if (gathering_[bucket]) gathering_[bucket]->wait(), gathering_[bucket].reset();  // (never read: a reader skipped)
   landing_[bucket] = at::Tensor();
   set_storage_bytes(bucket_storage_[bucket].unsafeGetStorageImpl(), 0);
   gathered_[bucket] = narrow_[bucket] = 0;
@@ -289,11 +258,8 @@ void ZeroShard::release(size_t bucket) {
 void ZeroShard::test_gathers() {
   // Open MPI advances a non-blocking collective only inside MPI calls: the gathers under way
   // move on between nodes.
-  for (MPI_Request& r : gathering_)
-    if (r != MPI_REQUEST_NULL) {
-      int done = 0;
-      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-    }
+  for (std::unique_ptr<ReplicaCollective>& g : gathering_)
+    if (g) g->test();
 }
 
 void ZeroShard::gather_param(size_t param) {
@@ -413,8 +379,8 @@ void ZeroShard::keep_parameters() {
 void ZeroShard::start(size_t bucket) {
   at::NoGradGuard no_grad;
   const ShardLayout::Bucket& b = layout_.buckets[bucket];
-  // (staged: packed in host memory, where MPI reads it)
-  at::Tensor buffer = at::empty({b.chunk * layout_.replicas}, at::kFloat);
+  // (packed where the collective reads it: in host memory unless it runs on the device)
+  at::Tensor buffer = at::empty({b.chunk * layout_.replicas}, collectives_->on_device() ? on_device() : at::kFloat);
   for (size_t p = b.first_param; p < b.end_param; ++p) {
     at::Tensor part = buffer.narrow(0, layout_.param_offset[p] - b.begin, params_[p].numel());
     const at::Tensor& g = params_[p].grad();
@@ -431,21 +397,20 @@ void ZeroShard::start(size_t bucket) {
   if (chunk.defined()) {
     for (Travelling& t : travelling_)  // (a bucket going again: its first reduction lands first)
       if (t.chunk.is_same(chunk)) land(t);
-    buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(chunk.cpu());  // (a host chunk as it is)
+    buffer.narrow(0, layout_.replica * b.chunk, b.chunk).add_(chunk.to(buffer.device()));  // (there: as it is)
   } else
     chunk = at::empty({b.chunk}, on_device());
   // Staged: received in host memory, copied onto the device where it lands.
   const at::Tensor landing = staged_ ? at::empty({b.chunk}, at::kFloat) : chunk;
-  travelling_.push_back({buffer, chunk, landing, MPI_REQUEST_NULL, bucket, Clock::now(), {}, false});
-  MPI_Ireduce_scatter_block(buffer.data_ptr<float>(), landing.data_ptr<float>(), mpi_count(b.chunk), MPI_FLOAT, MPI_SUM,
-                            comm_, &travelling_.back().request);
+  travelling_.push_back(
+      {buffer, chunk, landing, collectives_->reduce_scatter(buffer, landing), bucket, Clock::now(), {}, false});
   sent_bytes_ += buffer.nbytes();
   if (travelling_.size() >= kInFlight) finish_oldest();
 }
 
 void ZeroShard::wait(Travelling& t) {
   if (t.end != Clock::time_point{}) return;
-  wait_quietly(t.request);
+  t.request->wait();
   t.end = Clock::now();
 }
 
@@ -491,9 +456,7 @@ void ZeroShard::test_travelling() {
   // (Open MPI advances them only inside MPI calls: between two accumulations)
   for (Travelling& t : travelling_) {
     if (t.end != Clock::time_point{}) continue;
-    int done = 0;
-    MPI_Test(&t.request, &done, MPI_STATUS_IGNORE);
-    if (done) t.end = Clock::now();
+    if (t.request->test()) t.end = Clock::now();
   }
 }
 
@@ -544,9 +507,7 @@ int64_t ZeroShard::reduce_scatter() {
 }
 
 double ZeroShard::grad_square_sum() const {
-  double sum = dawnpiper::grad_square_sum(pieces_, piece_counted_);
-  allreduce_quietly(&sum, 1, MPI_DOUBLE, MPI_SUM, comm_);
-  return sum;
+  return collectives_->sum(dawnpiper::grad_square_sum(pieces_, piece_counted_));
 }
 
 void ZeroShard::all_gather() {
@@ -562,11 +523,11 @@ void ZeroShard::gather_chunks(at::ScalarType type) {
   struct Gathering {
     const ShardLayout::Bucket* bucket;
     at::Tensor buffer;  // every replica's chunk, this one's sent from its place
-    MPI_Request request;
+    std::unique_ptr<ReplicaCollective> request;
   };
   std::deque<Gathering> gathering;
   auto finish = [&](Gathering& g) {
-    wait_quietly(g.request);
+    g.request->wait();
     const ShardLayout::Bucket& b = *g.bucket;
     // This replica's chunk is its masters (the pieces view the parameters): written around.
     const int64_t own = b.begin + layout_.replica * b.chunk;
@@ -580,14 +541,13 @@ void ZeroShard::gather_chunks(at::ScalarType type) {
   };
   size_t k = 0;  // the next piece, in flat order
   for (const ShardLayout::Bucket& b : layout_.buckets) {
-    at::Tensor buffer = at::empty({b.chunk * layout_.replicas}, at::TensorOptions(type));  // (host memory)
+    at::Tensor buffer = at::empty({b.chunk * layout_.replicas},  // (where the collective reads it)
+                                  at::TensorOptions(type).device(collectives_->on_device() ? device_ : at::kCPU));
     at::Tensor mine = buffer.narrow(0, layout_.replica * b.chunk, b.chunk).zero_();
     for (; k < pieces_.size() && layout_.pieces[k].shard_offset < b.shard_offset + b.chunk; ++k)
       mine.narrow(0, layout_.pieces[k].shard_offset - b.shard_offset, layout_.pieces[k].numel)
           .copy_(pieces_[k].reshape({-1}));
-    gathering.push_back({&b, buffer, MPI_REQUEST_NULL});
-    MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data_ptr(), mpi_count(b.chunk), mpi_type(type), comm_,
-                   &gathering.back().request);
+    gathering.push_back({&b, buffer, collectives_->all_gather(buffer)});
     gathered_bytes_ += buffer.nbytes();
     if (gathering.size() >= kInFlight) finish(gathering.front()), gathering.pop_front();
   }

@@ -58,26 +58,32 @@
 // first waited for, so a gathered bucket takes no more memory than in fp32. A checkpoint and the
 // run's end gather the fp32 masters themselves (gather_all).
 //
-// MPI over host memory. On the CPU the collectives read and write the tensors themselves; with
-// the parameters on a GPU they go through host memory (staged): a bucket's gradients are packed
-// into a host buffer, its reduce-scatter lands in host memory and is copied into the device's
-// chunk where waited for, a level-3 gather lands in host memory (in the gather type) and is
-// copied into the bucket's device storage, widened to fp32 on the way, where waited for, and
-// levels 1-2's gathers pack and unpack host buffers. The device then holds less than on the CPU
-// (no packed buffer, no bf16 upper half), which the replay, counting the CPU's, over-predicts.
-// NCCL between replicas on GPUs of their own is not built. DAWNPIPER_ZERO_STAGED=1 stages on the
-// CPU too, where the tests check that path (bitwise the same losses). Every call is collective over the
-// replicas, in the same order on every replica.
+// The collectives (runtime/replica_collectives.h) read and write the tensors themselves on the
+// CPU, and on the GPUs where each replica has one of its own (NCCL, on a stream of its own: the
+// packed buffers, chunks and gathered buckets lie on the device, as they lie in memory on the
+// CPU, and the replay counts them alike). Replicas sharing a GPU go over MPI through host memory
+// (staged): a bucket's gradients are packed into a host buffer, its reduce-scatter lands in host
+// memory and is copied into the device's chunk where waited for, a level-3 gather lands in host
+// memory (in the gather type) and is copied into the bucket's device storage, widened to fp32 on
+// the way, where waited for, and levels 1-2's gathers pack and unpack host buffers. The device
+// then holds less than on the CPU (no packed buffer, no bf16 upper half), which the replay,
+// counting the CPU's, over-predicts. DAWNPIPER_ZERO_STAGED=1 stages on the CPU too, where the
+// tests check that path (bitwise the same losses). Every call is collective over the replicas,
+// in the same order on every replica.
 #include <mpi.h>
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
+
+#include "runtime/replica_collectives.h"
 
 namespace dawnpiper {
 
@@ -108,6 +114,10 @@ struct ShardLayout {
 ShardLayout shard_layout(const std::vector<int64_t>& param_numels, int64_t bucket_numel, int replicas, int replica,
                          const std::vector<int>& groups = {});
 
+// The `n` bf16 values that an all-gather wrote into the upper half of `storage` (the bytes of `n`
+// fp32 elements: a level-3 bucket's) become those fp32 elements, in place, on `device`.
+void widen_bf16_in_place(const c10::Storage& storage, int64_t n, c10::Device device);
+
 class ZeroShard {
  public:
   // `params`: the stage's fp32 master parameters (contiguous), `counted`: which count in the
@@ -124,7 +134,8 @@ class ZeroShard {
   ZeroShard(const ZeroShard&) = delete;
   ZeroShard& operator=(const ZeroShard&) = delete;
   int level() const { return level_; }
-  bool staged() const { return staged_; }  // the collectives go through host memory
+  bool staged() const { return staged_; }                           // the collectives go through host memory
+  std::string collectives() const { return collectives_->name(); }  // "mpi" | "nccl"
   // A reduce-scatter's time in flight: bucket `bucket` of `bytes` from its start until it was seen
   // complete (by the tests between accumulations, else where waited for).
   using Clock = std::chrono::steady_clock;
@@ -201,6 +212,7 @@ class ZeroShard {
   at::TensorOptions on_device() const { return at::TensorOptions(at::kFloat).device(device_); }
   std::vector<bool> piece_counted_;
   MPI_Comm comm_;
+  std::unique_ptr<ReplicaCollectives> collectives_;  // (before the collectives under way: outlives them)
   ShardLayout layout_;
   // Per bucket, this replica's chunk of the summed gradient: from the bucket's first reduction
   // in a step until the update; the pieces' gradients view them. Each is allocated as its bucket
@@ -220,9 +232,9 @@ class ZeroShard {
   std::vector<int> next_reader_, previous_reader_;  // per node offset: the next / previous node reading parameters, -1
   std::vector<char> gathered_, released_on_;        // per bucket / per parameter (accumulated this micro-batch)
   std::vector<char> narrow_;                        // per bucket: gathered in bf16, not yet widened
-  std::vector<MPI_Request> gathering_;              // per bucket: its all-gather while under way
-  std::vector<at::Tensor> landing_;                 // per bucket, staged: the host memory it gathers into
-  std::vector<int> unaccumulated_;                  // per bucket: its parameters not yet accumulated
+  std::vector<std::unique_ptr<ReplicaCollective>> gathering_;  // per bucket: its all-gather while under way
+  std::vector<at::Tensor> landing_;                            // per bucket, staged: the host memory it gathers into
+  std::vector<int> unaccumulated_;                             // per bucket: its parameters not yet accumulated
   // An input pass: per node offset 0 (not gathered in it), 1 (gathered, not run), 2 (ran); per
   // bucket the nodes gathered in it and not yet run; the reader last gathered ahead.
   bool input_pass_ = false;
@@ -243,7 +255,7 @@ class ZeroShard {
   struct Travelling {
     at::Tensor buffer, chunk;  // what it sends, where it lands
     at::Tensor landing;        // where MPI receives it: chunk, or (staged) host memory
-    MPI_Request request;
+    std::unique_ptr<ReplicaCollective> request;
     size_t bucket;
     Clock::time_point start, end;  // end: once seen complete
     bool landed;                   // in chunk

@@ -83,3 +83,23 @@ TEST_CASE("ZeRO shards: with groups (level 2's nodes) a bucket closes only betwe
   REQUIRE(shard_layout(numels, 50, 2, 0).buckets.size() == 4);
   REQUIRE(shard_layout(numels, 50, 2, 0).buckets[0].end_param == 1);
 }
+
+TEST_CASE("ZeRO level 3: bf16 gathered into a bucket's upper half widens in place to its fp32 values",
+          "[runtime][zero]") {
+  // Blocks of every size down to one element, on the CPU and where there is one on a GPU (the NCCL
+  // path widens there): no block's source overlaps its destination (ATen's copy refuses that).
+  std::vector<c10::Device> devices = {at::kCPU};
+  if (at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
+  for (const c10::Device device : devices) {
+    for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{1000}, int64_t{4097}, int64_t{65536}}) {
+      const at::Tensor values = at::randn({n}).to(at::kBFloat16);
+      at::Tensor bucket = at::full({n}, -1.0f, at::TensorOptions(at::kFloat).device(device));
+      at::Tensor upper = at::empty({0}, at::TensorOptions(at::kBFloat16).device(device));
+      upper.set_(bucket.storage(), n, {n}, {1});
+      upper.copy_(values);
+      widen_bf16_in_place(bucket.storage(), n, device);
+      CAPTURE(n, device.str());
+      REQUIRE(at::equal(bucket.cpu(), values.to(at::kFloat)));
+    }
+  }
+}
