@@ -40,6 +40,9 @@ pack() {
   mkdir -p "$dir/debs" "$dir/inputs" "$dir/python" || die "cannot create $dir"
   dir=$(cd "$dir" && pwd)
   strip -o "$dir/dawnpiper" "$bin" 2>/dev/null || cp "$bin" "$dir/dawnpiper"
+  # The unit tests of the device-side ZeRO code (the bf16 widening NCCL's gathers use), where built.
+  local tests=${DP_TESTS_BIN:-$root/build/dp_torch_tests}
+  if [ -x "$tests" ]; then strip -o "$dir/dp_torch_tests" "$tests" 2>/dev/null || cp "$tests" "$dir/dp_torch_tests"; fi
   cp "$root/scripts/gpu-check.sh" "$dir/"
   cp "$root"/inputs/*.ini "$dir/inputs/"
   cp "$root/scripts/export_model.py" "$root/scripts/atomic_file.py" "$root/scripts/dawnpiper_ops.py" "$root/scripts/gpt2_reference.py" \
@@ -248,6 +251,8 @@ run() {
     step "zero-$z" 45 $MPI 2 "$DP" train $tiny --dropout 0 --stages 1 --data-parallel 2 --zero-stage $z \
       --bucket-size 64KiB --optimizer adamw --weight-decay 0.1 --grad-clip 0.5 --device $device
   done
+  # The ZeRO unit tests, on the device where it is one (the bf16 widening of NCCL's level-3 gathers).
+  [ -x "$here/dp_torch_tests" ] && step "unit-zero" 60 "$here/dp_torch_tests" "[zero]"
   # 2. The profile's whole step: predicted peak (with the device runtime's bytes) against measured.
   step "profile-tiny" 60 "$DP" profile --model gpt2-tiny --device $device --iterations 2 --out "$work/gpt2-tiny.h5"
   # One process, the preset at training size (dropout on: masks on the device), fp32 and bf16.
@@ -383,6 +388,9 @@ write_report() {
       d=$(max_rel "zero-$z" zero-0)
       echo "| $z | $d | $(verdict "$d" 1e-5) | $(grep -m1 -o 'measured peak .*)' "$work/zero-$z.out" 2>/dev/null) | $(rate "zero-$z") |"
     done
+    echo
+    echo "ZeRO's unit tests (\`dp_torch_tests \"[zero]\"\`: on a GPU, the bf16 widening in place that NCCL's"
+    echo "level-3 gathers use, on the device): $(status_of unit-zero)."
     echo
     echo "## One process: CPU reference trainer against the $device (dropout 0)"
     echo
