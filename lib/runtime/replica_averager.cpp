@@ -35,10 +35,7 @@ class BucketAverager final : public ReplicaAverager {
  public:
   BucketAverager(std::unique_ptr<ReplicaCollectives> collectives, const std::vector<StageParameter>& params,
                  int64_t bucket_bytes, const std::vector<bool>& deferred, bool split_backward)
-      : collectives_(std::move(collectives)),
-        size_(collectives_->replicas()),
-        split_(split_backward),
-        per_tensor_(bucket_bytes <= 0) {
+      : collectives_(std::move(collectives)), split_(split_backward), per_tensor_(bucket_bytes <= 0) {
     std::vector<int64_t> numels;
     std::vector<int> nodes;
     for (const StageParameter& p : params) {
@@ -130,7 +127,7 @@ class BucketAverager final : public ReplicaAverager {
       b.collective->wait();
       if (!b.done) b.done = true, b.end_time = Clock::now();
       b.collective.reset();
-      b.buffer.div_(static_cast<double>(size_));
+      b.buffer.div_(static_cast<double>(collectives_->replicas()));
       for (size_t p = b.first; p < b.end; ++p) {
         if (bucket_of_[p] < 0) continue;
         at::Tensor& grad = tensors_[p].mutable_grad();
@@ -210,7 +207,6 @@ class BucketAverager final : public ReplicaAverager {
   }
 
   std::unique_ptr<ReplicaCollectives> collectives_;
-  int size_ = 1;
   bool split_ = false, per_tensor_ = false;
   std::vector<at::Tensor> tensors_;    // the stage's parameters
   std::vector<int64_t> param_offset_;  // per parameter, in the flat space

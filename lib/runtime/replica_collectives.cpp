@@ -90,7 +90,8 @@ class MpiCollectives final : public ReplicaCollectives {
   }
   std::unique_ptr<ReplicaCollective> all_reduce(const at::Tensor& buffer, int64_t chunk_bytes) override {
     const int64_t n = buffer.numel(),
-                  chunk = chunk_bytes > 0 ? std::max<int64_t>(1, chunk_bytes / 4) : std::max<int64_t>(1, n);
+                  chunk = chunk_bytes > 0 ? std::max<int64_t>(1, chunk_bytes / static_cast<int64_t>(sizeof(float)))
+                                          : std::max<int64_t>(1, n);
     if (!buffer.is_contiguous() || buffer.scalar_type() != at::kFloat)
       throw std::logic_error("all_reduce: fp32, contiguous");
     auto c =
