@@ -94,7 +94,7 @@ Profile profile_and_request(const po::variables_map& vm, int world_size, PlanReq
     if (vm.count("precision") && vm["precision"].as<Precision>() != profile.precision)
       throw ConfigError("--profile-in was profiled in " + std::string(name_of(profile.precision)) + ", not " +
                         name_of(vm["precision"].as<Precision>()));
-    if (!vm["micro-batch-size"].defaulted()) profile = profile.at_batch(B);
+    if (!vm["micro-batch-size"].defaulted() && B != profile.micro_batch_size) profile = profile.at_batch(B);
   } else if (vm.count("device-spec")) {
     const DeviceSpec spec = device_spec(vm["device-spec"].as<std::string>());
     ProfilerOptions measured;

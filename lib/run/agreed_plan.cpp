@@ -68,7 +68,8 @@ std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const Ran
     if (profile.preset != graph.preset || profile.size() != graph.size())
       throw ConfigError("--profile-in is a profile of " + profile.preset + " (" + std::to_string(profile.size()) +
                         " nodes), not of this " + graph.preset + " graph (" + std::to_string(graph.size()) + " nodes)");
-    profile = profile.at_batch(graph.micro_batch_size);
+    // At the profiled size its measured times; at another, its batch-size fits (as `plan`).
+    if (profile.micro_batch_size != graph.micro_batch_size) profile = profile.at_batch(graph.micro_batch_size);
   } else {
     profile = measured_profile(o, graph, device);
   }
