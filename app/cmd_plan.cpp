@@ -1,6 +1,7 @@
 // dawnpiper plan: partition a profiled model into pipeline stages (and choose swap/recompute
 // per tensor) without training: print the plan, write it as JSON, or find the largest
 // micro-batch that fits.
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -41,6 +42,9 @@ po::options_description plan_options() {
       ("replica-bandwidth", po::value<std::string>(), "bytes/s between a stage's replicas for their gradient "
                                                       "collectives (default: --link-bandwidth; `train` measures it), "
                                                       "e.g. 2GB")
+      ("replica-drag", po::value<double>(), "ms a computing rank's pass takes longer per ms of its replicas' "
+                                            "collectives beside it (default 0: beside the compute, as NCCL; "
+                                            "`train` measures it on the CPU)")
       ("max-batch", po::bool_switch(), "find the largest micro-batch size with a feasible plan")
       ("calibrate-rounds", po::value<int>()->default_value(0), "plan, run every stage alone here, scale its nodes' times by "
                                                                "measured / predicted and plan again, this many times; keep the "
@@ -123,6 +127,7 @@ Profile profile_and_request(const po::variables_map& vm, int world_size, PlanReq
   if (vm.count("link-bandwidth"))
     o.link_bandwidth = static_cast<double>(parse_bytes(vm["link-bandwidth"].as<std::string>(), "--link-bandwidth"));
   o.replica_bandwidth = replica_bandwidth_option(vm);
+  o.replica_drag = std::max(0.0, replica_drag_option(vm));
   return profile;
 }
 

@@ -1,5 +1,6 @@
 #include "cli/options.h"
 
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -104,6 +105,16 @@ double replica_bandwidth_option(const po::variables_map& vm) {
       static_cast<double>(parse_bytes(vm["replica-bandwidth"].as<std::string>(), "--replica-bandwidth"));
   if (!(bandwidth > 0)) throw ConfigError("--replica-bandwidth must be positive (bytes/s, e.g. 2GB)");
   return bandwidth;
+}
+
+double replica_drag_option(const po::variables_map& vm) {
+  if (!vm.count("replica-drag")) return -1;
+  const double drag = vm["replica-drag"].as<double>();
+  if (!(drag >= 0) || !std::isfinite(drag))
+    throw ConfigError(
+        "--replica-drag must be 0 or more (the ms a computing rank's pass takes longer per ms of its replicas' "
+        "collectives beside it; 0: they run beside the compute)");
+  return drag;
 }
 
 PlanRequest plan_request_from(const po::variables_map& vm) {

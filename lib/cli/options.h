@@ -51,6 +51,8 @@ PlanRequest plan_request_from(const po::variables_map& vm);
 // --replica-bandwidth, `train`'s and `plan`'s own option (train measures the link where it is not
 // given, plan takes --link-bandwidth; no plan fixes it): bytes/s, 0 where not given.
 double replica_bandwidth_option(const po::variables_map& vm);
+// --replica-drag (PlanSettings::replica_drag), -1 where not given; ConfigError below 0.
+double replica_drag_option(const po::variables_map& vm);
 
 // What a plan fixes of a run: the planning options, the micro-batch size and the precision. A
 // plan's (planned_run), or a run's request, to compare with one.

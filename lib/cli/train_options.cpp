@@ -1,5 +1,7 @@
 #include "cli/train_options.h"
 
+#include <algorithm>
+
 #include "data/token_file.h"
 #include "memory/device_memory.h"
 #include "plan/zero_baseline.h"
@@ -132,6 +134,8 @@ void read_files(const po::variables_map& vm, TrainOptions& o) {
 void read_placement(const po::variables_map& vm, TrainOptions& o) {
   o.plan = plan_request_from(vm);
   o.plan.replica_bandwidth = replica_bandwidth_option(vm);
+  o.replica_drag_given = replica_drag_option(vm) >= 0;
+  o.plan.replica_drag = std::max(0.0, replica_drag_option(vm));
   if (is_zero_baseline(o.plan.planner))
     throw ConfigError(std::string("--planner ") + name_of(o.plan.planner) +
                       " is ZeRO's data-parallel baseline that `dawnpiper plan` computes, no pipeline plan to train");
@@ -144,7 +148,8 @@ void read_placement(const po::variables_map& vm, TrainOptions& o) {
   o.profile_cache = vm["profile-cache"].as<std::string>();
   if (vm.count("calibrate-trace")) o.calibrate_traces = vm["calibrate-trace"].as<std::vector<std::string>>();
   if (!o.plan_in.empty())
-    for (const char* planning : {"profile-in", "profile-cache", "allocator-headroom", "replica-bandwidth"})
+    for (const char* planning :
+         {"profile-in", "profile-cache", "allocator-headroom", "replica-bandwidth", "replica-drag"})
       if (vm.count(planning) && !vm[planning].defaulted())
         throw ConfigError("--" + std::string(planning) +
                           " shapes the plan a run makes; --plan-in gives one made before");
@@ -172,6 +177,9 @@ po::options_description train_options() {
       ("replica-bandwidth", po::value<std::string>(), "bytes/s between a stage's replicas, which the plan's gradient "
                                                       "collectives take, instead of measuring it over MPI before "
                                                       "planning, e.g. 2GB")
+      ("replica-drag", po::value<double>(), "ms a computing rank's pass takes longer per ms of its replicas' "
+                                            "collectives beside it, instead of measuring it before planning "
+                                            "(the CPU; 0 on a GPU: NCCL runs beside the compute)")
       ("transport", po::value<TransportKind>()->default_value(TransportKind::Auto, "auto"), enum_help<TransportKind>().c_str())
       ("in-process", po::bool_switch(), "run every stage in this one process (validates a plan without MPI)")
       ("threads", po::value<int>()->default_value(0), "intra-op threads per rank (default: OMP_NUM_THREADS if set, else "

@@ -37,6 +37,7 @@ struct TrainOptions {
   std::string save_directory;    // --save-weights DIR: model.safetensors and (Hugging Face models) config.json
   std::string plan_in, plan_out, profile_in, profile_cache;
   std::vector<std::string> calibrate_traces;
+  bool replica_drag_given = false;  // --replica-drag (plan.replica_drag): not measured
   ProgressKind progress = ProgressKind::Auto;
   // Set where the run starts, from what the options select.
   std::string hf_config;  // config.json's text for --save-weights DIR; empty: not a Hugging Face export

@@ -32,6 +32,7 @@ void Plan::time_step() {
     t.send_ms = static_cast<double>(s.crossing_bytes) / options.link_bandwidth * 1e3;
     t.reduce_ms = s.reduce_ms, t.reduce_tail_ms = s.reduce_tail_ms, t.at_update_ms = s.at_update_ms;
     t.gather_ms = s.gather_ms, t.pass_ms = s.pass_ms;
+    t.drag = options.replica_drag;
     times.push_back(t);
     if (s.reduce_ms + s.at_update_ms + s.pass_ms == 0) allreduce = std::max(allreduce, s.allreduce_ms);
   }
@@ -188,6 +189,7 @@ void input_fields(P& p, Field&& field) {
   field("host_bandwidth", p.options.host_bandwidth);
   field("link_bandwidth", p.options.link_bandwidth);
   field("replica_bandwidth", p.options.replica_bandwidth, kOptionalField);
+  field("replica_drag", p.options.replica_drag, kOptionalField);
   field("memopt", p.options.memopt);
   field("data_parallel", p.options.data_parallel, kOptionalField);
   field("zero_stage", p.options.zero_stage, kOptionalField);
@@ -444,13 +446,13 @@ void Plan::print_table(std::ostream& out) const {
     double allreduce = 0;
     for (const StagePlan& s : stages) allreduce = std::max(allreduce, s.allreduce_ms);
     const double samples = static_cast<double>(options.data_parallel * options.micro_batches * micro_batch_size);
-    std::snprintf(
-        line, sizeof line,
-        "data parallel %d x %zu stages: replicas' collectives up to %.3f ms per update (replica link %s/s%s); "
-        "predicted step %.3f ms, %.1f samples/s over %lld samples\n",
-        options.data_parallel, stages.size(), allreduce, format_bytes(options.replica_link_bandwidth()).c_str(),
-        options.replica_bandwidth > 0 ? "" : ", the link bandwidth: not measured", step_ms(),
-        samples / (step_ms() / 1e3), static_cast<long long>(samples));
+    std::snprintf(line, sizeof line,
+                  "data parallel %d x %zu stages: replicas' collectives up to %.3f ms per update (replica link %s/s%s, "
+                  "drag %.2f); predicted step %.3f ms, %.1f samples/s over %lld samples\n",
+                  options.data_parallel, stages.size(), allreduce,
+                  format_bytes(options.replica_link_bandwidth()).c_str(),
+                  options.replica_bandwidth > 0 ? "" : ", the link bandwidth: not measured", options.replica_drag,
+                  step_ms(), samples / (step_ms() / 1e3), static_cast<long long>(samples));
     out << line;
   }
 }

@@ -62,6 +62,11 @@ struct PlanSettings {
   // Bytes/s between a stage's replicas, which their gradient collectives cross: what `train`
   // measured (runtime/replica_link.h) or --replica-bandwidth gave; 0: link_bandwidth.
   double replica_bandwidth = 0;
+  // What a computing rank pays of its replicas' collectives: its passes take this many ms longer
+  // per ms of the collectives beside them at replica_bandwidth (runtime/replica_link.h's drag:
+  // `train` measures it on the CPU, where Open MPI moves them only inside the rank's own MPI
+  // calls; --replica-drag gives it). 0: they run beside the compute (NCCL's own stream).
+  double replica_drag = 0;
   PlannerKind planner = PlannerKind::DawnPiper;
   MemoptKind memopt = MemoptKind::None;
   // The search decides with the cost model's memory formula; the replay of each stage's action

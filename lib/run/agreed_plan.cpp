@@ -52,10 +52,10 @@ Profile measured_profile(const TrainOptions& o, const OpGraph& graph, c10::Devic
   return profile;
 }
 
-// Rank 0: a plan made from a loaded or freshly measured profile, as JSON; `replica_bandwidth`:
-// the link between a stage's replicas (0: the link bandwidth).
+// Rank 0: a plan made from a loaded or freshly measured profile, as JSON; `replica_bandwidth`
+// and `replica_drag`: the link between a stage's replicas (bandwidth 0: the link bandwidth).
 std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const RankLayout& layout, c10::Device device,
-                          double replica_bandwidth) {
+                          double replica_bandwidth, double replica_drag) {
   Profile profile;
   if (!o.profile_in.empty()) {
     profile = read_profile(o.profile_in);
@@ -82,6 +82,7 @@ std::string plan_on_rank0(const TrainOptions& o, const OpGraph& graph, const Ran
   request.ranks = layout.stages;
   request.data_parallel = layout.replicas;
   request.replica_bandwidth = replica_bandwidth;
+  request.replica_drag = replica_drag;
   set_device_memory(request, o.capacity,
                     o.allocator_headroom >= 0 ? o.allocator_headroom : default_allocator_headroom(device.str()));
   return resolve_plan(profile, request, o.quiet ? nullptr : &std::cout).to_json();
@@ -169,11 +170,14 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
     plan_json = given->json;
   } else {
     // The link the replicas' gradient collectives cross, measured by every rank at once where
-    // the run has replicas and --replica-bandwidth does not say.
-    double replica_bandwidth = o.plan.replica_bandwidth;
+    // the run has replicas and --replica-bandwidth does not say (and with it the drag, where
+    // --replica-drag does not say).
+    double replica_bandwidth = o.plan.replica_bandwidth, replica_drag = o.plan.replica_drag;
     if (layout.replicas > 1 && !(replica_bandwidth > 0)) {
-      const ReplicaLink link = measure_replica_link(MPI_COMM_WORLD, layout.stage, layout.replicas, o.plan.bucket_bytes);
+      const ReplicaLink link =
+          measure_replica_link(MPI_COMM_WORLD, layout.stage, layout.replicas, o.plan.bucket_bytes, device);
       replica_bandwidth = link.bandwidth;
+      if (!o.replica_drag_given && link.drag >= 0) replica_drag = link.drag;
       if (rank == 0 && !o.quiet) std::printf("replica link: %s\n", link.summary().c_str());
     }
     // A resumed run keeps the plan its checkpoint was written with where it asks for nothing
@@ -198,7 +202,8 @@ Plan agreed_plan(const std::optional<GivenPlan>& given, const OpGraph& graph, co
               "parameters and optimizer state by name\n",
               saved_plan.c_str(), changes.c_str());
       }
-      plan_json = keep_saved ? read_text_file(saved_plan) : plan_on_rank0(o, graph, layout, device, replica_bandwidth);
+      plan_json = keep_saved ? read_text_file(saved_plan)
+                             : plan_on_rank0(o, graph, layout, device, replica_bandwidth, replica_drag);
     }
     broadcast_string_quietly(plan_json, 0, MPI_COMM_WORLD);  // the others wait while rank 0 plans
   }

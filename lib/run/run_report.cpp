@@ -126,7 +126,7 @@ void print_run_report(const Plan& plan, const PipelineConfig& pc, const RankLayo
                   // ZeRO: what its all-gathers received (in the compute precision).
                   r.gathered_bytes > 0 ? (", gathered " + std::to_string(r.gathered_bytes) + " bytes").c_str() : "");
   // The schedule's timed simulation of the plan's stage times beside what the steps took.
-  if (!o.in_process && layout.stages > 1 && progress.steady_samples_per_second() > 0)
+  if (!o.in_process && (layout.stages > 1 || layout.replicas > 1) && progress.steady_samples_per_second() > 0)
     std::printf(
         "  step: %.1f ms measured after the first, %.1f ms predicted (the plan's stage times through the "
         "schedule, %.0f%% idle)\n",

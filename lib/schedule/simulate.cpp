@@ -295,19 +295,24 @@ class TimedWalk final : public ActionHooks {
         last_weight_pass_(times.size(), {0.0, 0.0}),
         received_(ranks) {}
 
-  void forward(const Action& a) override { compute(a, std::max(times_[at(a)].forward_ms, times_[at(a)].gather_ms)); }
+  void forward(const Action& a) override { compute(a, beside(a, times_[at(a)].forward_ms, times_[at(a)].gather_ms)); }
   void backward(const Action& a) override { weight_pass(a, times_[at(a)].backward_ms); }
   void backward_input(const Action& a) override {
-    compute(a, std::max(times_[at(a)].backward_ms - times_[at(a)].weight_ms, times_[at(a)].gather_ms));
+    compute(a, beside(a, times_[at(a)].backward_ms - times_[at(a)].weight_ms, times_[at(a)].gather_ms));
   }
   void backward_weight(const Action& a) override { weight_pass(a, times_[at(a)].weight_ms); }
   void optimizer_step(const Action& a) override {
     // The reductions streamed from the step's last weight pass (the last one seen: the update
-    // follows it) finish before the update's own collectives and the optimizer run.
+    // follows it) finish before the update's own collectives and the optimizer run. What the
+    // rank paid of them in that pass (drag) is charged here: the walk is past the pass.
     const StageTimes& t = times_[at(a)];
     const auto& [start, end] = last_weight_pass_[at(a)];
     double& clock = clock_[rank(a.stage)];
-    if (t.reduce_ms > 0) clock = std::max({clock, start + t.reduce_ms, end + t.reduce_tail_ms});
+    if (t.reduce_ms > 0) {
+      const double paid = t.drag * t.reduce_ms;
+      busy_[rank(a.stage)] += paid;
+      clock = std::max({clock + paid, start + t.reduce_ms, end + paid + t.reduce_tail_ms});
+    }
     compute(a, t.at_update_ms + t.update_ms);
   }
   void send_activation(const Action& a) override { send(a, times_[at(a)].send_ms); }
@@ -330,9 +335,14 @@ class TimedWalk final : public ActionHooks {
   static size_t at(const Action& a) { return static_cast<size_t>(a.stage); }
   size_t rank(int stage) const { return static_cast<size_t>(stage % ranks_); }
   void compute(const Action& a, double ms) { clock_[rank(a.stage)] += ms, busy_[rank(a.stage)] += ms; }
+  // A pass of `compute_ms` with `collectives_ms` on the replicas' link beside it: the longer of
+  // the two, the compute lengthened by what the rank pays of the collectives.
+  double beside(const Action& a, double compute_ms, double collectives_ms) const {
+    return std::max(compute_ms + times_[at(a)].drag * collectives_ms, collectives_ms);
+  }
   void weight_pass(const Action& a, double compute_ms) {
     const double start = clock_[rank(a.stage)];
-    compute(a, std::max(compute_ms, times_[at(a)].pass_ms));
+    compute(a, beside(a, compute_ms, times_[at(a)].pass_ms));
     last_weight_pass_[at(a)] = {start, clock_[rank(a.stage)]};
   }
   void send(const Action& a, double link_ms) {

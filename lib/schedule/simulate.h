@@ -68,6 +68,10 @@ struct StageTimes {
   // A pass takes at least its own collectives: gather_ms in a forward or an input pass (ZeRO
   // level 3's gathers), pass_ms in a weight pass (level 2-3's reduce-scatters, level 3's gathers).
   double reduce_ms = 0, reduce_tail_ms = 0, at_update_ms = 0, gather_ms = 0, pass_ms = 0;
+  // What the rank pays of those itself: a pass with collectives beside it takes this many ms
+  // longer per ms of them (PlanSettings::replica_drag; 0: they run beside the compute), and the
+  // streamed reduction lengthens the step's last weight pass so.
+  double drag = 0;
 };
 struct TimedRun {
   double step_ms = 0;           // until the last stage's last action ends

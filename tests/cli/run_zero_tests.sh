@@ -67,6 +67,9 @@ for layout in "--stages 2 --data-parallel 2 --schedule 1f1b --micro-batches 2" \
       --plan-out "$work/p$level.json" >"$work/l$level.out" 2>&1
     case "$layout" in *1f1b*) cp "$work/l$level.out" "$work/fp32-l$level.out" ;; esac  # (beside bf16's below)
   done
+  # The step as measured beside the plan's prediction, one stage too.
+  if grep -q "^  step: [0-9.]* ms measured after the first, [0-9.]* ms predicted" "$work/l3.out"; then
+    passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: the step's prediction printed ($layout)"; fi
   l0=$(losses <"$work/l0.out")
   for level in $levels; do
     l=$(losses <"$work/l$level.out")
@@ -95,16 +98,22 @@ for schedule in 1f1b zb-h1; do
     failed=$((failed + 1)); echo "FAIL: level 1's reduce-scatters travel before the update ($schedule)"
     grep "allreduce\|in flight" "$work/z1.inspect"; tail -3 "$work/z1.out"; fi
 done
-# The replicas' link: measured before planning, and the plan's collectives take it;
-# --replica-bandwidth gives it instead.
-replica_bw() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["inputs"]["replica_bandwidth"])' "$1"; }
-if grep -q "^replica link: measured .* (a 1.00 MiB allreduce over 2 replicas took" "$work/z1.out" &&
-   python3 -c 'import sys; sys.exit(not float(sys.argv[1]) > 0)' "$(replica_bw "$work/z1.json")"; then
+# The replicas' link: measured before planning, and with it (on the CPU) what a computing rank
+# pays of a collective beside it; the plan's collectives take both. --replica-bandwidth and
+# --replica-drag give them instead.
+replica_input() {
+  python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["inputs"].get(sys.argv[2], "absent"))' "$1" "$2"
+}
+if grep -q "^replica link: measured .* (a 1.00 MiB allreduce over 2 replicas took .*); a computing rank's work took [0-9.]* ms longer per ms of a 8.00 MiB allreduce beside it" "$work/z1.out" &&
+   python3 -c 'import sys; sys.exit(not float(sys.argv[1]) > 0 or not float(sys.argv[2]) >= 0)' \
+     "$(replica_input "$work/z1.json" replica_bandwidth)" "$(replica_input "$work/z1.json" replica_drag)"; then
   passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: the replica link measured"; head -5 "$work/z1.out"; fi
 $mpi 4 "$bin" train --model gpt2-tiny --steps 2 --stages 2 --data-parallel 2 --replica-bandwidth 123456789 \
-  --plan-out "$work/given.json" >"$work/given.out" 2>&1
-if ! grep -q "replica link: measured" "$work/given.out" && [ "$(replica_bw "$work/given.json")" = "123456789.0" ]; then
-  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --replica-bandwidth given"; tail -3 "$work/given.out"; fi
+  --replica-drag 0.5 --plan-out "$work/given.json" >"$work/given.out" 2>&1
+if ! grep -q "replica link: measured" "$work/given.out" &&
+   [ "$(replica_input "$work/given.json" replica_bandwidth)" = "123456789.0" ] &&
+   [ "$(replica_input "$work/given.json" replica_drag)" = "0.5" ]; then
+  passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: --replica-bandwidth and --replica-drag given"; tail -3 "$work/given.out"; fi
 
 # Async (PipeDream's weight stashing, an update after every backward) at level 1: level 0's losses
 # (each micro-batch's gradient averaged, then its update) within 1e-6, 1/D of its optimizer state,
@@ -191,8 +200,14 @@ one_error "no replica bandwidth" "--replica-bandwidth must be positive" "$bin" p
   --device-spec a100-40gb --stages 2 --data-parallel 2 --replica-bandwidth 0
 one_error "a replica bandwidth beside a given plan" "--replica-bandwidth shapes the plan a run makes; --plan-in gives one" \
   $mpi 4 "$bin" train --model gpt2-tiny --data-parallel 2 --plan-in "$work/given.json" --replica-bandwidth 1GB
-expect_ok "plan with a replica bandwidth" "(replica link 1.86 GiB/s)" \
+expect_ok "plan with a replica bandwidth" "(replica link 1.86 GiB/s, drag 0.00)" \
   plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --data-parallel 2 --replica-bandwidth 2GB
+expect_ok "plan with a replica drag" "(replica link 1.86 GiB/s, drag 0.80)" \
+  plan --model gpt2-tiny --device-spec a100-40gb --stages 2 --data-parallel 2 --replica-bandwidth 2GB --replica-drag 0.8
+one_error "negative drag" "--replica-drag must be 0 or more" "$bin" plan --model gpt2-tiny \
+  --device-spec a100-40gb --stages 2 --data-parallel 2 --replica-drag -1
+one_error "a replica drag beside a given plan" "--replica-drag shapes the plan a run makes; --plan-in gives one" \
+  $mpi 4 "$bin" train --model gpt2-tiny --data-parallel 2 --plan-in "$work/given.json" --replica-drag 1
 # One replica: a note, and level 0's training.
 $mpi 2 "$bin" train --model gpt2-tiny --steps 3 --zero-stage 1 >"$work/one.out" 2>&1
 $mpi 2 "$bin" train --model gpt2-tiny --steps 3 >"$work/zero.out" 2>&1

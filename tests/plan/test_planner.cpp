@@ -697,6 +697,12 @@ TEST_CASE("ZeRO's collectives in a stage's time: per update at levels 0-1, also 
   CHECK(slow.link_ms(1000) == Approx(level0.link_ms(1000)));
   const Plan plan = make_plan(p, opt);
   CHECK(plan_from_json(plan.to_json()).options.replica_bandwidth == 0.5e9);
+  // The drag (train measures it on the CPU) travels with the plan and lengthens its step.
+  opt.replica_drag = 0.75;
+  const Plan dragged = make_plan(p, opt);
+  CHECK(plan_from_json(dragged.to_json()).options.replica_drag == 0.75);
+  CHECK(dragged.step_ms() > plan.step_ms());
+  opt.replica_drag = 0;
   std::ostringstream table;
   plan.print_table(table);
   CHECK_THAT(table.str(), Catch::Contains("replica link 476.84 MiB/s"));

@@ -246,6 +246,32 @@ TEST_CASE("the timed simulation hides the replicas' reductions behind the drain"
   CHECK(step(slow) == Approx((m + l - 1) * (1.5 + 3.0)));
 }
 
+// Where the rank's own MPI calls move the collectives (the CPU), a pass pays `drag` of their time
+// on top of its compute; where they run beside it (drag 0), only what outlasts the compute shows.
+TEST_CASE("the timed simulation charges a computing rank its drag of the collectives", "[schedule]") {
+  const double f = 1.0, b = 2.0;
+  const int l = 4, m = 4;
+  const Schedule s = make_schedule("1f1b", l, m);
+  auto step = [&](StageTimes t) { return simulate_times(s, std::vector<StageTimes>(l, t)).step_ms; };
+  StageTimes t{f, b, 0.0, 0.0};
+  t.pass_ms = 1.0, t.gather_ms = 0.5;  // hidden at drag 0
+  CHECK(step(t) == Approx((m + l - 1) * (f + b)));
+  t.drag = 1;  // moved by the rank itself: added
+  CHECK(step(t) == Approx((m + l - 1) * (f + 0.5 + b + 1.0)));
+  t.pass_ms = 3.0, t.drag = 0.25;  // the collectives outlast the lengthened backward
+  CHECK(step(t) == Approx((m + l - 1) * (f + 0.125 + 3.0)));
+  // One stage: the reduction streamed from its last backward, hidden at drag 0, lengthens that
+  // backward by drag x its time.
+  const Schedule one = make_schedule("1f1b", 1, m);
+  StageTimes r{f, b, 0.0, 0.0};
+  r.reduce_ms = b;
+  CHECK(simulate_times(one, {r}).step_ms == Approx(m * (f + b)));
+  r.drag = 0.5;
+  CHECK(simulate_times(one, {r}).step_ms == Approx(m * (f + b) + 0.5 * b));
+  r.reduce_tail_ms = 0.5;  // the last bucket leaves when the lengthened backward ends
+  CHECK(simulate_times(one, {r}).step_ms == Approx(m * (f + b) + 0.5 * b + 0.5));
+}
+
 // Uniform stages, free communication, the backward split into I (input gradients) and W
 // (weights'): zb-h1 takes m (f + i + w) + (l - 1)(f + i - w) (Qi et al., ZB-H1), 1F1B's
 // (m + l - 1)(f + i + w) less (l - 1)(2 w), holding min(l, m) micro-batches on every stage.
