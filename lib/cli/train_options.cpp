@@ -134,8 +134,9 @@ void read_files(const po::variables_map& vm, TrainOptions& o) {
 void read_placement(const po::variables_map& vm, TrainOptions& o) {
   o.plan = plan_request_from(vm);
   o.plan.replica_bandwidth = replica_bandwidth_option(vm);
-  o.replica_drag_given = replica_drag_option(vm) >= 0;
-  o.plan.replica_drag = std::max(0.0, replica_drag_option(vm));
+  const double drag = replica_drag_option(vm);
+  o.replica_drag_given = drag >= 0;
+  o.plan.replica_drag = std::max(0.0, drag);
   if (is_zero_baseline(o.plan.planner))
     throw ConfigError(std::string("--planner ") + name_of(o.plan.planner) +
                       " is ZeRO's data-parallel baseline that `dawnpiper plan` computes, no pipeline plan to train");

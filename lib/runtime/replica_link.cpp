@@ -95,10 +95,9 @@ ReplicaLink measure_replica_link(MPI_Comm world, int stage, int replicas, int64_
   allreduce();  // (the connections made)
   barrier_quietly(world);
   constexpr int kRepeats = 3;
-  const auto start = std::chrono::steady_clock::now();
+  const Clock::time_point start = Clock::now();
   for (int i = 0; i < kRepeats; ++i) allreduce();
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kRepeats;
-  allreduce_quietly(&seconds, 1, MPI_DOUBLE, MPI_MAX, world);
+  const double seconds = slowest(since(start) / kRepeats, world);
   ReplicaLink link;
   link.bytes = count * static_cast<int64_t>(sizeof(float));
   link.seconds = seconds;
