@@ -145,6 +145,9 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   if (p.measured_fwd_bwd_ms > 0)
     std::printf(", measured forward+backward %.2f ms (%+.1f%%), whole step with optimizer %.2f ms",
                 p.measured_fwd_bwd_ms, 100 * (node_ms / p.measured_fwd_bwd_ms - 1), p.measured_step_ms);
+  if (p.update_ms.adamw > 0)
+    std::printf("\none optimizer update of every parameter (%s): sgd %.2f ms, adam %.2f ms, adamw %.2f ms",
+                analytic ? "the roofline's" : "measured", p.update_ms.sgd, p.update_ms.adam, p.update_ms.adamw);
   std::printf("\npredicted peak %s", format_bytes(double(replay.peak)).c_str());
   if (p.runtime_bytes > 0)
     std::printf(" (with %s the device runtime holds: cuBLAS workspaces)",

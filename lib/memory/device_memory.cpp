@@ -1,8 +1,10 @@
 #include "memory/device_memory.h"
 
 #include <ATen/Context.h>
+#include <c10/util/Exception.h>
 
 #include <cstdlib>
+#include <new>
 #include <mutex>
 #include <stdexcept>
 
@@ -130,6 +132,11 @@ void DeviceMemory::release_cached(c10::Device device) {
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
   (void)device;
+}
+
+bool is_out_of_memory(const std::exception& e) {
+  return dynamic_cast<const OutOfMemoryError*>(&e) || dynamic_cast<const c10::OutOfMemoryError*>(&e) ||
+         dynamic_cast<const std::bad_alloc*>(&e);
 }
 
 void synchronize(c10::Device device) {

@@ -8,6 +8,7 @@
 // and unmap pages of a few growing segments instead of keeping one cudaMalloc block per large
 // request: the gap between reserved and allocated bytes then stays small (docs/gpu.md).
 #include <cstdint>
+#include <exception>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -49,6 +50,10 @@ constexpr int64_t kCudaLazyLoadBytes = int64_t{256} << 20;
 double default_allocator_headroom(const std::string& device);
 // Parses --allocator-headroom: a share of the memory ("5%", "0.05"), in [0, 0.5].
 double parse_allocator_headroom(const std::string& text);
+
+// Whether `e` says an allocation failed: the counting allocator's capacity, the CUDA caching
+// allocator, the host.
+bool is_out_of_memory(const std::exception& e);
 
 // Waits for the device's queued work (no-op on the CPU).
 void synchronize(c10::Device device);

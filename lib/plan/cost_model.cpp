@@ -495,6 +495,18 @@ CostModel::Collectives CostModel::collectives(int b, int e) const {
   return c;
 }
 
+double CostModel::update_ms(int b, int e) const {
+  const double whole = profile_->update_ms.of(optimizer_);
+  if (whole <= 0 || params_.back() <= 0) return 0;
+  const double shards = zero_stage_ > 0 ? static_cast<double>(data_parallel_) : 1;
+  return whole * static_cast<double>(reduced_bytes(b, e)) / static_cast<double>(params_.back()) / shards;
+}
+
+double CostModel::update_per_micro_batch_ms(int b, int e) const {
+  return schedule_.traits().updates_once_per_step ? update_ms(b, e) / static_cast<double>(micro_batches_)
+                                                  : update_ms(b, e);
+}
+
 double CostModel::allreduce_per_micro_batch_ms(int b, int e) const {
   // Replicas average before each update: once a step, or after every micro-batch.
   return schedule_.traits().updates_once_per_step ? allreduce_ms(b, e) / static_cast<double>(micro_batches_)

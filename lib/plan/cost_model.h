@@ -103,6 +103,12 @@ class CostModel {
     double reduce_ms = 0, reduce_tail_ms = 0, at_update_ms = 0, gather_ms = 0, pass_ms = 0;
   };
   Collectives collectives(int b, int e) const;
+  // The optimizer's update of a stage's parameters (tied copies included): their share of the
+  // profile's whole-model update (Profile::update_ms), of the replica's 1/D shard at ZeRO levels
+  // above 0; once per step, or per micro-batch under async. 0 where the profile has no update
+  // times.
+  double update_ms(int b, int e) const;
+  double update_per_micro_batch_ms(int b, int e) const;
   // The bytes of a stage's parameters tied across its ends (an embedding and the head reading it
   // on another stage): their gradients are summed over the stages before the replicas reduce them.
   int64_t tied_across_bytes(int b, int e) const;

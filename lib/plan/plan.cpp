@@ -32,6 +32,7 @@ void Plan::time_step() {
     t.send_ms = static_cast<double>(s.crossing_bytes) / options.link_bandwidth * 1e3;
     t.reduce_ms = s.reduce_ms, t.reduce_tail_ms = s.reduce_tail_ms, t.at_update_ms = s.at_update_ms;
     t.gather_ms = s.gather_ms, t.pass_ms = s.pass_ms;
+    t.update_ms = s.update_ms;
     t.drag = options.replica_drag;
     times.push_back(t);
     if (s.reduce_ms + s.at_update_ms + s.pass_ms == 0) allreduce = std::max(allreduce, s.allreduce_ms);
@@ -160,6 +161,8 @@ void stage_fields(S& s, Field&& field) {
   field("at_update_ms", s.at_update_ms, kOptionalField);
   field("gather_ms", s.gather_ms, kOptionalField);
   field("pass_ms", s.pass_ms, kOptionalField);
+  field("update_ms", s.update_ms, kOptionalField);
+  field("update_per_micro_batch_ms", s.update_per_micro_batch_ms, kOptionalField);
 }
 
 template <class S, class Field>
@@ -424,6 +427,15 @@ void Plan::print_table(std::ostream& out) const {
                   format_bytes(static_cast<double>(m.activation_per_micro_batch)).c_str(), m.in_flight,
                   m.weight_versions, format_bytes(static_cast<double>(s.crossing_bytes)).c_str(), sw);
     out << line;
+  }
+  if (std::any_of(stages.begin(), stages.end(), [](const StagePlan& s) { return s.update_ms > 0; })) {
+    out << "optimizer update per " << (options.schedule.traits().updates_once_per_step ? "step" : "micro-batch")
+        << " (in the time column per micro-batch):";
+    for (const StagePlan& s : stages) {
+      std::snprintf(line, sizeof line, "%s %d: %.2f ms", s.index ? "," : "", s.index, s.update_ms);
+      out << line;
+    }
+    out << "\n";
   }
   std::snprintf(line, sizeof line,
                 "bottleneck %.3f ms per micro-batch, predicted step %.3f ms (%.0f%% idle), max peak %s, planned in "

@@ -114,7 +114,10 @@ struct StagePlan {
   double allreduce_ms = 0, allreduce_per_micro_batch_ms = 0;
   // ... and where in the step they run (CostModel::collectives): what Plan::time_step simulates.
   double reduce_ms = 0, reduce_tail_ms = 0, at_update_ms = 0, gather_ms = 0, pass_ms = 0;
-  double time_ms() const { return compute_ms + memopt_ms + allreduce_per_micro_batch_ms; }
+  // The optimizer's update of the stage's parameters (its shard at ZeRO levels above 0), and its
+  // share per micro-batch as above (CostModel::update_ms; 0: the profile has no update times).
+  double update_ms = 0, update_per_micro_batch_ms = 0;
+  double time_ms() const { return compute_ms + memopt_ms + allreduce_per_micro_batch_ms + update_per_micro_batch_ms; }
   MemoryBreakdown memory;                    // after memory optimization
   int64_t peak_without_memopt = 0;           // the formula's, as the search sees it
   int64_t replayed_peak_without_memopt = 0;  // the replay's, keeping every tensor (0: unknown)

@@ -44,6 +44,7 @@ StageEval StageEvaluator::stage_eval(int b, int e, const StageMemopt& m, int64_t
   ev.compute_ms = model_.compute_ms(b, e);
   ev.memopt_ms = m.overhead_ms;
   ev.allreduce_ms = model_.allreduce_per_micro_batch_ms(b, e);
+  ev.update_ms = model_.update_per_micro_batch_ms(b, e);
   ev.peak = peak;
   return ev;
 }
@@ -192,6 +193,8 @@ StagePlan StageEvaluator::stage_plan(int b, int e, int x) {
   s.memopt_ms = m.overhead_ms;
   s.allreduce_ms = model_.allreduce_ms(b, e);
   s.allreduce_per_micro_batch_ms = model_.allreduce_per_micro_batch_ms(b, e);
+  s.update_ms = model_.update_ms(b, e);
+  s.update_per_micro_batch_ms = model_.update_per_micro_batch_ms(b, e);
   const CostModel::Collectives c = model_.collectives(b, e);
   s.reduce_ms = c.reduce_ms, s.reduce_tail_ms = c.reduce_tail_ms, s.at_update_ms = c.at_update_ms;
   s.gather_ms = c.gather_ms, s.pass_ms = c.pass_ms;

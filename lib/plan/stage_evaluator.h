@@ -27,10 +27,12 @@ struct StageEval {
   double compute_ms = 0;
   double memopt_ms = 0;
   double allreduce_ms = 0;  // data parallelism, per micro-batch
+  double update_ms = 0;     // the optimizer's, per micro-batch
   int64_t peak = 0;         // after memory optimization (smallest reachable if infeasible)
-  // The objective's term: compute + memopt (+ allreduce), infinite when the stage cannot fit.
+  // The objective's term: compute + memopt (+ allreduce + update), infinite when the stage
+  // cannot fit.
   double time_ms() const {
-    return feasible ? compute_ms + memopt_ms + allreduce_ms : std::numeric_limits<double>::infinity();
+    return feasible ? compute_ms + memopt_ms + allreduce_ms + update_ms : std::numeric_limits<double>::infinity();
   }
 };
 

@@ -125,6 +125,7 @@ ZeroBaseline zero_baseline(const Profile& profile, const ZeroBaselineOptions& op
   const double D = options.data_parallel;
   const double passes = options.level == 3 ? 3 : 2;
   z.collective_ms = 1e3 * passes * (D - 1) / D * static_cast<double>(weights) / options.link_bandwidth;
+  z.update_ms = profile.update_ms.of(options.optimizer) / (options.level > 0 ? D : 1);
   return z;
 }
 
@@ -191,9 +192,11 @@ void print_zero_baseline(std::ostream& out, const ZeroBaseline& z, int64_t capac
     out << line;
   }
   out << (m.step_peak() > m.training_peak() ? " (at the optimizer step)\n" : "\n");
-  std::snprintf(line, sizeof line,
-                "predicted step: compute %.1f ms + collectives %.1f ms (not overlapped) = %.1f ms, %.1f samples/s\n",
-                z.compute_ms, z.collective_ms, z.step_ms(), z.samples_per_s());
+  std::snprintf(
+      line, sizeof line,
+      "predicted step: compute %.1f ms + collectives %.1f ms (not overlapped) + update %.1f ms = %.1f ms, %.1f "
+      "samples/s\n",
+      z.compute_ms, z.collective_ms, z.update_ms, z.step_ms(), z.samples_per_s());
   out << line;
 }
 

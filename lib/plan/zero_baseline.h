@@ -103,8 +103,9 @@ struct ZeroBaseline {
   ZeroMemory memory;
   double compute_ms = 0;     // forward + backward of the whole graph at micro_batch_size
   double collective_ms = 0;  // the step's reductions and gathers over the link
+  double update_ms = 0;      // the optimizer on the GPU's shard (Profile::update_ms; 0: not known)
   int64_t global_batch() const { return micro_batch_size * data_parallel; }
-  double step_ms() const { return compute_ms + collective_ms; }
+  double step_ms() const { return compute_ms + collective_ms + update_ms; }
   double samples_per_s() const { return step_ms() > 0 ? 1e3 * static_cast<double>(global_batch()) / step_ms() : 0; }
 };
 

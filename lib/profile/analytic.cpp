@@ -488,6 +488,16 @@ double model_flops_per_micro_batch(const OpGraph& g) {
   return flops;
 }
 
+UpdateTimes roofline_update_times(int64_t parameters, const DeviceSpec& spec) {
+  // fp32 elements each update reads and writes per parameter, from train/optimizer.cpp's
+  // in-place passes with weight decay: SGD's decay, momentum and step (12); AdamW's decay, two
+  // moments, the denominator's three passes and the step (23); Adam decays the gradient (24).
+  auto ms = [&](int elements) { return 1e3 * 4.0 * elements * static_cast<double>(parameters) / spec.bandwidth; };
+  UpdateTimes t;
+  t.sgd = ms(12), t.adamw = ms(23), t.adam = ms(24);
+  return t;
+}
+
 Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec, const MeasureNode& measure) {
   Profile p = profile_skeleton(g, ProfileSource::Analytic, spec.name);
   p.timing = "roofline";
@@ -557,6 +567,7 @@ Profile analytic_profile(const OpGraph& g, const DeviceSpec& spec, const Measure
         (measure ? "what autograd keeps was measured on this machine" : "every floating-point input assumed kept") +
         ", times memory-bound";
   }
+  p.update_ms = roofline_update_times(g.parameter_count(), spec);
   finish_profile(p, g);
   return p;
 }

@@ -33,6 +33,8 @@ DeviceSpec device_spec(const std::string& name_or_file);
 // memory-bound. Without `measure` every floating-point input is assumed kept. Profile::notes
 // names those operators.
 Profile analytic_profile(const OpGraph& graph, const DeviceSpec& spec, const MeasureNode& measure = {});
+// One update of `parameters` fp32 masters per optimizer, bound by the device's memory bandwidth.
+UpdateTimes roofline_update_times(int64_t parameters, const DeviceSpec& spec);
 // Model FLOPs of one micro-batch's forward and backward (the formulas above; no recomputation,
 // no optimizer): what a run's model FLOP/s and MFU count.
 double model_flops_per_micro_batch(const OpGraph& graph);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "profile/host_link.h"
+#include "train/optimizer_kind.h"
 #include "util/dtype.h"
 
 namespace dawnpiper {
@@ -171,6 +172,20 @@ struct EnumNames<ProfileSource> {
       {{ProfileSource::Measured, "measured"}, {ProfileSource::Analytic, "analytic"}}};
 };
 
+// One optimizer update of all a graph's parameters (fp32 masters, weight decay on matrices), in
+// ms, per optimizer; 0: not known (older files), and the planner charges no update. A stage
+// updating a share of the parameters takes that share of it (the update streams through its
+// parameters, gradients and state once).
+struct UpdateTimes {
+  double sgd = 0, adam = 0, adamw = 0;
+  double of(OptimizerKind kind) const {
+    return kind == OptimizerKind::Sgd ? sgd : kind == OptimizerKind::Adam ? adam : adamw;
+  }
+  double& of(OptimizerKind kind) {
+    return kind == OptimizerKind::Sgd ? sgd : kind == OptimizerKind::Adam ? adam : adamw;
+  }
+};
+
 struct Profile {
   static constexpr int kSchemaVersion = 2;
   std::string model, preset, device;
@@ -201,6 +216,9 @@ struct Profile {
   // Pinned copies to and from the host, measured where the profile ran (CUDA); swaps cross it.
   // Empty on the CPU and in analytic profiles: the planner then takes --host-bandwidth.
   HostLink host_link;
+  // The optimizers' updates: measured where the profile ran (profile/measure_updates.h), from
+  // the device's bandwidth in analytic profiles.
+  UpdateTimes update_ms;
 
   int size() const { return static_cast<int>(nodes.size()); }
   // Why this profile cannot stand for a run on `run_device` (c10::Device::str(): "cpu",

@@ -108,6 +108,9 @@ void profile_attributes(P& p, Field&& field) {
   field("largest_param_bytes", p.largest_param_bytes);
   field("measured_peak_bytes", p.measured_peak_bytes);
   field("runtime_bytes", p.runtime_bytes, kOptionalField);  // older: 0
+  field("update_ms_sgd", p.update_ms.sgd, kOptionalField);  // older: 0
+  field("update_ms_adam", p.update_ms.adam, kOptionalField);
+  field("update_ms_adamw", p.update_ms.adamw, kOptionalField);
 }
 
 struct AttributeWriter {

@@ -22,6 +22,7 @@
 #include "memory/device_memory.h"
 #include "memory/runtime_bytes.h"
 #include "profile/measure_host_link.h"
+#include "profile/measure_updates.h"
 #include "profile/device_timer.h"
 #include "profile/in_step_timing.h"
 #include "profile/profile_builder.h"
@@ -464,10 +465,7 @@ void use_in_step_timing(Profile& p, const OpGraph& g, const ProfilerOptions& opt
     p.timing = "in-step";
     p.measured_fwd_bwd_ms = t.plain_fwd_bwd_ms;
   } catch (const std::exception& e) {
-    // Out of memory: the counting allocator's capacity, the CUDA caching allocator, the host.
-    const bool oom = dynamic_cast<const OutOfMemoryError*>(&e) || dynamic_cast<const c10::OutOfMemoryError*>(&e) ||
-                     dynamic_cast<const std::bad_alloc*>(&e);
-    if (!oom) throw;
+    if (!is_out_of_memory(e)) throw;
     if (opt.progress) std::fprintf(stderr, "the whole step does not fit: node times are from isolated runs\n");
   }
 }
@@ -484,6 +482,7 @@ Profile profile_graph(const OpGraph& g, const ProfilerOptions& opt) {
   });
   p.runtime_bytes = measure_runtime_bytes(opt.device, g.precision, convolutions);
   p.host_link = measure_host_link(opt.device);
+  if (opt.measure_updates) p.update_ms = measure_update_times(g, opt);
   const std::vector<NodeMeasurement> measured = measure_nodes(g, opt);
   // Assemble: node rows, aliases, saved_by (on storage owners), internal buffers.
   const std::vector<int> tied_owners = g.tied_owners();
@@ -538,7 +537,9 @@ Profile profile_model(const ModelSource& model, std::vector<int64_t> batch_sizes
   for (int64_t b : batch_sizes)
     if (b < 1) throw ConfigError("micro-batch size must be at least 1");
   std::vector<Profile> profiles;
-  for (int64_t b : batch_sizes) profiles.push_back(profile_graph(model.graph(b), options));
+  ProfilerOptions later = options;  // the first size's update times stand for every size
+  later.measure_updates = false;
+  for (int64_t b : batch_sizes) profiles.push_back(profile_graph(model.graph(b), profiles.empty() ? options : later));
   Profile p = profiles.front();
   p.profiled_batch_sizes = batch_sizes;
   if (profiles.size() == 1) return p;

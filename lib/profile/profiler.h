@@ -41,6 +41,9 @@ struct ProfilerOptions {
   // Take per-node times from whole training steps (profile/in_step_timing.h) when the step fits
   // the device; otherwise, or when false, from the isolated per-node runs.
   bool in_step_timing = true;  // NodeTiming::InStep
+  // Time the optimizers' updates (profile/measure_updates.h): once per model, they do not depend
+  // on the micro-batch size.
+  bool measure_updates = true;
 };
 
 // Profiles one graph (one micro-batch size). Fits are flat (base = value, per_sample = 0).

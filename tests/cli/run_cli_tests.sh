@@ -50,6 +50,7 @@ expect_ok "command line overrides config" "done: 3 steps" train --config "$work/
 expect_ok "profile tiny" "in-step node times" profile --model mlp-tiny --out "$work/p.h5" --iterations 1 --quiet
 [ -s "$work/p.h5" ] && h5dump -H "$work/p.h5" | grep -q 'GROUP "nodes"' && passed=$((passed + 1)) ||
   { echo "FAIL: profile is not readable HDF5"; failed=$((failed + 1)); }
+check "profile times the optimizers' updates" grep -q "one optimizer update of every parameter (measured): sgd" "$work/out"
 expect_fail "profile without --out" "--out FILE is required" profile --model mlp-tiny
 expect_fail "profile unknown device" "unknown device 'tpu'" profile --model mlp-tiny --device tpu --out "$work/x.h5"
 expect_fail "profile cuda without GPU" "--device cuda" profile --model mlp-tiny --device cuda --out "$work/x.h5"
@@ -58,6 +59,7 @@ expect_fail "profile micro-batch 0" "micro-batch size must be at least 1" profil
 expect_fail "profile bad batch sizes" "--batch-sizes" profile --model mlp-tiny --batch-sizes 2,x --out "$work/x.h5"
 expect_fail "profile bad timing" "--timing: unknown node timing 'fast' (choose in-step or isolated)" profile --model mlp-tiny --timing fast --out "$work/x.h5"
 expect_ok "analytic profile" "on a100-40gb" profile --model bert-large --micro-batch-size 1 --analytic --device-spec a100-40gb --out "$work/a.h5"
+check "analytic profile's updates" grep -q "one optimizer update of every parameter (the roofline's)" "$work/out"
 expect_fail "analytic without spec" "--analytic needs --device-spec" profile --model mlp-tiny --analytic --out "$work/x.h5"
 expect_fail "unknown device spec" "unknown device spec 'tpu'" profile --model mlp-tiny --analytic --device-spec tpu --out "$work/x.h5"
 [ ! -e "$work/x.h5" ] && passed=$((passed + 1)) || { echo "FAIL: partial profile left behind"; failed=$((failed + 1)); }

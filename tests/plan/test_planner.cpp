@@ -712,6 +712,63 @@ TEST_CASE("ZeRO's collectives in a stage's time: per update at levels 0-1, also 
   CHECK_THAT(unmeasured.str(), Catch::Contains("the link bandwidth: not measured"));
 }
 
+TEST_CASE("the optimizer's update in a stage's time and the step: its share of the parameters, a shard under ZeRO",
+          "[plan][zero]") {
+  Profile p = analytic_profile(build_model(preset_config("gpt2-tiny"), 4), device_spec("a100-40gb"));
+  p.update_ms = {10, 30, 28};  // sgd, adam, adamw: one update of the whole model
+  PlanOptions opt;
+  opt.stages = 2;
+  opt.schedule = ScheduleChoice::named("1f1b");
+  opt.micro_batches = 4;
+  opt.optimizer = OptimizerKind::AdamW;
+  const CostModel whole(p, opt);
+  const int n = whole.size(), cut = n / 2;
+  CHECK(whole.update_ms(0, n) == Approx(28));
+  // Each stage its share; the head's copy of the tied embedding is updated where it is read too.
+  const double copy = static_cast<double>(whole.tied_copy_bytes(cut, n)) / static_cast<double>(whole.param_bytes(0, n));
+  CHECK(whole.update_ms(0, cut) + whole.update_ms(cut, n) == Approx(28 * (1 + copy)));
+  CHECK(whole.update_per_micro_batch_ms(0, cut) == Approx(whole.update_ms(0, cut) / 4));
+  opt.optimizer = OptimizerKind::Sgd;
+  CHECK(CostModel(p, opt).update_ms(0, n) == Approx(10));
+  opt.optimizer = OptimizerKind::AdamW;
+  // Replicas: each updates everything at level 0, its half at levels 1-3.
+  opt.data_parallel = 2;
+  CHECK(CostModel(p, opt).update_ms(0, cut) == Approx(whole.update_ms(0, cut)));
+  for (int level = 1; level <= 3; ++level) {
+    opt.zero_stage = level;
+    CHECK(CostModel(p, opt).update_ms(0, cut) == Approx(whole.update_ms(0, cut) / 2));
+  }
+  opt.data_parallel = 1, opt.zero_stage = 0;
+  // async updates after every micro-batch.
+  PlanOptions async = opt;
+  async.schedule = ScheduleChoice::named("async");
+  CHECK(CostModel(p, async).update_per_micro_batch_ms(0, cut) == Approx(whole.update_ms(0, cut)));
+  // The plan: in each stage's time, at the end of the simulated step (1f1b ends on stage 0's
+  // update: stage 1's runs while stage 0 finishes its last backward), through its JSON.
+  const Plan with = make_plan(p, opt);
+  Profile unknown = p;
+  unknown.update_ms = {};
+  const Plan without = make_plan(unknown, opt);
+  REQUIRE(with.stages.size() == 2);
+  for (size_t x = 0; x < 2; ++x) {
+    CHECK(with.stages[x].update_ms > 0);
+    CHECK(without.stages[x].update_ms == 0);
+  }
+  if (with.stages[0].begin == without.stages[0].begin && with.stages[0].end == without.stages[0].end) {
+    CHECK(with.stages[0].time_ms() == Approx(without.stages[0].time_ms() + with.stages[0].update_ms / 4));
+    CHECK(with.step_ms() == Approx(without.step_ms() + with.stages[0].update_ms));
+  }
+  const Plan back = plan_from_json(with.to_json());
+  CHECK(back.stages[1].update_ms == with.stages[1].update_ms);
+  CHECK(back.step_ms() == Approx(with.step_ms()));
+  std::ostringstream table;
+  with.print_table(table);
+  CHECK_THAT(table.str(), Catch::Contains("optimizer update per step"));
+  std::ostringstream none;
+  without.print_table(none);
+  CHECK_THAT(none.str(), !Catch::Contains("optimizer update"));
+}
+
 TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "[plan]") {
   const Profile p = analytic_profile(build_model(preset_config("bert-large"), 4), device_spec("a100-40gb"));
   for (ScheduleChoice schedule : {ScheduleChoice::named("1f1b"), ScheduleChoice::named("async")}) {
@@ -733,7 +790,8 @@ TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "
       CHECK(s.allreduce_ms == Approx(expected));
       CHECK(s.allreduce_per_micro_batch_ms ==
             Approx(schedule == ScheduleChoice::named("async") ? expected : expected / 4));
-      CHECK(s.time_ms() == Approx(s.compute_ms + s.memopt_ms + s.allreduce_per_micro_batch_ms));
+      CHECK(s.time_ms() ==
+            Approx(s.compute_ms + s.memopt_ms + s.allreduce_per_micro_batch_ms + s.update_per_micro_batch_ms));
     }
     CHECK(replicated.bottleneck_ms() > alone.bottleneck_ms());
     // The step hides what the drain can of the reductions: no longer than the simulated step with

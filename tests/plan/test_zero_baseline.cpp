@@ -108,6 +108,13 @@ TEST_CASE("ZeRO-2 and ZeRO-3 per GPU: every term by hand", "[plan][zero]") {
   for (const NodeProfile& n : p.nodes) compute += n.fwd_ms + n.bwd_ms;
   CHECK(two.compute_ms == Approx(compute));
   CHECK(two.global_batch() == 4 * p.micro_batch_size);
+  // The update: each GPU's optimizer on its quarter, in the step.
+  CHECK(two.update_ms == 0);  // the profile has no update times
+  Profile timed = p;
+  timed.update_ms = {8, 20, 16};
+  const ZeroBaseline updated = zero_baseline(timed, link);
+  CHECK(updated.update_ms == Approx(8.0 / 4));  // sgd
+  CHECK(updated.step_ms() == Approx(updated.compute_ms + updated.collective_ms + 2));
 }
 
 TEST_CASE("ZeRO's activations are the one-stage replay's without the parameter state", "[plan][zero]") {

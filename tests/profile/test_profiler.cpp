@@ -14,6 +14,7 @@
 #include "plan/stage_memory.h"
 #include "profile/profile_io.h"
 #include "profile/analytic.h"
+#include "profile/measure_updates.h"
 #include "profile/profiler.h"
 #include "util/error.h"
 
@@ -185,6 +186,10 @@ TEST_CASE("HDF5 profiles round-trip losslessly and refuse bad files", "[profile]
   CHECK(q.measured_peak_bytes == p.measured_peak_bytes);
   CHECK(q.runtime_bytes == p.runtime_bytes);
   CHECK(q.host_link.to_json() == p.host_link.to_json());
+  CHECK(p.update_ms.adamw > 0);
+  CHECK(q.update_ms.sgd == p.update_ms.sgd);
+  CHECK(q.update_ms.adam == p.update_ms.adam);
+  CHECK(q.update_ms.adamw == p.update_ms.adamw);
   CHECK(q.largest_param_bytes == p.largest_param_bytes);
   CHECK(q.blocks == p.blocks);
   REQUIRE(q.nodes.size() == p.nodes.size());
@@ -299,6 +304,37 @@ TEST_CASE("in-step timing measures each parameter reader's weight-gradient share
     CHECK(n.weight_share <= 1);
   }
   CHECK(readers > 10);
+}
+
+TEST_CASE("the optimizers' updates are timed, scaled to every parameter, and left out when they do not fit",
+          "[profile]") {
+  CountingAllocator& a = CountingAllocator::install();
+  at::set_num_threads(1);
+  const OpGraph g = build_model(preset_config("gpt2-tiny"), 2);
+  const UpdateTimes all = measure_update_times(g, quick());
+  CHECK(all.sgd > 0);
+  CHECK(all.adam > 0);
+  CHECK(all.adamw > 0);
+  // The first parameter alone (gpt2-mini's token embedding, 2/5 of its parameters: large enough
+  // that bytes, not launches, set the time) scaled to all of them: about the whole's time.
+  const OpGraph mini = build_model(preset_config("gpt2-mini"), 2);
+  const double whole = measure_update_times(mini, quick()).adamw;
+  const double scaled = measure_update_times(mini, quick(), 1).adamw;
+  CHECK(scaled > 0.6 * whole);
+  CHECK(scaled < whole / 0.6);
+  a.set_capacity(a.live_bytes() + 4096);
+  UpdateTimes none;
+  REQUIRE_NOTHROW(none = measure_update_times(g, quick()));
+  a.set_capacity(kUnlimitedBytes);
+  CHECK(none.of(OptimizerKind::AdamW) == 0);
+  CHECK(none.of(OptimizerKind::Sgd) == 0);
+  // A profile carries them (the first micro-batch size's) and the analytic one its roofline's.
+  const Profile measured = profile_model(preset_config("gpt2-tiny"), {2, 3}, quick());
+  CHECK(measured.update_ms.adamw > 0);
+  const DeviceSpec a100 = device_spec("a100-40gb");
+  const Profile analytic = analytic_profile(g, a100);
+  CHECK(analytic.update_ms.adamw == Approx(1e3 * 4 * 23 * static_cast<double>(g.parameter_count()) / a100.bandwidth));
+  CHECK(analytic.update_ms.sgd == Approx(analytic.update_ms.adamw * 12 / 23));
 }
 
 TEST_CASE("in-step timing falls back to isolated runs when the step does not fit", "[profile]") {
