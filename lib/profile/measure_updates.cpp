@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "memory/device_memory.h"
+#include "train/grad_norm.h"
 #include "train/optimizer.h"
 #include "util/enum_names.h"
 #include "util/error.h"
@@ -29,6 +30,7 @@ double median_update_ms(OptimizerKind kind, const std::vector<at::Tensor>& param
     for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = grads[k].clone();  // step() spends them
     synchronize(device);
     const auto t0 = std::chrono::steady_clock::now();
+    grad_square_sum(params);  // a synchronous step's update starts with the global norm
     optimizer->step();
     synchronize(device);
     if (s >= kWarmup)

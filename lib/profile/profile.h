@@ -172,10 +172,10 @@ struct EnumNames<ProfileSource> {
       {{ProfileSource::Measured, "measured"}, {ProfileSource::Analytic, "analytic"}}};
 };
 
-// One optimizer update of all a graph's parameters (fp32 masters, weight decay on matrices), in
-// ms, per optimizer; 0: not known (older files), and the planner charges no update. A stage
-// updating a share of the parameters takes that share of it (the update streams through its
-// parameters, gradients and state once).
+// One optimizer update of all a graph's parameters (fp32 masters, weight decay on matrices, the
+// gradient norm before it), in ms, per optimizer; 0: not known (older files), and the planner charges no update. A
+// stage updating a share of the parameters takes that share of it (the update streams through its parameters, gradients
+// and state once).
 struct UpdateTimes {
   double sgd = 0, adam = 0, adamw = 0;
   double of(OptimizerKind kind) const {
