@@ -11,7 +11,6 @@
 #include "train/grad_norm.h"
 #include "train/optimizer.h"
 #include "util/enum_names.h"
-#include "util/error.h"
 
 namespace dawnpiper {
 
@@ -64,13 +63,12 @@ UpdateTimes measure_update_times(const OpGraph& graph, const ProfilerOptions& op
     const double scale = static_cast<double>(all) / static_cast<double>(sampled);
     for (const auto& [kind, name] : EnumNames<OptimizerKind>::table)
       result.of(kind) = scale * median_update_ms(kind, params, grads, options.device);
-    params.clear(), grads.clear();
-    DeviceMemory::release_cached(options.device);  // what the nodes' measurements can use
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
     if (options.progress) std::fprintf(stderr, "the optimizers' updates do not fit: the plan charges none\n");
-    return UpdateTimes{};
+    result = UpdateTimes{};
   }
+  DeviceMemory::release_cached(options.device);  // what the nodes' measurements can use
   return result;
 }
 

@@ -8,9 +8,10 @@
 namespace dawnpiper {
 
 // Times each optimizer's update (train/optimizer.h, weight decay 0.01 on matrices, fp32 as the
-// masters every precision updates, after the gradient norm a synchronous update starts with) over the graph's own
-// parameter shapes, in order, until sample_bytes of them, with random gradients: the median of five after two that
-// create the state, scaled to all the graph's parameters. All zero when that does not fit the device.
+// masters every precision updates, after the gradient norm a synchronous update starts with)
+// over the graph's own parameter shapes, in order, until sample_bytes of them, with random
+// gradients: the median of five after two that create the state, scaled to all the graph's
+// parameters. All zero when that does not fit the device.
 constexpr int64_t kUpdateSampleBytes = int64_t{64} << 20;
 UpdateTimes measure_update_times(const OpGraph& graph, const ProfilerOptions& options,
                                  int64_t sample_bytes = kUpdateSampleBytes);

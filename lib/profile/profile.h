@@ -173,17 +173,15 @@ struct EnumNames<ProfileSource> {
 };
 
 // One optimizer update of all a graph's parameters (fp32 masters, weight decay on matrices, the
-// gradient norm before it), in ms, per optimizer; 0: not known (older files), and the planner charges no update. A
-// stage updating a share of the parameters takes that share of it (the update streams through its parameters, gradients
-// and state once).
+// gradient norm before it), in ms, per optimizer; 0: not known (older files), and the planner
+// charges no update. A stage updating a share of the parameters takes that share of it (the
+// update streams through its parameters, gradients and state once).
 struct UpdateTimes {
   double sgd = 0, adam = 0, adamw = 0;
-  double of(OptimizerKind kind) const {
-    return kind == OptimizerKind::Sgd ? sgd : kind == OptimizerKind::Adam ? adam : adamw;
-  }
   double& of(OptimizerKind kind) {
     return kind == OptimizerKind::Sgd ? sgd : kind == OptimizerKind::Adam ? adam : adamw;
   }
+  double of(OptimizerKind kind) const { return const_cast<UpdateTimes*>(this)->of(kind); }
 };
 
 struct Profile {
