@@ -348,7 +348,7 @@ int64_t CostModel::constant_bytes(int b, int e) const {
 
 MemoryBreakdown CostModel::memory(int b, int e, int x, int64_t activation_per_micro_batch) const {
   MemoryBreakdown m;
-  const int64_t weights = param_bytes(b, e);
+  const int64_t weights = held_param_bytes(b, e);
   m.weights = resident_weight_bytes(weights);
   m.weight_versions = std::max(1, weight_versions(x));
   m.stashed_weights = static_cast<int64_t>(m.weight_versions - 1) * m.weights;
@@ -369,14 +369,14 @@ int64_t CostModel::memory_floor(int b, int e, int x, bool evictable) const {
 }
 
 double CostModel::balanced_group_peak(int b, int e, int x0, int x1) const {
-  const double weights = static_cast<double>(param_bytes(b, e));
+  const double weights = static_cast<double>(held_param_bytes(b, e));
   const double acts = static_cast<double>(activation_bytes(b, e));
   // Stage x holding a fraction f of the range peaks at f * (a_x W + c_x A) + transient; equal
   // peaks P across the group give sum_x (P - T) / (a_x W + c_x A) = 1.
   double inverse_sum = 0;
   for (int x = x0; x <= x1; ++x) {
     double per_stage = (std::max(1, weight_versions(x)) + 1) * weights +
-                       static_cast<double>(optimizer_state_bytes(param_bytes(b, e))) + in_flight(x) * acts;
+                       static_cast<double>(optimizer_state_bytes(held_param_bytes(b, e))) + in_flight(x) * acts;
     if (per_stage <= 0) return static_cast<double>(transient_bytes(b, e));
     inverse_sum += 1.0 / per_stage;
   }
@@ -443,7 +443,7 @@ double CostModel::allreduce_ms(int b, int e) const {
   const double m = static_cast<double>(micro_batches_);
   const double gather = zero_stage_ > 0 && profile_->precision == Precision::Bf16 ? 0.5 : 1;
   const double passes = zero_stage_ >= 3 ? (1 + 2 * gather) * m : zero_stage_ == 2 ? m + gather : 1 + gather;
-  return passes * (d - 1) / d * replica_link_ms(reduced_bytes(b, e));
+  return passes * (d - 1) / d * replica_link_ms(held_param_bytes(b, e));
 }
 
 int64_t CostModel::tied_copy_bytes(int b, int e) const {
@@ -467,7 +467,7 @@ CostModel::Collectives CostModel::collectives(int b, int e) const {
   if (data_parallel_ <= 1) return c;
   const double d = static_cast<double>(data_parallel_);
   auto pass = [&](int64_t bytes) { return (d - 1) / d * replica_link_ms(bytes); };
-  const int64_t all = reduced_bytes(b, e), tied = std::min(all, tied_across_bytes(b, e)), streamed = all - tied;
+  const int64_t all = held_param_bytes(b, e), tied = std::min(all, tied_across_bytes(b, e)), streamed = all - tied;
   const double gather = zero_stage_ > 0 && profile_->precision == Precision::Bf16 ? 0.5 : 1;
   // The last bucket starts when the pass ends (at the latest; parameter by parameter, all of it).
   const double tail = bucket_bytes_ > 0 && streamed > 0
@@ -499,7 +499,7 @@ double CostModel::update_ms(int b, int e) const {
   const double whole = profile_->update_ms.of(optimizer_);
   if (whole <= 0 || params_.back() <= 0) return 0;
   const double shards = zero_stage_ > 0 ? static_cast<double>(data_parallel_) : 1;
-  return whole * static_cast<double>(reduced_bytes(b, e)) / static_cast<double>(params_.back()) / shards;
+  return whole * static_cast<double>(held_param_bytes(b, e)) / static_cast<double>(params_.back()) / shards;
 }
 
 double CostModel::update_per_micro_batch_ms(int b, int e) const {

@@ -88,9 +88,9 @@ class CostModel {
   double replica_link_ms(int64_t bytes) const { return 1e3 * static_cast<double>(bytes) / replica_bw_; }
   // Data parallelism: the collectives between a stage's replicas over one update, and their
   // share per micro-batch. A ring moves (D - 1) / D of what it reduces or gathers over the link:
-  // levels 0-1 twice the stage's parameter bytes (reduced_bytes: tied copies included) per update (an allreduce, or a
-  // reduce-scatter and an all-gather), level 2 a reduce-scatter per micro-batch and an all-gather per update, level 3 a
-  // gather in each micro-batch's forward and backward and a reduce-scatter.
+  // levels 0-1 twice the stage's parameter bytes (held_param_bytes: tied copies included) per update (an allreduce, or
+  // a reduce-scatter and an all-gather), level 2 a reduce-scatter per micro-batch and an all-gather per update, level 3
+  // a gather in each micro-batch's forward and backward and a reduce-scatter.
   double allreduce_ms(int b, int e) const;
   double allreduce_per_micro_batch_ms(int b, int e) const;
   // Where those collectives run in a step, as the runtime starts them (schedule/simulate.h's
@@ -113,12 +113,15 @@ class CostModel {
   // on another stage): their gradients are summed over the stages before the replicas reduce them.
   int64_t tied_across_bytes(int b, int e) const;
   // Of those, the copies a stage holds of weights another stage owns (an LM head's embedding):
-  // parameters of its own, reduced over its replicas as the others.
+  // parameters of its own, reduced over its replicas and updated as the others.
   int64_t tied_copy_bytes(int b, int e) const;
-  int64_t reduced_bytes(int b, int e) const { return param_bytes(b, e) + tied_copy_bytes(b, e); }
 
   // --- memory (bytes) ---
+  // The parameters the nodes of [b, e) own (each tied weight counted at its owner).
   int64_t param_bytes(int b, int e) const { return params_[e] - params_[b]; }
+  // The parameters a stage over [b, e) holds: its own and its copies of tied weights (each with
+  // its gradient and optimizer state, reduced over the replicas).
+  int64_t held_param_bytes(int b, int e) const { return param_bytes(b, e) + tied_copy_bytes(b, e); }
   // Constants a stage [b, e) keeps (causal masks, relative-position buckets), each key once.
   int64_t constant_bytes(int b, int e) const;
   // What every stage on the profiled device holds besides the model (Profile::runtime_bytes).

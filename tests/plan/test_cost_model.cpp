@@ -7,8 +7,11 @@
 #include <set>
 #include <tuple>
 
+#include "models/model_config.h"
+#include "models/model_source.h"
 #include "plan/balance.h"
 #include "plan/cost_model.h"
+#include "profile/analytic.h"
 #include "synthetic_profile.h"
 #include "util/error.h"
 
@@ -119,6 +122,40 @@ TEST_CASE("memory breakdown uses the simulated in-flight and weight-version coun
   opt.schedule = ScheduleChoice::named("1f1b");
   CostModel sync(p, opt);
   for (int x = 0; x < 4; ++x) CHECK(sync.in_flight(x) == std::min(4 - x, 5));
+}
+
+// A stage reading a weight another stage owns (GPT-2's head and its embedding) holds a copy,
+// with its gradient and optimizer state, as the replay and the runtime do: the formula the search
+// starts from counts it too.
+TEST_CASE("a stage's memory holds its copies of weights tied across stages", "[plan][cost]") {
+  const Profile p = analytic_profile(build_model(preset_config("gpt2-tiny"), 4), device_spec("a100-40gb"));
+  PlanOptions opt;
+  opt.stages = 2;
+  opt.schedule = ScheduleChoice::named("1f1b");
+  opt.micro_batches = 4;
+  opt.optimizer = OptimizerKind::AdamW;
+  const CostModel model(p, opt);
+  const int n = model.size(), cut = n / 2;
+  const int64_t copy = model.tied_copy_bytes(cut, n);
+  REQUIRE(copy > 0);
+  CHECK(model.tied_copy_bytes(0, cut) == 0);  // the owner's own
+  CHECK(model.tied_copy_bytes(0, n) == 0);
+  const MemoryBreakdown head = model.memory(cut, n, 1, 0);
+  CHECK(head.weights == model.param_bytes(cut, n) + copy);
+  CHECK(head.gradients == head.weights);
+  CHECK(head.optimizer == 2 * head.weights);
+  // The stages hold the whole model and one copy more.
+  CHECK(model.memory(0, cut, 0, 0).weights + head.weights == model.memory(0, n, 0, 0).weights + copy);
+  // The floor the search prunes with, and the balanced estimate, carry it as well.
+  CHECK(model.memory_floor(cut, n, 1, true) >= 4 * (model.param_bytes(cut, n) + copy));
+  CHECK(model.balanced_group_peak(cut, n, 1, 1) ==
+        Approx(model.peak_without_memopt(cut, n, 1) - model.constant_bytes(cut, n) - model.runtime_bytes()));
+  // ZeRO level 1 over 2 replicas: the copy's optimizer state is sharded with the rest.
+  opt.data_parallel = 2;
+  opt.zero_stage = 1;
+  const MemoryBreakdown sharded = CostModel(p, opt).memory(cut, n, 1, 0);
+  CHECK(sharded.weights == head.weights);
+  CHECK(sharded.optimizer == 2 * ((head.weights + 1) / 2));
 }
 
 TEST_CASE("a stage counts each constant once, however many of its nodes share it", "[plan][cost]") {

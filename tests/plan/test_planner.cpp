@@ -660,7 +660,7 @@ TEST_CASE("ZeRO's collectives in a stage's time: per update at levels 0-1, also 
   const CostModel level0(p, opt);
   const int cut = level0.size() / 2;
   // One pass of the stage's parameter bytes over a ring of 4.
-  const double pass = 3.0 / 4 * 1e3 * static_cast<double>(level0.reduced_bytes(0, cut)) / 10e9;
+  const double pass = 3.0 / 4 * 1e3 * static_cast<double>(level0.held_param_bytes(0, cut)) / 10e9;
   CHECK(level0.allreduce_ms(0, cut) == Approx(2 * pass));
   const double passes[] = {2, 2, 4 + 1, 3 * 4};  // level 2: m reduce-scatters, 1 all-gather
   for (int level = 1; level <= 3; ++level) {
@@ -679,7 +679,7 @@ TEST_CASE("ZeRO's collectives in a stage's time: per update at levels 0-1, also 
   CHECK(level0.tied_copy_bytes(0, cut) == 0);
   CHECK(level0.tied_copy_bytes(cut, level0.size()) == tied);  // the head's copy
   CHECK(level0.tied_across_bytes(0, level0.size()) == 0);
-  const double tied_pass = pass * static_cast<double>(tied) / static_cast<double>(level0.reduced_bytes(0, cut));
+  const double tied_pass = pass * static_cast<double>(tied) / static_cast<double>(level0.held_param_bytes(0, cut));
   CHECK(level0.collectives(0, cut).reduce_ms == Approx(2 * pass));
   for (int level = 1; level <= 3; ++level) {
     INFO("level " << level);
@@ -786,7 +786,7 @@ TEST_CASE("data parallelism adds each stage's gradient allreduce to its time", "
     for (const StagePlan& s : replicated.stages) {
       // A ring allreduce moves 2 (D - 1) / D of the stage's gradients over the link per update.
       // (the copy of a tied weight a stage holds included: the last stage's decoder)
-      const double expected = 2.0 * 3 / 4 * 1e3 * static_cast<double>(model.reduced_bytes(s.begin, s.end)) / 10e9;
+      const double expected = 2.0 * 3 / 4 * 1e3 * static_cast<double>(model.held_param_bytes(s.begin, s.end)) / 10e9;
       CHECK(s.allreduce_ms == Approx(expected));
       CHECK(s.allreduce_per_micro_batch_ms ==
             Approx(schedule == ScheduleChoice::named("async") ? expected : expected / 4));
