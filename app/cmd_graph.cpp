@@ -1,6 +1,5 @@
 // dawnpiper graph: build a preset's OpGraph and print a summary (node, edge and parameter counts,
 // nodes per op kind).
-#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -8,6 +7,7 @@
 #include "app/commands.h"
 #include "cli/options.h"
 #include "models/model_config.h"
+#include "util/stopwatch.h"
 
 namespace dawnpiper {
 
@@ -33,10 +33,10 @@ int cmd_graph(int argc, char** argv, const MpiWorld& world) {
     }
     return 0;
   }
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   const ModelSource model = model_source_from(vm);
   OpGraph g = model.graph(vm["micro-batch-size"].as<int64_t>());
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double ms = clock.ms();
   int64_t edges = 0;
   for (const TensorInfo& t : g.tensors) edges += static_cast<int64_t>(t.consumers.size());
   std::map<std::string, int> per_kind;

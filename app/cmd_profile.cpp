@@ -1,5 +1,4 @@
 // dawnpiper profile: measure every node of a model's op graph and store the profile in HDF5.
-#include <chrono>
 #include <cstdio>
 #include <sstream>
 
@@ -14,6 +13,7 @@
 #include "util/atomic_file.h"
 #include "util/error.h"
 #include "util/units.h"
+#include "util/stopwatch.h"
 
 namespace dawnpiper {
 
@@ -118,12 +118,12 @@ int cmd_profile(int argc, char** argv, const MpiWorld& world) {
   check_writable(out);
 
   const bool analytic = is_analytic(vm);
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   // Operators without a roofline formula: what autograd keeps is measured here.
   const MeasureNode measure = [&opt](const OpGraph& g, int node) { return measure_node_facts(g, node, opt); };
   Profile p = analytic ? analytic_profile_model(model, sizes, device_spec(vm["device-spec"].as<std::string>()), measure)
                        : profile_model(model, sizes, opt);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds = clock.seconds();
   if (!analytic && !vm["no-step-check"].as<bool>()) {
     StepMeasurement step = measure_step(model.graph(sizes.front()), optimizer, opt);
     p.measured_step_ms = step.step_ms;

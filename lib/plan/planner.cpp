@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <sched.h>
 
-#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <deque>
@@ -22,6 +21,7 @@
 #include "plan/zero_baseline.h"
 #include "util/error.h"
 #include "util/units.h"
+#include "util/stopwatch.h"
 
 namespace dawnpiper {
 
@@ -474,7 +474,7 @@ std::optional<Plan> search(const Profile& profile, const PlanOptions& options, i
 
 std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options) {
   validate(profile, options);
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch planning;
   const bool limited = options.capacity_bytes != kUnlimitedBytes;
   // The search fits each stage; a rank's V stages each get capacity / V (plan_options.h).
   const int v = options.schedule.virtual_stages();
@@ -516,7 +516,7 @@ std::optional<Plan> try_plan(const Profile& profile, const PlanOptions& options)
   const HostLink link = plan->options.host_link;  // what the search timed swaps with
   plan->options = options;
   plan->options.host_link = link;
-  plan->planning_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  plan->planning_ms = planning.ms();
   return plan;
 }
 

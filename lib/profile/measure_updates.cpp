@@ -4,13 +4,13 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 
 #include "memory/device_memory.h"
 #include "train/grad_norm.h"
 #include "train/optimizer.h"
 #include "util/enum_names.h"
+#include "util/stopwatch.h"
 
 namespace dawnpiper {
 
@@ -28,12 +28,11 @@ double median_update_ms(OptimizerKind kind, const std::vector<at::Tensor>& param
   for (int s = 0; s < kWarmup + kMeasured; ++s) {
     for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = grads[k].clone();  // step() spends them
     synchronize(device);
-    const auto t0 = std::chrono::steady_clock::now();
+    const Stopwatch clock;
     grad_square_sum(params);  // a synchronous step's update starts with the global norm
     optimizer->step();
     synchronize(device);
-    if (s >= kWarmup)
-      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (s >= kWarmup) times.push_back(clock.ms());
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];

@@ -7,7 +7,6 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
-#include <chrono>
 #include <functional>
 #include <cmath>
 #include <cstdio>
@@ -28,14 +27,11 @@
 #include "profile/profile_builder.h"
 #include "train/optimizer.h"
 #include "util/error.h"
+#include "util/stopwatch.h"
 
 namespace dawnpiper {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 struct Stats {
   double mean = 0, std = 0;
@@ -617,19 +613,19 @@ StepMeasurement measure_step(const OpGraph& g, OptimizerKind optimizer, const Pr
     data.load(env, wanted, data.first_sample(s, 0, 1), dev);
     synchronize(dev);
     DeviceMemory::reset_peak(dev);
-    auto t0 = Clock::now();
+    const Stopwatch clock;
     module.forward(env, RunContext{s, s});
     at::Tensor loss = env[loss_id];
     env.clear();
     loss.backward();
     loss = at::Tensor();
     synchronize(dev);
-    const double fb = ms_since(t0);
+    const double fb = clock.ms();
     opt_impl->step();
     synchronize(dev);
     if (s >= 2) {
       fwd_bwd.push_back(fb);
-      times.push_back(ms_since(t0));
+      times.push_back(clock.ms());
       r.peak_bytes = DeviceMemory::peak_bytes(dev);
     }
   }

@@ -3,7 +3,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <set>
@@ -30,6 +29,7 @@
 #include "util/progress.h"
 #include "util/stop_request.h"
 #include "util/units.h"
+#include "util/stopwatch.h"
 
 namespace dawnpiper {
 
@@ -239,12 +239,12 @@ int train_pipeline(const std::optional<GivenPlan>& given, const OpGraph& graph, 
     if (rank == 0) metrics.validation(r.step, r.loss);
   };
   if (o.resume && rank == 0) continue_from_checkpoint(o.checkpoint_dir, first_step);
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   const StageRun mine = run_this_rank(graph, pc, layout, run, o.in_process);
   synchronize(device);  // the clock stops when the device has finished this rank's work
   torch_trace.finish();
   progress.finish();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = clock.seconds();
   if (run.trace) write_pipeline_trace(graph, plan, pc, layout, mine, MPI_COMM_WORLD, o.trace_path);
   if (!o.save_path.empty()) {  // replica 0's stages in stage order (the replicas hold the same weights)
     MPI_Comm first_replica;

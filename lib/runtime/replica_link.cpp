@@ -1,7 +1,6 @@
 #include "runtime/replica_link.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -11,6 +10,7 @@
 #include "runtime/mpi_wait.h"
 #include "runtime/replica_collectives.h"
 #include "util/units.h"
+#include "util/stopwatch.h"
 
 namespace dawnpiper {
 
@@ -28,8 +28,6 @@ std::string ReplicaLink::summary() const {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 double slowest(double seconds, MPI_Comm world) {
   allreduce_quietly(&seconds, 1, MPI_DOUBLE, MPI_MAX, world);
   return seconds;
@@ -48,31 +46,31 @@ double measure_drag(MPI_Comm world, MPI_Comm group, int64_t bytes) {
   auto allreduce = [&] { collectives->all_reduce(buffer, kMessageChunkBytes)->wait(); };
   allreduce();  // (the connections made)
   barrier_quietly(world);
-  Clock::time_point start = Clock::now();
+  Stopwatch clock;
   allreduce();
-  const double collective_s = slowest(since(start), world);
-  start = Clock::now();
+  const double collective_s = slowest(clock.seconds(), world);
+  clock.restart();
   for (int i = 0; i < 8; ++i) piece();
-  const double piece_s = slowest(since(start) / 8, world);
+  const double piece_s = slowest(clock.seconds() / 8, world);
   // Work about three times the allreduce: room to hide all of it.
   const int pieces = static_cast<int>(std::clamp(std::ceil(3 * collective_s / std::max(piece_s, 1e-6)), 8.0, 4096.0));
   constexpr int kRounds = 5;
   std::vector<double> drags;
   for (int round = 0; round < kRounds; ++round) {
     barrier_quietly(world);
-    start = Clock::now();
+    clock.restart();
     allreduce();
-    const double alone_s = since(start);
+    const double alone_s = clock.seconds();
     barrier_quietly(world);
-    start = Clock::now();
+    clock.restart();
     for (int i = 0; i < pieces; ++i) piece();
-    const double work_s = since(start);
+    const double work_s = clock.seconds();
     barrier_quietly(world);
-    start = Clock::now();
+    clock.restart();
     const std::unique_ptr<ReplicaCollective> flight = collectives->all_reduce(buffer, kMessageChunkBytes);
     for (int i = 0; i < pieces; ++i) piece(), flight->test();
     flight->wait();
-    const double longer_s = slowest(since(start) - work_s, world);
+    const double longer_s = slowest(clock.seconds() - work_s, world);
     drags.push_back(std::max(0.0, longer_s) / std::max(slowest(alone_s, world), 1e-9));
   }
   std::sort(drags.begin(), drags.end());
@@ -95,9 +93,9 @@ ReplicaLink measure_replica_link(MPI_Comm world, int stage, int replicas, int64_
   allreduce();  // (the connections made)
   barrier_quietly(world);
   constexpr int kRepeats = 3;
-  const Clock::time_point start = Clock::now();
+  const Stopwatch clock;
   for (int i = 0; i < kRepeats; ++i) allreduce();
-  const double seconds = slowest(since(start) / kRepeats, world);
+  const double seconds = slowest(clock.seconds() / kRepeats, world);
   ReplicaLink link;
   link.bytes = count * static_cast<int64_t>(sizeof(float));
   link.seconds = seconds;

@@ -1,6 +1,5 @@
 #include "train/reference_trainer.h"
 
-#include <chrono>
 #include <cmath>
 
 #include <ATen/core/grad_mode.h>
@@ -9,6 +8,7 @@
 #include "memory/device_memory.h"
 #include "train/grad_norm.h"
 #include "util/error.h"
+#include "util/stopwatch.h"
 
 namespace dawnpiper {
 
@@ -27,7 +27,7 @@ ReferenceTrainer::ReferenceTrainer(const OpGraph& graph, const TrainConfig& conf
 }
 
 StepResult ReferenceTrainer::step() {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   CountingAllocator* counter = CountingAllocator::instance();
   if (counter) counter->reset_peak();
   const int loss_tensor = graph_.nodes[graph_.loss_node()].outputs[0];
@@ -53,7 +53,7 @@ StepResult ReferenceTrainer::step() {
   synchronize(module_.device());  // the step is timed when the device has done it
   r.step = next_step_++;
   r.loss = loss_sum / static_cast<double>(config_.micro_batches);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.seconds = clock.seconds();
   r.peak_bytes = counter ? counter->peak_bytes() : 0;
   return r;
 }
