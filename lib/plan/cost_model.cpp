@@ -369,18 +369,28 @@ int64_t CostModel::memory_floor(int b, int e, int x, bool evictable) const {
 }
 
 double CostModel::balanced_group_peak(int b, int e, int x0, int x1) const {
-  const double weights = static_cast<double>(held_param_bytes(b, e));
+  const double weights = static_cast<double>(param_bytes(b, e));
   const double acts = static_cast<double>(activation_bytes(b, e));
-  // Stage x holding a fraction f of the range peaks at f * (a_x W + c_x A) + transient; equal
-  // peaks P across the group give sum_x (P - T) / (a_x W + c_x A) = 1.
+  // A copy of a tied weight is not spread over the group: the stage reading it holds all of it
+  // (the last, for an LM head), also where the group's own cuts part it from its owner.
+  int64_t copy = tied_copy_bytes(b, e);
+  if (x1 > x0)
+    for (const TiedWeight& w : tied_weights_)
+      if (w.owner >= b && w.owner < e && w.users.back() > w.owner && w.users.back() < e) copy += w.bytes;
+  auto per_stage = [&](int x) {
+    return (std::max(1, weight_versions(x)) + 1) * weights +
+           static_cast<double>(optimizer_state_bytes(param_bytes(b, e))) + in_flight(x) * acts;
+  };
+  const double held_copy = (std::max(1, weight_versions(x1)) + 1) * static_cast<double>(copy) +
+                           static_cast<double>(optimizer_state_bytes(copy));
+  // Stage x holding a fraction f of the range peaks at f * (a_x W + c_x A) + transient (+ the
+  // copy on x1); equal peaks P across the group give sum_x (P - T - copy_x) / (a_x W + c_x A) = 1.
   double inverse_sum = 0;
   for (int x = x0; x <= x1; ++x) {
-    double per_stage = (std::max(1, weight_versions(x)) + 1) * weights +
-                       static_cast<double>(optimizer_state_bytes(held_param_bytes(b, e))) + in_flight(x) * acts;
-    if (per_stage <= 0) return static_cast<double>(transient_bytes(b, e));
-    inverse_sum += 1.0 / per_stage;
+    if (per_stage(x) <= 0) return static_cast<double>(transient_bytes(b, e)) + held_copy;
+    inverse_sum += 1.0 / per_stage(x);
   }
-  return static_cast<double>(transient_bytes(b, e)) + 1.0 / inverse_sum;
+  return static_cast<double>(transient_bytes(b, e)) + (1 + held_copy / per_stage(x1)) / inverse_sum;
 }
 
 std::vector<TensorBytes> CostModel::crossing(int cut) const {

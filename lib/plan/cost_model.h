@@ -143,7 +143,8 @@ class CostModel {
   MemoryBreakdown memory(int b, int e, int x, int64_t activation_per_micro_batch) const;
   int64_t peak_without_memopt(int b, int e, int x) const { return memory(b, e, x, activation_bytes(b, e)).total(); }
   // Peak of stages x0..x1 holding [b, e), if the range were split so that all of them peak
-  // equally (exact for one stage): the memory-balanced cut of Alg. 1 compares these.
+  // equally (exact for one stage; a copy of a tied weight whole on x1, also where the group's own
+  // cuts will part it from its owner): the memory-balanced cut of Alg. 1 compares these.
   double balanced_group_peak(int b, int e, int x0, int x1) const;
 
   // --- communication at a cut (the boundary before node `cut`) ---

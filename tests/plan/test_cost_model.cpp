@@ -150,6 +150,22 @@ TEST_CASE("a stage's memory holds its copies of weights tied across stages", "[p
   CHECK(model.memory_floor(cut, n, 1, true) >= 4 * (model.param_bytes(cut, n) + copy));
   CHECK(model.balanced_group_peak(cut, n, 1, 1) ==
         Approx(model.peak_without_memopt(cut, n, 1) - model.constant_bytes(cut, n) - model.runtime_bytes()));
+  // So Alg. 1's memory-balanced cut of two stages is the one whose larger peak is least.
+  auto worse = [&](int c) {
+    return std::max(model.balanced_group_peak(0, c, 0, 0), model.balanced_group_peak(c, n, 1, 1));
+  };
+  double least = std::numeric_limits<double>::infinity();
+  for (int c = 1; c < n; ++c) least = std::min(least, worse(c));
+  CHECK(worse(memory_balanced_cut(model, 0, n, 0, 1, 2)) == Approx(least));
+  // A group of both stages, which holds the embedding and the head, will part them: its estimate
+  // puts the whole copy (with gradient and momenta) on its last stage, and spreads the rest.
+  auto spread = [&](int x) {
+    const MemoryBreakdown m = model.memory(0, n, x, model.activation_bytes(0, n));
+    return static_cast<double>(m.weights * (m.weight_versions + 1) + m.optimizer + m.activations);
+  };
+  const double held_copy = 4.0 * static_cast<double>(copy);  // weight, gradient, two moments
+  CHECK(model.balanced_group_peak(0, n, 0, 1) == Approx(static_cast<double>(model.transient_bytes(0, n)) +
+                                                        (1 + held_copy / spread(1)) / (1 / spread(0) + 1 / spread(1))));
   // ZeRO level 1 over 2 replicas: the copy's optimizer state is sharded with the rest.
   opt.data_parallel = 2;
   opt.zero_stage = 1;
