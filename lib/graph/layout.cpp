@@ -46,6 +46,13 @@ Strides dense_strides_like(const Shape& shape, const Strides& strides) {
   return out;
 }
 
+Strides receipt_layout(const Shape& shape, const Strides& strides) {
+  if (strides.empty() || is_contiguous(shape, strides)) return {};
+  Strides layout = dense_strides_like(shape, strides);
+  if (layout.empty() || is_contiguous(shape, layout)) return {};
+  return layout;
+}
+
 namespace {
 
 // Strides of `new_shape` viewing a tensor of (shape, strides) without a copy, if possible

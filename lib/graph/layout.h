@@ -22,6 +22,12 @@ bool is_dense(const Shape& shape, const Strides& strides);
 // dimension order): a slice of a wider tensor, transposed, becomes the same transpose of a
 // tensor of its own. Empty where a dimension is expanded (stride 0): no order to keep.
 Strides dense_strides_like(const Shape& shape, const Strides& strides);
+// The layout a stage gives a received tensor that the whole graph lays out as `strides`
+// (torch.export's; empty: a zoo graph's, contiguous): its dimension order, dense, where that is
+// not the contiguous order (a transpose, of a whole tensor or of a slice of a wider one), so
+// that the stage's kernels copy and view where the whole graph's do. Empty where the tensor
+// arrives and stays contiguous.
+Strides receipt_layout(const Shape& shape, const Strides& strides);
 std::vector<Strides> tensor_strides(const OpGraph& g);
 // Whether `to` can view tensor `input` laid out as `st[input]` (ATen's computeStride rule,
 // which decides whether reshape views or copies).

@@ -435,6 +435,9 @@ bool CostModel::permuted(int tensor) const {
 }
 
 bool CostModel::relaid_on_receipt(int tensor) const {
+  const int relaid = profile_->tensors[static_cast<size_t>(tensor)].relaid_on_receipt;
+  if (relaid >= 0) return relaid == 1;  // the profile says
+  // Older profiles: a permuted view of all of its storage (a transposed slice is relaid too).
   return imported_ && permuted(tensor) && tensor_bytes(tensor) == tensor_bytes(alias_root(tensor));
 }
 

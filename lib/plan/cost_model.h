@@ -179,10 +179,11 @@ class CostModel {
   // Whether `tensor` is not contiguous in the whole graph (a transposed view is sent as a
   // contiguous copy: MPI reads one dense buffer).
   bool permuted(int tensor) const;
-  // Whether a stage receiving `tensor` lays it out again as the whole graph had it: an imported
-  // graph's permuted view of all of its storage (runtime/pipeline_stage.cpp), so that the stage
-  // copies and views where the whole graph does (a matmul's operand copy is made). A zoo graph's
-  // arrives contiguous.
+  // Whether a stage receiving `tensor` lays it out again in the whole graph's dimension order:
+  // an imported graph's transposed view, of all of its storage or of a slice of a wider tensor
+  // (TensorProfile::relaid_on_receipt, runtime/pipeline_stage.cpp), so that the stage copies and
+  // views where the whole graph does (a matmul's operand copy is made). A zoo graph's arrives
+  // contiguous.
   bool relaid_on_receipt(int tensor) const;
   int64_t tensor_bytes(int tensor) const { return bytes_[static_cast<size_t>(tensor)]; }
   double recompute_ms(int node) const;

@@ -53,6 +53,10 @@ struct TensorProfile {
   // Whether its layout is contiguous (1/0; -1 unknown): a transport sends a non-contiguous
   // tensor as a contiguous copy.
   int contiguous = -1;
+  // Whether a stage receiving it lays it out again in the whole graph's dimension order
+  // (graph/layout.h receipt_layout: a transposed view, of a whole tensor or of a slice), so that
+  // a matmul's operand copy of it is made there too (1/0; -1 unknown: older files).
+  int relaid_on_receipt = -1;
   bool owns_storage() const { return alias_of < 0 && !param_view; }
 };
 

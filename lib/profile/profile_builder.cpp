@@ -29,6 +29,7 @@ Profile profile_skeleton(const OpGraph& g, ProfileSource source, const std::stri
     tp.is_data = g.is_data(t.id);
     tp.requires_grad = rg[static_cast<size_t>(t.id)] ? 1 : 0;
     tp.contiguous = is_contiguous(t.shape, strides[static_cast<size_t>(t.id)]) ? 1 : 0;
+    tp.relaid_on_receipt = receipt_layout(t.shape, t.strides).empty() ? 0 : 1;
     tp.bytes = t.bytes();
     tp.bytes_fit = {static_cast<double>(tp.bytes), 0};
     p.tensors.push_back(tp);

@@ -79,6 +79,7 @@ const std::vector<Column<TensorProfile>>& tensor_columns() {
                              member("param_view", &T::param_view),
                              member("requires_grad", &T::requires_grad, true),
                              member("contiguous", &T::contiguous, true),
+                             member("relaid_on_receipt", &T::relaid_on_receipt, true),
                              member("bytes", &T::bytes),
                              member("consumers", &T::consumers),
                              member("saved_by", &T::saved_by)};

@@ -110,12 +110,10 @@ void PipelineStage::receive_activations(int64_t mb) {
     // lay out their outputs like their inputs do so as there (CPU attention: its output
     // follows the query's layout, a transposed slice of a fused projection).
     const TensorInfo& spec = *recv_specs_[i];
-    if (!spec.strides.empty() && !is_contiguous(spec.shape, spec.strides)) {
-      const Strides layout = dense_strides_like(spec.shape, spec.strides);  // a permuted view's own if dense
-      if (!layout.empty() && !is_contiguous(spec.shape, layout)) {
-        at::NoGradGuard no_grad;
-        f.inputs[i] = at::empty_strided(spec.shape, layout, f.inputs[i].options()).copy_(f.inputs[i]);
-      }
+    const Strides layout = receipt_layout(spec.shape, spec.strides);
+    if (!layout.empty()) {
+      at::NoGradGuard no_grad;
+      f.inputs[i] = at::empty_strided(spec.shape, layout, f.inputs[i].options()).copy_(f.inputs[i]);
     }
     if (recv_requires_grad_[i]) f.inputs[i].requires_grad_(true);
   }

@@ -100,3 +100,16 @@ TEST_CASE("dense strides keep a strided tensor's dimension order", "[graph]") {
   CHECK(dense_strides_like({2, 3}, {3, 1}) == Strides{3, 1});
   CHECK(dense_strides_like({4, 4, 16, 16}, {256, 0, 16, 1}).empty());
 }
+
+// The layout a stage gives a received tensor (runtime/pipeline_stage.cpp; the profile records
+// whether it does, TensorProfile::relaid_on_receipt): a transposed view's dimension order, of a
+// whole tensor or of a slice of a wider one; nothing for what stays contiguous (a contiguous
+// tensor, a slice in dimension order, an expanded dimension, a zoo graph's empty strides).
+TEST_CASE("a received tensor is laid out again only where its dimension order is permuted", "[graph]") {
+  CHECK(receipt_layout({4, 4, 16, 16}, {1024, 16, 64, 1}) == Strides{1024, 16, 64, 1});   // a transpose
+  CHECK(receipt_layout({4, 4, 16, 16}, {3072, 48, 192, 1}) == Strides{1024, 16, 64, 1});  // of a slice
+  CHECK(receipt_layout({4, 16, 4, 16}, {3072, 192, 48, 1}).empty());                      // a slice in dimension order
+  CHECK(receipt_layout({4, 4, 16, 16}, {1024, 256, 16, 1}).empty());                      // contiguous
+  CHECK(receipt_layout({4, 4, 16, 16}, {256, 0, 16, 1}).empty());                         // expanded
+  CHECK(receipt_layout({4, 4, 16, 16}, {}).empty());                                      // a zoo graph's
+}

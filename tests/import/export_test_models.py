@@ -33,6 +33,9 @@ MODELS = {
                      "attn_pdrop=0"),
     "mixtral": ("mixtral", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,intermediate_size=128,vocab_size=256,"
                            "max_position_embeddings=64,num_key_value_heads=2,num_local_experts=4,num_experts_per_tok=2"),
+    # CodeGen's value is a slice of one fused projection, transposed into heads.
+    "codegen": ("codegen", "n_layer=2,n_embd=64,n_head=4,vocab_size=256,n_positions=64,rotary_dim=8,n_inner=128,"
+                           "resid_pdrop=0,embd_pdrop=0,attn_pdrop=0"),
     # Cohere's interleaved rotary stacks its halves: the stack's gradient is handed out as views.
     "cohere": ("cohere", "num_hidden_layers=2,hidden_size=64,num_attention_heads=4,intermediate_size=128,vocab_size=256,"
                          "max_position_embeddings=64,num_key_value_heads=2"),

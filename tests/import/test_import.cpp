@@ -85,8 +85,8 @@ TEST_CASE("imported Llama gives eager PyTorch's loss and gradients", "[import]")
 TEST_CASE("imported Gemma and Falcon and GPT-BigCode give eager PyTorch's loss and gradients", "[import]") {
   for (const char* name : {"gemma", "falcon", "gpt_bigcode"}) check_against_eager(name);
 }
-TEST_CASE("imported GPT-J, Mixtral (experts) and Cohere give eager PyTorch's loss and gradients", "[import]") {
-  for (const char* name : {"gptj", "mixtral", "cohere"}) check_against_eager(name);
+TEST_CASE("imported GPT-J, Mixtral (experts), Cohere and CodeGen give eager PyTorch's loss and gradients", "[import]") {
+  for (const char* name : {"gptj", "mixtral", "cohere", "codegen"}) check_against_eager(name);
 }
 TEST_CASE("imported user module gives eager PyTorch's loss and gradients", "[import]") { check_against_eager("odd"); }
 // Only a cross-entropy with PyTorch's defaults becomes the zoo's loss (docs/model-format.md):
