@@ -377,18 +377,17 @@ double CostModel::balanced_group_peak(int b, int e, int x0, int x1) const {
   if (x1 > x0)
     for (const TiedWeight& w : tied_weights_)
       if (w.owner >= b && w.owner < e && w.users.back() > w.owner && w.users.back() < e) copy += w.bytes;
-  auto per_stage = [&](int x) {
-    return (std::max(1, weight_versions(x)) + 1) * weights +
-           static_cast<double>(optimizer_state_bytes(param_bytes(b, e))) + in_flight(x) * acts;
-  };
+  const double state = static_cast<double>(optimizer_state_bytes(param_bytes(b, e)));
+  auto per_stage = [&](int x) { return (std::max(1, weight_versions(x)) + 1) * weights + state + in_flight(x) * acts; };
   const double held_copy = (std::max(1, weight_versions(x1)) + 1) * static_cast<double>(copy) +
                            static_cast<double>(optimizer_state_bytes(copy));
   // Stage x holding a fraction f of the range peaks at f * (a_x W + c_x A) + transient (+ the
   // copy on x1); equal peaks P across the group give sum_x (P - T - copy_x) / (a_x W + c_x A) = 1.
   double inverse_sum = 0;
   for (int x = x0; x <= x1; ++x) {
-    if (per_stage(x) <= 0) return static_cast<double>(transient_bytes(b, e)) + held_copy;
-    inverse_sum += 1.0 / per_stage(x);
+    const double each = per_stage(x);
+    if (each <= 0) return static_cast<double>(transient_bytes(b, e)) + held_copy;
+    inverse_sum += 1.0 / each;
   }
   return static_cast<double>(transient_bytes(b, e)) + (1 + held_copy / per_stage(x1)) / inverse_sum;
 }
